@@ -1,0 +1,44 @@
+# RelayGR — `make run` starts the local fleet and drives a demo; `make test` runs every check.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TOOLS := .tools
+BUF := $(TOOLS)/node_modules/.bin/buf
+PROTOS := $(wildcard protos/relaygr/v1/*.proto)
+STUBS := relaygr/v1/.generated
+
+.PHONY: install proto lint test test-fast run bench bench-full clean
+
+install: $(VENV)/.installed $(STUBS)
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+# Stubs are generated, never edited or committed; the stamp makes `make install` idempotent.
+$(STUBS): $(PROTOS) $(VENV)/.installed
+	rm -rf relaygr
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+	touch relaygr/__init__.py relaygr/v1/__init__.py $@
+
+proto: $(STUBS)
+
+$(BUF):
+	mkdir -p $(TOOLS)
+	npm install --silent --no-audit --no-fund --prefix $(TOOLS) @bufbuild/buf@1.75.0
+
+lint: install $(BUF)
+	cd protos && ../$(BUF) lint
+	$(PY) -m ruff check services tests
+
+test: lint
+	$(PY) -m pytest
+
+run: install
+	$(PY) -m services.launcher
+
+clean:
+	rm -rf $(VENV) $(TOOLS) relaygr .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""RelayGR services: ranker, router, trigger and retrieval stub, plus shared plumbing in `common`."""

@@ -1,0 +1,1 @@
+"""Plumbing shared by every RelayGR service: configuration, server bootstrap, metrics, validation."""

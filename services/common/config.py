@@ -1,0 +1,112 @@
+"""Declarative service configuration: every setting is a flag with a `RELAYGR_…` environment twin.
+
+A service declares its settings as a frozen dataclass whose fields are built with `setting()`. `load()`
+turns that dataclass into an argparse parser where each field `foo_bar` becomes `--foo-bar`, whose
+default is read from `RELAYGR_FOO_BAR` when set and from the field's documented default otherwise.
+Precedence: command-line flag > environment variable > default. `markdown_table()` renders the same
+declarations for the README, so the documentation cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import types
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar, get_type_hints
+
+ENV_PREFIX = "RELAYGR_"
+
+C = TypeVar("C")
+
+
+def setting(default: Any, help: str) -> Any:  # noqa: A002 - mirrors argparse's keyword
+    """A configuration field with its documented default and help text."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
+
+
+def _converter(annotation: Any) -> Any:
+    if isinstance(annotation, types.UnionType):  # `str | None` and the like: take the non-None member
+        members = [a for a in annotation.__args__ if a is not type(None)]
+        annotation = members[0]
+    if annotation is bool:
+        return _parse_bool
+    return annotation
+
+
+def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    hints = get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        convert = _converter(hints[field.name])
+        parser.add_argument(
+            flag_name(field.name),
+            dest=field.name,
+            type=convert,
+            default=field.default,
+            metavar=field.name.upper(),
+            help=f"{field.metadata['help']} [env {env_name(field.name)}]",
+        )
+    return parser
+
+
+def load(
+    cls: type[C],
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    prog: str | None = None,
+    description: str = "",
+) -> C:
+    """Parse flags and `RELAYGR_…` variables into an instance of the settings dataclass `cls`."""
+    environ = os.environ if environ is None else environ
+    parser = build_parser(cls, prog or cls.__name__, description)
+    hints = get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        raw = environ.get(env_name(field.name))
+        if raw is None:
+            continue
+        try:
+            value = _converter(hints[field.name])(raw)
+        except (ValueError, argparse.ArgumentTypeError) as exc:
+            parser.error(f"{env_name(field.name)}={raw!r}: {exc}")
+        parser.set_defaults(**{field.name: value})
+    namespace = parser.parse_args(argv)
+    config = cls(**vars(namespace))
+    validate = getattr(config, "validate", None)
+    if validate is not None:
+        try:
+            validate()
+        except ValueError as exc:
+            parser.error(str(exc))
+    return config
+
+
+def markdown_table(cls: type) -> str:
+    """The settings of `cls` as a Markdown table: flag, environment variable, default, meaning."""
+    rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
+    for field in dataclasses.fields(cls):
+        default = "(empty)" if field.default in ("", None) else f"`{field.default}`"
+        rows.append(
+            f"| `{flag_name(field.name)}` | `{env_name(field.name)}` | {default} | {field.metadata['help']} |"
+        )
+    return "\n".join(rows)

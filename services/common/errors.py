@@ -1,0 +1,39 @@
+"""Domain errors that carry their gRPC status code.
+
+Handlers raise these; the shared server interceptor (`metrics.ServerInterceptor`) turns them into the
+status code in one place, so servicers stay free of transport details and can be tested without a server.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class RequestError(Exception):
+    """An error that the client caused or must react to, with the gRPC code it maps to."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(RequestError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+class ResourceExhausted(RequestError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceeded(RequestError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Unavailable(RequestError):
+    code = grpc.StatusCode.UNAVAILABLE

@@ -1,0 +1,143 @@
+"""Start, health-check and stop service processes: used by the local fleet launcher and by tests.
+
+Every child runs in its own process group, is stopped with SIGTERM (then SIGKILL after a grace), and
+is stopped by `Processes.close()` however the parent leaves its `with` block, so no orphans remain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def health_status(address: str, service: str, timeout: float = 1.0) -> int | None:
+    """The health status of `service` at `address`, or None when it does not answer."""
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout).status
+    except grpc.RpcError:
+        return None
+
+
+@dataclasses.dataclass
+class ServiceProcess:
+    """One running service: its name, addresses and OS process."""
+
+    name: str
+    module: str
+    service: str  # full gRPC service name whose health gates readiness
+    port: int
+    metrics_port: int
+    popen: subprocess.Popen
+    log_path: Path | None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, sig)
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        self.signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            return self.popen.wait(5)
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited with {self.popen.returncode}; {self.log_tail()}")
+            if health_status(self.address, self.service, timeout=0.5) == health_pb2.HealthCheckResponse.SERVING:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.name} not healthy after {timeout:.0f}s; {self.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "no log"
+        return "log tail:\n" + "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class Processes:
+    """A set of service processes that are all stopped on exit, in reverse start order."""
+
+    def __init__(self, log_dir: Path | None = None, env: Mapping[str, str] | None = None) -> None:
+        self.log_dir = log_dir
+        self.env = {**os.environ, **(env or {})}
+        self.children: list[ServiceProcess] = []
+
+    def start(
+        self,
+        name: str,
+        module: str,
+        service: str,
+        args: Sequence[str] = (),
+        port: int | None = None,
+        metrics_port: int | None = None,
+    ) -> ServiceProcess:
+        port = port or free_port()
+        metrics_port = metrics_port or free_port()
+        log_path = None
+        stdout = subprocess.DEVNULL
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            log_path = self.log_dir / f"{name}.log"
+            stdout = log_path.open("ab")
+        command = [
+            sys.executable, "-m", module, "--port", str(port), "--metrics-port", str(metrics_port), *args,
+        ]  # fmt: skip
+        popen = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=self.env, stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        if stdout is not subprocess.DEVNULL:
+            stdout.close()
+        child = ServiceProcess(name, module, service, port, metrics_port, popen, log_path)
+        self.children.append(child)
+        return child
+
+    def close(self, grace: float = 10.0) -> None:
+        for child in reversed(self.children):
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for child in reversed(self.children):
+            try:
+                child.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.signal(signal.SIGKILL)
+                child.popen.wait(5)
+        self.children.clear()
+
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,188 @@
+"""Server bootstrap shared by every service: gRPC server, health, reflection, metrics, TLS, drain.
+
+`GrpcServer` owns the server's options and its lifecycle:
+
+1. `start()` binds the gRPC port and the Prometheus metrics port (port 0 picks a free one; the bound
+   ports are exposed), with health NOT_SERVING for the service's full name;
+2. the caller warms up, then calls `set_serving()`;
+3. `wait()` serves until SIGTERM or SIGINT (or `stop()`), then drains: health goes NOT_SERVING at once
+   so load balancers stop sending, the `on_drain` hook runs, and in-flight RPCs get `drain_grace_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from services.common.config import setting
+from services.common.metrics import ServerInterceptor
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceConfig:
+    """Settings every service shares. Subclasses redeclare `port` and `metrics_port` defaults."""
+
+    host: str = setting("127.0.0.1", "address to bind the gRPC and metrics ports on (0.0.0.0 in containers)")
+    port: int = setting(0, "gRPC port (0 picks a free port)")
+    metrics_port: int = setting(0, "Prometheus metrics port (0 picks a free port; -1 disables)")
+    drain_grace_s: float = setting(10.0, "seconds in-flight RPCs get to finish after SIGTERM")
+    log_level: str = setting("INFO", "logging level (DEBUG, INFO, WARNING, ERROR)")
+    max_message_mb: int = setting(64, "largest gRPC message accepted or sent, in MiB")
+    tls_cert: str = setting("", "PEM certificate chain; with --tls-key, serves TLS and dials peers over TLS")
+    tls_key: str = setting("", "PEM private key for --tls-cert")
+    tls_ca: str = setting("", "PEM CA bundle: verifies peers; on a server it also requires client certificates")
+
+    def validate(self) -> None:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("--tls-cert and --tls-key must be given together")
+        if self.max_message_mb <= 0:
+            raise ValueError("--max-message-mb must be positive")
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert)
+
+
+def setup_logging(level: str, service: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format=f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s",
+    )
+
+
+def grpc_options(config: ServiceConfig) -> list[tuple[str, int]]:
+    size = config.max_message_mb * 1024 * 1024
+    return [
+        ("grpc.max_receive_message_length", size),
+        ("grpc.max_send_message_length", size),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def _read(path: str) -> bytes:
+    return Path(path).read_bytes()
+
+
+def server_credentials(config: ServiceConfig) -> grpc.ServerCredentials:
+    root = _read(config.tls_ca) if config.tls_ca else None
+    return grpc.ssl_server_credentials(
+        [(_read(config.tls_key), _read(config.tls_cert))],
+        root_certificates=root,
+        require_client_auth=root is not None,
+    )
+
+
+def channel_credentials(config: ServiceConfig) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(config.tls_ca) if config.tls_ca else None,
+        private_key=_read(config.tls_key),
+        certificate_chain=_read(config.tls_cert),
+    )
+
+
+def dial(target: str, config: ServiceConfig, extra_options: Iterable[tuple[str, object]] = ()) -> grpc.aio.Channel:
+    """An aio channel to a peer service, over TLS when this service is configured for it."""
+    options = [*grpc_options(config)[:2], ("grpc.keepalive_time_ms", 30_000), *extra_options]
+    if config.tls:
+        return grpc.aio.secure_channel(target, channel_credentials(config), options=options)
+    return grpc.aio.insecure_channel(target, options=options)
+
+
+class GrpcServer:
+    """One service's gRPC server with health, reflection, metrics and graceful drain."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        service_name: str,
+        register: Callable[[grpc.aio.Server], None],
+        on_drain: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.config = config
+        self.service_name = service_name
+        self.server = grpc.aio.server(interceptors=[ServerInterceptor()], options=grpc_options(config))
+        register(self.server)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        self._on_drain = on_drain
+        self._stop = asyncio.Event()
+        self._metrics_http = None
+        self.port = 0
+        self.metrics_port = -1
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    async def start(self) -> None:
+        bind = f"{self.config.host}:{self.config.port}"
+        if self.config.tls:
+            self.port = self.server.add_secure_port(bind, server_credentials(self.config))
+        else:
+            self.port = self.server.add_insecure_port(bind)
+        if self.config.metrics_port >= 0:
+            self._metrics_http, _ = start_http_server(self.config.metrics_port, addr=self.config.host)
+            self.metrics_port = self._metrics_http.server_port
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.start()
+        log.info(
+            "%s listening on %s (metrics on %s:%s)",
+            self.service_name, self.address, self.config.host, self.metrics_port,
+        )  # fmt: skip
+
+    async def _set_health(self, status: int) -> None:
+        await self.health.set(self.service_name, status)
+        await self.health.set("", status)
+
+    async def set_serving(self) -> None:
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def wait(self) -> None:
+        """Serves until a stop is requested, then drains and stops."""
+        await self._stop.wait()
+        await self.drain()
+
+    async def drain(self) -> None:
+        log.info("%s draining (grace %.1fs)", self.service_name, self.config.drain_grace_s)
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._on_drain is not None:
+            await self._on_drain()
+        await self.server.stop(self.config.drain_grace_s)
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+        log.info("%s stopped", self.service_name)
+
+
+def run(main: Callable[[], Awaitable[None]]) -> None:
+    """Runs a service's async main on uvloop when available."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main())
+    else:
+        uvloop.run(main())

@@ -1,0 +1,63 @@
+"""Ranker settings: each is a flag with a `RELAYGR_…` environment twin (see services.common.config)."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+
+from services.common.config import setting
+from services.common.server import ServiceConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RankerConfig(ServiceConfig):
+    port: int = setting(50051, "gRPC port (0 picks a free port)")
+    metrics_port: int = setting(9101, "Prometheus metrics port (0 picks a free port; -1 disables)")
+    instance_name: str = setting(
+        socket.gethostname(), "stable member name the router hashes on (the StatefulSet pod name)"
+    )
+    model_preset: str = setting("cpu-small", "model preset: cpu-tiny, cpu-small or gpu-dlrmv3")
+    checkpoint: str = setting("", "state_dict file loaded with weights_only=True; empty uses seeded weights")
+    device: str = setting("auto", "npu, cuda, cpu, or auto (first available in that order); e.g. cuda:1")
+    hbm_budget_mb: float = setting(256.0, "byte budget of the HBM tier (prefix KV in device memory), MiB")
+    dram_budget_mb: float = setting(1024.0, "byte budget of the server-local DRAM tier, MiB (0 disables it)")
+    dram_ttl_s: float = setting(60.0, "seconds a DRAM entry may live without being used")
+    dram_policy: str = setting("lru", "DRAM eviction policy: lru, or size (largest-first among the stale)")
+    dram_lossy_bf16: bool = setting(False, "store DRAM copies in bf16 (halves DRAM bytes; scores move by ε)")
+    lease_ttl_ms: int = setting(3000, "how long a pre-inferred HBM entry is leased awaiting its Rank")
+    max_long_term_events: int = setting(8192, "longest long-term sequence accepted")
+    max_short_term_events: int = setting(512, "longest short-term sequence accepted")
+    max_candidates: int = setting(1024, "most candidates one Rank may score")
+    pre_infer_chunk_tokens: int = setting(1024, "pre-inference runs in chunks of this many tokens; a Rank waits at most one")
+    candidate_microbatch: int = setting(0, "score candidates in microbatches of this size (0: all at once)")
+    max_pending_pre_infer: int = setting(64, "pre-infer productions queued beyond this are shed (REJECTED_OVERLOAD)")
+    max_queued_ranks: int = setting(256, "Ranks waiting for the device beyond this get RESOURCE_EXHAUSTED")
+    profile_lengths: str = setting("128,512,2048,8192", "prefix lengths of the warm-up latency curve")
+    profile_short_term: int = setting(16, "short-term length used by the warm-up latency curve")
+    profile_candidates: int = setting(128, "candidate count used by the warm-up latency curve")
+    profile_repeats: int = setting(3, "timed repetitions per point of the latency curve (median kept)")
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.instance_name:
+            raise ValueError("--instance-name must not be empty")
+        for name in ("hbm_budget_mb", "dram_budget_mb", "dram_ttl_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must not be negative")
+        for name in ("lease_ttl_ms", "max_long_term_events", "max_short_term_events", "max_candidates",
+                     "pre_infer_chunk_tokens", "max_pending_pre_infer", "max_queued_ranks",
+                     "profile_short_term", "profile_candidates", "profile_repeats"):  # fmt: skip
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        if self.dram_policy not in ("lru", "size"):
+            raise ValueError("--dram-policy must be lru or size")
+        self.profile_length_list()
+
+    def profile_length_list(self) -> list[int]:
+        try:
+            lengths = sorted({int(x) for x in self.profile_lengths.split(",") if x.strip()})
+        except ValueError as exc:
+            raise ValueError(f"--profile-lengths: {exc}") from exc
+        if not lengths or lengths[0] <= 0:
+            raise ValueError("--profile-lengths must list positive lengths")
+        return [n for n in lengths if n <= self.max_long_term_events] or [self.max_long_term_events]
