@@ -21,7 +21,7 @@ ENV_PREFIX = "RELAYGR_"
 C = TypeVar("C")
 
 
-def setting(default: Any, help: str) -> Any:  # noqa: A002 - mirrors argparse's keyword
+def setting(default: Any, help: str) -> Any:
     """A configuration field with its documented default and help text."""
     return dataclasses.field(default=default, metadata={"help": help})
 

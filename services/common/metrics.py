@@ -44,8 +44,12 @@ GRPC_HANDLING_SECONDS = Histogram(
 )
 
 # Ranker
-RANK_REQUESTS = Counter("relaygr_rank_requests_total", "Ranks served, by prefix cache source.", ["cache_source"])
-RANK_MISSES = Counter("relaygr_rank_misses_total", "Ranks that computed their whole prefix, by reason.", ["reason"])
+RANK_REQUESTS = Counter(
+    "relaygr_rank_requests_total", "Ranks served, by prefix cache source.", ["cache_source"]
+)
+RANK_MISSES = Counter(
+    "relaygr_rank_misses_total", "Ranks that computed their whole prefix, by reason.", ["reason"]
+)
 RANK_LATENCY = Histogram(
     "relaygr_rank_latency_seconds",
     "Ranker-side Rank latency (queueing and model), by prefix cache source.",
@@ -63,10 +67,14 @@ DEVICE_QUEUE_DEPTH = Gauge(
     "relaygr_device_queue_depth", "Model jobs waiting for the device thread, by priority.", ["priority"]
 )
 SHED_REQUESTS = Counter(
-    "relaygr_shed_requests_total", "Requests refused before any work, by method and reason.", ["method", "reason"]
+    "relaygr_shed_requests_total",
+    "Requests refused before any work, by method and reason.",
+    ["method", "reason"],
 )
 KV_CACHE_BYTES = Gauge("relaygr_kv_cache_bytes", "Bytes of prefix KV held, per tier.", ["tier"])
-KV_CACHE_CAPACITY_BYTES = Gauge("relaygr_kv_cache_capacity_bytes", "Byte budget of each cache tier.", ["tier"])
+KV_CACHE_CAPACITY_BYTES = Gauge(
+    "relaygr_kv_cache_capacity_bytes", "Byte budget of each cache tier.", ["tier"]
+)
 KV_CACHE_ENTRIES = Gauge("relaygr_kv_cache_entries", "Prefix KV entries held, per tier.", ["tier"])
 KV_CACHE_EVICTIONS = Counter(
     "relaygr_kv_cache_evictions_total", "Entries removed from a tier, by reason.", ["tier", "reason"]
@@ -112,7 +120,9 @@ ROUTER_DECISIONS = Counter(
 ROUTER_INFLIGHT = Gauge("relaygr_router_inflight", "Requests in flight to each ranker.", ["member"])
 ROUTER_MEMBER_HEALTHY = Gauge("relaygr_router_member_healthy", "1 when the member is routable.", ["member"])
 ROUTER_FAILURES = Counter(
-    "relaygr_router_member_failures_total", "Failed forwards per member, by gRPC code.", ["member", "grpc_code"]
+    "relaygr_router_member_failures_total",
+    "Failed forwards per member, by gRPC code.",
+    ["member", "grpc_code"],
 )
 
 # Retrieval stub
@@ -124,6 +134,11 @@ RECOMMEND_LATENCY = Histogram(
 )
 RECOMMENDS = Counter(
     "relaygr_recommend_total", "Recommends served, by cache source of their ranking.", ["cache_source"]
+)
+RECOMMEND_ADMIT_FAILURES = Counter(
+    "relaygr_recommend_admit_failures_total",
+    "Admit calls that failed or timed out (the Recommend went on without relay), by gRPC code.",
+    ["grpc_code"],
 )
 
 
@@ -183,3 +198,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+
+def enum_label(enum_type, value: int) -> str:
+    """A protobuf enum value as a metric label: MISS_REASON_STALE_PREFIX → stale_prefix."""
+    prefix = enum_type.Name(0).removesuffix("UNSPECIFIED")
+    return enum_type.Name(value).removeprefix(prefix).lower()

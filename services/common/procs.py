@@ -76,7 +76,10 @@ class ServiceProcess:
         while time.monotonic() < deadline:
             if not self.alive():
                 raise RuntimeError(f"{self.name} exited with {self.popen.returncode}; {self.log_tail()}")
-            if health_status(self.address, self.service, timeout=0.5) == health_pb2.HealthCheckResponse.SERVING:
+            if (
+                health_status(self.address, self.service, timeout=0.5)
+                == health_pb2.HealthCheckResponse.SERVING
+            ):
                 return
             time.sleep(0.1)
         raise TimeoutError(f"{self.name} not healthy after {timeout:.0f}s; {self.log_tail()}")
@@ -116,7 +119,12 @@ class Processes:
             sys.executable, "-m", module, "--port", str(port), "--metrics-port", str(metrics_port), *args,
         ]  # fmt: skip
         popen = subprocess.Popen(
-            command, cwd=REPO_ROOT, env=self.env, stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            cwd=REPO_ROOT,
+            env=self.env,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         if stdout is not subprocess.DEVNULL:
             stdout.close()

@@ -43,7 +43,9 @@ class ServiceConfig:
     max_message_mb: int = setting(64, "largest gRPC message accepted or sent, in MiB")
     tls_cert: str = setting("", "PEM certificate chain; with --tls-key, serves TLS and dials peers over TLS")
     tls_key: str = setting("", "PEM private key for --tls-cert")
-    tls_ca: str = setting("", "PEM CA bundle: verifies peers; on a server it also requires client certificates")
+    tls_ca: str = setting(
+        "", "PEM CA bundle: verifies peers; on a server it also requires client certificates"
+    )
 
     def validate(self) -> None:
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -93,7 +95,9 @@ def channel_credentials(config: ServiceConfig) -> grpc.ChannelCredentials:
     )
 
 
-def dial(target: str, config: ServiceConfig, extra_options: Iterable[tuple[str, object]] = ()) -> grpc.aio.Channel:
+def dial(
+    target: str, config: ServiceConfig, extra_options: Iterable[tuple[str, object]] = ()
+) -> grpc.aio.Channel:
     """An aio channel to a peer service, over TLS when this service is configured for it."""
     options = [*grpc_options(config)[:2], ("grpc.keepalive_time_ms", 30_000), *extra_options]
     if config.tls:

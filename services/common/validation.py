@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from relaygr.v1 import common_pb2
-
 from services.common.errors import InvalidArgument
 
 MAX_USER_ID_BYTES = 256

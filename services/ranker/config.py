@@ -28,9 +28,13 @@ class RankerConfig(ServiceConfig):
     max_long_term_events: int = setting(8192, "longest long-term sequence accepted")
     max_short_term_events: int = setting(512, "longest short-term sequence accepted")
     max_candidates: int = setting(1024, "most candidates one Rank may score")
-    pre_infer_chunk_tokens: int = setting(1024, "pre-inference runs in chunks of this many tokens; a Rank waits at most one")
+    pre_infer_chunk_tokens: int = setting(
+        1024, "pre-inference runs in chunks of this many tokens; a Rank waits at most one"
+    )
     candidate_microbatch: int = setting(0, "score candidates in microbatches of this size (0: all at once)")
-    max_pending_pre_infer: int = setting(64, "pre-infer productions queued beyond this are shed (REJECTED_OVERLOAD)")
+    max_pending_pre_infer: int = setting(
+        64, "pre-infer productions queued beyond this are shed (REJECTED_OVERLOAD)"
+    )
     max_queued_ranks: int = setting(256, "Ranks waiting for the device beyond this get RESOURCE_EXHAUSTED")
     profile_lengths: str = setting("128,512,2048,8192", "prefix lengths of the warm-up latency curve")
     profile_short_term: int = setting(16, "short-term length used by the warm-up latency curve")

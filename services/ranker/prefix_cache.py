@@ -1,0 +1,504 @@
+"""The prefix-KV cache of one ranker: two byte-budgeted tiers, leases, single-flight productions.
+
+Lifecycle of an entry (brief §5):
+
+    PreInfer ─▶ PRODUCING ─▶ HBM, leased until a Rank consumes it or the lease expires
+                   ▲                 │ consumed / expired
+                   │ reload          ▼
+                   └──────────── DRAM (LRU + TTL) ──▶ evicted
+
+Keys are (user id, fingerprint of the long-term events, model version): a Rank whose long-term events
+differ from a cached entry's never uses it, except that an entry whose events are a strict prefix of the
+Rank's is *extended* with the appended events. One production per key runs at a time (a compute, a
+reload or an extension); every PreInfer or Rank for that key joins it, and a joiner's cancellation never
+cancels the shared work. HBM bytes are reserved before a production starts, so neither budget is ever
+exceeded: when HBM cannot hold a prefix, PreInfer is refused and Rank computes without caching.
+
+Not thread-safe by design: every method runs on the ranker's event loop; only model work and copies
+run on their own threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from relaygr.v1 import common_pb2, ranker_pb2
+from services.common import metrics
+from services.ranker.device import TierCopier
+from services.ranker.engine import DeviceWorker, Priority
+from services.ranker.events import Events
+from services.ranker.model import PrefixKV
+from services.ranker.runner import ModelRunner
+from services.ranker.tiers import Tier
+
+log = logging.getLogger(__name__)
+
+Miss = common_pb2.MissReason
+Outcome = ranker_pb2.PreInferOutcome
+MAX_TOMBSTONES = 100_000
+
+
+class Source(enum.Enum):
+    HBM = common_pb2.CACHE_SOURCE_HBM
+    DRAM = common_pb2.CACHE_SOURCE_DRAM
+    EXTENDED = common_pb2.CACHE_SOURCE_EXTENDED
+    MISS = common_pb2.CACHE_SOURCE_MISS
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class Kind(enum.Enum):
+    COMPUTE = "compute"
+    RELOAD = "reload"
+    EXTEND = "extend"
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixKey:
+    user_id: str
+    fingerprint: str
+    model_version: str
+
+
+@dataclasses.dataclass
+class Lease:
+    owner: str
+    deadline: float
+
+
+@dataclasses.dataclass(eq=False)
+class CacheEntry:
+    key: PrefixKey
+    events: Events
+    hbm: PrefixKV | None = None
+    dram: PrefixKV | None = None
+    lease: Lease | None = None
+    pins: int = 0
+    demoting: bool = False
+
+    @property
+    def length(self) -> int:
+        return len(self.events)
+
+
+@dataclasses.dataclass(eq=False)
+class Production:
+    kind: Kind
+    for_rank: bool
+    task: asyncio.Task
+    waiters: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Acquired:
+    """What a Rank ranks against: a pinned entry, or nothing (compute the whole sequence)."""
+
+    entry: CacheEntry | None
+    source: Source
+    miss_reason: int = Miss.MISS_REASON_UNSPECIFIED
+
+
+class PrefixCache:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        copier: TierCopier,
+        copy_worker: DeviceWorker,
+        hbm: Tier,
+        dram: Tier,
+        lease_ttl_s: float,
+        dram_ttl_s: float,
+        instance: str,
+        max_pending_pre_infer: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.runner = runner
+        self.copier = copier
+        self.copy_worker = copy_worker
+        self.hbm = hbm
+        self.dram = dram
+        self.lease_ttl_s = lease_ttl_s
+        self.dram_ttl_s = dram_ttl_s
+        self.instance = instance
+        self.max_pending_pre_infer = max_pending_pre_infer
+        self.clock = clock
+        self.bytes_per_token = runner.kv_bytes_per_token
+        self.dram_bytes_per_token = (
+            self.bytes_per_token * copier.dram_dtype.itemsize // copier.compute_dtype.itemsize
+        )
+        self.entries: dict[PrefixKey, CacheEntry] = {}
+        self.by_user: dict[str, set[PrefixKey]] = {}
+        self.productions: dict[PrefixKey, Production] = {}
+        self.tombstones: OrderedDict[str, int] = OrderedDict()
+        self.accepting = True
+        metrics.KV_CACHE_CAPACITY_BYTES.labels("hbm").set(hbm.budget_bytes)
+        metrics.KV_CACHE_CAPACITY_BYTES.labels("dram").set(dram.budget_bytes)
+        self._publish()
+
+    # ---- public API ----
+
+    def key(self, user_id: str, events: Events) -> PrefixKey:
+        return PrefixKey(user_id, events.fingerprint, self.runner.model_version)
+
+    async def pre_infer(self, user_id: str, events: Events) -> tuple[int, int]:
+        """Starts (or joins, or renews) the production of `events`' prefix KV: (outcome, HBM bytes)."""
+        self.sweep()
+        key = self.key(user_id, events)
+        nbytes = len(events) * self.bytes_per_token
+        production = self.productions.get(key)
+        if production is not None:
+            # Joining: the entry will be leased when the shared production completes.
+            production.task.add_done_callback(lambda _: self._lease(key, user_id))
+            return Outcome.PRE_INFER_OUTCOME_ACCEPTED, nbytes
+        entry = self.entries.get(key)
+        if entry is not None and entry.hbm is not None:
+            self._lease(key, user_id)
+            return Outcome.PRE_INFER_OUTCOME_ALREADY_CACHED, nbytes
+        if not self.accepting or self._pending_pre_infer() >= self.max_pending_pre_infer:
+            return Outcome.PRE_INFER_OUTCOME_REJECTED_OVERLOAD, 0
+        if entry is not None:  # in DRAM only: reload, off the ranking's critical path
+            started = self._start(key, events, Kind.RELOAD, Priority.RELOAD, for_rank=False, base=entry)
+            outcome = Outcome.PRE_INFER_OUTCOME_RELOADED
+        else:
+            base = self._extension_base(user_id, events)
+            kind = Kind.COMPUTE if base is None else Kind.EXTEND
+            started = self._start(key, events, kind, Priority.PRE_INFER, for_rank=False, base=base)
+            outcome = Outcome.PRE_INFER_OUTCOME_ACCEPTED
+        if started is None:
+            self._tombstone(user_id, Miss.MISS_REASON_REJECTED_CAPACITY)
+            return Outcome.PRE_INFER_OUTCOME_REJECTED_CAPACITY, 0
+        started.task.add_done_callback(lambda _: self._lease(key, user_id))
+        return outcome, nbytes
+
+    async def acquire(self, user_id: str, events: Events, relay_instance: str) -> Acquired:
+        """The prefix a Rank of `events` ranks against, pinned until `release`. Never raises for the cache's
+        sake: when no prefix can be held, the result has no entry and the Rank computes in full."""
+        self.sweep()
+        key = self.key(user_id, events)
+        entry = self.entries.get(key)
+        if entry is not None and entry.hbm is not None and key not in self.productions:
+            if entry.lease is not None:
+                entry.lease = None
+                metrics.LEASES_ACTIVE.dec()
+            entry.pins += 1
+            return Acquired(entry, Source.HBM)
+        production = self.productions.get(key)
+        if production is not None:
+            return await self._join(production, key, self._source_of(production))
+        miss_reason = self._miss_reason(user_id, events, relay_instance)
+        if entry is not None:
+            production = self._start(key, events, Kind.RELOAD, Priority.RANK, for_rank=True, base=entry)
+        else:
+            base = self._extension_base(user_id, events)
+            kind = Kind.COMPUTE if base is None else Kind.EXTEND
+            production = self._start(key, events, kind, Priority.RANK, for_rank=True, base=base)
+        if production is None:
+            return Acquired(None, Source.MISS, miss_reason)
+        return await self._join(production, key, self._source_of(production), miss_reason)
+
+    def release(self, acquired: Acquired) -> None:
+        entry = acquired.entry
+        if entry is None:
+            return
+        entry.pins -= 1
+        if entry.pins == 0 and entry.lease is None and self.entries.get(entry.key) is entry:
+            self._demote(entry, Miss.MISS_REASON_EVICTED_HBM)
+        self._publish()
+
+    def sweep(self) -> None:
+        """Releases expired leases (exactly once each) and DRAM entries idle past their TTL."""
+        now = self.clock()
+        for entry in list(self.entries.values()):
+            lease = entry.lease
+            if lease is not None and lease.deadline <= now and entry.pins == 0:
+                entry.lease = None
+                metrics.LEASES_ACTIVE.dec()
+                metrics.LEASE_EXPIRATIONS.inc()
+                self._demote(entry, Miss.MISS_REASON_LEASE_EXPIRED)
+            elif (
+                entry.hbm is None
+                and entry.dram is not None
+                and entry.key not in self.productions
+                and now - self.dram.idle_since(entry.key) > self.dram_ttl_s
+            ):
+                self._evict_dram(entry, "ttl")
+        self._publish()
+
+    def leased(self) -> int:
+        return sum(1 for entry in self.entries.values() if entry.lease is not None)
+
+    async def close(self) -> None:
+        for production in list(self.productions.values()):
+            production.task.cancel()
+        for production in list(self.productions.values()):
+            with contextlib.suppress(BaseException):
+                await production.task
+
+    # ---- productions ----
+
+    def _pending_pre_infer(self) -> int:
+        return sum(1 for p in self.productions.values() if not p.for_rank)
+
+    @staticmethod
+    def _source_of(production: Production) -> Source:
+        if production.kind is Kind.RELOAD:
+            return Source.DRAM
+        if production.kind is Kind.EXTEND:
+            return Source.EXTENDED
+        return Source.MISS if production.for_rank else Source.HBM
+
+    def _start(
+        self,
+        key: PrefixKey,
+        events: Events,
+        kind: Kind,
+        priority: Priority,
+        for_rank: bool,
+        base: CacheEntry | None,
+    ) -> Production | None:
+        """Reserves HBM for the production and starts it; None when HBM cannot hold it."""
+        need = len(events) * self.bytes_per_token
+        if kind is Kind.EXTEND and base.hbm is None:
+            need += base.length * self.bytes_per_token  # the base's transient device copy
+        if not self._make_room_hbm(need):
+            return None
+        self.hbm.reserve(key, need, self.clock())
+        if base is not None:
+            base.pins += 1
+        task = asyncio.get_running_loop().create_task(self._produce(key, events, kind, priority, base))
+        production = Production(kind, for_rank, task)
+        self.productions[key] = production
+        metrics.PRODUCTIONS.labels(kind.value).inc()
+        self._publish()
+        return production
+
+    async def _produce(
+        self, key: PrefixKey, events: Events, kind: Kind, priority: Priority, base: CacheEntry | None
+    ) -> CacheEntry:
+        try:
+            base_kv = None
+            if base is not None:
+                base_kv = base.hbm
+                if base_kv is None:
+                    dram_copy = base.dram
+                    base_kv = await self.copy_worker.submit(
+                        lambda: self.copier.to_hbm(dram_copy), priority, "reload"
+                    )
+            if kind is Kind.RELOAD:
+                kv = base_kv
+            elif kind is Kind.EXTEND:
+                kv = await self.runner.extend(base_kv, events.suffix(base.length), priority)
+            else:
+                kv = await self.runner.pre_infer(events, priority)
+        except BaseException:
+            self.hbm.release(key)
+            del self.productions[key]
+            self._unpin_base(base, superseded=False)
+            self._publish()
+            raise
+        del self.productions[key]
+        self.hbm.resize(key, kv.nbytes())
+        entry = base if kind is Kind.RELOAD else CacheEntry(key, events)
+        entry.hbm = kv
+        if kind is not Kind.RELOAD:
+            self._insert(entry)
+        self._unpin_base(base, superseded=kind is Kind.EXTEND)
+        self._publish()
+        return entry
+
+    def _unpin_base(self, base: CacheEntry | None, superseded: bool) -> None:
+        if base is None:
+            return
+        base.pins -= 1
+        if superseded and base.pins == 0 and base.lease is None and self.entries.get(base.key) is base:
+            self._remove(base, "superseded")
+
+    async def _join(
+        self,
+        production: Production,
+        key: PrefixKey,
+        source: Source,
+        miss_reason: int = Miss.MISS_REASON_UNSPECIFIED,
+    ) -> Acquired:
+        metrics.PRODUCTION_JOINS.inc()
+        production.waiters += 1
+        try:
+            entry = await asyncio.shield(production.task)
+        except asyncio.CancelledError:
+            production.waiters -= 1
+            raise
+        except Exception:  # the shared production failed: this Rank computes on its own
+            log.warning("production of %s failed", key, exc_info=True)
+            return Acquired(None, Source.MISS, miss_reason or Miss.MISS_REASON_COLD)
+        entry.pins += 1
+        if entry.lease is not None:  # a pre-infer leased it; this Rank consumes the lease
+            entry.lease = None
+            metrics.LEASES_ACTIVE.dec()
+        if source is not Source.MISS:
+            miss_reason = Miss.MISS_REASON_UNSPECIFIED
+        return Acquired(entry, source, miss_reason)
+
+    def _lease(self, key: PrefixKey, owner: str) -> None:
+        entry = self.entries.get(key)
+        if entry is None or entry.hbm is None:
+            return
+        if entry.lease is None:
+            metrics.LEASES_ACTIVE.inc()
+        entry.lease = Lease(owner, self.clock() + self.lease_ttl_s)
+        self._publish()
+
+    # ---- lookups ----
+
+    def _extension_base(self, user_id: str, events: Events) -> CacheEntry | None:
+        """The longest cached entry of this user whose events are a strict prefix of `events`."""
+        best = None
+        for key in self.by_user.get(user_id, ()):
+            entry = self.entries[key]
+            if key in self.productions or entry.demoting:
+                continue
+            if events.has_prefix(entry.events) and (best is None or entry.length > best.length):
+                best = entry
+        return best
+
+    def _miss_reason(self, user_id: str, events: Events, relay_instance: str) -> int:
+        if relay_instance and relay_instance != self.instance:
+            return Miss.MISS_REASON_ROUTED_ELSEWHERE
+        stale = [
+            self.entries[k]
+            for k in self.by_user.get(user_id, ())
+            if not events.has_prefix(self.entries[k].events) and k.fingerprint != events.fingerprint
+        ]
+        if stale:
+            for entry in stale:
+                if entry.pins == 0 and entry.lease is None and entry.key not in self.productions:
+                    self._remove(entry, "stale")
+            return Miss.MISS_REASON_STALE_PREFIX
+        if user_id in self.tombstones:
+            return self.tombstones[user_id]
+        if relay_instance:
+            return Miss.MISS_REASON_COLD
+        return Miss.MISS_REASON_NEVER_PRE_INFERRED
+
+    def _tombstone(self, user_id: str, reason: int) -> None:
+        self.tombstones[user_id] = reason
+        self.tombstones.move_to_end(user_id)
+        while len(self.tombstones) > MAX_TOMBSTONES:
+            self.tombstones.popitem(last=False)
+
+    # ---- tier moves ----
+
+    def _insert(self, entry: CacheEntry) -> None:
+        self.entries[entry.key] = entry
+        self.by_user.setdefault(entry.key.user_id, set()).add(entry.key)
+        self.tombstones.pop(entry.key.user_id, None)
+
+    def _remove(self, entry: CacheEntry, reason: str) -> None:
+        key = entry.key
+        if key in self.hbm and key not in self.productions:
+            self.hbm.release(key)
+            metrics.KV_CACHE_EVICTIONS.labels("hbm", reason).inc()
+        if key in self.dram:  # a held copy, or the reservation of a copy in flight
+            self.dram.release(key)
+            metrics.KV_CACHE_EVICTIONS.labels("dram", reason).inc()
+        if entry.lease is not None:
+            entry.lease = None
+            metrics.LEASES_ACTIVE.dec()
+        entry.hbm = entry.dram = None
+        del self.entries[key]
+        users = self.by_user[key.user_id]
+        users.discard(key)
+        if not users:
+            del self.by_user[key.user_id]
+
+    def _make_room_hbm(self, nbytes: int) -> bool:
+        if nbytes > self.hbm.budget_bytes:
+            return False
+        for key in self.hbm.victims():
+            if self.hbm.fits(nbytes):
+                break
+            entry = self.entries.get(key)
+            if (
+                entry is None
+                or entry.pins
+                or entry.lease is not None
+                or entry.demoting
+                or key in self.productions
+            ):
+                continue
+            self._demote(entry, Miss.MISS_REASON_EVICTED_HBM)
+        return self.hbm.fits(nbytes)
+
+    def _make_room_dram(self, nbytes: int) -> bool:
+        if nbytes > self.dram.budget_bytes:
+            return False
+        for key in self.dram.victims():
+            if self.dram.fits(nbytes):
+                break
+            entry = self.entries.get(key)
+            if entry is None or key in self.productions or entry.pins:
+                continue
+            self._evict_dram(entry, "capacity")
+        return self.dram.fits(nbytes)
+
+    def _evict_dram(self, entry: CacheEntry, reason: str) -> None:
+        if entry.hbm is not None:  # keep the HBM copy; only the DRAM copy goes
+            self.dram.release(entry.key)
+            entry.dram = None
+            metrics.KV_CACHE_EVICTIONS.labels("dram", reason).inc()
+            return
+        self._remove(entry, reason)
+        self._tombstone(entry.key.user_id, Miss.MISS_REASON_EVICTED_DRAM)
+
+    def _demote(self, entry: CacheEntry, reason_if_dropped: int) -> None:
+        """Moves an unleased, unpinned HBM entry to DRAM; drops it when DRAM cannot hold it."""
+        if entry.demoting or entry.hbm is None:
+            return
+        if entry.dram is not None:  # reloaded and unchanged: its DRAM copy is still valid, copy nothing
+            self.hbm.release(entry.key)
+            entry.hbm = None
+            self.dram.touch(entry.key, self.clock())
+            return
+        nbytes = entry.length * self.dram_bytes_per_token
+        if not self._make_room_dram(nbytes):
+            self._remove(
+                entry, "lease_expired" if reason_if_dropped == Miss.MISS_REASON_LEASE_EXPIRED else "no_dram"
+            )
+            self._tombstone(entry.key.user_id, reason_if_dropped)
+            return
+        self.dram.reserve(entry.key, nbytes, self.clock())
+        entry.demoting = True
+        device_copy = entry.hbm
+        future = self.copy_worker.submit(
+            lambda: self.copier.to_dram(device_copy), Priority.PRE_INFER, "demote"
+        )
+        future.add_done_callback(lambda f: self._demoted(entry, f))
+
+    def _demoted(self, entry: CacheEntry, future: asyncio.Future) -> None:
+        entry.demoting = False
+        if self.entries.get(entry.key) is not entry:  # removed while copying; `_remove` freed its bytes
+            return
+        if future.cancelled() or future.exception() is not None:
+            self.dram.release(entry.key)
+            self._remove(entry, "copy_failed")
+            return
+        entry.dram = future.result()
+        self.dram.resize(entry.key, entry.dram.nbytes())
+        if entry.pins == 0 and entry.lease is None and entry.key not in self.productions:
+            self.hbm.release(entry.key)
+            entry.hbm = None
+        self._publish()
+
+    def _publish(self) -> None:
+        for tier in (self.hbm, self.dram):
+            stats = tier.stats()
+            metrics.KV_CACHE_BYTES.labels(tier.name).set(stats.bytes)
+            metrics.KV_CACHE_ENTRIES.labels(tier.name).set(stats.entries)

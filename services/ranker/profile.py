@@ -1,0 +1,78 @@
+"""The ranker's latency curve, measured at warm-up on its own device.
+
+For each profile length L the ranker times, on its device thread, a full forward over L + S + C tokens,
+a pre-inference of L tokens and a cached rank of S + C tokens against L (median of a few repeats, after
+one untimed run that warms kernels and allocators). GetProfile returns the curve; the trigger predicts
+ranking cost from it, and the ranker itself uses it to shed requests that cannot meet their deadline.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import statistics
+import time
+
+import numpy as np
+
+from services.ranker.device import synchronize
+from services.ranker.events import Events
+from services.ranker.runner import ModelRunner
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyPoint:
+    prefix_length: int
+    full_ms: float
+    pre_infer_ms: float
+    rank_ms: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyCurve:
+    points: tuple[LatencyPoint, ...]
+    short_term_length: int
+    num_candidates: int
+
+    def predict_ms(self, op: str, length: int) -> float:
+        """Piecewise-linear interpolation of `op` (full_ms, pre_infer_ms, rank_ms) at `length`,
+        extrapolated beyond the ends along the nearest segment, never below zero."""
+        xs = [p.prefix_length for p in self.points]
+        ys = [getattr(p, op) for p in self.points]
+        if len(xs) == 1:
+            return ys[0] * length / xs[0]
+        i = min(max(bisect.bisect_left(xs, length), 1), len(xs) - 1)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return max(0.0, y0 + (y1 - y0) * (length - x0) / (x1 - x0))
+
+
+def _synthetic(length: int, rng: np.random.Generator) -> Events:
+    return Events.of(rng.integers(0, 2**40, length), rng.integers(0, 8, length))
+
+
+def measure(
+    runner: ModelRunner, lengths: list[int], short: int, candidates: int, repeats: int
+) -> LatencyCurve:
+    """Times the three paths on the calling thread (call it before serving, nothing else runs)."""
+    rng = np.random.default_rng(0)
+    short_events = _synthetic(short, rng)
+    candidate_ids = rng.integers(0, 2**40, candidates).tolist()
+    points = []
+    for length in lengths:
+        long_events = _synthetic(length, rng)
+
+        def timed(fn):
+            fn()  # warm kernels and the allocator
+            samples = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                result = fn()
+                synchronize(runner.device)
+                samples.append((time.perf_counter() - started) * 1000)
+            return statistics.median(samples), result
+
+        full_ms, _ = timed(lambda le=long_events: runner.full_sync(le, short_events, candidate_ids))
+        pre_ms, kv = timed(lambda le=long_events: runner.build_sync(le, chunked=False))
+        rank_ms, _ = timed(lambda kv=kv: runner.rank_sync(kv, short_events, candidate_ids))
+        points.append(LatencyPoint(length, full_ms, pre_ms, rank_ms))
+    return LatencyCurve(tuple(points), short, candidates)

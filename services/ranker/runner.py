@@ -1,0 +1,105 @@
+"""Model calls as device-thread jobs: turns `Events` into tensors on the device and runs the model.
+
+`ModelRunner` is the only object that touches the model. Its async-facing methods return futures
+resolved by the `DeviceWorker` thread, which runs the work with the given priority; the `*_sync`
+methods are the work itself. Background pre-inference runs in chunks and lets every queued rank run
+between two chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import torch
+
+from services.ranker.device import synchronize
+from services.ranker.engine import DeviceWorker, Priority
+from services.ranker.events import Events
+from services.ranker.model import HSTURanker, PrefixKV
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: HSTURanker,
+        worker: DeviceWorker,
+        chunk_tokens: int,
+        candidate_microbatch: int | None,
+        model_version: str,
+    ) -> None:
+        self.model = model
+        self.worker = worker
+        self.device = model.device
+        self.chunk_tokens = chunk_tokens
+        self.candidate_microbatch = candidate_microbatch
+        self.model_version = model_version
+        self.kv_bytes_per_token = model.preset.kv_bytes_per_token
+
+    def _tensor(self, values) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=torch.int64).reshape(1, -1).to(self.device)
+
+    # ---- the work, on the device thread ----
+
+    def build_sync(self, events: Events, chunked: bool, base: PrefixKV | None = None) -> PrefixKV:
+        """The prefix KV of `events` appended to `base` (None: from the start). When chunked, every
+        queued rank runs between two chunks."""
+        builder = self.model.prefix_builder(
+            self._tensor(events.item_ids),
+            self._tensor(events.action_types),
+            chunk_size=self.chunk_tokens if chunked else None,
+            past=base,
+        )
+        builder.step()
+        while not builder.done:
+            self.worker.run_more_urgent()
+            builder.step()
+        kv = builder.result()
+        synchronize(self.device)
+        return kv
+
+    def rank_sync(self, prefix: PrefixKV, short: Events, candidates: Sequence[int]) -> list[float]:
+        scores = self.model.score(
+            prefix,
+            self._tensor(short.item_ids),
+            self._tensor(short.action_types),
+            self._tensor(candidates),
+            self.candidate_microbatch,
+        )
+        return scores[0].float().cpu().tolist()
+
+    def full_sync(self, long: Events, short: Events, candidates: Sequence[int]) -> list[float]:
+        logits = self.model.full_forward(
+            self._tensor(long.item_ids),
+            self._tensor(long.action_types),
+            self._tensor(short.item_ids),
+            self._tensor(short.action_types),
+            self._tensor(candidates),
+        )
+        return torch.sigmoid(logits[0, :, 0]).float().cpu().tolist()
+
+    # ---- submitted from the event loop ----
+
+    def pre_infer(self, events: Events, priority: Priority) -> asyncio.Future[PrefixKV]:
+        """The PrefixKV of `events`; background (pre-infer priority) work runs in chunks."""
+        chunked = priority is Priority.PRE_INFER
+        return self.worker.submit(lambda: self.build_sync(events, chunked), priority, "pre_infer")
+
+    def extend(self, base: PrefixKV, appended: Events, priority: Priority) -> asyncio.Future[PrefixKV]:
+        """`base` extended with the events appended since it was computed."""
+        chunked = priority is Priority.PRE_INFER
+        return self.worker.submit(lambda: self.build_sync(appended, chunked, base), priority, "extend")
+
+    def rank(
+        self, prefix: PrefixKV, short: Events, candidates: Sequence[int], deadline: float | None
+    ) -> asyncio.Future[list[float]]:
+        """Scores of `candidates` (request order) against a ready prefix."""
+        job = lambda: self.rank_sync(prefix, short, candidates)  # noqa: E731
+        return self.worker.submit(job, Priority.RANK, "rank", deadline)
+
+    def full(
+        self, long: Events, short: Events, candidates: Sequence[int], deadline: float | None
+    ) -> asyncio.Future[list[float]]:
+        """Scores from one pass over the whole sequence: the path when no prefix can be held."""
+        job = lambda: self.full_sync(long, short, candidates)  # noqa: E731
+        return self.worker.submit(job, Priority.RANK, "full", deadline)

@@ -1,0 +1,141 @@
+"""Byte-budgeted cache tiers and the DRAM eviction policies.
+
+A tier is pure bookkeeping: which keys it holds, how many bytes each takes, and the budget those bytes
+may never exceed. It does not know about tensors, leases or productions (see `prefix_cache`), so the
+accounting is tested on its own. Not thread-safe: every tier is used from the ranker's event loop only.
+
+Eviction policies decide *which* DRAM entries go when room is needed:
+- `LruPolicy` (default): least recently used first. A user's next request comes soon after the last one
+  or not at all, so recency is the best cheap predictor of reuse, and it is O(1) per operation.
+- `SizeAwarePolicy`: among the least recently used half, largest first — frees room with fewer
+  evictions when a long history must fit, at the price of favouring short histories.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
+from typing import Protocol
+
+K = Hashable
+
+
+class EvictionPolicy(Protocol):
+    """Orders a tier's keys for eviction. The tier tells it about every insert, use and removal."""
+
+    def insert(self, key: K, nbytes: int) -> None: ...
+    def touch(self, key: K) -> None: ...
+    def remove(self, key: K) -> None: ...
+    def victims(self) -> Iterator[K]:
+        """Keys in the order they should be evicted (the tier may skip some, e.g. pinned ones)."""
+        ...
+
+
+class LruPolicy:
+    def __init__(self) -> None:
+        self._order: OrderedDict[K, int] = OrderedDict()
+
+    def insert(self, key: K, nbytes: int) -> None:
+        self._order[key] = nbytes
+        self._order.move_to_end(key)
+
+    def touch(self, key: K) -> None:
+        self._order.move_to_end(key)
+
+    def remove(self, key: K) -> None:
+        self._order.pop(key, None)
+
+    def victims(self) -> Iterator[K]:
+        return iter(list(self._order))
+
+
+class SizeAwarePolicy(LruPolicy):
+    def victims(self) -> Iterator[K]:
+        keys = list(self._order)
+        old_half = keys[: max(1, (len(keys) + 1) // 2)]
+        largest_first = sorted(old_half, key=lambda k: self._order[k], reverse=True)
+        return iter(largest_first + keys[len(old_half) :])
+
+
+POLICIES: dict[str, Callable[[], EvictionPolicy]] = {"lru": LruPolicy, "size": SizeAwarePolicy}
+
+
+@dataclasses.dataclass
+class TierStats:
+    bytes: int = 0
+    entries: int = 0
+
+
+class Tier:
+    """A byte budget over a set of keys. `reserve` never lets the held bytes exceed the budget."""
+
+    def __init__(self, name: str, budget_bytes: int, policy: EvictionPolicy | None = None) -> None:
+        self.name = name
+        self.budget_bytes = budget_bytes
+        self.policy = policy or LruPolicy()
+        self._sizes: dict[K, int] = {}
+        self._last_used: dict[K, float] = {}
+        self.used_bytes = 0
+
+    def __contains__(self, key: K) -> bool:
+        return key in self._sizes
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def keys(self) -> list[K]:
+        return list(self._sizes)
+
+    def size_of(self, key: K) -> int:
+        return self._sizes[key]
+
+    def free_bytes(self) -> int:
+        return self.budget_bytes - self.used_bytes
+
+    def fits(self, nbytes: int) -> bool:
+        return nbytes <= self.free_bytes()
+
+    def reserve(self, key: K, nbytes: int, now: float | None = None) -> bool:
+        """Accounts `nbytes` to `key` if they fit; False (and no change) otherwise."""
+        if key in self._sizes:
+            raise KeyError(f"{key!r} already holds bytes in the {self.name} tier")
+        if not self.fits(nbytes):
+            return False
+        self._sizes[key] = nbytes
+        self._last_used[key] = time.monotonic() if now is None else now
+        self.used_bytes += nbytes
+        self.policy.insert(key, nbytes)
+        return True
+
+    def resize(self, key: K, nbytes: int) -> bool:
+        """Changes a reservation to the exact size produced; False if growing would exceed the budget."""
+        delta = nbytes - self._sizes[key]
+        if delta > self.free_bytes():
+            return False
+        self._sizes[key] = nbytes
+        self.used_bytes += delta
+        self.policy.remove(key)
+        self.policy.insert(key, nbytes)
+        return True
+
+    def touch(self, key: K, now: float | None = None) -> None:
+        self._last_used[key] = time.monotonic() if now is None else now
+        self.policy.touch(key)
+
+    def release(self, key: K) -> int:
+        nbytes = self._sizes.pop(key)
+        del self._last_used[key]
+        self.used_bytes -= nbytes
+        self.policy.remove(key)
+        return nbytes
+
+    def idle_since(self, key: K) -> float:
+        return self._last_used[key]
+
+    def victims(self) -> Iterator[K]:
+        return self.policy.victims()
+
+    def stats(self) -> TierStats:
+        return TierStats(self.used_bytes, len(self._sizes))
