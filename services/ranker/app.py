@@ -1,0 +1,126 @@
+"""Assembles a ranker from its settings: model, device threads, tiers, prefix cache, servicer, server.
+
+`RankerApp` is what `python -m services.ranker` runs, and what tests build in-process to exercise the
+same components without a subprocess.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from pathlib import Path
+
+import torch
+
+from relaygr.v1 import ranker_pb2_grpc
+from services.common.server import GrpcServer
+from services.ranker.config import RankerConfig
+from services.ranker.device import TierCopier, select_device
+from services.ranker.engine import DeviceWorker, Priority
+from services.ranker.model import HSTURanker
+from services.ranker.prefix_cache import PrefixCache
+from services.ranker.presets import get_preset
+from services.ranker.profile import LatencyCurve, measure
+from services.ranker.runner import ModelRunner
+from services.ranker.servicer import RankerServicer
+from services.ranker.tiers import POLICIES, Tier
+
+log = logging.getLogger("services.ranker")
+SERVICE_NAME = "relaygr.v1.RankerService"
+MIB = 1024 * 1024
+SWEEP_INTERVAL_S = 0.05
+
+
+def build_model(config: RankerConfig) -> tuple[HSTURanker, str, torch.device]:
+    """The model on its device, and its version (the preset's, plus the checkpoint's digest if any)."""
+    preset = get_preset(config.model_preset)
+    device = select_device(config.device)
+    if config.checkpoint:
+        model = HSTURanker.from_checkpoint(preset, config.checkpoint)
+        digest = hashlib.sha256(Path(config.checkpoint).read_bytes()).hexdigest()[:12]
+        version = f"{preset.version}-ckpt-{digest}"
+    else:
+        model = HSTURanker(preset)
+        version = preset.version
+    return model.to(device=device, dtype=preset.dtype).eval(), version, device
+
+
+class RankerApp:
+    """One ranker's components. Build inside a running event loop; `close()` stops the threads."""
+
+    def __init__(self, config: RankerConfig) -> None:
+        self.config = config
+        model, version, self.device = build_model(config)
+        self.worker = DeviceWorker("device")
+        self.copy_worker = DeviceWorker("copy")
+        self.runner = ModelRunner(
+            model, self.worker, config.pre_infer_chunk_tokens, config.candidate_microbatch or None, version
+        )
+        dram_dtype = torch.bfloat16 if config.dram_lossy_bf16 else model.preset.dtype
+        self.cache = PrefixCache(
+            self.runner,
+            TierCopier(self.device, model.preset.dtype, dram_dtype),
+            self.copy_worker,
+            Tier("hbm", int(config.hbm_budget_mb * MIB)),
+            Tier("dram", int(config.dram_budget_mb * MIB), POLICIES[config.dram_policy]()),
+            lease_ttl_s=config.lease_ttl_ms / 1000,
+            dram_ttl_s=config.dram_ttl_s,
+            instance=config.instance_name,
+            max_pending_pre_infer=config.max_pending_pre_infer,
+        )
+        self.servicer = RankerServicer(config, self.runner, self.cache, str(self.device))
+        self._sweeper: asyncio.Task | None = None
+
+    async def warm_up(self) -> LatencyCurve:
+        """Measures the latency curve on the device thread; the servicer reports it from then on."""
+        config = self.config
+        curve = await self.worker.submit(
+            lambda: measure(
+                self.runner,
+                config.profile_length_list(),
+                config.profile_short_term,
+                config.profile_candidates,
+                config.profile_repeats,
+            ),
+            Priority.RANK,
+            "profile",
+        )
+        self.servicer.curve = curve
+        for point in curve.points:
+            log.info(
+                "profile L=%d: full %.2f ms, pre-infer %.2f ms, rank %.2f ms",
+                point.prefix_length, point.full_ms, point.pre_infer_ms, point.rank_ms,
+            )  # fmt: skip
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+        return curve
+
+    async def _sweep_forever(self) -> None:
+        """Releases expired leases and idle DRAM entries even when no request arrives."""
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            self.cache.sweep()
+
+    async def drain(self) -> None:
+        """Refuses new pre-inference, then lets leased entries be consumed or expire (half the grace;
+        the server's stop gives in-flight RPCs the rest)."""
+        self.cache.accepting = False
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.config.drain_grace_s / 2
+        while self.cache.leased() and loop.time() < until:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+
+    def server(self) -> GrpcServer:
+        return GrpcServer(
+            self.config,
+            SERVICE_NAME,
+            lambda s: ranker_pb2_grpc.add_RankerServiceServicer_to_server(self.servicer, s),
+            self.drain,
+        )
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        await self.cache.close()
+        self.worker.close()
+        self.copy_worker.close()

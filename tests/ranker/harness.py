@@ -1,0 +1,103 @@
+"""An in-process ranker on a real gRPC server over loopback, for the ranker's service tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+
+import grpc
+from prometheus_client import REGISTRY
+
+from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
+from services.ranker.app import RankerApp
+from services.ranker.config import RankerConfig
+from services.ranker.events import Events
+
+BASE = RankerConfig(
+    host="127.0.0.1",
+    port=0,
+    metrics_port=-1,
+    instance_name="ranker-a",
+    model_preset="cpu-tiny",
+    profile_lengths="16,64",
+    profile_repeats=1,
+    profile_candidates=8,
+    profile_short_term=4,
+    drain_grace_s=1.0,
+)
+
+
+@dataclasses.dataclass
+class Ranker:
+    app: RankerApp
+    stub: ranker_pb2_grpc.RankerServiceStub
+
+    @property
+    def cache(self):
+        return self.app.cache
+
+    def reference(self, long: list[int], short: list[int], candidates: list[int]) -> list[float]:
+        """Scores from the model's full forward over the whole sequence: the ground truth."""
+        return self.app.runner.full_sync(events(long), events(short), candidates)
+
+    async def settle(self) -> None:
+        """Waits until no production or tier copy is in flight."""
+        for _ in range(400):
+            busy = self.cache.productions or any(e.demoting for e in self.cache.entries.values())
+            if not busy:
+                return
+            await asyncio.sleep(0.01)
+        raise TimeoutError("cache did not settle")
+
+
+@contextlib.asynccontextmanager
+async def running_ranker(**overrides):
+    config = dataclasses.replace(BASE, **overrides)
+    app = RankerApp(config)
+    server = app.server()
+    await server.start()
+    await app.warm_up()
+    await server.set_serving()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    try:
+        yield Ranker(app, ranker_pb2_grpc.RankerServiceStub(channel))
+    finally:
+        await channel.close()
+        await server.server.stop(None)
+        await app.close()
+
+
+def events(item_ids: list[int]) -> Events:
+    return Events.of(item_ids, [i % 5 for i in range(len(item_ids))])
+
+
+def sequence(item_ids: list[int]) -> common_pb2.BehaviorSequence:
+    return common_pb2.BehaviorSequence(
+        item_ids=item_ids, action_types=[i % 5 for i in range(len(item_ids))], timestamps_ms=[]
+    )
+
+
+def history(user: int, length: int) -> list[int]:
+    return [(user * 7919 + i * 104729) % 1_000_003 for i in range(length)]
+
+
+def pre_infer_request(user_id: str, long: list[int]) -> ranker_pb2.PreInferRequest:
+    return ranker_pb2.PreInferRequest(user_id=user_id, long_term=sequence(long))
+
+
+def rank_request(
+    user_id: str, long: list[int], short: list[int], candidates: list[int], relay_instance: str = ""
+) -> ranker_pb2.RankRequest:
+    return ranker_pb2.RankRequest(
+        request_id=f"req-{user_id}",
+        user_id=user_id,
+        long_term=sequence(long),
+        short_term=sequence(short),
+        candidate_item_ids=candidates,
+        relay_instance=relay_instance,
+    )
+
+
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
