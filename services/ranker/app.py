@@ -7,9 +7,7 @@ same components without a subprocess.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-from pathlib import Path
 
 import torch
 
@@ -36,14 +34,8 @@ def build_model(config: RankerConfig) -> tuple[HSTURanker, str, torch.device]:
     """The model on its device, and its version (the preset's, plus the checkpoint's digest if any)."""
     preset = get_preset(config.model_preset)
     device = select_device(config.device)
-    if config.checkpoint:
-        model = HSTURanker.from_checkpoint(preset, config.checkpoint)
-        digest = hashlib.sha256(Path(config.checkpoint).read_bytes()).hexdigest()[:12]
-        version = f"{preset.version}-ckpt-{digest}"
-    else:
-        model = HSTURanker(preset)
-        version = preset.version
-    return model.to(device=device, dtype=preset.dtype).eval(), version, device
+    model = HSTURanker.from_checkpoint(preset, config.checkpoint) if config.checkpoint else HSTURanker(preset)
+    return model.to(device=device, dtype=preset.dtype).eval(), model.version, device
 
 
 class RankerApp:

@@ -95,6 +95,10 @@ class Production:
     kind: Kind
     for_rank: bool
     task: asyncio.Task
+    # Lease the entry when done: a PreInfer started or joined this production.
+    lease: bool = False
+    # Why the Rank that started a compute missed; Ranks that join it share the reason.
+    miss_reason: int = Miss.MISS_REASON_UNSPECIFIED
     waiters: int = 0
 
 
@@ -156,8 +160,8 @@ class PrefixCache:
         nbytes = len(events) * self.bytes_per_token
         production = self.productions.get(key)
         if production is not None:
-            # Joining: the entry will be leased when the shared production completes.
-            production.task.add_done_callback(lambda _: self._lease(key, user_id))
+            # Joining: the entry is leased when the shared production completes.
+            production.lease = True
             return Outcome.PRE_INFER_OUTCOME_ACCEPTED, nbytes
         entry = self.entries.get(key)
         if entry is not None and entry.hbm is not None:
@@ -176,7 +180,6 @@ class PrefixCache:
         if started is None:
             self._tombstone(user_id, Miss.MISS_REASON_REJECTED_CAPACITY)
             return Outcome.PRE_INFER_OUTCOME_REJECTED_CAPACITY, 0
-        started.task.add_done_callback(lambda _: self._lease(key, user_id))
         return outcome, nbytes
 
     async def acquire(self, user_id: str, events: Events, relay_instance: str) -> Acquired:
@@ -193,7 +196,8 @@ class PrefixCache:
             return Acquired(entry, Source.HBM)
         production = self.productions.get(key)
         if production is not None:
-            return await self._join(production, key, self._source_of(production))
+            metrics.PRODUCTION_JOINS.inc()
+            return await self._join(production, key)
         miss_reason = self._miss_reason(user_id, events, relay_instance)
         if entry is not None:
             production = self._start(key, events, Kind.RELOAD, Priority.RANK, for_rank=True, base=entry)
@@ -203,7 +207,8 @@ class PrefixCache:
             production = self._start(key, events, kind, Priority.RANK, for_rank=True, base=base)
         if production is None:
             return Acquired(None, Source.MISS, miss_reason)
-        return await self._join(production, key, self._source_of(production), miss_reason)
+        production.miss_reason = miss_reason
+        return await self._join(production, key)
 
     def release(self, acquired: Acquired) -> None:
         entry = acquired.entry
@@ -275,7 +280,7 @@ class PrefixCache:
         if base is not None:
             base.pins += 1
         task = asyncio.get_running_loop().create_task(self._produce(key, events, kind, priority, base))
-        production = Production(kind, for_rank, task)
+        production = Production(kind, for_rank, task, lease=not for_rank)
         self.productions[key] = production
         metrics.PRODUCTIONS.labels(kind.value).inc()
         self._publish()
@@ -305,12 +310,15 @@ class PrefixCache:
             self._unpin_base(base, superseded=False)
             self._publish()
             raise
-        del self.productions[key]
+        production = self.productions.pop(key)
         self.hbm.resize(key, kv.nbytes())
         entry = base if kind is Kind.RELOAD else CacheEntry(key, events)
         entry.hbm = kv
+        entry.pins += production.waiters
         if kind is not Kind.RELOAD:
             self._insert(entry)
+        if production.lease:
+            self._lease(key, key.user_id)
         self._unpin_base(base, superseded=kind is Kind.EXTEND)
         self._publish()
         return entry
@@ -322,29 +330,27 @@ class PrefixCache:
         if superseded and base.pins == 0 and base.lease is None and self.entries.get(base.key) is base:
             self._remove(base, "superseded")
 
-    async def _join(
-        self,
-        production: Production,
-        key: PrefixKey,
-        source: Source,
-        miss_reason: int = Miss.MISS_REASON_UNSPECIFIED,
-    ) -> Acquired:
-        metrics.PRODUCTION_JOINS.inc()
+    async def _join(self, production: Production, key: PrefixKey) -> Acquired:
+        """Waits for a shared production. The production pins the entry for every waiter when it completes,
+        so nothing can demote it before they resume; a waiter cancelled after that gives its pin back."""
+        source = self._source_of(production)
+        miss_reason = production.miss_reason if source is Source.MISS else Miss.MISS_REASON_UNSPECIFIED
         production.waiters += 1
         try:
             entry = await asyncio.shield(production.task)
         except asyncio.CancelledError:
-            production.waiters -= 1
+            task = production.task
+            if task.done() and not task.cancelled() and task.exception() is None:
+                self.release(Acquired(task.result(), source))
+            else:
+                production.waiters -= 1
             raise
         except Exception:  # the shared production failed: this Rank computes on its own
             log.warning("production of %s failed", key, exc_info=True)
             return Acquired(None, Source.MISS, miss_reason or Miss.MISS_REASON_COLD)
-        entry.pins += 1
         if entry.lease is not None:  # a pre-infer leased it; this Rank consumes the lease
             entry.lease = None
             metrics.LEASES_ACTIVE.dec()
-        if source is not Source.MISS:
-            miss_reason = Miss.MISS_REASON_UNSPECIFIED
         return Acquired(entry, source, miss_reason)
 
     def _lease(self, key: PrefixKey, owner: str) -> None:

@@ -41,18 +41,17 @@ class ModelRunner:
 
     # ---- the work, on the device thread ----
 
-    def build_sync(self, events: Events, chunked: bool, base: PrefixKV | None = None) -> PrefixKV:
-        """The prefix KV of `events` appended to `base` (None: from the start). When chunked, every
-        queued rank runs between two chunks."""
+    def build_sync(self, events: Events, yield_to_ranks: bool, base: PrefixKV | None = None) -> PrefixKV:
+        """The prefix KV of `events` appended to `base` (None: from the start), always in chunks: besides
+        bounding a rank's wait, chunks keep the attention blocks small, which is faster on long
+        prefixes. When `yield_to_ranks`, every queued rank runs between two chunks."""
         builder = self.model.prefix_builder(
-            self._tensor(events.item_ids),
-            self._tensor(events.action_types),
-            chunk_size=self.chunk_tokens if chunked else None,
-            past=base,
+            self._tensor(events.item_ids), self._tensor(events.action_types), self.chunk_tokens, past=base
         )
         builder.step()
         while not builder.done:
-            self.worker.run_more_urgent()
+            if yield_to_ranks:
+                self.worker.run_more_urgent()
             builder.step()
         kv = builder.result()
         synchronize(self.device)
@@ -81,14 +80,14 @@ class ModelRunner:
     # ---- submitted from the event loop ----
 
     def pre_infer(self, events: Events, priority: Priority) -> asyncio.Future[PrefixKV]:
-        """The PrefixKV of `events`; background (pre-infer priority) work runs in chunks."""
-        chunked = priority is Priority.PRE_INFER
-        return self.worker.submit(lambda: self.build_sync(events, chunked), priority, "pre_infer")
+        """The PrefixKV of `events`; background (pre-infer priority) work yields to ranks between chunks."""
+        background = priority is Priority.PRE_INFER
+        return self.worker.submit(lambda: self.build_sync(events, background), priority, "pre_infer")
 
     def extend(self, base: PrefixKV, appended: Events, priority: Priority) -> asyncio.Future[PrefixKV]:
         """`base` extended with the events appended since it was computed."""
-        chunked = priority is Priority.PRE_INFER
-        return self.worker.submit(lambda: self.build_sync(appended, chunked, base), priority, "extend")
+        background = priority is Priority.PRE_INFER
+        return self.worker.submit(lambda: self.build_sync(appended, background, base), priority, "extend")
 
     def rank(
         self, prefix: PrefixKV, short: Events, candidates: Sequence[int], deadline: float | None

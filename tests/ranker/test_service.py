@@ -1,4 +1,4 @@
-"""RankerService over loopback gRPC: the relay is exact, the HBM tier and leases behave, bad input is refused."""
+"""RankerService over loopback gRPC: exact relay, HBM tier and leases, bad input refused."""
 
 from __future__ import annotations
 

@@ -1,0 +1,83 @@
+"""Named shapes of the HSTU ranker. The names are part of the CLI (`--model-preset`).
+
+A preset fixes everything that decides the model's weights and numerics, so `ModelPreset.version` (a digest
+of every field) is what a cached prefix is keyed on: two processes with the same version compute the same
+prefix KV.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """One model shape; dqk = dv = `head_dim`."""
+
+    name: str
+    embed_dim: int
+    num_heads: int
+    head_dim: int
+    num_layers: int
+    dtype: torch.dtype
+    num_tasks: int = 3
+    # Rows of the hashed item-id embedding; a prime, because ids are bucketed by remainder.
+    item_buckets: int = 8191
+    num_action_types: int = 16
+    # Absolute position embedding rows: prefix + short-term + the one shared candidate position must fit.
+    max_positions: int = 16384
+    # The fixed attention normaliser N_norm. Never the batch's padded length: that would make a prefix's
+    # states depend on who else is in the batch and break exact reuse.
+    attn_norm: float = 8192.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("embed_dim", "num_heads", "head_dim", "num_layers", "num_tasks", "item_buckets",
+                     "num_action_types"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"preset {self.name!r}: {name} must be positive")
+        if self.max_positions < 2:
+            raise ValueError(f"preset {self.name!r}: max_positions must fit one event and the candidates")
+        if not self.attn_norm > 0:
+            raise ValueError(f"preset {self.name!r}: attn_norm must be positive")
+
+    @property
+    def max_events(self) -> int:
+        """Most prefix + short-term events one request may carry (one position is the candidates')."""
+        return self.max_positions - 1
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Prefix-KV bytes one token occupies across all layers (keys and values)."""
+        return self.num_layers * self.num_heads * 2 * self.head_dim * self.dtype.itemsize
+
+    @property
+    def version(self) -> str:
+        """Stable model version for cache keys: changes whenever any field does."""
+        payload = repr(tuple((f.name, getattr(self, f.name)) for f in fields(self)))
+        return f"{self.name}-{hashlib.sha256(payload.encode()).hexdigest()[:12]}"
+
+
+PRESETS: dict[str, ModelPreset] = {
+    preset.name: preset
+    for preset in (
+        # Unit tests use short sequences, so a small N_norm keeps the history's influence on scores well
+        # above float rounding (tests must be able to see a stale prefix).
+        ModelPreset("cpu-tiny", embed_dim=32, num_heads=2, head_dim=16, num_layers=2, dtype=torch.float32,
+                    attn_norm=256.0),
+        ModelPreset("cpu-small", embed_dim=64, num_heads=2, head_dim=32, num_layers=2, dtype=torch.float32),
+        ModelPreset("gpu-dlrmv3", embed_dim=512, num_heads=4, head_dim=128, num_layers=5,
+                    dtype=torch.bfloat16, item_buckets=100_003),
+    )
+}  # fmt: skip
+
+
+def get_preset(name: str) -> ModelPreset:
+    """The preset called `name`; ValueError names the valid ones."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
