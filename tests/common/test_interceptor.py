@@ -1,0 +1,104 @@
+"""The shared interceptor records true status codes: OK, domain errors, aborts, deadlines, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from prometheus_client import REGISTRY
+
+from services.common.errors import InvalidArgument
+from services.common.server import GrpcServer, ServiceConfig
+
+SERVICE = "test.Echo"
+
+
+def handled(method: str, code: str) -> float:
+    labels = {"grpc_type": "unary", "grpc_service": SERVICE, "grpc_method": method, "grpc_code": code}
+    return REGISTRY.get_sample_value("grpc_server_handled_total", labels) or 0.0
+
+
+async def ok(request, context):
+    return request
+
+
+async def invalid(request, context):
+    raise InvalidArgument("user_id", "is required")
+
+
+async def abort(request, context):
+    await context.abort(grpc.StatusCode.PERMISSION_DENIED, "no")
+
+
+async def slow(request, context):
+    await asyncio.sleep(5)
+    return request
+
+
+async def downstream(request, context):
+    raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "member down")
+
+
+HANDLERS = {"Ok": ok, "Invalid": invalid, "Abort": abort, "Slow": slow, "Downstream": downstream}
+
+
+def register(server: grpc.aio.Server) -> None:
+    methods = {name: grpc.unary_unary_rpc_method_handler(fn) for name, fn in HANDLERS.items()}
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, methods)])
+
+
+@pytest.mark.parametrize(
+    ("method", "timeout", "client_code", "recorded"),
+    [
+        ("Ok", None, grpc.StatusCode.OK, "OK"),
+        ("Invalid", None, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
+        ("Abort", None, grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED"),
+        ("Slow", 0.2, grpc.StatusCode.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED"),
+        ("Downstream", None, grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE"),
+    ],
+)
+def test_codes_are_recorded_as_the_client_sees_them(method, timeout, client_code, recorded):
+    async def scenario():
+        server = GrpcServer(ServiceConfig(port=0, metrics_port=-1), SERVICE, register)
+        await server.start()
+        before = handled(method, recorded)
+        try:
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                call = channel.unary_unary(f"/{SERVICE}/{method}")
+                try:
+                    await call(b"ping", timeout=timeout)
+                    code = grpc.StatusCode.OK
+                except grpc.aio.AioRpcError as exc:
+                    code = exc.code()
+            assert code == client_code
+            for _ in range(100):  # the server side may finish just after the client gives up
+                if handled(method, recorded) == before + 1:
+                    break
+                await asyncio.sleep(0.02)
+            assert handled(method, recorded) == before + 1
+        finally:
+            await server.server.stop(None)
+
+    asyncio.run(scenario())
+
+
+def test_cancellation_is_recorded_as_cancelled():
+    async def scenario():
+        server = GrpcServer(ServiceConfig(port=0, metrics_port=-1), SERVICE, register)
+        await server.start()
+        before = handled("Slow", "CANCELLED")
+        try:
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                call = channel.unary_unary(f"/{SERVICE}/Slow")(b"ping", timeout=10)
+                await asyncio.sleep(0.2)
+                call.cancel()
+                for _ in range(100):
+                    if handled("Slow", "CANCELLED") == before + 1:
+                        break
+                    await asyncio.sleep(0.02)
+            assert handled("Slow", "CANCELLED") == before + 1
+        finally:
+            await server.server.stop(None)
+
+    asyncio.run(scenario())
