@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import socket
 import sys
 
 from services.common import config as config_lib
@@ -28,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     config = config_lib.load(
         RankerConfig, argv, prog="python -m services.ranker", description="RelayGR ranker: " + __doc__
     )
+    config = dataclasses.replace(config, instance_name=config.instance_name or socket.gethostname())
     setup_logging(config.log_level, f"ranker[{config.instance_name}]")
     run(lambda: serve(config))
 

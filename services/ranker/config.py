@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import socket
 
 from services.common.config import setting
 from services.common.server import ServiceConfig
@@ -14,7 +13,7 @@ class RankerConfig(ServiceConfig):
     port: int = setting(50051, "gRPC port (0 picks a free port)")
     metrics_port: int = setting(9101, "Prometheus metrics port (0 picks a free port; -1 disables)")
     instance_name: str = setting(
-        socket.gethostname(), "stable member name the router hashes on (the StatefulSet pod name)"
+        "", "stable member name the router hashes on (the StatefulSet pod name); empty: the host name"
     )
     model_preset: str = setting("cpu-small", "model preset: cpu-tiny, cpu-small or gpu-dlrmv3")
     checkpoint: str = setting("", "state_dict file loaded with weights_only=True; empty uses seeded weights")
@@ -43,8 +42,6 @@ class RankerConfig(ServiceConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not self.instance_name:
-            raise ValueError("--instance-name must not be empty")
         for name in ("hbm_budget_mb", "dram_budget_mb", "dram_ttl_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must not be negative")
