@@ -8,7 +8,6 @@ from functools import cached_property
 
 import numpy as np
 
-from relaygr.v1 import common_pb2
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -18,14 +17,6 @@ class Events:
     item_ids: np.ndarray
     action_types: np.ndarray
     timestamps_ms: np.ndarray
-
-    @classmethod
-    def from_proto(cls, seq: common_pb2.BehaviorSequence) -> Events:
-        return cls(
-            np.fromiter(seq.item_ids, dtype=np.int64, count=len(seq.item_ids)),
-            np.fromiter(seq.action_types, dtype=np.int64, count=len(seq.action_types)),
-            np.fromiter(seq.timestamps_ms, dtype=np.int64, count=len(seq.timestamps_ms)),
-        )
 
     @classmethod
     def of(cls, item_ids, action_types, timestamps_ms=()) -> Events:
@@ -41,11 +32,11 @@ class Events:
     @cached_property
     def fingerprint(self) -> str:
         """Digest of every event field: two sequences share it only if they are identical."""
-        digest = hashlib.blake2b(digest_size=16)
+        digest = hashlib.sha256()  # hardware-accelerated on x86 and Arm: the fastest stdlib digest here
         for array in (self.item_ids, self.action_types, self.timestamps_ms):
             digest.update(len(array).to_bytes(8, "little"))
-            digest.update(array.tobytes())
-        return digest.hexdigest()
+            digest.update(np.ascontiguousarray(array).data)
+        return digest.hexdigest()[:32]
 
     def has_prefix(self, other: Events) -> bool:
         """True when `other` is a strict prefix of these events (the user acted since)."""

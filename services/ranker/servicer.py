@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import grpc
+import numpy as np
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.common import metrics, validation
@@ -38,15 +39,12 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
         self.device = device
         self.num_action_types = runner.model.preset.num_action_types
 
-    def _long_term(self, seq, field: str, allow_empty: bool) -> Events:
-        validation.behavior_sequence(
-            seq, field, self.config.max_long_term_events, self.num_action_types, allow_empty=allow_empty
-        )
-        return Events.from_proto(seq)
+    def _events(self, seq, field: str, max_events: int, allow_empty: bool) -> Events:
+        return Events(*validation.sequence_arrays(seq, field, max_events, self.num_action_types, allow_empty))
 
     async def PreInfer(self, request: ranker_pb2.PreInferRequest, context) -> ranker_pb2.PreInferResponse:
         validation.user_id(request.user_id)
-        events = self._long_term(request.long_term, "long_term", allow_empty=False)
+        events = self._events(request.long_term, "long_term", self.config.max_long_term_events, False)
         outcome, nbytes = await self.cache.pre_infer(request.user_id, events)
         metrics.PRE_INFER_OUTCOMES.labels(metrics.enum_label(ranker_pb2.PreInferOutcome, outcome)).inc()
         return ranker_pb2.PreInferResponse(
@@ -58,14 +56,10 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
     ) -> ranker_pb2.RankResponse:
         started = time.perf_counter()
         validation.user_id(request.user_id)
-        long_term = self._long_term(request.long_term, "long_term", allow_empty=False)
-        validation.behavior_sequence(
-            request.short_term, "short_term", self.config.max_short_term_events, self.num_action_types,
-            allow_empty=True,
-        )  # fmt: skip
-        short_term = Events.from_proto(request.short_term)
+        long_term = self._events(request.long_term, "long_term", self.config.max_long_term_events, False)
+        short_term = self._events(request.short_term, "short_term", self.config.max_short_term_events, True)
         validation.candidates(request.candidate_item_ids, self.config.max_candidates)
-        candidates = list(request.candidate_item_ids)
+        candidates = np.array(request.candidate_item_ids, dtype=np.int64)
         deadline = self._deadline(context, len(long_term))
 
         acquired = await self.cache.acquire(request.user_id, long_term, request.relay_instance)
