@@ -34,6 +34,8 @@ def build_model(config: RankerConfig) -> tuple[HSTURanker, str, torch.device]:
     """The model on its device, and its version (the preset's, plus the checkpoint's digest if any)."""
     preset = get_preset(config.model_preset)
     device = select_device(config.device)
+    if config.torch_threads > 0:
+        torch.set_num_threads(config.torch_threads)
     model = HSTURanker.from_checkpoint(preset, config.checkpoint) if config.checkpoint else HSTURanker(preset)
     return model.to(device=device, dtype=preset.dtype).eval(), model.version, device
 

@@ -35,6 +35,7 @@ class RankerConfig(ServiceConfig):
         64, "pre-infer productions queued beyond this are shed (REJECTED_OVERLOAD)"
     )
     max_queued_ranks: int = setting(256, "Ranks waiting for the device beyond this get RESOURCE_EXHAUSTED")
+    torch_threads: int = setting(0, "intra-op CPU threads for torch (0: torch's default, one per core)")
     profile_lengths: str = setting("128,512,2048,8192", "prefix lengths of the warm-up latency curve")
     profile_short_term: int = setting(16, "short-term length used by the warm-up latency curve")
     profile_candidates: int = setting(128, "candidate count used by the warm-up latency curve")
@@ -42,7 +43,7 @@ class RankerConfig(ServiceConfig):
 
     def validate(self) -> None:
         super().validate()
-        for name in ("hbm_budget_mb", "dram_budget_mb", "dram_ttl_s"):
+        for name in ("hbm_budget_mb", "dram_budget_mb", "dram_ttl_s", "torch_threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must not be negative")
         for name in ("lease_ttl_ms", "max_long_term_events", "max_short_term_events", "max_candidates",

@@ -57,6 +57,11 @@ def measure(
     rng = np.random.default_rng(0)
     short_events = _synthetic(short, rng)
     candidate_ids = rng.integers(0, 2**40, candidates).tolist()
+    # One untimed pass of every path at the longest length first: thread pools and the allocator are then
+    # warm for every timed point (otherwise the first point measured can be 100x slow).
+    longest = _synthetic(max(lengths), rng)
+    runner.full_sync(longest, short_events, candidate_ids)
+    runner.rank_sync(runner.build_sync(longest, yield_to_ranks=False), short_events, candidate_ids)
     points = []
     for length in lengths:
         long_events = _synthetic(length, rng)

@@ -1,0 +1,105 @@
+"""Ranking latency without relay, predicted from the rankers' own measured latency curve.
+
+The brief's FLOP model (§4): a full forward over [prefix L | short-term S | candidates C] costs
+F_full = n_l·(P·T + A·Q), with T = L + S + C tokens through the projections and
+Q = L(L+1)/2 + S·L + S(S+1)/2 + C·(L+S+1) query-key pairs. Latency is modelled as t0 + k·F_full, that is
+
+    latency_ms(L, S, C) = fixed_ms + per_token_ms · T + per_pair_ms · Q
+
+with per_token_ms = k·n_l·P and per_pair_ms = k·n_l·A. The model dimensions and the device speed k only
+ever appear in these two products, so the fit takes them as free coefficients instead of deriving P and A:
+the profile's kv_bytes_per_token fixes n_l·A only up to the element size, and nothing in it fixes P (the
+projection width), so a derived P/A would be a guess. The three coefficients are fitted by non-negative
+least squares on `full_ms` over the curve's points, each first lowered to the least latency measured at
+it or any longer prefix: cost cannot fall as L grows and timing noise only ever adds, so that is still an
+upper bound on the true cost, and one stalled measurement (seen at the first point of a busy host) cannot
+flatten the whole curve. At the profile's own S and C, T is linear and Q is quadratic in L, so this is
+the quadratic fit a + b·L + c·L² of the measured curve with its coefficients tied to the formula; its
+extrapolation to another S and C follows the formula (with P/A as fitted).
+Non-negative coefficients make every prediction monotone in L, S and C.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def projected_tokens(prefix_length: int, short_term_length: int, num_candidates: int) -> int:
+    """Tokens that pass through the per-token projections: T = L + S + C."""
+    return prefix_length + short_term_length + num_candidates
+
+
+def attended_pairs(prefix_length: int, short_term_length: int, num_candidates: int) -> int:
+    """Query-key pairs of the masked attention: prefix causal, short-term over all before it, candidates
+    over every non-candidate key and themselves."""
+    prefix, short, cands = prefix_length, short_term_length, num_candidates
+    causal = prefix * (prefix + 1) // 2 + short * prefix + short * (short + 1) // 2
+    return causal + cands * (prefix + short + 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """Predicted full-forward (ranking without relay) latency; all coefficients are non-negative."""
+
+    fixed_ms: float
+    per_token_ms: float
+    per_pair_ms: float
+
+    @classmethod
+    def fit(
+        cls, points: Sequence[tuple[int, float]], short_term_length: int, num_candidates: int
+    ) -> CostModel:
+        """Fits (prefix_length, full_ms) points measured at one short-term length and candidate count."""
+        if not points:
+            raise ValueError("the latency curve has no points")
+        ordered = sorted(points)
+        lengths = np.array([length for length, _ in ordered], dtype=np.float64)
+        latencies = np.array([ms for _, ms in ordered], dtype=np.float64)
+        if (lengths <= 0).any() or not np.isfinite(latencies).all() or (latencies < 0).any():
+            raise ValueError("latency curve points need positive lengths and finite, non-negative latencies")
+        latencies = np.minimum.accumulate(latencies[::-1])[::-1]
+        features = np.array(
+            [
+                [1.0, projected_tokens(int(n), short_term_length, num_candidates),
+                 attended_pairs(int(n), short_term_length, num_candidates)]
+                for n in lengths
+            ]
+        )  # fmt: skip
+        fixed, per_token, per_pair = _nonnegative_least_squares(features, latencies).tolist()
+        return cls(fixed_ms=fixed, per_token_ms=per_token, per_pair_ms=per_pair)
+
+    def predict_ms(self, prefix_length: int, short_term_length: int, num_candidates: int) -> float:
+        return (
+            self.fixed_ms
+            + self.per_token_ms * projected_tokens(prefix_length, short_term_length, num_candidates)
+            + self.per_pair_ms * attended_pairs(prefix_length, short_term_length, num_candidates)
+        )
+
+
+def _nonnegative_least_squares(features: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """argmin ‖features·x - targets‖ subject to x ≥ 0, exactly, by trying every support set.
+
+    With three unknowns there are eight supports; the optimum is the unconstrained least-squares solution
+    on one of them, so the best feasible one is it. Columns are scaled to unit maximum for conditioning
+    (pair counts reach 10⁷ while the constant column is 1).
+    """
+    scale = np.abs(features).max(axis=0)
+    scale[scale == 0] = 1.0
+    scaled = features / scale
+    width = scaled.shape[1]
+    best_residual, best = np.inf, np.zeros(width)
+    for support in itertools.product((False, True), repeat=width):
+        columns = [i for i, used in enumerate(support) if used]
+        solution = np.zeros(width)
+        if columns:
+            solution[columns] = np.linalg.lstsq(scaled[:, columns], targets, rcond=None)[0]
+            if (solution < 0).any():
+                continue
+        residual = float(np.sum((scaled @ solution - targets) ** 2))
+        if residual < best_residual:
+            best_residual, best = residual, solution
+    return best / scale

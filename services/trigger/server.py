@@ -1,0 +1,82 @@
+"""The trigger's lifecycle: its gRPC server, its channel to the router and the profile it keeps fresh.
+
+Health of `relaygr.v1.TriggerService` turns SERVING once the first GetProfile answer has calibrated the
+cost model (tried every `--profile-retry-s` until the router answers), and the profile is refreshed every
+`--profile-refresh-s`; a failed refresh keeps the last good profile. Usable in-process (tests) through
+`start()` / `stop()`, and as a process through `__main__`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from relaygr.v1 import ranker_pb2, ranker_pb2_grpc, trigger_pb2_grpc
+from services.common.server import GrpcServer, dial
+from services.trigger.config import TriggerConfig
+from services.trigger.profile import FleetProfile
+from services.trigger.servicer import TriggerService, pre_infer_call
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "relaygr.v1.TriggerService"
+
+
+class TriggerServer:
+    def __init__(self, config: TriggerConfig) -> None:
+        self.config = config
+        self._channel = dial(config.router, config)
+        self._router = ranker_pb2_grpc.RankerServiceStub(self._channel)
+        self.service = TriggerService(config, pre_infer_call(self._channel))
+        self.grpc = GrpcServer(config, SERVICE_NAME, self._register)
+        self._profile_task: asyncio.Task | None = None
+
+    def _register(self, server: grpc.aio.Server) -> None:
+        trigger_pb2_grpc.add_TriggerServiceServicer_to_server(self.service, server)
+
+    @property
+    def address(self) -> str:
+        return self.grpc.address
+
+    async def start(self) -> None:
+        await self.grpc.start()
+        self._profile_task = asyncio.create_task(self._keep_profile_fresh())
+
+    async def wait(self) -> None:
+        """Serves until a stop is requested (SIGTERM, or `stop()`), then drains and closes the channel."""
+        try:
+            await self.grpc.wait()
+        finally:
+            if self._profile_task is not None:
+                self._profile_task.cancel()
+            await self._channel.close()
+
+    async def stop(self) -> None:
+        self.grpc.request_stop()
+        await self.wait()
+
+    async def _keep_profile_fresh(self) -> None:
+        serving = False
+        while True:
+            profile = await self._fetch_profile()
+            if profile is not None:
+                self.service.use_profile(profile)
+                if not serving:
+                    await self.grpc.set_serving()
+                    serving = True
+                    log.info("calibrated from model %s; serving", profile.model_version)
+            await asyncio.sleep(self.config.profile_refresh_s if serving else self.config.profile_retry_s)
+
+    async def _fetch_profile(self) -> FleetProfile | None:
+        try:
+            response = await self._router.GetProfile(
+                ranker_pb2.GetProfileRequest(), timeout=self.config.profile_refresh_s
+            )
+            return FleetProfile.from_response(response)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("GetProfile from %s: %s %s", self.config.router, exc.code().name, exc.details())
+        except ValueError as exc:
+            log.warning("GetProfile from %s is unusable: %s", self.config.router, exc)
+        return None

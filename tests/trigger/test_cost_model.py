@@ -1,0 +1,104 @@
+"""The cost model recovers a known latency curve and predicts monotonically in L, S and C."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from relaygr.v1 import ranker_pb2
+from services.trigger.cost_model import CostModel, attended_pairs, projected_tokens
+from services.trigger.profile import FleetProfile
+
+PROFILE_S, PROFILE_C = 16, 128
+LENGTHS = (128, 512, 2048, 8192)
+
+
+def curve(model: CostModel, lengths=LENGTHS) -> list[tuple[int, float]]:
+    return [(n, model.predict_ms(n, PROFILE_S, PROFILE_C)) for n in lengths]
+
+
+def test_flop_terms_match_the_brief():
+    # F_pre + F_rank of brief §4 with P = A = 1 and one layer.
+    prefix, short, cands = 100, 7, 30
+    f_pre = prefix + prefix * (prefix + 1) / 2
+    f_rank = (short + cands) + short * prefix + short * (short + 1) / 2 + cands * (prefix + short + 1)
+    assert projected_tokens(prefix, short, cands) + attended_pairs(prefix, short, cands) == f_pre + f_rank
+
+
+def test_fit_recovers_known_coefficients():
+    true = CostModel(fixed_ms=1.5, per_token_ms=2e-3, per_pair_ms=4e-6)
+    fitted = CostModel.fit(curve(true), PROFILE_S, PROFILE_C)
+    assert fitted.fixed_ms == pytest.approx(true.fixed_ms, rel=1e-6)
+    assert fitted.per_token_ms == pytest.approx(true.per_token_ms, rel=1e-6)
+    assert fitted.per_pair_ms == pytest.approx(true.per_pair_ms, rel=1e-6)
+
+
+def test_fit_of_a_quadratic_curve_reproduces_it_at_the_profile_shape():
+    # latency = a + b·L + c·L² measured at the profile's S and C; L beyond the curve is extrapolated.
+    a, b, c = 2.0, 5e-3, 3e-6
+    points = [(n, a + b * n + c * n * n) for n in LENGTHS]
+    fitted = CostModel.fit(points, PROFILE_S, PROFILE_C)
+    for n in (64, 300, 4096, 16384):
+        assert fitted.predict_ms(n, PROFILE_S, PROFILE_C) == pytest.approx(a + b * n + c * n * n, rel=1e-6)
+
+
+def test_fit_never_goes_negative_on_a_noisy_flat_curve():
+    # Noise that makes the long end look faster yields a flat curve at the least latency measured at or
+    # beyond each length, never a decreasing (negative) coefficient.
+    points = [(128, 3.0), (512, 2.9), (2048, 3.1), (8192, 2.8)]
+    fitted = CostModel.fit(points, PROFILE_S, PROFILE_C)
+    assert min(fitted.fixed_ms, fitted.per_token_ms, fitted.per_pair_ms) >= 0
+    for n in (1, 128, 8192):
+        assert fitted.predict_ms(n, PROFILE_S, PROFILE_C) == pytest.approx(2.8)
+
+
+def test_a_stalled_short_measurement_does_not_flatten_the_curve():
+    true = CostModel(fixed_ms=1.0, per_token_ms=1e-3, per_pair_ms=2e-6)
+    points = curve(true)
+    points[0] = (points[0][0], 150.0)  # the first point stalled behind another process
+    fitted = CostModel.fit(points, PROFILE_S, PROFILE_C)
+    longest = fitted.predict_ms(8192, PROFILE_S, PROFILE_C)
+    assert longest == pytest.approx(true.predict_ms(8192, PROFILE_S, PROFILE_C), rel=0.02)
+    assert longest > 10 * fitted.predict_ms(128, PROFILE_S, PROFILE_C)
+
+
+def test_prediction_is_monotone_in_length_short_term_and_candidates():
+    noisy = [(128, 1.1), (512, 2.3), (2048, 9.0), (8192, 95.0)]
+    model = CostModel.fit(noisy, PROFILE_S, PROFILE_C)
+    grid = list(itertools.product((1, 64, 1000, 8192), (0, 16, 256), (1, 128, 1024)))
+    for prefix, short, cands in grid:
+        here = model.predict_ms(prefix, short, cands)
+        assert model.predict_ms(prefix + 1, short, cands) > here
+        assert model.predict_ms(prefix, short + 1, cands) > here
+        assert model.predict_ms(prefix, short, cands + 1) > here
+
+
+def test_fit_rejects_an_empty_or_broken_curve():
+    with pytest.raises(ValueError):
+        CostModel.fit([], PROFILE_S, PROFILE_C)
+    with pytest.raises(ValueError):
+        CostModel.fit([(128, float("nan"))], PROFILE_S, PROFILE_C)
+
+
+def test_fleet_profile_capacity_comes_from_the_longest_point():
+    response = ranker_pb2.GetProfileResponse(
+        kv_bytes_per_token=512,
+        profile_short_term_length=PROFILE_S,
+        profile_num_candidates=PROFILE_C,
+        fleet_members=3,
+        latency_curve=[
+            ranker_pb2.LatencyPoint(prefix_length=2048, full_ms=10.0, pre_infer_ms=8.0, rank_ms=2.0),
+            ranker_pb2.LatencyPoint(prefix_length=128, full_ms=1.0, pre_infer_ms=0.5, rank_ms=0.6),
+            ranker_pb2.LatencyPoint(prefix_length=512, full_ms=3.0, pre_infer_ms=2.0, rank_ms=1.0),
+        ],
+    )
+    profile = FleetProfile.from_response(response)
+    assert profile.pre_infer_capacity_tokens_per_s == pytest.approx(3 * 2048 / 8.0 * 1000)
+    assert profile.kv_bytes_per_token == 512
+    assert profile.cost_model.predict_ms(2048, PROFILE_S, PROFILE_C) == pytest.approx(10.0, rel=0.05)
+
+
+def test_fleet_profile_refuses_a_profile_without_curve():
+    with pytest.raises(ValueError, match="no latency curve"):
+        FleetProfile.from_response(ranker_pb2.GetProfileResponse(kv_bytes_per_token=512, fleet_members=1))
