@@ -21,7 +21,11 @@ SERVICES = [
     ("Ranker — `python -m services.ranker`", "services.ranker.config", "RankerConfig"),
     ("Router — `python -m services.router`", "services.router.config", "RouterConfig"),
     ("Trigger — `python -m services.trigger`", "services.trigger.config", "TriggerConfig"),
-    ("Retrieval stub — `python -m services.retrieval_stub`", "services.retrieval_stub.config", "RetrievalStubConfig"),
+    (
+        "Retrieval stub — `python -m services.retrieval_stub`",
+        "services.retrieval_stub.config",
+        "RetrievalStubConfig",
+    ),
 ]
 
 

@@ -22,7 +22,7 @@ from services.common.errors import RequestError
 
 log = logging.getLogger(__name__)
 
-# Fine enough for a P99 anywhere in 1–100 ms, coarse beyond.
+# Fine enough for a P99 anywhere in 1-100 ms, coarse beyond.
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0065, 0.008, 0.01, 0.0125, 0.015, 0.0175, 0.02,
     0.025, 0.03, 0.035, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09, 0.1, 0.125, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0,

@@ -9,7 +9,6 @@ from functools import cached_property
 import numpy as np
 
 
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class Events:
     """Parallel arrays of one user's events, oldest first. Timestamps may be empty (unknown)."""

@@ -90,13 +90,16 @@ def test_twenty_concurrent_ranks_of_a_cold_user_cause_one_production():
     async def scenario():
         async with running_ranker() as r:
             long = history(4, 200)
-            productions = sum(metric("relaygr_productions_total", kind=k) for k in ("compute", "reload", "extend"))
+            productions = sum(
+                metric("relaygr_productions_total", kind=k) for k in ("compute", "reload", "extend")
+            )
             joins = metric("relaygr_production_joins_total")
             # Hold the device thread until all 20 have arrived, so none can come after the production.
             gate = threading.Event()
             r.app.worker.submit(gate.wait, Priority.RANK, "gate")
             ranks = [
-                asyncio.ensure_future(r.stub.Rank(rank_request("u4", long, SHORT, CANDIDATES))) for _ in range(20)
+                asyncio.ensure_future(r.stub.Rank(rank_request("u4", long, SHORT, CANDIDATES)))
+                for _ in range(20)
             ]
             while sum(p.waiters for p in r.cache.productions.values()) < 20:
                 await asyncio.sleep(0.005)

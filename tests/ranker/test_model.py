@@ -364,8 +364,7 @@ def test_from_checkpoint_round_trips_a_state_dict(tmp_path) -> None:
 
 def test_presets_have_the_briefs_shapes() -> None:
     shapes = {
-        name: (p.embed_dim, p.num_heads, p.head_dim, p.num_layers, p.dtype)
-        for name, p in PRESETS.items()
+        name: (p.embed_dim, p.num_heads, p.head_dim, p.num_layers, p.dtype) for name, p in PRESETS.items()
     }
 
     assert shapes == {

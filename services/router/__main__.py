@@ -1,0 +1,31 @@
+"""`python -m services.router`: the affinity router in front of the rankers (see services.router.server)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.common.config import load
+from services.common.server import run, setup_logging
+from services.router.config import RouterConfig
+from services.router.server import RouterServer
+
+
+async def serve(config: RouterConfig) -> None:
+    router = RouterServer(config)
+    await router.start()
+    await router.serve_until_signalled()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = load(
+        RouterConfig,
+        argv,
+        prog="python -m services.router",
+        description="Consistent-hash affinity router: relaygr.v1.RankerService in front of the rankers.",
+    )
+    setup_logging(config.log_level, "router")
+    run(lambda: serve(config))
+
+
+if __name__ == "__main__":
+    main()

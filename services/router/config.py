@@ -1,0 +1,85 @@
+"""Router settings: each is a flag with a `RELAYGR_…` environment twin (see services.common.config)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from services.common.config import setting
+from services.common.server import ServiceConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterConfig(ServiceConfig):
+    port: int = setting(50050, "gRPC port (0 picks a free port)")
+    metrics_port: int = setting(9100, "Prometheus metrics port (0 picks a free port; -1 disables)")
+    rankers: str = setting(
+        "ranker-0=127.0.0.1:50051",
+        "static members as name=host:port,...; each name must equal that ranker's --instance-name",
+    )
+    rankers_dns: str = setting(
+        "",
+        "host:port of a headless service whose DNS records (PTR names) list the members; overrides --rankers",
+    )
+    dns_refresh_s: float = setting(10.0, "seconds between DNS re-resolutions of --rankers-dns")
+    virtual_nodes: int = setting(160, "points per member on the hash ring")
+    load_factor: float = setting(
+        1.25, "bounded load: a member with in-flight >= ceil(factor * (total + 1) / members) spills clockwise"
+    )
+    load_floor: int = setting(
+        4, "a member with fewer requests in flight than this never spills (0: pure bound)"
+    )
+    health_interval_s: float = setting(1.0, "seconds between gRPC health checks of each member")
+    circuit_failures: int = setting(3, "consecutive failed forwards that open a member's circuit")
+    circuit_open_s: float = setting(5.0, "seconds an open circuit keeps a member off the ring")
+    deadline_margin_ms: int = setting(2, "forwards get the caller's remaining time minus this margin")
+    default_timeout_ms: int = setting(5000, "forward timeout when the caller sent no deadline")
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.rankers_dns and not self.rankers:
+            raise ValueError("give --rankers or --rankers-dns")
+        if self.virtual_nodes <= 0:
+            raise ValueError("--virtual-nodes must be positive")
+        if self.load_factor < 1.0:
+            raise ValueError("--load-factor must be at least 1.0 (below 1 no member may be under the bound)")
+        for name in ("dns_refresh_s", "health_interval_s", "circuit_open_s", "default_timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        if self.load_floor < 0:
+            raise ValueError("--load-floor must not be negative")
+        if self.circuit_failures <= 0:
+            raise ValueError("--circuit-failures must be positive")
+        if self.deadline_margin_ms < 0:
+            raise ValueError("--deadline-margin-ms must not be negative")
+        if self.rankers_dns:
+            self.dns_target()
+        else:
+            self.static_members()
+
+    def static_members(self) -> dict[str, str]:
+        """`--rankers` as {member name: host:port}."""
+        members: dict[str, str] = {}
+        for entry in filter(None, (part.strip() for part in self.rankers.split(","))):
+            name, sep, address = entry.partition("=")
+            name, address = name.strip(), address.strip()
+            if not sep or not name or not address:
+                raise ValueError(f"--rankers: {entry!r} is not name=host:port")
+            if name in members:
+                raise ValueError(f"--rankers: member name {name!r} appears twice")
+            split_host_port(address, "--rankers")
+            members[name] = address
+        if not members:
+            raise ValueError("--rankers lists no member")
+        return members
+
+    def dns_target(self) -> tuple[str, int]:
+        """`--rankers-dns` as (host, port)."""
+        return split_host_port(self.rankers_dns, "--rankers-dns")
+
+
+def split_host_port(address: str, flag: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{flag}: {address!r} is not host:port")
+    return host, int(port)

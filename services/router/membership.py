@@ -1,0 +1,323 @@
+"""The rankers behind the router: who they are, whether they are healthy, whether their circuit is open.
+
+Contract:
+- Members are named by stable names (StatefulSet pod names), which are what the ring hashes and what a
+  ranker reports as its `instance`. Names come from `--rankers name=host:port,...`, or from DNS for a
+  Kubernetes headless service: the service name resolves to one A/AAAA record per ready pod, and the PTR
+  record of each pod IP is the pod's DNS name, whose first label is the pod name (`ranker-0`). An IP
+  without a PTR record is skipped with a warning: naming a member by its IP would move its arc whenever
+  the pod restarts. DNS is re-resolved every `dns_refresh_s`; a failed resolution keeps the members.
+- Each member's gRPC health (service `relaygr.v1.RankerService`) is checked every `health_interval_s`.
+  A member is routable while its last check said SERVING and its circuit is closed. It stays on the
+  ring either way, so it gets its arcs back as soon as it is routable again.
+- `CircuitBreaker`: `failures` consecutive failed forwards open the circuit for `open_s`; afterwards
+  traffic may try again, a success closes it and one more failure re-opens it at once.
+
+Not thread-safe: everything runs on the router's event loop (blocking DNS calls run in its executor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import ipaddress
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from relaygr.v1 import ranker_pb2
+from services.common.metrics import ROUTER_FAILURES, ROUTER_INFLIGHT, ROUTER_MEMBER_HEALTHY
+from services.common.server import dial
+from services.router.config import RouterConfig
+from services.router.ring import AffinityRing
+
+log = logging.getLogger(__name__)
+
+RANKER_SERVICE = ranker_pb2.DESCRIPTOR.services_by_name["RankerService"].full_name
+
+# Codes that say the member, not the request, is at fault; only these count towards opening its circuit.
+MEMBER_FAULT_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+
+Clock = Callable[[], float]
+
+
+@dataclasses.dataclass(frozen=True)
+class DnsRecord:
+    """One address of a discovered service and the name its PTR record gives it."""
+
+    ip: str
+    hostname: str
+
+
+# Blocking: host -> its records. Injectable so that tests can serve a fixed record set.
+DnsLookup = Callable[[str], list[DnsRecord]]
+
+# Async: the current members as {name: host:port}.
+Discovery = Callable[[], Awaitable[dict[str, str]]]
+
+
+def system_dns_lookup(host: str) -> list[DnsRecord]:
+    """A and AAAA records of `host` (getaddrinfo), each named by the PTR record of its IP."""
+    ips = sorted({info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)})
+    records = []
+    for ip in ips:
+        try:
+            hostname = socket.gethostbyaddr(ip)[0]
+        except OSError as exc:
+            log.warning("skipping %s of %s: no PTR record names it (%s)", ip, host, exc)
+            continue
+        records.append(DnsRecord(ip, hostname))
+    return records
+
+
+def members_from_records(records: list[DnsRecord], port: int) -> dict[str, str]:
+    """{pod name: ip:port}, the pod name being the first label of the PTR name; duplicates resolve alike."""
+    members: dict[str, str] = {}
+    for record in sorted(records, key=lambda r: (r.hostname, r.ip)):
+        name = record.hostname.split(".", 1)[0]
+        if name in members:
+            log.warning("%s also names %s; keeping %s", record.hostname, record.ip, members[name])
+            continue
+        host = f"[{record.ip}]" if ipaddress.ip_address(record.ip).version == 6 else record.ip
+        members[name] = f"{host}:{port}"
+    return members
+
+
+def static_discovery(members: Mapping[str, str]) -> Discovery:
+    fixed = dict(members)
+
+    async def discover() -> dict[str, str]:
+        return dict(fixed)
+
+    return discover
+
+
+def dns_discovery(host: str, port: int, lookup: DnsLookup = system_dns_lookup) -> Discovery:
+    async def discover() -> dict[str, str]:
+        records = await asyncio.get_running_loop().run_in_executor(None, lookup, host)
+        return members_from_records(records, port)
+
+    return discover
+
+
+class CircuitBreaker:
+    """Opens after `failures` consecutive failures for `open_s`, then half-open (see the module docstring)."""
+
+    def __init__(self, failures: int, open_s: float, clock: Clock = time.monotonic) -> None:
+        self.failures = failures
+        self.open_s = open_s
+        self._clock = clock
+        self._consecutive = 0
+        self._open_until = float("-inf")
+
+    @property
+    def closed(self) -> bool:
+        return self._clock() >= self._open_until
+
+    def record_success(self) -> None:
+        self._consecutive = 0
+
+    def record_failure(self) -> bool:
+        """Counts a failure; True when it opened the circuit."""
+        self._consecutive += 1
+        if self._consecutive >= self.failures and self.closed:
+            self._open_until = self._clock() + self.open_s
+            return True
+        return False
+
+
+class Member:
+    """One ranker: stable name, address, channel, last health, circuit, and the router's in-flight count."""
+
+    def __init__(self, name: str, address: str, channel: grpc.aio.Channel, breaker: CircuitBreaker) -> None:
+        self.name = name
+        self.address = address
+        self.channel = channel
+        self.breaker = breaker
+        self.healthy = False
+        self.in_flight = 0
+        self._methods: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
+
+    @property
+    def routable(self) -> bool:
+        return self.healthy and self.breaker.closed
+
+    def method(self, full_method: str) -> grpc.aio.UnaryUnaryMultiCallable:
+        """A bytes-in, bytes-out callable for `full_method`: requests are forwarded without re-encoding."""
+        call = self._methods.get(full_method)
+        if call is None:
+            call = self.channel.unary_unary(full_method, request_serializer=None, response_deserializer=None)
+            self._methods[full_method] = call
+        return call
+
+    def record_success(self) -> None:
+        self.breaker.record_success()
+
+    def record_failure(self, code: grpc.StatusCode) -> None:
+        ROUTER_FAILURES.labels(self.name, code.name).inc()
+        if code in MEMBER_FAULT_CODES and self.breaker.record_failure():
+            log.warning("circuit of %s open for %.1fs after %s", self.name, self.breaker.open_s, code.name)
+            ROUTER_MEMBER_HEALTHY.labels(self.name).set(0)
+
+
+class Membership:
+    """The current members, kept in step with a discovery source and with the ring; watches their health."""
+
+    def __init__(
+        self,
+        discover: Discovery,
+        connect: Callable[[str], grpc.aio.Channel],
+        ring: AffinityRing,
+        health_interval_s: float,
+        circuit_failures: int,
+        circuit_open_s: float,
+        refresh_s: float | None = None,
+        close_grace_s: float = 0.0,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.ring = ring
+        self._discover = discover
+        self._connect = connect
+        self._health_interval_s = health_interval_s
+        self._circuit_failures = circuit_failures
+        self._circuit_open_s = circuit_open_s
+        self._refresh_s = refresh_s
+        self._close_grace_s = close_grace_s
+        self._clock = clock
+        self._members: dict[str, Member] = {}
+        self._watchers: dict[Member, asyncio.Task] = {}
+        self._refresher: asyncio.Task | None = None
+        self._any_healthy = asyncio.Event()
+
+    @classmethod
+    def from_config(cls, config: RouterConfig, lookup: DnsLookup = system_dns_lookup) -> Membership:
+        if config.rankers_dns:
+            host, port = config.dns_target()
+            discover, refresh_s = dns_discovery(host, port, lookup), config.dns_refresh_s
+        else:
+            discover, refresh_s = static_discovery(config.static_members()), None
+        # Reconnect no slower than health is checked, so a restarted ranker is seen within an interval.
+        backoff_ms = max(1, round(config.health_interval_s * 1000))
+        options = (
+            ("grpc.initial_reconnect_backoff_ms", backoff_ms),
+            ("grpc.max_reconnect_backoff_ms", backoff_ms),
+        )
+        return cls(
+            discover=discover,
+            connect=lambda address: dial(address, config, options),
+            ring=AffinityRing(
+                virtual_nodes=config.virtual_nodes,
+                load_factor=config.load_factor,
+                load_floor=config.load_floor,
+            ),
+            health_interval_s=config.health_interval_s,
+            circuit_failures=config.circuit_failures,
+            circuit_open_s=config.circuit_open_s,
+            refresh_s=refresh_s,
+            close_grace_s=config.drain_grace_s,
+        )
+
+    @property
+    def members(self) -> Mapping[str, Member]:
+        return self._members
+
+    def get(self, name: str) -> Member | None:
+        return self._members.get(name)
+
+    def routable(self) -> list[Member]:
+        return [member for member in self._members.values() if member.routable]
+
+    async def start(self) -> None:
+        """Discovers the members once, then keeps refreshing when the source is DNS."""
+        await self.refresh()
+        if self._refresh_s is not None:
+            self._refresher = asyncio.create_task(self._refresh_forever(self._refresh_s))
+
+    async def wait_until_any_healthy(self) -> None:
+        await self._any_healthy.wait()
+
+    async def refresh(self) -> None:
+        try:
+            found = await self._discover()
+        except OSError as exc:
+            log.warning("member discovery failed, keeping %d members: %s", len(self._members), exc)
+            return
+        await self.apply(found)
+
+    async def apply(self, found: Mapping[str, str]) -> None:
+        """Makes the members exactly `found` ({name: host:port}); a member with a new address is redialed.
+
+        A leaving member is off the ring at once; its channel closes once its forwards finish (at most
+        `close_grace_s`), after the newcomers are in.
+        """
+        leaving = [m for name, m in self._members.items() if found.get(name) != m.address]
+        for member in leaving:
+            del self._members[member.name]
+            if member.name not in found:
+                self.ring.remove(member.name)
+                ROUTER_MEMBER_HEALTHY.remove(member.name)
+                ROUTER_INFLIGHT.remove(member.name)
+        for name, address in found.items():
+            if name not in self._members:
+                self._add(name, address)
+        for member in leaving:
+            await self._close(member)
+
+    def _add(self, name: str, address: str) -> None:
+        breaker = CircuitBreaker(self._circuit_failures, self._circuit_open_s, self._clock)
+        member = Member(name, address, self._connect(address), breaker)
+        self._members[name] = member
+        self.ring.add(name)
+        ROUTER_MEMBER_HEALTHY.labels(name).set(0)
+        ROUTER_INFLIGHT.labels(name).set(0)
+        self._watchers[member] = asyncio.create_task(self._watch_health(member))
+        log.info("member %s at %s joined", name, address)
+
+    async def _close(self, member: Member) -> None:
+        watcher = self._watchers.pop(member)
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        log.info("member %s at %s left", member.name, member.address)
+        await member.channel.close(grace=self._close_grace_s)
+
+    async def _refresh_forever(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            await self.refresh()
+
+    async def _watch_health(self, member: Member) -> None:
+        check = health_pb2_grpc.HealthStub(member.channel).Check
+        request = health_pb2.HealthCheckRequest(service=RANKER_SERVICE)
+        while True:
+            try:
+                response = await check(request, timeout=self._health_interval_s)
+                healthy = response.status == health_pb2.HealthCheckResponse.SERVING
+            except grpc.aio.AioRpcError:
+                healthy = False
+            if healthy != member.healthy:
+                log.info("member %s is %s", member.name, "healthy" if healthy else "unhealthy")
+                member.healthy = healthy
+            if healthy:
+                self._any_healthy.set()
+            ROUTER_MEMBER_HEALTHY.labels(member.name).set(int(member.routable))
+            await asyncio.sleep(self._health_interval_s)
+
+    async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        await self.apply({})

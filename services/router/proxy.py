@@ -1,0 +1,110 @@
+"""The router's `relaygr.v1.RankerService`: a transparent affinity proxy that forwards raw request bytes.
+
+Contract:
+- Handlers are registered without (de)serializers, so requests and responses stay bytes: the router reads
+  only `RoutingKey` (user_id, relay_instance) from a PreInfer or Rank request and forwards the original
+  bytes, never decoding or re-encoding the long behaviour sequences. Only the small GetProfile answer is
+  re-encoded, to report `fleet_members` = the number of routable members.
+- An empty or oversized user_id, or bytes that do not parse, are INVALID_ARGUMENT before any forward.
+- Forwards get the caller's remaining time minus `deadline_margin_ms` (or `default_timeout_ms` when the
+  caller set no deadline). A downstream error keeps its status code: the `AioRpcError` propagates and the
+  shared interceptor re-raises it with its own code and details.
+- A Rank that fails with UNAVAILABLE is retried once on the failover member; PreInfer is a hint and is
+  never retried. Every forward attempt counts one routing decision, so a failed-over Rank counts two.
+"""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from relaygr.v1 import ranker_pb2, routing_pb2
+from services.common import validation
+from services.common.errors import DeadlineExceeded, InvalidArgument
+from services.common.metrics import ROUTER_DECISIONS, ROUTER_INFLIGHT
+from services.router.membership import RANKER_SERVICE, Member
+from services.router.routing import Route, RoutingPolicy
+
+
+def routing_key(request: bytes) -> routing_pb2.RoutingKey:
+    """The routing fields of a serialized PreInferRequest or RankRequest, validated."""
+    try:
+        key = routing_pb2.RoutingKey.FromString(request)
+    except DecodeError as exc:
+        raise InvalidArgument("request", f"is not a valid protobuf message ({exc})") from exc
+    validation.user_id(key.user_id)
+    return key
+
+
+class RankerProxy:
+    """Serves RankerService by forwarding each call to the member the routing policy picks."""
+
+    def __init__(self, policy: RoutingPolicy, deadline_margin_ms: float, default_timeout_ms: float) -> None:
+        self.policy = policy
+        self._margin_s = deadline_margin_ms / 1000
+        self._default_timeout_s = default_timeout_ms / 1000
+
+    def register(self, server: grpc.aio.Server) -> None:
+        # No (de)serializers: the handlers receive and return the wire bytes.
+        handlers = {
+            "PreInfer": grpc.unary_unary_rpc_method_handler(self.pre_infer),
+            "Rank": grpc.unary_unary_rpc_method_handler(self.rank),
+            "GetProfile": grpc.unary_unary_rpc_method_handler(self.get_profile),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(RANKER_SERVICE, handlers),))
+
+    async def pre_infer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        key = routing_key(request)
+        return await self._send(self.policy.choose(key.user_id), "PreInfer", request, context)
+
+    async def rank(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        key = routing_key(request)
+        route = self.policy.choose(key.user_id, key.relay_instance)
+        try:
+            return await self._send(route, "Rank", request, context)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            retry = self.policy.failover(key.user_id, failed=route.member.name)
+            if retry is None:
+                raise
+            return await self._send(retry, "Rank", request, context)
+
+    async def get_profile(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        answer = await self._forward(self.policy.least_loaded(), "GetProfile", request, context)
+        profile = ranker_pb2.GetProfileResponse.FromString(answer)
+        profile.fleet_members = len(self.policy.membership.routable())
+        return profile.SerializeToString()
+
+    async def _send(
+        self, route: Route, method: str, request: bytes, context: grpc.aio.ServicerContext
+    ) -> bytes:
+        ROUTER_DECISIONS.labels(method, route.decision.value).inc()
+        return await self._forward(route.member, method, request, context)
+
+    async def _forward(
+        self, member: Member, method: str, request: bytes, context: grpc.aio.ServicerContext
+    ) -> bytes:
+        timeout = self._timeout(context)
+        call = member.method(f"/{RANKER_SERVICE}/{method}")
+        member.in_flight += 1
+        ROUTER_INFLIGHT.labels(member.name).set(member.in_flight)
+        try:
+            response = await call(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            member.record_failure(exc.code())
+            raise
+        finally:
+            member.in_flight -= 1
+            ROUTER_INFLIGHT.labels(member.name).set(member.in_flight)
+        member.record_success()
+        return response
+
+    def _timeout(self, context: grpc.aio.ServicerContext) -> float:
+        remaining = context.time_remaining()
+        if remaining is None:
+            return self._default_timeout_s
+        timeout = remaining - self._margin_s
+        if timeout <= 0:
+            raise DeadlineExceeded(f"{remaining * 1000:.1f} ms left, within the forwarding margin")
+        return timeout

@@ -1,0 +1,73 @@
+"""Which member serves a request, and why: the routing policy of the router, free of transport.
+
+Order of preference for a request of user `u` carrying relay hint `h` (the `instance` its PreInfer named):
+1. `hint`: the member named `h`, while it is routable — the prefix cache lives there, whatever the ring
+   or the loads say now.
+2. The ring among routable members with bounded load (see `ring`): `affinity` when the user's first
+   routable member takes it, `spill` when bounded load moved it clockwise. A hint naming an unknown or
+   unroutable member records `hint_unavailable` instead.
+3. `failover`: after UNAVAILABLE, the first routable member clockwise on the user's walk other than the one
+   that failed, regardless of load (ranking is idempotent: the new member recomputes).
+
+Each branch is a `Decision`, whose value is the `decision` label of ROUTER_DECISIONS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from services.common.errors import Unavailable
+from services.router.membership import Member, Membership
+
+
+class Decision(enum.StrEnum):
+    AFFINITY = "affinity"
+    HINT = "hint"
+    SPILL = "spill"
+    FAILOVER = "failover"
+    HINT_UNAVAILABLE = "hint_unavailable"
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    member: Member
+    decision: Decision
+
+
+class RoutingPolicy:
+    """Chooses members from the live membership; reads the in-flight counts that the proxy keeps."""
+
+    def __init__(self, membership: Membership) -> None:
+        self.membership = membership
+
+    def choose(self, user_id: str, hint: str = "") -> Route:
+        """The member for a request; raises Unavailable when no member is routable."""
+        if hint:
+            hinted = self.membership.get(hint)
+            if hinted is not None and hinted.routable:
+                return Route(hinted, Decision.HINT)
+        loads = {member.name: member.in_flight for member in self.membership.routable()}
+        placement = self.membership.ring.place(user_id, loads)
+        if placement is None:
+            raise Unavailable(f"no healthy ranker among {len(self.membership.members)} members")
+        if hint:
+            decision = Decision.HINT_UNAVAILABLE
+        else:
+            decision = Decision.SPILL if placement.spilled else Decision.AFFINITY
+        return Route(self.membership.members[placement.member], decision)
+
+    def failover(self, user_id: str, failed: str) -> Route | None:
+        """The first routable member on the user's walk other than `failed`; None when there is none."""
+        for name in self.membership.ring.walk(user_id):
+            member = self.membership.get(name)
+            if name != failed and member is not None and member.routable:
+                return Route(member, Decision.FAILOVER)
+        return None
+
+    def least_loaded(self) -> Member:
+        """The routable member with the fewest requests in flight (ties by name), for unkeyed calls."""
+        routable = self.membership.routable()
+        if not routable:
+            raise Unavailable(f"no healthy ranker among {len(self.membership.members)} members")
+        return min(routable, key=lambda member: (member.in_flight, member.name))

@@ -1,0 +1,67 @@
+"""The router's wiring: membership, routing policy and proxy behind one `GrpcServer`.
+
+`RouterServer.start()` binds the ports and discovers the members; health of `relaygr.v1.RankerService`
+turns SERVING once at least one member is healthy. `stop()` drains like every service, then closes the
+member channels. Used by `python -m services.router` and, in-process, by tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from services.common.server import GrpcServer
+from services.router.config import RouterConfig
+from services.router.membership import RANKER_SERVICE, DnsLookup, Membership, system_dns_lookup
+from services.router.proxy import RankerProxy
+from services.router.routing import RoutingPolicy
+
+log = logging.getLogger(__name__)
+
+
+class RouterServer:
+    """One router: its members, its routing policy, and the gRPC server that proxies to them."""
+
+    def __init__(self, config: RouterConfig, lookup: DnsLookup = system_dns_lookup) -> None:
+        self.config = config
+        self.membership = Membership.from_config(config, lookup)
+        self.policy = RoutingPolicy(self.membership)
+        proxy = RankerProxy(self.policy, config.deadline_margin_ms, config.default_timeout_ms)
+        self.grpc = GrpcServer(config, RANKER_SERVICE, proxy.register)
+        self._ready: asyncio.Task | None = None
+
+    @property
+    def address(self) -> str:
+        return self.grpc.address
+
+    async def start(self) -> None:
+        await self.grpc.start()
+        await self.membership.start()
+        self._ready = asyncio.create_task(self._serve_once_a_member_is_healthy())
+
+    async def _serve_once_a_member_is_healthy(self) -> None:
+        await self.membership.wait_until_any_healthy()
+        await self.grpc.set_serving()
+        healthy, known = len(self.membership.routable()), len(self.membership.members)
+        log.info("serving: %d of %d members healthy", healthy, known)
+
+    async def wait_serving(self) -> None:
+        assert self._ready is not None, "start() first"
+        await asyncio.shield(self._ready)
+
+    async def serve_until_signalled(self) -> None:
+        """Serves until SIGTERM or SIGINT, then drains and stops."""
+        self.grpc.install_signal_handlers()
+        try:
+            await self.grpc.wait()
+        finally:
+            await self._close_members()
+
+    async def stop(self) -> None:
+        await self.grpc.drain()
+        await self._close_members()
+
+    async def _close_members(self) -> None:
+        if self._ready is not None:
+            self._ready.cancel()
+        await self.membership.close()

@@ -1,0 +1,124 @@
+"""In-process harness for the router's mechanics: model-free stub rankers and polling.
+
+`StubRanker` is a RankerService on 127.0.0.1 that answers with its own name as `instance`, records the
+raw bytes and the remaining deadline of every request it receives, and can be told to fail with a status
+code, to answer slowly, or to report NOT_SERVING. The real ranker is exercised by test_router_fleet.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from relaygr.v1 import common_pb2, ranker_pb2
+from services.router.config import RouterConfig
+from services.router.membership import RANKER_SERVICE
+from services.router.server import RouterServer
+
+
+@dataclasses.dataclass(frozen=True)
+class Received:
+    method: str
+    request: bytes
+    time_remaining: float | None
+
+
+class StubRanker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.received: list[Received] = []
+        self.fail_with: grpc.StatusCode | None = None
+        self.delay_s = 0.0
+        self.health = health.aio.HealthServicer()
+        self.server = grpc.aio.server()
+        handlers = {
+            method: grpc.unary_unary_rpc_method_handler(self._handler(method))
+            for method in ("PreInfer", "Rank", "GetProfile")
+        }
+        generic = grpc.method_handlers_generic_handler(RANKER_SERVICE, handlers)
+        self.server.add_generic_rpc_handlers((generic,))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def received_by(self, method: str) -> list[Received]:
+        return [r for r in self.received if r.method == method]
+
+    async def start(self) -> None:
+        await self.server.start()
+        await self.set_serving(True)
+
+    async def stop(self) -> None:
+        await self.server.stop(0)
+
+    async def set_serving(self, serving: bool) -> None:
+        statuses = health_pb2.HealthCheckResponse
+        await self.health.set(RANKER_SERVICE, statuses.SERVING if serving else statuses.NOT_SERVING)
+
+    def _handler(self, method: str):
+        async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            self.received.append(Received(method, request, context.time_remaining()))
+            await asyncio.sleep(self.delay_s)
+            if self.fail_with is not None:
+                await context.abort(self.fail_with, f"{self.name} says {self.fail_with.name}")
+            if method == "PreInfer":
+                return ranker_pb2.PreInferResponse(
+                    outcome=ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED, instance=self.name
+                ).SerializeToString()
+            if method == "Rank":
+                return ranker_pb2.RankResponse(
+                    scores=[0.5], cache_source=common_pb2.CACHE_SOURCE_MISS, instance=self.name
+                ).SerializeToString()
+            return ranker_pb2.GetProfileResponse(
+                preset="stub", instance=self.name, fleet_members=1
+            ).SerializeToString()
+
+        return handle
+
+
+async def eventually(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Waits until `predicate()` holds; fails the test when it does not within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s")
+        await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def stub_rankers(count: int) -> AsyncIterator[list[StubRanker]]:
+    """`count` started stubs named ranker-0.., stopped on exit."""
+    stubs = [StubRanker(f"ranker-{i}") for i in range(count)]
+    for stub in stubs:
+        await stub.start()
+    try:
+        yield stubs
+    finally:
+        for stub in stubs:
+            await stub.stop()
+
+
+def router_config(stubs: list[StubRanker], **overrides: object) -> RouterConfig:
+    """An in-process router over `stubs` on free ports, checking health every 50 ms."""
+    members = ",".join(f"{stub.name}={stub.address}" for stub in stubs)
+    settings = dict(port=0, metrics_port=-1, rankers=members, health_interval_s=0.05, drain_grace_s=0.5)
+    return RouterConfig(**{**settings, **overrides})
+
+
+@contextlib.asynccontextmanager
+async def running_router(config: RouterConfig) -> AsyncIterator[RouterServer]:
+    router = RouterServer(config)
+    await router.start()
+    try:
+        yield router
+    finally:
+        await router.stop()

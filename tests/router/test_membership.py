@@ -1,0 +1,225 @@
+"""Membership: static and DNS members (names from records), refresh, health watching, circuit breaking."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from relaygr.v1 import ranker_pb2
+from services.common.config import load
+from services.common.metrics import ROUTER_FAILURES, ROUTER_MEMBER_HEALTHY
+from services.router.config import RouterConfig
+from services.router.membership import (
+    RANKER_SERVICE,
+    CircuitBreaker,
+    DnsRecord,
+    Membership,
+    members_from_records,
+)
+from tests.router.harness import eventually, stub_rankers
+
+SERVICE_DNS = "ranker.relaygr.svc.cluster.local"
+
+
+def gauge(metric, *labels: str) -> float:
+    return metric.labels(*labels)._value.get()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FixedDns:
+    """An injected DNS: the records of the headless service, changed by the test between refreshes."""
+
+    def __init__(self, records: list[DnsRecord]) -> None:
+        self.records = records
+        self.failure: OSError | None = None
+        self.lookups = 0
+
+    def __call__(self, host: str) -> list[DnsRecord]:
+        assert host == SERVICE_DNS
+        self.lookups += 1
+        if self.failure is not None:
+            raise self.failure
+        return list(self.records)
+
+
+def pod(name: str, ip: str) -> DnsRecord:
+    return DnsRecord(ip, f"{name}.ranker.relaygr.svc.cluster.local")
+
+
+def test_defaults_make_a_local_fleet_work_without_flags() -> None:
+    config = load(RouterConfig, [], environ={})
+    assert (config.port, config.metrics_port) == (50050, 9100)
+    assert config.static_members() == {"ranker-0": "127.0.0.1:50051"}
+    assert (config.virtual_nodes, config.load_factor, config.circuit_failures) == (160, 1.25, 3)
+    assert (config.deadline_margin_ms, config.default_timeout_ms) == (2, 5000)
+
+
+def test_static_members_parse_and_reject_malformed_lists() -> None:
+    config = RouterConfig(rankers="ranker-0=10.0.0.1:50051, ranker-1=[::1]:50052")
+    assert config.static_members() == {"ranker-0": "10.0.0.1:50051", "ranker-1": "[::1]:50052"}
+    for bad in ("ranker-0", "ranker-0=host", "=h:1", "a=h:1,a=h:2", "a=h:99999", " , "):
+        with pytest.raises(ValueError, match="--rankers"):
+            RouterConfig(rankers=bad).static_members()
+    with pytest.raises(SystemExit):
+        load(RouterConfig, ["--rankers-dns", "no-port"], environ={})
+    with pytest.raises(SystemExit):
+        load(RouterConfig, ["--load-factor", "0.9"], environ={})
+
+
+def test_member_names_come_from_ptr_records_not_ips() -> None:
+    records = [
+        pod("ranker-1", "10.1.0.7"),
+        pod("ranker-0", "10.1.0.9"),
+        DnsRecord("fd00::5", "ranker-2.ranker.relaygr.svc.cluster.local"),
+    ]
+    assert members_from_records(records, 50051) == {
+        "ranker-0": "10.1.0.9:50051",
+        "ranker-1": "10.1.0.7:50051",
+        "ranker-2": "[fd00::5]:50051",
+    }
+    # Two IPs claiming one name (an old pod lingering): the same one wins whatever the record order.
+    twice = [pod("ranker-0", "10.1.0.9"), pod("ranker-0", "10.1.0.3")]
+    assert members_from_records(twice, 1) == {"ranker-0": "10.1.0.3:1"}
+    assert members_from_records(twice[::-1], 1) == {"ranker-0": "10.1.0.3:1"}
+
+
+def test_dns_discovery_adds_removes_and_redials_members() -> None:
+    async def scenario() -> None:
+        dns = FixedDns([pod("ranker-0", "127.0.0.11"), pod("ranker-1", "127.0.0.12")])
+        config = RouterConfig(rankers_dns=f"{SERVICE_DNS}:50051", dns_refresh_s=0.05, health_interval_s=30)
+        membership = Membership.from_config(config, lookup=dns)
+        await membership.start()
+        try:
+            assert {n: m.address for n, m in membership.members.items()} == {
+                "ranker-0": "127.0.0.11:50051",
+                "ranker-1": "127.0.0.12:50051",
+            }
+            assert membership.ring.members == {"ranker-0", "ranker-1"}
+            first = membership.get("ranker-0")
+
+            # The periodic refresh picks up a scale-up, a scale-down and a restarted pod with a new IP.
+            dns.records = [pod("ranker-0", "127.0.0.21"), pod("ranker-2", "127.0.0.13")]
+            await eventually(lambda: set(membership.members) == {"ranker-0", "ranker-2"})
+            await eventually(lambda: membership.get("ranker-0").address == "127.0.0.21:50051")
+            assert membership.get("ranker-0") is not first
+            assert membership.ring.members == {"ranker-0", "ranker-2"}
+
+            # A failed resolution keeps the members it had.
+            dns.failure = OSError("SERVFAIL")
+            lookups = dns.lookups
+            await eventually(lambda: dns.lookups > lookups + 1)
+            assert set(membership.members) == {"ranker-0", "ranker-2"}
+        finally:
+            await membership.close()
+        assert not membership.members and not membership.ring.members
+
+    asyncio.run(scenario())
+
+
+def test_unhealthy_members_are_not_routable_and_come_back() -> None:
+    async def scenario() -> None:
+        async with stub_rankers(2) as (zero, one):
+            rankers = f"ranker-0={zero.address},ranker-1={one.address}"
+            config = RouterConfig(rankers=rankers, health_interval_s=0.05)
+            membership = Membership.from_config(config)
+            await membership.start()
+            try:
+                await asyncio.wait_for(membership.wait_until_any_healthy(), 5)
+                await eventually(lambda: len(membership.routable()) == 2)
+                assert gauge(ROUTER_MEMBER_HEALTHY, "ranker-1") == 1
+
+                await one.set_serving(False)
+                await eventually(lambda: [m.name for m in membership.routable()] == ["ranker-0"])
+                assert gauge(ROUTER_MEMBER_HEALTHY, "ranker-1") == 0
+                assert "ranker-1" in membership.ring  # keeps its arc while away
+
+                await one.set_serving(True)
+                await eventually(lambda: len(membership.routable()) == 2)
+                assert gauge(ROUTER_MEMBER_HEALTHY, "ranker-1") == 1
+            finally:
+                await membership.close()
+
+    asyncio.run(scenario())
+
+
+def test_circuit_opens_after_consecutive_failures_and_closes_after_the_open_time() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker(failures=3, open_s=5.0, clock=clock)
+    assert not breaker.record_failure() and not breaker.record_failure()
+    breaker.record_success()  # consecutive, not total, failures count
+    assert not breaker.record_failure() and not breaker.record_failure()
+    assert breaker.closed
+    assert breaker.record_failure()
+    assert not breaker.closed
+    clock.now += 4.9
+    assert not breaker.closed
+    clock.now += 0.2
+    assert breaker.closed
+    # Half-open: one more failure re-opens at once; a success would have reset the count.
+    assert breaker.record_failure()
+    assert not breaker.closed
+    clock.now += 5.1
+    breaker.record_success()
+    assert not breaker.record_failure() and breaker.closed
+
+
+def test_member_faults_open_the_circuit_but_client_errors_do_not() -> None:
+    async def scenario() -> None:
+        async with stub_rankers(1) as (stub,):
+            config = RouterConfig(
+                rankers=f"ranker-0={stub.address}",
+                health_interval_s=0.05,
+                circuit_failures=3,
+                circuit_open_s=0.3,
+            )
+            membership = Membership.from_config(config)
+            await membership.start()
+            try:
+                member = membership.get("ranker-0")
+                await eventually(lambda: member.routable)
+                before = ROUTER_FAILURES.labels("ranker-0", "INVALID_ARGUMENT")._value.get()
+                for _ in range(5):
+                    member.record_failure(grpc.StatusCode.INVALID_ARGUMENT)
+                assert member.routable
+                assert ROUTER_FAILURES.labels("ranker-0", "INVALID_ARGUMENT")._value.get() == before + 5
+
+                for _ in range(3):
+                    member.record_failure(grpc.StatusCode.UNAVAILABLE)
+                assert not member.routable and membership.routable() == []
+                assert gauge(ROUTER_MEMBER_HEALTHY, "ranker-0") == 0
+                await eventually(lambda: member.routable, timeout_s=2)  # open for 0.3 s, still healthy
+                await eventually(lambda: gauge(ROUTER_MEMBER_HEALTHY, "ranker-0") == 1)
+            finally:
+                await membership.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_leaving_member_is_off_the_ring_at_once_and_finishes_its_forwards() -> None:
+    async def scenario() -> None:
+        async with stub_rankers(1) as (stub,):
+            stub.delay_s = 0.3
+            config = RouterConfig(rankers=f"ranker-0={stub.address}", health_interval_s=0.05, drain_grace_s=5)
+            membership = Membership.from_config(config)
+            await membership.start()
+            member = membership.get("ranker-0")
+            await eventually(lambda: member.routable)
+            forward = asyncio.ensure_future(member.method(f"/{RANKER_SERVICE}/Rank")(b"", timeout=5))
+            await eventually(lambda: bool(stub.received))
+            leaving = asyncio.create_task(membership.apply({}))
+            await asyncio.sleep(0)
+            assert "ranker-0" not in membership.ring and membership.get("ranker-0") is None
+            await leaving
+            assert ranker_pb2.RankResponse.FromString(await forward).instance == "ranker-0"
+            await membership.close()
+
+    asyncio.run(scenario())

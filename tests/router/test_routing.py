@@ -1,0 +1,134 @@
+"""RoutingPolicy: relay hint first, then the bounded-load ring, failover clockwise, each with its decision."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from services.common.errors import Unavailable
+from services.router.membership import Membership
+from services.router.routing import Decision, RoutingPolicy
+from tests.router.harness import StubRanker, eventually, router_config, stub_rankers
+
+USERS = [f"user-{i}" for i in range(50)]
+
+
+def with_policy(
+    scenario: Callable[[RoutingPolicy, list[StubRanker]], Awaitable[None]], **overrides: object
+) -> None:
+    """Runs `scenario` against a policy over three healthy stub rankers."""
+
+    async def main() -> None:
+        async with stub_rankers(3) as stubs:
+            membership = Membership.from_config(router_config(stubs, **overrides))
+            await membership.start()
+            try:
+                await eventually(lambda: len(membership.routable()) == 3)
+                await scenario(RoutingPolicy(membership), stubs)
+            finally:
+                await membership.close()
+
+    asyncio.run(main())
+
+
+def test_without_hint_a_user_goes_to_its_ring_owner() -> None:
+    async def scenario(policy: RoutingPolicy, _: list[StubRanker]) -> None:
+        for user in USERS:
+            route = policy.choose(user)
+            assert route.member.name == policy.membership.ring.owner(user)
+            assert route.decision == Decision.AFFINITY
+            assert policy.choose(user).member is route.member  # stable while nothing changes
+
+    with_policy(scenario)
+
+
+def test_a_hint_wins_over_the_ring_while_its_member_is_routable() -> None:
+    async def scenario(policy: RoutingPolicy, stubs: list[StubRanker]) -> None:
+        ring = policy.membership.ring
+        for user in USERS[:10]:
+            elsewhere = list(ring.walk(user))[-1]
+            route = policy.choose(user, hint=elsewhere)
+            assert (route.member.name, route.decision) == (elsewhere, Decision.HINT)
+
+        route = policy.choose("alice", hint="ranker-9")  # not a member
+        assert (route.member.name, route.decision) == (ring.owner("alice"), Decision.HINT_UNAVAILABLE)
+
+        hinted = next(stub for stub in stubs if stub.name != ring.owner("alice"))
+        await hinted.set_serving(False)
+        await eventually(lambda: not policy.membership.get(hinted.name).routable)
+        route = policy.choose("alice", hint=hinted.name)
+        assert (route.member.name, route.decision) == (ring.owner("alice"), Decision.HINT_UNAVAILABLE)
+
+    with_policy(scenario)
+
+
+def test_a_loaded_owner_spills_to_the_next_member_clockwise() -> None:
+    async def scenario(policy: RoutingPolicy, _: list[StubRanker]) -> None:
+        first, second, _third = policy.membership.ring.walk("alice")
+        policy.membership.get(first).in_flight = 4  # bound = ceil(1.25 * 5 / 3) = 3
+        route = policy.choose("alice")
+        assert (route.member.name, route.decision) == (second, Decision.SPILL)
+        policy.membership.get(first).in_flight = 2  # bound = ceil(1.25 * 3 / 3) = 2
+        assert policy.choose("alice").member.name == second
+        policy.membership.get(first).in_flight = 1
+        policy.membership.get(second).in_flight = 1  # bound = ceil(1.25 * 3 / 3) = 2
+        assert policy.choose("alice").decision == Decision.AFFINITY
+
+    with_policy(scenario, load_floor=0)
+
+
+def test_below_the_load_floor_a_member_never_spills() -> None:
+    async def scenario(policy: RoutingPolicy, _: list[StubRanker]) -> None:
+        first, second, _third = policy.membership.ring.walk("alice")
+        policy.membership.get(first).in_flight = 3  # pure bound: ceil(1.25 * 4 / 3) = 2; the floor is 4
+        assert policy.choose("alice").decision == Decision.AFFINITY
+        policy.membership.get(first).in_flight = 4
+        assert (policy.choose("alice").member.name, policy.choose("alice").decision) == (
+            second,
+            Decision.SPILL,
+        )
+
+    with_policy(scenario, load_floor=4)
+
+
+def test_failover_takes_the_next_routable_member_after_the_failed_one() -> None:
+    async def scenario(policy: RoutingPolicy, stubs: list[StubRanker]) -> None:
+        first, second, third = policy.membership.ring.walk("alice")
+        route = policy.failover("alice", failed=first)
+        assert (route.member.name, route.decision) == (second, Decision.FAILOVER)
+        assert policy.failover("alice", failed=second).member.name == first
+
+        await next(stub for stub in stubs if stub.name == second).set_serving(False)
+        await eventually(lambda: not policy.membership.get(second).routable)
+        assert policy.failover("alice", failed=first).member.name == third
+
+        await next(stub for stub in stubs if stub.name == third).set_serving(False)
+        await eventually(lambda: not policy.membership.get(third).routable)
+        assert policy.failover("alice", failed=first) is None
+
+    with_policy(scenario)
+
+
+def test_no_routable_member_is_unavailable() -> None:
+    async def scenario(policy: RoutingPolicy, stubs: list[StubRanker]) -> None:
+        for stub in stubs:
+            await stub.set_serving(False)
+        await eventually(lambda: not policy.membership.routable())
+        with pytest.raises(Unavailable, match="no healthy ranker among 3 members"):
+            policy.choose("alice")
+        with pytest.raises(Unavailable):
+            policy.least_loaded()
+
+    with_policy(scenario)
+
+
+def test_unkeyed_calls_go_to_the_least_loaded_member() -> None:
+    async def scenario(policy: RoutingPolicy, _: list[StubRanker]) -> None:
+        assert policy.least_loaded().name == "ranker-0"
+        policy.membership.get("ranker-0").in_flight = 2
+        policy.membership.get("ranker-1").in_flight = 1
+        assert policy.least_loaded().name == "ranker-2"
+
+    with_policy(scenario)
