@@ -1,0 +1,133 @@
+"""Demo traffic for the local fleet: open-loop Recommend calls and a live one-line progress display.
+
+Users are drawn uniformly from `user-0 … user-<demo_users - 1>`, so with a few thousand users some come
+back within the DRAM tier's TTL and the display shows every cache source. Rates and percentiles cover
+the last `window_s` seconds; cache-source and error counts cover the whole run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable
+
+import grpc
+import numpy as np
+
+from relaygr.v1 import recommend_pb2, recommend_pb2_grpc
+from services.common.config import setting
+from services.launcher.fleet import FleetConfig
+from services.loadgen.openloop import CallRecord, run_open_loop
+from services.retrieval_stub.servicer import cache_source_label
+
+CACHE_SOURCES = ("hbm", "dram", "extended", "miss")
+
+
+@dataclasses.dataclass(frozen=True)
+class LauncherConfig(FleetConfig):
+    demo_rps: float = setting(20.0, "Recommend calls per second of demo traffic, Poisson arrivals (0: none)")
+    duration_s: float = setting(0.0, "seconds to run before stopping everything (0: until Ctrl-C)")
+    demo_users: int = setting(2000, "demo users are drawn uniformly from user-0 … user-<N-1>")
+    top_k: int = setting(10, "top_k of each demo Recommend")
+    demo_seed: int = setting(0, "seed of the demo's arrivals and user draws")
+    demo_timeout_ms: float = setting(2000.0, "deadline of each demo Recommend")
+    progress_window_s: float = setting(10.0, "seconds the progress line's rate and percentiles cover")
+
+    def validate(self) -> None:
+        super().validate()
+        for name in ("demo_rps", "duration_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must not be negative")
+        for name in ("demo_users", "top_k", "demo_timeout_ms", "progress_window_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sample:
+    done_s: float
+    latency_ms: float
+    rank_ms: float | None  # None when the Recommend failed
+
+
+class DemoProgress:
+    """Rolling statistics of the demo's Recommend calls. Used from one event loop."""
+
+    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self.started_s = clock()
+        self.samples: collections.deque[_Sample] = collections.deque()
+        self.cache_sources: collections.Counter[str] = collections.Counter()
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.admitted = 0
+        self.total = 0
+
+    def add(self, record: CallRecord) -> None:
+        self.total += 1
+        rank_ms = None
+        if record.ok:
+            response: recommend_pb2.RecommendResponse = record.response
+            rank_ms = response.rank_latency_ms
+            self.cache_sources[cache_source_label(response.cache_source)] += 1
+            self.admitted += response.admitted
+        else:
+            self.errors[record.code.name] += 1
+        self.samples.append(_Sample(self.clock(), record.latency_s * 1000, rank_ms))
+
+    def _recent(self) -> list[_Sample]:
+        horizon = self.clock() - self.window_s
+        while self.samples and self.samples[0].done_s < horizon:
+            self.samples.popleft()
+        return list(self.samples)
+
+    def line(self) -> str:
+        recent = self._recent()
+        elapsed = self.clock() - self.started_s
+        rate = len(recent) / min(self.window_s, elapsed) if elapsed > 0 else 0.0
+        ok = [sample for sample in recent if sample.rank_ms is not None]
+
+        def p50_p99(values: list[float]) -> str:
+            if not values:
+                return "P50 -  P99 -"
+            p50, p99 = np.percentile(values, [50, 99])
+            return f"P50 {p50:5.1f}  P99 {p99:6.1f} ms"
+
+        sources = " ".join(f"{source} {self.cache_sources[source]}" for source in CACHE_SOURCES)
+        errors = sum(self.errors.values())
+        error_text = f"errors {errors}" + (f" ({self.errors.most_common(1)[0][0]})" if errors else "")
+        return (
+            f"[{elapsed:5.0f}s] {rate:5.1f} req/s | Recommend {p50_p99([s.latency_ms for s in ok])} | "
+            f"Rank {p50_p99([s.rank_ms for s in ok])} | {sources} | admitted {self.admitted} | {error_text}"
+        )
+
+
+async def drive_demo(
+    address: str, config: LauncherConfig, progress: DemoProgress, stop: asyncio.Event
+) -> None:
+    """Sends demo Recommends to the retrieval stub until `duration_s` passes or `stop` is set."""
+    if config.demo_rps == 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), config.duration_s or None)
+        return
+    users = np.random.default_rng(config.demo_seed)
+
+    def request(_: int) -> recommend_pb2.RecommendRequest:
+        user_id = f"user-{users.integers(config.demo_users)}"
+        return recommend_pb2.RecommendRequest(user_id=user_id, top_k=config.top_k)
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        await run_open_loop(
+            recommend_pb2_grpc.RecommendServiceStub(channel).Recommend,
+            request,
+            rate=config.demo_rps,
+            duration_s=config.duration_s or None,
+            timeout_s=config.demo_timeout_ms / 1000,
+            seed=config.demo_seed,
+            stop=stop,
+            on_record=progress.add,
+            collect=False,
+        )

@@ -1,0 +1,254 @@
+"""The local fleet: N rankers, the router, the trigger and the retrieval stub as child processes.
+
+`Fleet` starts the services tier by tier (rankers, router, trigger, retrieval stub), each once the tier
+it calls is healthy, and stops them front door first. Every child runs in its own process group under
+`services.common.procs.Processes`, so `stop()` (and leaving the `with` block, however it is left) ends
+them all. `check()` raises `ServiceExited` for a child that died on its own, naming it with its log tail;
+`kill_ranker` / `restart_ranker` take one ranker down and bring it back on the same name and ports.
+
+Ports, from `base_port` B and `metrics_base_port` M (0: free ports, as tests use):
+
+| service        | gRPC       | metrics    |
+|----------------|------------|------------|
+| router         | B          | M          |
+| trigger        | B + 2      | M + 2      |
+| retrieval-stub | B + 3      | M + 3      |
+| ranker-i       | B + 10 + i | M + 10 + i |
+
+With the defaults: router 50050, trigger 50052, retrieval stub 50053, rankers 50060…; metrics 9100, 9102,
+9103, 9110….
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import signal
+from pathlib import Path
+
+from relaygr.v1 import ranker_pb2, recommend_pb2, trigger_pb2
+from services.common.config import setting
+from services.common.procs import Processes, ServiceProcess
+from services.ranker.config import RankerConfig
+from services.trigger.config import TriggerConfig
+
+# Health-checked service names; the router serves RankerService like a ranker.
+RANKER_SERVICE = ranker_pb2.DESCRIPTOR.services_by_name["RankerService"].full_name
+TRIGGER_SERVICE = trigger_pb2.DESCRIPTOR.services_by_name["TriggerService"].full_name
+RECOMMEND_SERVICE = recommend_pb2.DESCRIPTOR.services_by_name["RecommendService"].full_name
+
+ROUTER, TRIGGER, STUB = "router", "trigger", "retrieval-stub"
+PORT_OFFSETS = {ROUTER: 0, TRIGGER: 2, STUB: 3}
+RANKER_PORT_OFFSET = 10
+# A free port is picked by the launcher and bound by the child, so another process may take it in
+# between; a child that lost its port that way is started again on new ones, this many times at most.
+PORT_CLASH_MARKERS = ("Address already in use", "Failed to bind to address")
+PORT_CLASH_ATTEMPTS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetConfig:
+    """What the local fleet runs; each extra-args string is split like a shell command line."""
+
+    rankers: int = setting(3, "number of rankers (named ranker-0 … ranker-N-1)")
+    model_preset: str = setting("cpu-small", "every ranker's model preset: cpu-tiny, cpu-small or gpu-dlrmv3")
+    hbm_budget_mb: float = setting(RankerConfig.hbm_budget_mb, "HBM-tier byte budget of each ranker, MiB")
+    dram_budget_mb: float = setting(RankerConfig.dram_budget_mb, "DRAM-tier byte budget of each ranker, MiB")
+    slo_ms: float = setting(TriggerConfig.slo_ms, "ranking latency SLO (P99) the trigger admits against, ms")
+    relay: bool = setting(True, "run the relay; false starts the baseline (retrieval stub without Admit)")
+    base_port: int = setting(50050, "gRPC port of the router; the others follow it (0: free ports)")
+    metrics_base_port: int = setting(9100, "metrics port of the router; the others follow it (0: free ports)")
+    log_dir: str = setting(".run/logs", "folder of the services' logs, one <service>.log each")
+    startup_timeout_s: float = setting(300.0, "seconds each service gets to become healthy")
+    ranker_args: str = setting("", "extra flags for every ranker, e.g. '--profile-repeats 1'")
+    router_args: str = setting("", "extra flags for the router")
+    trigger_args: str = setting("", "extra flags for the trigger")
+    stub_args: str = setting("", "extra flags for the retrieval stub, e.g. '--preprocess-delay-ms 50'")
+
+    def validate(self) -> None:
+        if self.rankers < 1:
+            raise ValueError("--rankers must be at least 1")
+        if self.startup_timeout_s <= 0:
+            raise ValueError("--startup-timeout-s must be positive")
+        for name in ("base_port", "metrics_base_port"):
+            port = getattr(self, name)
+            if port and not 0 < port + RANKER_PORT_OFFSET + self.rankers < 65536:
+                raise ValueError(f"--{name.replace('_', '-')} leaves no room for the fleet's ports")
+        for name in ("ranker_args", "router_args", "trigger_args", "stub_args"):
+            shlex.split(getattr(self, name))
+
+    def ports(self, name: str) -> tuple[int, int]:
+        """(gRPC port, metrics port) of a service; 0 means a free port."""
+        offset = PORT_OFFSETS.get(name)
+        if offset is None:
+            offset = RANKER_PORT_OFFSET + int(name.removeprefix("ranker-"))
+        return (
+            self.base_port + offset if self.base_port else 0,
+            self.metrics_base_port + offset if self.metrics_base_port else 0,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Launch:
+    """How a child was started, so that it can be started again."""
+
+    module: str
+    service: str
+    args: tuple[str, ...]
+    ports: tuple[int, int]  # as requested: 0 lets the fleet pick a free port
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    """Where one running service answers."""
+
+    name: str
+    address: str
+    metrics_port: int
+    pid: int
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+
+class ServiceExited(RuntimeError):
+    """A child of the fleet exited without being asked to."""
+
+    def __init__(self, name: str, returncode: int | None, log_tail: str) -> None:
+        super().__init__(f"{name} exited with code {returncode}; {log_tail}")
+        self.name = name
+        self.returncode = returncode
+
+
+def ranker_name(index: int) -> str:
+    return f"ranker-{index}"
+
+
+class Fleet:
+    """The local fleet's processes. Not thread-safe: drive it from one thread."""
+
+    def __init__(self, config: FleetConfig) -> None:
+        config.validate()
+        self.config = config
+        self.log_dir = Path(config.log_dir)
+        self.processes = Processes(log_dir=self.log_dir)
+        self.children: dict[str, ServiceProcess] = {}
+        self._launches: dict[str, _Launch] = {}
+        self._stopped_on_purpose: set[str] = set()
+
+    @property
+    def ranker_names(self) -> list[str]:
+        return [ranker_name(i) for i in range(self.config.rankers)]
+
+    def start(self) -> dict[str, Endpoint]:
+        """Starts every service and waits until each is healthy; returns their endpoints by name."""
+        try:
+            self._start_all()
+        except BaseException:
+            self.stop()
+            raise
+        return self.endpoints()
+
+    def _start_all(self) -> None:
+        c = self.config
+        for name in [*self.ranker_names, ROUTER, TRIGGER, STUB]:
+            (self.log_dir / f"{name}.log").unlink(missing_ok=True)
+        for name in self.ranker_names:
+            self._spawn(name, "services.ranker", RANKER_SERVICE, self._ranker_args(name))
+        for name in self.ranker_names:
+            self._wait_healthy(name)
+        members = ",".join(f"{name}={self.children[name].address}" for name in self.ranker_names)
+        router_args = ["--rankers", members, *shlex.split(c.router_args)]
+        self._spawn(ROUTER, "services.router", RANKER_SERVICE, router_args)
+        self._wait_healthy(ROUTER)
+        router = self.address(ROUTER)
+        trigger_args = ["--router", router, "--slo-ms", str(c.slo_ms), *shlex.split(c.trigger_args)]
+        self._spawn(TRIGGER, "services.trigger", TRIGGER_SERVICE, trigger_args)
+        self._wait_healthy(TRIGGER)
+        stub_args = [
+            "--router", router, "--trigger", self.address(TRIGGER), "--relay", str(c.relay).lower(),
+            *shlex.split(c.stub_args),
+        ]  # fmt: skip
+        self._spawn(STUB, "services.retrieval_stub", RECOMMEND_SERVICE, stub_args)
+        self._wait_healthy(STUB)
+        self.check()  # none of the earlier tiers died meanwhile
+
+    def _ranker_args(self, name: str) -> list[str]:
+        c = self.config
+        return [
+            "--instance-name", name, "--model-preset", c.model_preset,
+            "--hbm-budget-mb", str(c.hbm_budget_mb), "--dram-budget-mb", str(c.dram_budget_mb),
+            *shlex.split(c.ranker_args),
+        ]  # fmt: skip
+
+    def _spawn(self, name: str, module: str, service: str, args: list[str]) -> None:
+        self._launches[name] = _Launch(module, service, tuple(args), self.config.ports(name))
+        self._respawn(name)
+
+    def _respawn(self, name: str) -> None:
+        launch = self._launches[name]
+        port, metrics_port = launch.ports
+        self.children[name] = self.processes.start(
+            name, launch.module, launch.service, launch.args, port=port, metrics_port=metrics_port
+        )
+
+    def _wait_healthy(self, name: str) -> None:
+        for attempt in range(1, PORT_CLASH_ATTEMPTS + 1):
+            child = self.children[name]
+            try:
+                child.wait_healthy(self.config.startup_timeout_s)
+                break
+            except RuntimeError as exc:  # it exited while starting
+                tail = child.log_tail()
+                free_ports = self._launches[name].ports == (0, 0)
+                lost_port = free_ports and any(marker in tail for marker in PORT_CLASH_MARKERS)
+                if not lost_port or attempt == PORT_CLASH_ATTEMPTS:
+                    raise ServiceExited(name, child.popen.returncode, tail) from exc
+                self._respawn(name)
+
+    def address(self, name: str) -> str:
+        return self.children[name].address
+
+    def endpoints(self) -> dict[str, Endpoint]:
+        return {
+            name: Endpoint(name, child.address, child.metrics_port, child.popen.pid)
+            for name, child in self.children.items()
+        }
+
+    def check(self) -> None:
+        """Raises ServiceExited for the first child that died without being stopped on purpose."""
+        for name, child in self.children.items():
+            if name not in self._stopped_on_purpose and not child.alive():
+                raise ServiceExited(name, child.popen.returncode, child.log_tail())
+
+    def kill_ranker(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Takes one ranker down (SIGKILL by default: a crash, no drain) and waits until it is gone."""
+        child = self.children[name]
+        self._stopped_on_purpose.add(name)
+        child.signal(sig)
+        child.popen.wait(self.config.startup_timeout_s)
+
+    def restart_ranker(self, name: str) -> Endpoint:
+        """Starts a stopped ranker again under its name and ports, and waits until it is healthy."""
+        old = self.children[name]
+        if old.alive():
+            raise RuntimeError(f"{name} is still running; kill_ranker it first")
+        # Same ports, even where they were picked free: the router knows the ranker by this address.
+        self._launches[name] = dataclasses.replace(self._launches[name], ports=(old.port, old.metrics_port))
+        self._respawn(name)
+        self._stopped_on_purpose.discard(name)
+        self._wait_healthy(name)
+        return self.endpoints()[name]
+
+    def stop(self) -> None:
+        """Stops every child (SIGTERM, then SIGKILL after a grace), the front door first."""
+        self._stopped_on_purpose.update(self.children)
+        self.processes.close()
+
+    def __enter__(self) -> Fleet:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

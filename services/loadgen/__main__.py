@@ -1,0 +1,134 @@
+"""`python -m services.loadgen --config deploy/loadtest/<x>.json`: run a ghz config open-loop, print ghz JSON.
+
+The report goes to `--output` (or standard output); a one-line summary goes to standard error. Ctrl-C
+stops sending, waits for the requests in flight and still writes the report (endReason "cancel").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import itertools
+import json
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from services.common.config import load, setting
+from services.common.server import MAX_MESSAGE_BYTES
+from services.loadgen.ghz_config import GhzConfig, load_ghz_config
+from services.loadgen.openloop import run_open_loop
+from services.loadgen.report import ghz_report
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadgenConfig:
+    config: str = setting("", "ghz config file (JSON) describing the load test")
+    target: str = setting("", "host:port to load, overriding the config's host")
+    output: str = setting("", "file for the JSON report (empty: standard output)")
+    arrival_seed: int = setting(-1, "seed of the Poisson arrival times (-1: a fresh one each run)")
+
+    def validate(self) -> None:
+        if not self.config:
+            raise ValueError("--config is required")
+
+
+def open_channel(ghz: GhzConfig, target: str) -> grpc.aio.Channel:
+    options = [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.use_local_subchannel_pool", 1),  # one connection per channel, as ghz's `connections`
+    ]
+    if ghz.insecure:
+        return grpc.aio.insecure_channel(target, options=options)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=Path(ghz.cacert).read_bytes() if ghz.cacert else None,
+        private_key=Path(ghz.key).read_bytes() if ghz.key else None,
+        certificate_chain=Path(ghz.cert).read_bytes() if ghz.cert else None,
+    )
+    return grpc.aio.secure_channel(target, credentials, options=options)
+
+
+async def run(config: LoadgenConfig) -> dict[str, Any]:
+    ghz = load_ghz_config(config.config)
+    channels = [open_channel(ghz, config.target or ghz.host) for _ in range(ghz.connections)]
+    calls = itertools.cycle(
+        [
+            channel.unary_unary(
+                ghz.method.path,
+                request_serializer=ghz.method.request_class.SerializeToString,
+                response_deserializer=ghz.method.response_class.FromString,
+            )
+            for channel in channels
+        ]
+    )
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
+    started_at = datetime.datetime.now(datetime.UTC)
+    began = time.perf_counter()
+    try:
+        records = await run_open_loop(
+            lambda request, **kwargs: next(calls)(request, **kwargs),
+            ghz.requests,
+            ghz.schedule,
+            duration_s=ghz.duration_s,
+            total=ghz.total,
+            timeout_s=ghz.timeout_s or None,  # ghz: a zero timeout means none
+            metadata=ghz.metadata,
+            seed=None if config.arrival_seed < 0 else config.arrival_seed,
+            stop=stop,
+        )
+    finally:
+        for channel in channels:
+            await channel.close()
+    options = {**ghz.options, "host": config.target or ghz.host}
+    reason = end_reason(ghz, len(records), stop.is_set())
+    return ghz_report(records, time.perf_counter() - began, started_at, options, reason, ghz.skip_first)
+
+
+def end_reason(ghz: GhzConfig, sent: int, cancelled: bool) -> str:
+    """ghz's endReason: cancel (Ctrl-C), timeout (the duration ran out first) or normal (total sent)."""
+    if cancelled:
+        return "cancel"
+    if ghz.total is not None and sent >= ghz.total:
+        return "normal"
+    return "timeout"
+
+
+def summary(report: dict[str, Any]) -> str:
+    distribution = report["latencyDistribution"] or []
+    percentiles = {entry["percentage"]: entry["latency"] / 1e6 for entry in distribution}
+    errors = sum(report["errorDistribution"].values())
+    return (
+        f"{report['count']} requests in {report['total'] / 1e9:.1f}s ({report['rps']:.1f}/s), "
+        f"P50 {percentiles.get(50, 0):.2f} ms, P99 {percentiles.get(99, 0):.2f} ms, {errors} errors"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = load(
+        LoadgenConfig,
+        argv,
+        prog="python -m services.loadgen",
+        description="Open-loop (Poisson) gRPC load generator: reads ghz configs, writes ghz JSON reports.",
+    )
+    try:
+        report = asyncio.run(run(config))
+    except (ValueError, OSError) as exc:
+        sys.exit(f"loadgen: {exc}")
+    text = json.dumps(report, indent=2)
+    if config.output:
+        Path(config.output).write_text(text + "\n")
+    else:
+        print(text)
+    print(summary(report), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

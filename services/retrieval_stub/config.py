@@ -1,0 +1,38 @@
+"""Retrieval stub settings: each is a flag with a `RELAYGR_…` environment twin (see services.common.config).
+
+The universe's settings (`UniverseConfig`) are part of them, so a stub's users are reproducible from its
+flags alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from services.common.config import setting
+from services.common.server import ServiceConfig
+from services.retrieval_stub.universe import UniverseConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrievalStubConfig(UniverseConfig, ServiceConfig):
+    port: int = setting(50053, "gRPC port (0 picks a free port)")
+    metrics_port: int = setting(9103, "Prometheus metrics port (0 picks a free port; -1 disables)")
+    router: str = setting("127.0.0.1:50050", "address of the router (or of one ranker): Rank goes there")
+    trigger: str = setting("127.0.0.1:50052", "address of the trigger: Admit goes there when --relay is on")
+    relay: bool = setting(True, "run the relay (Admit, then Rank with its hint); false runs the baseline")
+    admit_timeout_ms: float = setting(20.0, "Admit deadline; a late or failed Admit means no relay")
+    preprocess_delay_ms: float = setting(30.0, "pre-processing time before ranking: the relay window")
+    rank_timeout_ms: float = setting(1000.0, "deadline of the Rank call")
+
+    def validate(self) -> None:
+        ServiceConfig.validate(self)
+        UniverseConfig.validate(self)
+        if not self.router:
+            raise ValueError("--router must not be empty")
+        if self.relay and not self.trigger:
+            raise ValueError("--trigger must not be empty when --relay is on")
+        for name in ("admit_timeout_ms", "rank_timeout_ms"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        if self.preprocess_delay_ms < 0:
+            raise ValueError("--preprocess-delay-ms must not be negative")

@@ -1,0 +1,140 @@
+"""`RecommendService`: the cascade from retrieval to ranking, with the relay race started at retrieval.
+
+One Recommend:
+
+1. validates the request (`user_id`; `top_k` in 1..num_candidates);
+2. retrieval: reads the user's history and candidates from the universe at one request time, which the
+   response returns (`request_time_ms`) so the exact ranking request can be rebuilt;
+3. with the relay on, calls `TriggerService.Admit` while pre-processing runs (`preprocess_delay_ms`, the
+   relay window); an Admit that fails or misses its deadline only means no relay hint, never a failed
+   Recommend. With the relay off (the baseline) no Admit is sent;
+4. ranks the candidates through the router, passing the Admit answer's `relay_instance` as the hint;
+5. answers the top-k candidates by score, best first, with where the ranking's prefix came from.
+
+A failed Rank fails the Recommend with the Rank's own status code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import grpc
+import numpy as np
+
+from relaygr.v1 import (
+    common_pb2,
+    ranker_pb2,
+    ranker_pb2_grpc,
+    recommend_pb2,
+    recommend_pb2_grpc,
+    trigger_pb2,
+    trigger_pb2_grpc,
+)
+from services.common import metrics, validation
+from services.retrieval_stub.config import RetrievalStubConfig
+from services.retrieval_stub.universe import UserUniverse
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = recommend_pb2.DESCRIPTOR.services_by_name["RecommendService"].full_name
+
+
+def cache_source_label(source: int) -> str:
+    """The metric label of a CacheSource: hbm, dram, extended, miss (or unspecified)."""
+    return common_pb2.CacheSource.Name(source).removeprefix("CACHE_SOURCE_").lower()
+
+
+def top_k_order(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k highest scores, best first; equal scores keep candidate order."""
+    return np.argsort(-scores, kind="stable")[:k]
+
+
+class RecommendService(recommend_pb2_grpc.RecommendServiceServicer):
+    """The retrieval stub's servicer. Stateless apart from its channels' stubs; safe for concurrent RPCs."""
+
+    def __init__(
+        self,
+        config: RetrievalStubConfig,
+        universe: UserUniverse,
+        ranker: ranker_pb2_grpc.RankerServiceStub,
+        trigger: trigger_pb2_grpc.TriggerServiceStub | None,
+    ) -> None:
+        if config.relay and trigger is None:
+            raise ValueError("the relay needs a trigger stub")
+        self.config = config
+        self.universe = universe
+        self.ranker = ranker
+        self.trigger = trigger
+
+    async def Recommend(
+        self, request: recommend_pb2.RecommendRequest, context: grpc.aio.ServicerContext
+    ) -> recommend_pb2.RecommendResponse:
+        started = time.perf_counter()
+        user_id = validation.user_id(request.user_id)
+        top_k = validation.positive(request.top_k, "top_k", self.universe.config.num_candidates)
+
+        now_ms = self.universe.now_ms()
+        history = self.universe.history(user_id, now_ms)
+        candidates = self.universe.candidates(user_id, now_ms)
+        long_term = history.long_term.to_proto()
+
+        admit, _ = await asyncio.gather(
+            self._admit(user_id, long_term, len(candidates)),
+            asyncio.sleep(self.config.preprocess_delay_ms / 1000),
+        )
+
+        rank_started = time.perf_counter()
+        ranked = await self.ranker.Rank(
+            ranker_pb2.RankRequest(
+                user_id=user_id,
+                request_id=uuid.uuid4().hex,
+                long_term=long_term,
+                short_term=history.short_term.to_proto(),
+                candidate_item_ids=candidates.tolist(),
+                relay_instance=admit.relay_instance,
+            ),
+            timeout=self.config.rank_timeout_ms / 1000,
+        )
+        rank_seconds = time.perf_counter() - rank_started
+
+        scores = np.asarray(ranked.scores, dtype=np.float32)
+        best = top_k_order(scores, top_k)
+        metrics.RECOMMEND_LATENCY.labels("rank").observe(rank_seconds)
+        metrics.RECOMMEND_LATENCY.labels("total").observe(time.perf_counter() - started)
+        metrics.RECOMMENDS.labels(cache_source_label(ranked.cache_source)).inc()
+        return recommend_pb2.RecommendResponse(
+            item_ids=candidates[best].tolist(),
+            scores=scores[best].tolist(),
+            cache_source=ranked.cache_source,
+            instance=ranked.instance,
+            admitted=admit.admitted,
+            admit_reason=admit.reason,
+            miss_reason=ranked.miss_reason,
+            rank_latency_ms=rank_seconds * 1000,
+            long_term_length=len(history.long_term),
+            request_time_ms=now_ms,
+        )
+
+    async def _admit(
+        self, user_id: str, long_term: common_pb2.BehaviorSequence, num_candidates: int
+    ) -> trigger_pb2.AdmitResponse:
+        """The trigger's answer; an empty one (not admitted, no hint) for the baseline or when Admit fails."""
+        if not self.config.relay:
+            return trigger_pb2.AdmitResponse()
+        try:
+            return await self.trigger.Admit(
+                trigger_pb2.AdmitRequest(
+                    user_id=user_id,
+                    long_term=long_term,
+                    num_candidates=num_candidates,
+                    short_term_length=self.universe.config.short_term_length,
+                ),
+                timeout=self.config.admit_timeout_ms / 1000,
+            )
+        except grpc.aio.AioRpcError as exc:
+            metrics.RECOMMEND_ADMIT_FAILURES.labels(exc.code().name).inc()
+            log.debug("Admit for %s failed (%s); ranking without relay", user_id, exc.code().name)
+            return trigger_pb2.AdmitResponse()

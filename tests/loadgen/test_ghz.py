@@ -1,0 +1,147 @@
+"""ghz config files parse into real protobuf requests; reports have ghz's shape and arithmetic."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import grpc
+import pytest
+
+from relaygr.v1 import ranker_pb2, recommend_pb2
+from services.common.procs import REPO_ROOT
+from services.loadgen.ghz_config import GhzConfig, load_ghz_config, parse_go_duration
+from services.loadgen.openloop import CallRecord
+from services.loadgen.report import ghz_report, go_code_name
+from services.loadgen.schedule import RateSchedule
+
+# The top-level keys of a ghz JSON report (runner/reporter.go), and the keys of its nested entries.
+GHZ_REPORT_KEYS = {
+    "date", "endReason", "options", "count", "total", "average", "fastest", "slowest", "rps",
+    "errorDistribution", "statusCodeDistribution", "latencyDistribution", "histogram", "details",
+}  # fmt: skip
+
+RANK_ENTRY = {
+    "userId": "user-1",
+    "requestId": "r-1",
+    "longTerm": {"itemIds": ["11", "12", "13"], "actionTypes": [0, 1, 2], "timestampsMs": ["1", "2", "3"]},
+    "shortTerm": {"itemIds": ["14"], "actionTypes": [3], "timestampsMs": ["4"]},
+    "candidateItemIds": ["7", "8"],
+}
+
+
+def test_go_durations_parse_like_go():
+    assert parse_go_duration("10s", "d") == 10
+    assert parse_go_duration("1m30s", "d") == 90
+    assert parse_go_duration("250ms", "d") == pytest.approx(0.25)
+    assert parse_go_duration("1.5h", "d") == 5400
+    for bad in ("10", "ten seconds", "10s junk", ""):
+        with pytest.raises(ValueError, match="d"):
+            parse_go_duration(bad, "d")
+
+
+def test_a_rank_config_with_a_data_file_parses_into_rank_requests(tmp_path):
+    (tmp_path / "rank.json").write_text(json.dumps([RANK_ENTRY, {**RANK_ENTRY, "userId": "user-2"}]))
+    config_path = tmp_path / "rank-config.json"
+    config_path.write_text(json.dumps({
+        "call": "relaygr.v1.RankerService.Rank", "host": "127.0.0.1:50050", "insecure": True, "rps": 50,
+        "duration": "2s", "total": 999, "concurrency": 50, "timeout": "500ms", "data-file": "rank.json",
+        "metadata": {"X-Tenant": "demo"},
+    }))  # fmt: skip
+    config = load_ghz_config(config_path)
+    assert config.method.path == "/relaygr.v1.RankerService/Rank"
+    assert config.method.request_class is ranker_pb2.RankRequest
+    first, second = config.requests
+    assert isinstance(first, ranker_pb2.RankRequest)
+    assert (first.user_id, second.user_id) == ("user-1", "user-2")
+    assert list(first.long_term.item_ids) == [11, 12, 13] and list(first.candidate_item_ids) == [7, 8]
+    assert config.schedule == RateSchedule.constant(50)
+    assert (config.duration_s, config.total) == (2.0, None)  # ghz: a duration overrides total
+    assert config.timeout_s == 0.5
+    assert config.metadata == (("x-tenant", "demo"),)
+
+
+def test_a_step_schedule_and_inline_data_with_field_names_parse():
+    config = GhzConfig.from_dict({
+        "call": "relaygr.v1.RecommendService/Recommend", "host": "h:1", "total": 10,
+        "load-schedule": "step", "load-start": 5, "load-step": 5, "load-step-duration": "2s", "load-end": 20,
+        "data": {"user_id": "u", "top_k": 3},
+    })  # fmt: skip
+    assert config.requests == (recommend_pb2.RecommendRequest(user_id="u", top_k=3),)
+    assert config.schedule == RateSchedule(start=5, step=5, step_duration_s=2.0, end=20)
+    assert (config.total, config.duration_s, config.insecure) == (10, None, False)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"concurency": 5}, "unknown ghz config keys: concurency"),
+        ({"call": "relaygr.v1.RankerService.Nope"}, "no method"),
+        ({"data": [{"userId": "u", "bogus": 1}]}, r"data\[0\]"),
+        ({"data": []}, "non-empty array"),
+        ({"rps": 0}, "needs a rate"),
+        ({"timeout": "20"}, "timeout"),
+    ],
+)
+def test_mistakes_in_a_config_are_reported_by_key(change, message):
+    raw = {"call": "relaygr.v1.RankerService.Rank", "host": "h:1", "rps": 10, "data": RANK_ENTRY, **change}
+    with pytest.raises(ValueError, match=message):
+        GhzConfig.from_dict(raw)
+
+
+def record(index: int, latency_s: float, code: grpc.StatusCode = grpc.StatusCode.OK) -> CallRecord:
+    ok = code == grpc.StatusCode.OK
+    return CallRecord(index, index * 0.01, index * 0.01 + 0.001, latency_s, code, "" if ok else "boom", None)
+
+
+def test_the_report_has_ghz_keys_nanoseconds_and_ghz_percentiles():
+    latencies = [0.001 * (i + 1) for i in range(100)]  # 1..100 ms
+    records = [record(i, latency) for i, latency in enumerate(latencies)]
+    records.append(record(100, 0.5, grpc.StatusCode.UNAVAILABLE))
+    records.append(record(101, 0.5, grpc.StatusCode.DEADLINE_EXCEEDED))
+    started = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
+    report = ghz_report(records, 2.0, started, {"call": "x"}, skip_first=0)
+    assert set(report) >= GHZ_REPORT_KEYS
+    assert json.loads(json.dumps(report)) == report
+    assert report["count"] == 102 and report["total"] == 2_000_000_000 and report["rps"] == 51.0
+    assert report["fastest"] == 1_000_000 and report["slowest"] == 100_000_000  # successes only
+    assert report["average"] == round((sum(latencies) + 1.0) / 102 * 1e9)  # every result
+    assert report["statusCodeDistribution"] == {"OK": 100, "Unavailable": 1, "DeadlineExceeded": 1}
+    assert report["errorDistribution"] == {
+        "rpc error: code = Unavailable desc = boom": 1,
+        "rpc error: code = DeadlineExceeded desc = boom": 1,
+    }
+    # ghz's nearest rank: P50 of 1..100 ms is the 50th value, P99 the 99th.
+    percentiles = {entry["percentage"]: entry["latency"] for entry in report["latencyDistribution"]}
+    assert list(percentiles) == [10, 25, 50, 75, 90, 95, 99]
+    assert percentiles[50] == 50_000_000 and percentiles[99] == 99_000_000
+    buckets = report["histogram"]
+    assert len(buckets) == 11 and sum(bucket["count"] for bucket in buckets) == 100
+    assert buckets[0]["mark"] == pytest.approx(0.001) and buckets[-1]["mark"] == pytest.approx(0.1)
+    assert report["details"][0] == {
+        "timestamp": started.isoformat(), "latency": 1_000_000, "error": "", "status": "OK",
+    }  # fmt: skip
+
+
+def test_skip_first_leaves_warm_up_out_of_the_report():
+    records = [record(0, 5.0)] + [record(i, 0.01) for i in range(1, 11)]
+    report = ghz_report(records, 1.0, datetime.datetime.now(datetime.UTC), {}, skip_first=1)
+    assert report["count"] == 10 and report["slowest"] == 10_000_000
+
+
+def test_status_names_follow_go():
+    assert go_code_name(grpc.StatusCode.CANCELLED) == "Canceled"
+    assert go_code_name(grpc.StatusCode.RESOURCE_EXHAUSTED) == "ResourceExhausted"
+    assert go_code_name(grpc.StatusCode.OK) == "OK"
+
+
+SHIPPED_CONFIGS = sorted((REPO_ROOT / "deploy" / "loadtest").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=[path.name for path in SHIPPED_CONFIGS])
+def test_every_shipped_ghz_config_and_data_entry_parses_into_real_messages(path):
+    config = load_ghz_config(path)
+    raw = json.loads(path.read_text())
+    entries = json.loads((path.parent / raw["data-file"]).read_text()) if "data-file" in raw else raw["data"]
+    assert len(config.requests) == (len(entries) if isinstance(entries, list) else 1)
+    assert all(isinstance(request, config.method.request_class) for request in config.requests)

@@ -1,0 +1,132 @@
+"""The local fleet launcher: everything starts healthy, a dead child is named, and nothing outlives it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+
+from relaygr.v1 import recommend_pb2, recommend_pb2_grpc
+from services.common.procs import REPO_ROOT, health_status
+from services.launcher.fleet import RANKER_SERVICE, STUB, TRIGGER, Fleet, FleetConfig, ServiceExited
+
+TINY_RANKERS = "--profile-lengths 32,128 --profile-repeats 1"
+SMALL_UNIVERSE = "--history-max 256 --num-candidates 16 --rank-timeout-ms 20000"
+
+
+def gone(pid: int) -> bool:
+    """True when no process of the group `pid` led is left (each child leads its own group)."""
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def fleet_config(tmp_path, **overrides) -> FleetConfig:
+    return FleetConfig(
+        **{
+            "rankers": 2, "model_preset": "cpu-tiny", "base_port": 0, "metrics_base_port": 0,
+            "log_dir": str(tmp_path / "logs"), "ranker_args": TINY_RANKERS, "stub_args": SMALL_UNIVERSE,
+            **overrides,
+        }
+    )  # fmt: skip
+
+
+def test_fleet_starts_healthy_restarts_a_ranker_detects_a_crash_and_stops_everything(tmp_path):
+    fleet = Fleet(fleet_config(tmp_path))
+    endpoints = fleet.start()
+    try:
+        assert list(endpoints) == ["ranker-0", "ranker-1", "router", "trigger", "retrieval-stub"]
+        ports = {int(e.address.rsplit(":", 1)[1]) for e in endpoints.values()}
+        assert len(ports | {e.metrics_port for e in endpoints.values()}) == 10
+        assert all((tmp_path / "logs" / f"{name}.log").exists() for name in endpoints)
+        with grpc.insecure_channel(fleet.address(STUB)) as channel:
+            answer = recommend_pb2_grpc.RecommendServiceStub(channel).Recommend(
+                recommend_pb2.RecommendRequest(user_id="user-1", top_k=3), timeout=30
+            )
+        assert len(answer.item_ids) == 3 and answer.instance in fleet.ranker_names
+
+        fleet.kill_ranker("ranker-1")
+        fleet.check()  # a ranker stopped on purpose is no crash
+        restarted = fleet.restart_ranker("ranker-1")
+        before = endpoints["ranker-1"]
+        assert restarted.address == before.address and restarted.pid != before.pid
+        assert health_status(restarted.address, RANKER_SERVICE) == health_pb2.HealthCheckResponse.SERVING
+        fleet.check()
+
+        os.kill(endpoints[TRIGGER].pid, signal.SIGKILL)
+        fleet.children[TRIGGER].popen.wait(10)
+        with pytest.raises(ServiceExited) as crashed:
+            fleet.check()
+        assert crashed.value.name == TRIGGER and crashed.value.returncode == -signal.SIGKILL
+        assert "log tail" in str(crashed.value)
+    finally:
+        fleet.stop()
+    assert all(gone(pid) for pid in [restarted.pid, *(e.pid for e in endpoints.values())])
+
+
+def launch(tmp_path, *flags: str) -> subprocess.Popen:
+    command = [
+        sys.executable, "-m", "services.launcher", "--rankers", "1", "--model-preset", "cpu-tiny",
+        "--base-port", "0", "--metrics-base-port", "0", "--log-dir", str(tmp_path / "logs"),
+        "--ranker-args", TINY_RANKERS, "--stub-args", SMALL_UNIVERSE, "--demo-rps", "10", *flags,
+    ]  # fmt: skip
+    return subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_progress(launcher: subprocess.Popen, timeout_s: float = 120) -> dict[str, int]:
+    """Reads the launcher's output until its first progress line; returns the table's pids by service."""
+    pids: dict[str, int] = {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = launcher.stdout.readline()
+        if not line:
+            raise AssertionError(f"launcher ended early: {launcher.stderr.read()}")
+        row = re.match(r"(\S+)\s+127\.0\.0\.1:\d+\s+http://127\.0\.0\.1:\d+/metrics\s+(\d+)$", line.strip())
+        if row:
+            pids[row.group(1)] = int(row.group(2))
+        if "req/s" in line:
+            return pids
+    raise AssertionError("no progress line")
+
+
+def test_sigterm_to_the_launcher_stops_every_child(tmp_path):
+    launcher = launch(tmp_path)
+    try:
+        pids = wait_for_progress(launcher)
+        assert set(pids) == {"ranker-0", "router", "trigger", "retrieval-stub"}
+        launcher.send_signal(signal.SIGTERM)
+        output, _ = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0
+    assert "fleet stopped." in output
+    assert all(gone(pid) for pid in pids.values())
+
+
+def test_a_crashed_child_is_named_and_the_others_are_stopped(tmp_path):
+    launcher = launch(tmp_path)
+    try:
+        pids = wait_for_progress(launcher)
+        os.kill(pids["ranker-0"], signal.SIGKILL)
+        _, errors = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 1
+    assert "ranker-0 exited with code -9" in errors and "log tail" in errors
+    assert all(gone(pid) for pid in pids.values())
+
+
+def test_the_launcher_ends_by_itself_after_its_duration(tmp_path):
+    launcher = launch(tmp_path, "--duration-s", "2")
+    output, errors = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0, errors
+    assert "req/s" in output and "fleet stopped." in output
