@@ -1,12 +1,14 @@
 """Start, health-check and stop service processes: used by the local fleet launcher and by tests.
 
 Every child runs in its own process group, is stopped with SIGTERM (then SIGKILL after a grace), and
-is stopped by `Processes.close()` however the parent leaves its `with` block, so no orphans remain.
+is stopped by `Processes.close()` however the parent leaves its `with` block; on Linux a child also gets
+SIGTERM when its parent dies without cleaning up (even by SIGKILL), so no orphans remain.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import os
 import signal
@@ -21,6 +23,14 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it when the parent dies, even by SIGKILL."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -125,6 +135,7 @@ class Processes:
             stdout=stdout,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         if stdout is not subprocess.DEVNULL:
             stdout.close()

@@ -28,7 +28,7 @@ CACHE_SOURCES = ("hbm", "dram", "extended", "miss")
 
 @dataclasses.dataclass(frozen=True)
 class LauncherConfig(FleetConfig):
-    demo_rps: float = setting(20.0, "Recommend calls per second of demo traffic, Poisson arrivals (0: none)")
+    demo_rps: float = setting(10.0, "Recommend calls per second of demo traffic, Poisson arrivals (0: none)")
     duration_s: float = setting(0.0, "seconds to run before stopping everything (0: until Ctrl-C)")
     demo_users: int = setting(2000, "demo users are drawn uniformly from user-0 … user-<N-1>")
     top_k: int = setting(10, "top_k of each demo Recommend")

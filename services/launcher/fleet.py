@@ -50,7 +50,7 @@ PORT_CLASH_ATTEMPTS = 3
 class FleetConfig:
     """What the local fleet runs; each extra-args string is split like a shell command line."""
 
-    rankers: int = setting(3, "number of rankers (named ranker-0 … ranker-N-1)")
+    rankers: int = setting(2, "number of rankers (named ranker-0 … ranker-N-1)")
     model_preset: str = setting("cpu-small", "every ranker's model preset: cpu-tiny, cpu-small or gpu-dlrmv3")
     hbm_budget_mb: float = setting(RankerConfig.hbm_budget_mb, "HBM-tier byte budget of each ranker, MiB")
     dram_budget_mb: float = setting(RankerConfig.dram_budget_mb, "DRAM-tier byte budget of each ranker, MiB")
@@ -60,10 +60,15 @@ class FleetConfig:
     metrics_base_port: int = setting(9100, "metrics port of the router; the others follow it (0: free ports)")
     log_dir: str = setting(".run/logs", "folder of the services' logs, one <service>.log each")
     startup_timeout_s: float = setting(300.0, "seconds each service gets to become healthy")
-    ranker_args: str = setting("", "extra flags for every ranker, e.g. '--profile-repeats 1'")
+    ranker_args: str = setting(
+        "--torch-threads 1 --profile-lengths 128,512,2048",
+        "extra flags for every ranker (the default gives each CPU ranker one core and a quick warm-up)",
+    )
     router_args: str = setting("", "extra flags for the router")
     trigger_args: str = setting("", "extra flags for the trigger")
-    stub_args: str = setting("", "extra flags for the retrieval stub, e.g. '--preprocess-delay-ms 50'")
+    stub_args: str = setting(
+        "--history-max 2048", "extra flags for the retrieval stub (the default keeps a CPU demo within 2 cores)"
+    )
 
     def validate(self) -> None:
         if self.rankers < 1:
