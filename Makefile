@@ -32,7 +32,7 @@ $(BUF):
 
 lint: install $(BUF)
 	cd protos && ../$(BUF) lint
-	$(PY) -m ruff check services tests
+	$(PY) -m ruff check services tests tools bench
 
 test: lint
 	$(PY) -m pytest

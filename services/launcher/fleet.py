@@ -67,7 +67,7 @@ class FleetConfig:
     router_args: str = setting("", "extra flags for the router")
     trigger_args: str = setting("", "extra flags for the trigger")
     stub_args: str = setting(
-        "--history-max 2048", "extra flags for the retrieval stub (the default keeps a CPU demo within 2 cores)"
+        "--history-max 2048", "extra flags for the retrieval stub (the default keeps a CPU demo on 2 cores)"
     )
 
     def validate(self) -> None:

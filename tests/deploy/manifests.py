@@ -1,0 +1,132 @@
+"""The kustomize trees under deploy/, rendered with `kubectl kustomize` into Python objects for the tests."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = REPO_ROOT / "deploy"
+OVERLAYS = ("cpu", "nvidia", "ascend")
+NAMESPACE = "relaygr"
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
+
+Manifest = dict[str, Any]
+
+
+@functools.cache
+def render(tree: str) -> str:
+    """`kubectl kustomize deploy/<tree>` as YAML text (cached: every test of a tree shares one render)."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is required to render deploy/ (it ships kustomize)"
+    done = subprocess.run([kubectl, "kustomize", str(DEPLOY / tree)], capture_output=True, text=True)
+    assert done.returncode == 0, f"kubectl kustomize deploy/{tree} failed:\n{done.stderr}"
+    return done.stdout
+
+
+@functools.cache
+def _parsed(tree: str) -> tuple[Manifest, ...]:
+    return tuple(doc for doc in yaml.load_all(render(tree), Loader=yaml.CSafeLoader) if doc)
+
+
+def objects(tree: str) -> list[Manifest]:
+    """The rendered tree's objects; a fresh copy each call, so a test may change what it gets."""
+    return copy.deepcopy(list(_parsed(tree)))
+
+
+def of_kind(manifests: list[Manifest], kind: str) -> list[Manifest]:
+    return [m for m in manifests if m["kind"] == kind]
+
+
+def named(manifests: list[Manifest], kind: str, name: str) -> Manifest:
+    found = [m for m in of_kind(manifests, kind) if m["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
+def workloads(manifests: list[Manifest]) -> list[Manifest]:
+    return [m for m in manifests if m["kind"] in WORKLOAD_KINDS]
+
+
+def pod_spec(workload: Manifest) -> Manifest:
+    return workload["spec"]["template"]["spec"]
+
+
+def pod_labels(workload: Manifest) -> dict[str, str]:
+    return workload["spec"]["template"]["metadata"]["labels"]
+
+
+def containers(workload: Manifest) -> list[Manifest]:
+    return pod_spec(workload)["containers"]
+
+
+def container_ports(container: Manifest) -> dict[str, int]:
+    return {port["name"]: port["containerPort"] for port in container.get("ports", [])}
+
+
+def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Kubernetes LabelSelector semantics; an empty selector selects everything."""
+    for key, value in selector.get("matchLabels", {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression.get("values", [])
+        present = key in labels
+        outcome = {
+            "In": present and labels[key] in values,
+            "NotIn": not present or labels[key] not in values,
+            "Exists": present,
+            "DoesNotExist": not present,
+        }[operator]
+        if not outcome:
+            return False
+    return True
+
+
+def pod_name(workload: Manifest) -> str:
+    """A name the workload's first pod would get: StatefulSet pods are numbered, others are hashed."""
+    name = workload["metadata"]["name"]
+    return f"{name}-0" if workload["kind"] == "StatefulSet" else f"{name}-5d8f7c9b4-x2k8q"
+
+
+_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def environment(manifests: list[Manifest], workload: Manifest, container: Manifest) -> dict[str, str]:
+    """The environment Kubernetes would give the container: envFrom ConfigMaps, then `env` in order,
+    with `$(VAR)` references to earlier variables expanded and downward-API fields filled in."""
+    namespace = workload["metadata"].get("namespace", "default")
+    fields = {"metadata.name": pod_name(workload), "metadata.namespace": namespace}
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        config_map = named(manifests, "ConfigMap", source["configMapRef"]["name"])
+        env.update({source.get("prefix", "") + k: str(v) for k, v in config_map.get("data", {}).items()})
+
+    def expand(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return env.get(match.group(1), match.group(0))
+
+    for variable in container.get("env", []):
+        if "value" in variable:
+            env[variable["name"]] = _REFERENCE.sub(expand, variable["value"])
+        else:
+            env[variable["name"]] = fields[variable["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+_UNITS = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def quantity(value: str | int) -> float:
+    """A Kubernetes resource quantity ("500m", "3Gi", 2) as a number."""
+    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(value)).groups()
+    return float(number) * _UNITS[unit]

@@ -1,0 +1,274 @@
+"""Every overlay renders, validates strictly against the Kubernetes schemas, and has the properties a
+platform team expects of a well-run service: gRPC health probes, security, resources, PDBs, Services,
+monitoring objects and the dashboards as ConfigMaps (drain timing and settings: test_service_config).
+
+kubernetes-validate knows only the core kinds: it reports the prometheus-operator kinds (PodMonitor,
+PrometheusRule) as "schema not found" and passes them. The test accepts exactly those two as unknown,
+so a core kind can never slip through unvalidated, and checks their structure itself below.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.deploy.manifests import (
+    DEPLOY,
+    NAMESPACE,
+    OVERLAYS,
+    REPO_ROOT,
+    container_ports,
+    containers,
+    named,
+    objects,
+    of_kind,
+    pod_labels,
+    pod_spec,
+    quantity,
+    render,
+    selects,
+    workloads,
+)
+
+CRD_KINDS = {"PodMonitor", "PrometheusRule"}
+# The oldest Kubernetes with GA gRPC probes, and the newest schemas kubernetes-validate has.
+KUBERNETES_VERSIONS = ("1.27.0", "1.37.0")
+FLEET = {"ranker", "router", "trigger", "retrieval-stub"}
+HEALTH_SERVICE = {
+    "ranker": "relaygr.v1.RankerService",
+    "router": "relaygr.v1.RankerService",  # the router serves the rankers' API
+    "trigger": "relaygr.v1.TriggerService",
+    "retrieval-stub": "relaygr.v1.RecommendService",
+}
+CONFIG_MAP_LIMIT_BYTES = 1024 * 1024
+TREES = [*(f"overlays/{overlay}" for overlay in OVERLAYS), "loadtest"]
+
+
+def kubernetes_validate(path, *versions: str) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet"]
+    for version in versions:
+        args += ["-k", version]
+    return subprocess.run([*args, str(path)], capture_output=True, text=True)
+
+
+def fleet_workloads(tree: str) -> dict[str, dict]:
+    return {w["metadata"]["name"]: w for w in workloads(objects(tree)) if w["metadata"]["name"] in FLEET}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_the_whole_fleet_in_its_namespace(overlay):
+    manifests = objects(f"overlays/{overlay}")
+    assert set(fleet_workloads(f"overlays/{overlay}")) == FLEET
+    assert named(manifests, "StatefulSet", "ranker")
+    namespaced = [m for m in manifests if m["kind"] != "Namespace"]
+    assert {m["metadata"]["namespace"] for m in namespaced} == {NAMESPACE}
+    assert all(m["metadata"]["labels"]["app.kubernetes.io/part-of"] == "relaygr" for m in manifests)
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_core_kinds_pass_strict_schema_validation(tree, tmp_path):
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(render(tree))
+    done = kubernetes_validate(rendered, *KUBERNETES_VERSIONS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    skipped = set(re.findall(r"Couldn't find schema for kind (\w+)", done.stdout))
+    kinds = {m["kind"] for m in objects(tree)}
+    assert skipped == kinds & CRD_KINDS, f"unvalidated kinds: {skipped}"
+
+
+def test_strict_validation_rejects_an_unknown_field(tmp_path):
+    deployment = named(objects("overlays/cpu"), "Deployment", "router")
+    containers(deployment)[0]["readinessProbes"] = containers(deployment)[0]["readinessProbe"]
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump(deployment))
+    done = kubernetes_validate(broken, KUBERNETES_VERSIONS[-1])
+    assert done.returncode != 0 and "readinessProbes" in done.stdout
+
+
+def test_yaml_sources_pass_yamllint():
+    done = subprocess.run(
+        [sys.executable, "-m", "yamllint", "--strict", "."], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_rendered_manifests_pass_yamllint(tree):
+    # Same settings as the sources, but the line length: rendered ConfigMaps embed dashboard JSON and
+    # ghz data files whose lines are as long as their PromQL and request arrays.
+    config = f"{{extends: {REPO_ROOT / '.yamllint'}, rules: {{line-length: disable}}}}"
+    done = subprocess.run(
+        [sys.executable, "-m", "yamllint", "--strict", "-d", config, "-"],
+        input=render(tree),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_every_pod_runs_non_root_read_only_without_privileges(tree):
+    for workload in workloads(objects(tree)):
+        name, spec = workload["metadata"]["name"], pod_spec(workload)
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["runAsUser"] > 0, name
+        assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert spec["automountServiceAccountToken"] is False, name
+        scratch = {v["name"] for v in spec.get("volumes", []) if "emptyDir" in v}
+        for container in containers(workload):
+            security = container["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False, name
+            assert security["readOnlyRootFilesystem"] is True, name
+            assert security["capabilities"] == {"drop": ["ALL"]}, name
+            assert not security.get("privileged", False), name
+            if container["image"].startswith("relaygr:"):  # Python and torch write temporary files
+                mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+                assert mounts.get("/tmp") in scratch, f"{name}: /tmp must be a writable emptyDir"
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_every_container_has_requests_within_limits(tree):
+    for workload in workloads(objects(tree)):
+        for container in containers(workload):
+            requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+            assert {"cpu", "memory"} <= requests.keys() <= limits.keys(), workload["metadata"]["name"]
+            for resource, limit in limits.items():
+                assert quantity(requests.get(resource, limit)) <= quantity(limit), (workload, resource)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_use_native_grpc_health_of_the_named_service(overlay):
+    for name, workload in fleet_workloads(f"overlays/{overlay}").items():
+        (container,) = containers(workload)
+        grpc_port = container_ports(container)["grpc"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"] == {"port": grpc_port, "service": HEALTH_SERVICE[name]}, (
+                name,
+                probe,
+            )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_images_are_pinned(overlay):
+    for workload in workloads(objects(f"overlays/{overlay}")):
+        for container in containers(workload):
+            image, _, tag = container["image"].rpartition(":")
+            assert image and tag and tag != "latest", container["image"]
+            if workload["metadata"]["name"] in FLEET:
+                assert tag.startswith("0.1.0-"), container["image"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_replicated_workloads_have_a_disruption_budget_that_allows_one_eviction(overlay):
+    manifests = objects(f"overlays/{overlay}")
+    budgets = of_kind(manifests, "PodDisruptionBudget")
+    for name, workload in fleet_workloads(f"overlays/{overlay}").items():
+        replicas = workload["spec"]["replicas"]
+        covering = [b for b in budgets if selects(b["spec"]["selector"], pod_labels(workload))]
+        if replicas == 1:
+            assert not covering, f"{name}: a single replica's PDB could only block drains or allow all"
+            continue
+        assert len(covering) == 1, name
+        spec = covering[0]["spec"]
+        available = spec["minAvailable"] if "minAvailable" in spec else replicas - spec["maxUnavailable"]
+        assert 1 <= available < replicas, f"{name}: keeps {available} of {replicas} available"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_services_expose_named_ports_and_rankers_are_headless(overlay):
+    manifests = objects(f"overlays/{overlay}")
+    for name, workload in fleet_workloads(f"overlays/{overlay}").items():
+        (container,) = containers(workload)
+        services = [
+            service
+            for service in of_kind(manifests, "Service")
+            if selects({"matchLabels": service["spec"]["selector"]}, pod_labels(workload))
+        ]
+        assert len(services) == 1, name
+        ports = {p["name"]: p for p in services[0]["spec"]["ports"]}
+        assert ports.keys() == container_ports(container).keys() == {"grpc", "metrics"}, name
+        assert all(p["targetPort"] == port_name for port_name, p in ports.items()), name
+        assert ports["grpc"]["appProtocol"] == "grpc", name
+    ranker = named(manifests, "StatefulSet", "ranker")
+    headless = named(manifests, "Service", ranker["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is False
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_pod_monitor_scrapes_the_metrics_port_of_every_fleet_pod(overlay):
+    manifests = objects(f"overlays/{overlay}")
+    (monitor,) = of_kind(manifests, "PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    spec = monitor["spec"]
+    selected = [w for w in workloads(manifests) if selects(spec["selector"], pod_labels(w))]
+    assert {w["metadata"]["name"] for w in selected} == FLEET
+    for workload in selected:
+        # The job label of every series is the pod's name label: the dashboards select on it.
+        assert pod_labels(workload)[spec["jobLabel"]] == workload["metadata"]["name"]
+        for endpoint in spec["podMetricsEndpoints"]:
+            assert endpoint["port"] in container_ports(containers(workload)[0])
+            assert re.fullmatch(r"\d+s", endpoint["interval"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_prometheus_rule_carries_the_rule_file(overlay):
+    (rule,) = of_kind(objects(f"overlays/{overlay}"), "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    rules_file = yaml.safe_load((DEPLOY / "monitoring" / "rules.yaml").read_text())
+    assert rule["spec"] == {"groups": rules_file["groups"]}
+    for group in rule["spec"]["groups"]:
+        assert group["name"] and group["rules"]
+        for entry in group["rules"]:
+            assert ("record" in entry) != ("alert" in entry) and entry["expr"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_dashboards_ship_as_labelled_config_maps(overlay):
+    config_maps = [
+        c
+        for c in of_kind(objects(f"overlays/{overlay}"), "ConfigMap")
+        if "grafana_dashboard" in c["metadata"]["labels"]
+    ]
+    shipped = {key: text for c in config_maps for key, text in c["data"].items()}
+    committed = {p.name: p.read_text() for p in (DEPLOY / "dashboards").glob("*.json")}
+    assert shipped == committed and len(committed) == 3
+    for config_map in config_maps:
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        (board,) = (json.loads(text) for text in config_map["data"].values())
+        assert config_map["metadata"]["name"] == board["uid"].replace("relaygr-", "relaygr-dashboard-", 1)
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_config_maps_fit_in_etcd(tree):
+    for config_map in of_kind(objects(tree), "ConfigMap"):
+        size = sum(len(v) for section in ("data", "binaryData") for v in config_map.get(section, {}).values())
+        assert size < CONFIG_MAP_LIMIT_BYTES, config_map["metadata"]["name"]
+
+
+def test_namespace_enforces_the_restricted_pod_security_standard():
+    namespace = named(objects("overlays/cpu"), "Namespace", NAMESPACE)
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+@pytest.mark.parametrize(
+    ("overlay", "resource"), [("cpu", None), ("nvidia", "nvidia.com/gpu"), ("ascend", "huawei.com/Ascend910")]
+)
+def test_accelerator_overlays_give_each_ranker_one_device(overlay, resource):
+    manifests = objects(f"overlays/{overlay}")
+    ranker = named(manifests, "StatefulSet", "ranker")
+    (container,) = containers(ranker)
+    extended = {k: v for k, v in container["resources"]["limits"].items() if "/" in k}
+    assert extended == ({resource: 1} if resource else {})
+    spec = pod_spec(ranker)
+    if resource:
+        assert spec["nodeSelector"] and any(t["key"] == resource for t in spec["tolerations"])
+        assert container["image"].endswith({"nvidia": "-cuda", "ascend": "-ascend"}[overlay])
+    for name in FLEET - {"ranker"}:
+        others = containers(fleet_workloads(f"overlays/{overlay}")[name])
+        assert not any("/" in k for c in others for k in c["resources"]["limits"]), name

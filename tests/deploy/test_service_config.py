@@ -1,0 +1,176 @@
+"""Every container's environment, as Kubernetes would build it, parses with its service's own config
+loader, and the settings agree with the manifests and with each other: ports, probes, the addresses a
+service dials, drain timing, the trigger's budgets against the rankers' HBM, memory against the tiers."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+
+import pytest
+import yaml
+
+from services.common.config import ENV_PREFIX, env_name, load
+from services.common.server import ServiceConfig
+from tests.deploy.manifests import (
+    DEPLOY,
+    NAMESPACE,
+    OVERLAYS,
+    container_ports,
+    containers,
+    environment,
+    named,
+    objects,
+    pod_spec,
+    quantity,
+    workloads,
+)
+
+MIB = 2**20
+EXPECTED_DEVICE = {
+    "cpu": ("cpu-small", "cpu"),
+    "nvidia": ("gpu-dlrmv3", "cuda"),
+    "ascend": ("gpu-dlrmv3", "npu"),
+}
+
+
+def config_class(module: str) -> type[ServiceConfig]:
+    """The settings dataclass of a service: the ServiceConfig subclass its `config` module defines."""
+    config_module = importlib.import_module(f"{module}.config")
+    (cls,) = [
+        obj
+        for _, obj in inspect.getmembers(config_module, inspect.isclass)
+        if issubclass(obj, ServiceConfig)
+        and obj is not ServiceConfig
+        and obj.__module__ == config_module.__name__
+    ]
+    return cls
+
+
+def loaded_configs(overlay: str) -> dict[str, ServiceConfig]:
+    """{workload name: its container's parsed settings} for every fleet workload of the overlay."""
+    manifests = objects(f"overlays/{overlay}")
+    configs = {}
+    for workload in workloads(manifests):
+        (container,) = containers(workload)
+        python, flag, module = container["command"][:3]
+        assert (python, flag) == ("python", "-m"), container["command"]
+        cls = config_class(module)
+        env = environment(manifests, workload, container)
+        fields = {env_name(f.name) for f in dataclasses.fields(cls)}
+        unknown = {name for name in env if name.startswith(ENV_PREFIX)} - fields
+        assert not unknown, f"{workload['metadata']['name']}: {unknown} are no settings of {cls.__name__}"
+        argv = [*container["command"][3:], *container.get("args", [])]
+        configs[workload["metadata"]["name"]] = load(cls, argv, env)
+    return configs
+
+
+@pytest.fixture(params=OVERLAYS)
+def overlay(request) -> str:
+    return request.param
+
+
+def workload_kind(name: str) -> str:
+    return "StatefulSet" if name == "ranker" else "Deployment"
+
+
+def test_every_container_environment_parses_with_its_services_config_loader(overlay):
+    configs = {name: type(config).__name__ for name, config in loaded_configs(overlay).items()}
+    assert configs == {
+        "ranker": "RankerConfig",
+        "router": "RouterConfig",
+        "trigger": "TriggerConfig",
+        "retrieval-stub": "RetrievalStubConfig",
+    }
+
+
+def test_every_service_listens_where_its_pod_and_probes_say(overlay):
+    manifests = objects(f"overlays/{overlay}")
+    for name, config in loaded_configs(overlay).items():
+        (container,) = containers(named(manifests, workload_kind(name), name))
+        ports = container_ports(container)
+        assert config.host == "0.0.0.0", name
+        assert (config.port, config.metrics_port) == (ports["grpc"], ports["metrics"]), name
+        assert container["readinessProbe"]["grpc"]["port"] == config.port, name
+
+
+def test_every_address_a_service_dials_is_a_fleet_service_port(overlay):
+    manifests = objects(f"overlays/{overlay}")
+    configs = loaded_configs(overlay)
+    targets = {
+        "trigger": [configs["trigger"].router],
+        "retrieval-stub": [configs["retrieval-stub"].router, configs["retrieval-stub"].trigger],
+    }
+    for caller, addresses in targets.items():
+        for address in addresses:
+            host, _, port = address.rpartition(":")
+            service = named(manifests, "Service", host)
+            assert int(port) in {p["port"] for p in service["spec"]["ports"]}, (caller, address)
+    ranker = named(manifests, "StatefulSet", "ranker")
+    host, port = configs["router"].dns_target()
+    assert host == f"{ranker['spec']['serviceName']}.{NAMESPACE}.svc.cluster.local"
+    assert port == configs["ranker"].port
+
+
+def test_rankers_run_the_overlays_model_on_its_device(overlay):
+    ranker = loaded_configs(overlay)["ranker"]
+    assert (ranker.model_preset, ranker.device) == EXPECTED_DEVICE[overlay]
+    assert ranker.hbm_budget_mb > 0 and ranker.dram_budget_mb > 0
+
+
+def test_ranker_torch_threads_fit_its_cpu_request(overlay):
+    """torch's default is one thread per node core, which contends under the pod's CPU quota."""
+    manifests = objects(f"overlays/{overlay}")
+    (container,) = containers(named(manifests, "StatefulSet", "ranker"))
+    threads = loaded_configs(overlay)["ranker"].torch_threads
+    assert 0 < threads <= quantity(container["resources"]["requests"]["cpu"])
+
+
+def test_ranker_drain_outlasts_its_leases(overlay):
+    """preStop keeps a terminating ranker serving until the prefixes already leased for relayed Ranks
+    expire; then SIGTERM drains for drain_grace_s, all within the termination grace period."""
+    manifests = objects(f"overlays/{overlay}")
+    for name, config in loaded_configs(overlay).items():
+        workload = named(manifests, workload_kind(name), name)
+        (container,) = containers(workload)
+        pre_stop_s = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
+        assert pod_spec(workload)["terminationGracePeriodSeconds"] >= pre_stop_s + config.drain_grace_s, name
+        if name == "ranker":
+            assert pre_stop_s > config.lease_ttl_ms / 1000
+
+
+def test_trigger_budgets_fit_the_fleet(overlay):
+    """The trigger counts admitted bytes for as long as the rankers lease them, and all trigger
+    replicas together never admit more than the rankers' HBM tiers hold."""
+    manifests = objects(f"overlays/{overlay}")
+    configs = loaded_configs(overlay)
+    ranker, trigger = configs["ranker"], configs["trigger"]
+    assert trigger.lease_window_ms == ranker.lease_ttl_ms
+    rankers = named(manifests, "StatefulSet", "ranker")["spec"]["replicas"]
+    triggers = named(manifests, "Deployment", "trigger")["spec"]["replicas"]
+    assert triggers * trigger.footprint_budget_mb <= rankers * ranker.hbm_budget_mb
+
+
+def test_ranker_memory_holds_its_host_memory_tiers(overlay):
+    """DRAM is host memory; so is the HBM tier of a CPU ranker. A GiB stays for the model and runtime."""
+    manifests = objects(f"overlays/{overlay}")
+    ranker = loaded_configs(overlay)["ranker"]
+    (container,) = containers(named(manifests, "StatefulSet", "ranker"))
+    host_tiers_mb = ranker.dram_budget_mb + (ranker.hbm_budget_mb if ranker.device == "cpu" else 0)
+    assert quantity(container["resources"]["limits"]["memory"]) >= (host_tiers_mb + 1024) * MIB
+
+
+def test_trigger_slo_matches_the_alerting_rules(overlay):
+    rules = yaml.safe_load((DEPLOY / "monitoring" / "rules.yaml").read_text())
+    exprs = {r.get("alert") or r["record"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
+    slo_s = float(exprs["RelayGRRankP99OverSLO"].rpartition(">")[2])
+    assert loaded_configs(overlay)["trigger"].slo_ms == slo_s * 1000
+    assert f'le="{slo_s:g}"' in exprs["relaygr:rank_slo_compliance:ratio_rate5m"]
+
+
+def test_services_do_not_receive_kubernetes_service_links(overlay):
+    # Service links inject variables such as ROUTER_PORT=tcp://…; harmless to RELAYGR_* parsing, but
+    # they change with every Service in the namespace, so they are off.
+    for workload in workloads(objects(f"overlays/{overlay}")):
+        assert pod_spec(workload)["enableServiceLinks"] is False

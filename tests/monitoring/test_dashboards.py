@@ -1,0 +1,105 @@
+"""The committed dashboards and PrometheusRule are exactly what the generator renders (drift check), and
+the dashboards are well-formed: shared variables, every query scoped to them, every metric real."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+from prometheus_client import REGISTRY
+from prometheus_client.utils import floatToGoString
+
+import services.common.metrics as relay_metrics
+from tools.dashboards import generate
+from tools.dashboards.panels import DEFAULT_SLO, SLO_CHOICES
+from tools.dashboards.queries import all_queries, dashboard_queries
+
+BOARDS = sorted(generate.DASHBOARD_DIR.glob("*.json"))
+SCRAPE_LABELS = {"namespace", "pod", "job", "instance"}
+# A metric name, but not the middle of a recording rule's name (relaygr:<name>:<operations>).
+_METRIC = re.compile(r"(?<![:\w])((?:relaygr|grpc_server)_[a-z_]+)\b(?!:)")
+
+
+def boards() -> list[dict]:
+    return [json.loads(path.read_text()) for path in BOARDS]
+
+
+def test_committed_files_match_the_generator():
+    stale = generate.stale(generate.render())
+    assert not stale, f"regenerate with `python -m tools.dashboards`: {stale}"
+
+
+def test_one_file_per_dashboard_named_by_its_uid():
+    assert [p.stem for p in BOARDS] == sorted(m.UID for m in generate.DASHBOARD_MODULES)
+    assert all(board["uid"] == path.stem for board, path in zip(boards(), BOARDS, strict=True))
+
+
+@pytest.mark.parametrize("board", boards(), ids=lambda b: b["uid"])
+def test_dashboard_offers_datasource_namespace_pod_and_slo_variables(board):
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert list(variables) == ["datasource", "namespace", "pod", "slo"]
+    assert variables["datasource"]["query"] == "prometheus"
+    assert (
+        variables["pod"]["multi"] and variables["pod"]["includeAll"] and variables["pod"]["allValue"] == ".*"
+    )
+    assert "$namespace" in variables["pod"]["query"]
+    assert variables["slo"]["current"]["value"] == DEFAULT_SLO
+
+
+@pytest.mark.parametrize("board", boards(), ids=lambda b: b["uid"])
+def test_every_panel_queries_the_chosen_datasource_within_namespace_and_pods(board):
+    panels = [p for p in board["panels"] if p["type"] != "row"]
+    assert len({p["id"] for p in board["panels"]}) == len(board["panels"])
+    for panel in panels:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert panel["targets"] and panel["description"], panel["title"]
+        assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24, panel["title"]
+        for target in panel["targets"]:
+            if target["expr"] == "vector($slo)":
+                continue
+            for selector in re.findall(r"\{[^}]*\}", target["expr"]):
+                assert 'namespace="$namespace"' in selector and 'pod=~"$pod"' in selector, target["expr"]
+                assert "job=" in selector, target["expr"]
+
+
+def test_slo_choices_are_latency_bucket_boundaries():
+    """SLO compliance reads the bucket whose `le` equals the SLO, so each choice must be a boundary."""
+    boundaries = {floatToGoString(b) for b in relay_metrics.LATENCY_BUCKETS}
+    assert set(SLO_CHOICES) <= boundaries and DEFAULT_SLO in SLO_CHOICES
+
+
+def exported_series_names() -> set[str]:
+    """Every series name the shared metrics module exports, with the suffixes of each metric type."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+    return {
+        family.name + suffix
+        for family in REGISTRY.collect()
+        if family.name.startswith(("relaygr_", "grpc_server_"))
+        for suffix in suffixes[family.type]
+    }
+
+
+def test_every_metric_in_dashboards_and_rules_is_exported():
+    exported = exported_series_names()
+    used = {name for query in all_queries() for name in _METRIC.findall(query.expr)}
+    assert used, "no metric found in the queries"
+    assert used <= exported, f"not exported by services/common/metrics.py: {used - exported}"
+
+
+def test_the_query_list_covers_every_panel_target_and_recording_rule():
+    targets = [t["expr"] for board in boards() for p in board["panels"] for t in p.get("targets", [])]
+    variables = [v for board in boards() for v in board["templating"]["list"] if v["type"] == "query"]
+    queries = all_queries()
+    from_boards = [q for board in boards() for q in dashboard_queries(board)]
+    assert len(from_boards) == len(targets) + len(variables)
+    assert set(targets) <= {q.expr for q in queries}
+    records = [
+        r
+        for g in yaml.safe_load(generate.RULES_FILE.read_text())["groups"]
+        for r in g["rules"]
+        if "record" in r
+    ]
+    assert {r["record"] for r in records} <= {q.expr for q in queries}
+    assert {r["expr"] for r in records} <= {q.expr for q in queries}

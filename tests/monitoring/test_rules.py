@@ -1,0 +1,75 @@
+"""The recording rules and alerts pass `promtool check rules` and their `promtool test rules` unit tests.
+
+promtool comes with Debian's `prometheus` package, which the CI script installs; without it these
+tests fail rather than skip, since the rules would otherwise go unchecked.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from tools.dashboards.generate import MONITORING_DIR, RULES_FILE
+
+RULE_TESTS = MONITORING_DIR / "rules_test.yaml"
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    path = shutil.which("promtool")
+    assert path, "promtool not found: install Debian's `prometheus` package"
+    return path
+
+
+def rules() -> list[dict]:
+    return [rule for group in yaml.safe_load(RULES_FILE.read_text())["groups"] for rule in group["rules"]]
+
+
+def test_promtool_checks_every_rule(promtool):
+    done = subprocess.run([promtool, "check", "rules", str(RULES_FILE)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(rules())} rules found" in done.stdout
+
+
+def test_promtool_unit_tests_pass(promtool):
+    done = subprocess.run(
+        [promtool, "test", "rules", str(RULE_TESTS)], cwd=MONITORING_DIR, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_promtool_unit_tests_catch_a_wrong_expectation(promtool, tmp_path):
+    """The unit tests compare real values: the same tests against a rule with another threshold fail."""
+    threshold = 'relaygr:kv_cache_utilization:ratio{tier="hbm"} > 0.9'
+    assert threshold in RULES_FILE.read_text()
+    (tmp_path / "rules.yaml").write_text(RULES_FILE.read_text().replace(threshold, threshold + "6"))
+    (tmp_path / "rules_test.yaml").write_text(RULE_TESTS.read_text())
+    done = subprocess.run(
+        [promtool, "test", "rules", "rules_test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "RelayGRHbmTierNearCapacity" in done.stdout + done.stderr
+
+
+def test_every_alert_is_shown_firing_by_a_unit_test():
+    tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    firing = {
+        case["alertname"] for test in tests for case in test.get("alert_rule_test", []) if case["exp_alerts"]
+    }
+    assert firing == {rule["alert"] for rule in rules() if "alert" in rule}
+
+
+def test_alerts_carry_severity_and_explanations():
+    for rule in (r for r in rules() if "alert" in r):
+        assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
+        assert {"summary", "description"} <= rule["annotations"].keys(), rule["alert"]
+        assert re.fullmatch(r"\d+m", rule["for"]), rule["alert"]
+
+
+def test_recording_rules_follow_the_naming_convention():
+    """level:metric:operations, with the fleet's `relaygr` level."""
+    for rule in (r for r in rules() if "record" in r):
+        assert re.fullmatch(r"relaygr:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]

@@ -1,0 +1,144 @@
+"""The prefix KV cache: tier bytes against their budgets, churn, miss reasons, leases and productions."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models import dashboard
+
+from tools.dashboards.panels import (
+    Row,
+    Target,
+    build_dashboard,
+    quantile,
+    ratio,
+    selector,
+    summed_rate,
+    timeseries_panel,
+)
+
+UID = "relaygr-cache"
+
+RANKER = selector("ranker")
+CAPACITY = f"sum by (pod, tier) (relaygr_kv_cache_capacity_bytes{RANKER})"
+UTILISATION = ratio(
+    f"sum by (pod, tier) (relaygr_kv_cache_bytes{RANKER})",
+    f"sum by (pod, tier) (relaygr_kv_cache_capacity_bytes{RANKER} > 0)",
+)
+
+
+def build() -> dashboard.Dashboard:
+    tiers = Row(
+        "Tiers",
+        [
+            timeseries_panel(
+                "KV bytes against capacity",
+                "Prefix KV bytes held in each tier of each ranker (solid) and that tier's byte budget "
+                "(dashed). Budgets are never exceeded: an entry that does not fit is refused.",
+                "bytes",
+                [
+                    Target(f"sum by (pod, tier) (relaygr_kv_cache_bytes{RANKER})", "{{pod}} {{tier}}"),
+                    Target(CAPACITY, "{{pod}} {{tier}} capacity"),
+                ],
+                dashed="capacity$",
+            ),
+            timeseries_panel(
+                "Tier utilisation",
+                "Bytes held over the byte budget, per ranker and tier. A full HBM tier refuses PreInfers; "
+                "the DRAM tier is an LRU cache whose steady state is full.",
+                "percentunit",
+                [Target(UTILISATION, "{{pod}} {{tier}}")],
+            ),
+            timeseries_panel(
+                "Entries per tier",
+                "Prefix KV entries held in each tier of each ranker.",
+                "short",
+                [Target(f"sum by (pod, tier) (relaygr_kv_cache_entries{RANKER})", "{{pod}} {{tier}}")],
+            ),
+            timeseries_panel(
+                "Pre-infer outcomes",
+                "PreInfer signals per second by outcome: accepted, already cached, reloaded from DRAM, "
+                "refused for capacity or shed for overload.",
+                "reqps",
+                [Target(summed_rate("relaygr_pre_infer_total", RANKER, by="outcome"), "{{outcome}}")],
+                stacked=True,
+            ),
+        ],
+    )
+    churn = Row(
+        "Evictions and misses",
+        [
+            timeseries_panel(
+                "Evictions by tier and reason",
+                "Entries removed from a tier per second, and why.",
+                "ops",
+                [
+                    Target(
+                        summed_rate("relaygr_kv_cache_evictions_total", RANKER, by="tier, reason"),
+                        "{{tier}} {{reason}}",
+                    )
+                ],
+                stacked=True,
+            ),
+            timeseries_panel(
+                "Misses by reason",
+                "Ranks that computed their whole prefix, per second, by reason: never pre-inferred, still "
+                "cold, evicted, lease expired, stale, refused for capacity or routed elsewhere.",
+                "ops",
+                [Target(summed_rate("relaygr_rank_misses_total", RANKER, by="reason"), "{{reason}}")],
+                stacked=True,
+            ),
+        ],
+    )
+    production = Row(
+        "Leases and productions",
+        [
+            timeseries_panel(
+                "Active leases",
+                "HBM entries leased and awaiting their Rank, per ranker.",
+                "short",
+                [Target(f"sum by (pod) (relaygr_leases_active{RANKER})", "{{pod}}")],
+                width=8,
+            ),
+            timeseries_panel(
+                "Lease expirations",
+                "Leases released by their deadline rather than by a consuming Rank, per second.",
+                "ops",
+                [Target(summed_rate("relaygr_lease_expirations_total", RANKER, by="pod"), "{{pod}}")],
+                width=8,
+            ),
+            timeseries_panel(
+                "Productions and joins",
+                "Prefix productions started per second by kind (compute, reload, extend), and requests "
+                "that joined a production already in flight instead of starting one.",
+                "ops",
+                [
+                    Target(summed_rate("relaygr_productions_total", RANKER, by="kind"), "{{kind}}"),
+                    Target(summed_rate("relaygr_production_joins_total", RANKER), "joins"),
+                ],
+                width=8,
+            ),
+            timeseries_panel(
+                "Device queue depth",
+                "Model jobs waiting for each ranker's device thread, by priority.",
+                "short",
+                [
+                    Target(
+                        f"sum by (pod, priority) (relaygr_device_queue_depth{RANKER})", "{{pod}} {{priority}}"
+                    )
+                ],
+            ),
+            timeseries_panel(
+                "Model time P99 by operation",
+                "P99 of the device time per model operation.",
+                "s",
+                [Target(quantile(0.99, "relaygr_model_seconds", RANKER, by="op"), "{{op}}")],
+            ),
+        ],
+    )
+    return build_dashboard(
+        UID,
+        "RelayGR / Prefix cache",
+        "The rankers' prefix KV cache: HBM and DRAM tiers against their budgets, evictions, miss reasons, "
+        "leases and productions.",
+        "ranker",
+        [tiers, churn, production],
+    )

@@ -1,0 +1,211 @@
+"""The fleet overview: is the relay paying off, is ranking within its SLO, is the fleet healthy."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models import dashboard
+
+from tools.dashboards.panels import (
+    SLO_LINE,
+    Row,
+    Target,
+    build_dashboard,
+    fleet_jobs,
+    quantile,
+    ratio,
+    selector,
+    stat_panel,
+    summed_rate,
+    timeseries_panel,
+)
+
+UID = "relaygr-fleet-overview"
+
+RANKER = selector("ranker")
+RANKER_HITS = selector("ranker", 'cache_source!="miss"')
+RANKER_WITHIN_SLO = selector("ranker", 'le="$slo"')
+ROUTER_RANK = selector("router", 'grpc_method="Rank"')
+ROUTER_RANK_WITHIN_SLO = selector("router", 'grpc_method="Rank"', 'le="$slo"')
+FLEET = selector(fleet_jobs())
+FLEET_ERRORS = selector(fleet_jobs(), 'grpc_code!="OK"')
+STUB = selector("retrieval-stub")
+
+RANKS = summed_rate("relaygr_rank_requests_total", RANKER)
+HIT_RATIO = ratio(summed_rate("relaygr_rank_requests_total", RANKER_HITS), RANKS)
+HIT_RATIO_BY_TIER = ratio(
+    summed_rate("relaygr_rank_requests_total", RANKER_HITS, by="cache_source"),
+    RANKS,
+    matching="ignoring(cache_source) group_left",
+)
+SLO_COMPLIANCE = ratio(
+    summed_rate("grpc_server_handling_seconds_bucket", ROUTER_RANK_WITHIN_SLO),
+    summed_rate("grpc_server_handling_seconds_count", ROUTER_RANK),
+)
+RANKER_SLO_COMPLIANCE = ratio(
+    summed_rate("relaygr_rank_latency_seconds_bucket", RANKER_WITHIN_SLO),
+    summed_rate("relaygr_rank_latency_seconds_count", RANKER),
+)
+
+_PERCENT_GOOD = ((None, "red"), (0.95, "orange"), (0.99, "green"))
+
+
+def build() -> dashboard.Dashboard:
+    relay = Row(
+        "Relay cache",
+        [
+            stat_panel(
+                "Cache hit ratio",
+                "Share of Ranks that reused a cached prefix from any tier instead of computing it.",
+                "percentunit",
+                Target(HIT_RATIO, "hit ratio"),
+                thresholds=((None, "red"), (0.3, "orange"), (0.6, "green")),
+            ),
+            stat_panel(
+                "SLO compliance (router)",
+                "Share of Ranks through the router answered within the SLO.",
+                "percentunit",
+                Target(SLO_COMPLIANCE, "within SLO"),
+                thresholds=_PERCENT_GOOD,
+            ),
+            stat_panel(
+                "Rank P99 (router)",
+                "Rank P99 through the router: what callers of the fleet see.",
+                "s",
+                Target(quantile(0.99, "grpc_server_handling_seconds", ROUTER_RANK), "P99"),
+                thresholds=((None, "green"), (0.05, "red")),
+            ),
+            stat_panel(
+                "Recommend QPS",
+                "End-to-end requests served by the retrieval stubs.",
+                "reqps",
+                Target(summed_rate("relaygr_recommend_total", STUB), "QPS"),
+            ),
+            timeseries_panel(
+                "Cache hit ratio by tier",
+                "Ranks served from each tier, as a share of all Ranks: HBM (pre-inferred and leased), "
+                "DRAM (reloaded) and extended (a cached prefix plus the events appended since). "
+                "Stacked, they add up to the hit ratio.",
+                "percentunit",
+                [Target(HIT_RATIO_BY_TIER, "{{cache_source}}")],
+                stacked=True,
+            ),
+            timeseries_panel(
+                "Ranks by cache source",
+                "Ranks per second by where their prefix came from.",
+                "reqps",
+                [
+                    Target(
+                        summed_rate("relaygr_rank_requests_total", RANKER, by="cache_source"),
+                        "{{cache_source}}",
+                    )
+                ],
+                stacked=True,
+            ),
+        ],
+    )
+    latency = Row(
+        "Ranking latency",
+        [
+            timeseries_panel(
+                "Rank latency through the router",
+                "P50 and P99 of Rank as the router serves it (gRPC handling time), against the SLO.",
+                "s",
+                [
+                    Target(quantile(0.5, "grpc_server_handling_seconds", ROUTER_RANK), "P50"),
+                    Target(quantile(0.99, "grpc_server_handling_seconds", ROUTER_RANK), "P99"),
+                    SLO_LINE,
+                ],
+                dashed="SLO",
+            ),
+            timeseries_panel(
+                "Rank latency on the rankers",
+                "P50 and P99 of the ranker-side Rank latency (queueing and model), against the SLO.",
+                "s",
+                [
+                    Target(quantile(0.5, "relaygr_rank_latency_seconds", RANKER), "P50"),
+                    Target(quantile(0.99, "relaygr_rank_latency_seconds", RANKER), "P99"),
+                    SLO_LINE,
+                ],
+                dashed="SLO",
+            ),
+            timeseries_panel(
+                "Rank P99 by cache source",
+                "Ranker-side P99 per prefix source: a hit skips the long-term prefix, a miss computes it.",
+                "s",
+                [
+                    Target(
+                        quantile(0.99, "relaygr_rank_latency_seconds", RANKER, by="cache_source"),
+                        "{{cache_source}}",
+                    ),
+                    SLO_LINE,
+                ],
+                dashed="SLO",
+            ),
+            timeseries_panel(
+                "SLO compliance",
+                "Share of Ranks within the SLO, through the router and on the rankers.",
+                "percentunit",
+                [Target(SLO_COMPLIANCE, "router"), Target(RANKER_SLO_COMPLIANCE, "rankers")],
+            ),
+        ],
+    )
+    traffic = Row(
+        "Traffic and errors",
+        [
+            timeseries_panel(
+                "Requests by service and method",
+                "RPCs handled per second by every service of the fleet.",
+                "reqps",
+                [
+                    Target(
+                        summed_rate("grpc_server_handled_total", FLEET, by="job, grpc_method"),
+                        "{{job}} {{grpc_method}}",
+                    )
+                ],
+            ),
+            timeseries_panel(
+                "Errors by code",
+                "RPCs that did not end OK, per second, by service, method and status code.",
+                "reqps",
+                [
+                    Target(
+                        summed_rate(
+                            "grpc_server_handled_total", FLEET_ERRORS, by="job, grpc_method, grpc_code"
+                        ),
+                        "{{job}} {{grpc_method}} {{grpc_code}}",
+                    )
+                ],
+            ),
+            timeseries_panel(
+                "Recommend latency",
+                "End-to-end Recommend P50 and P99 at the retrieval stubs, and the Rank stage within it.",
+                "s",
+                [
+                    Target(
+                        quantile(0.5, "relaygr_recommend_latency_seconds", STUB, by="stage"), "P50 {{stage}}"
+                    ),
+                    Target(
+                        quantile(0.99, "relaygr_recommend_latency_seconds", STUB, by="stage"), "P99 {{stage}}"
+                    ),
+                ],
+            ),
+            timeseries_panel(
+                "Shed requests",
+                "Requests the rankers refused before doing any work, by method and reason.",
+                "reqps",
+                [
+                    Target(
+                        summed_rate("relaygr_shed_requests_total", RANKER, by="method, reason"),
+                        "{{method}} {{reason}}",
+                    )
+                ],
+            ),
+        ],
+    )
+    return build_dashboard(
+        UID,
+        "RelayGR / Fleet overview",
+        "Relay-race serving at a glance: prefix cache hit ratio by tier, ranking latency against the SLO, "
+        "traffic and errors.",
+        fleet_jobs(),
+        [relay, latency, traffic],
+    )

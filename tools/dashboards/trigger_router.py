@@ -1,0 +1,154 @@
+"""The trigger and the router: why pre-inference was admitted or refused, and where traffic went."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models import dashboard
+
+from tools.dashboards.panels import (
+    SLO_LINE,
+    Row,
+    Target,
+    build_dashboard,
+    fleet_jobs,
+    quantile,
+    ratio,
+    selector,
+    summed_rate,
+    timeseries_panel,
+)
+
+UID = "relaygr-trigger-router"
+
+TRIGGER = selector("trigger")
+TRIGGER_ADMITTED = selector("trigger", 'decision="admit"')
+ROUTER = selector("router")
+RANKER = selector("ranker")
+
+ADMISSION_RATIO = ratio(
+    summed_rate("relaygr_trigger_decisions_total", TRIGGER_ADMITTED),
+    summed_rate("relaygr_trigger_decisions_total", TRIGGER),
+)
+
+
+def build() -> dashboard.Dashboard:
+    trigger = Row(
+        "Trigger",
+        [
+            timeseries_panel(
+                "Admit decisions by reason",
+                "Admit calls per second by decision and reason: admitted, not at risk, footprint limit, "
+                "load limit, duplicate, or refused by the ranker.",
+                "reqps",
+                [
+                    Target(
+                        summed_rate("relaygr_trigger_decisions_total", TRIGGER, by="decision, reason"),
+                        "{{decision}} {{reason}}",
+                    )
+                ],
+                stacked=True,
+            ),
+            timeseries_panel(
+                "Admission ratio",
+                "Share of Admit calls that fired pre-inference.",
+                "percentunit",
+                [Target(ADMISSION_RATIO, "admitted")],
+            ),
+            timeseries_panel(
+                "Footprint against budget",
+                "Admitted-but-unconsumed prefix bytes within the lease window (solid), and their bound.",
+                "bytes",
+                [
+                    Target(f"sum by (pod) (relaygr_trigger_footprint_bytes{TRIGGER})", "{{pod}}"),
+                    Target(
+                        f"sum by (pod) (relaygr_trigger_footprint_budget_bytes{TRIGGER})", "{{pod}} budget"
+                    ),
+                ],
+                dashed="budget$",
+            ),
+            timeseries_panel(
+                "Pre-inference tokens available",
+                "Tokens left in each trigger's load bucket: at zero, admissions are refused for load.",
+                "short",
+                [Target(f"sum by (pod) (relaygr_trigger_tokens_available{TRIGGER})", "{{pod}}")],
+            ),
+            timeseries_panel(
+                "Predicted ranking latency without relay",
+                "P50 and P99 of the trigger's prediction, from the rankers' measured latency curve; "
+                "requests predicted over a share of the SLO are at risk.",
+                "s",
+                [
+                    Target(quantile(0.5, "relaygr_trigger_predicted_rank_seconds", TRIGGER), "P50"),
+                    Target(quantile(0.99, "relaygr_trigger_predicted_rank_seconds", TRIGGER), "P99"),
+                    SLO_LINE,
+                ],
+                dashed="SLO",
+            ),
+            timeseries_panel(
+                "Admit latency",
+                "P99 of Admit as the trigger serves it, including the PreInfer signal it fires.",
+                "s",
+                [
+                    Target(
+                        quantile(
+                            0.99, "grpc_server_handling_seconds", selector("trigger", 'grpc_method="Admit"')
+                        ),
+                        "P99",
+                    )
+                ],
+            ),
+        ],
+    )
+    router = Row(
+        "Router",
+        [
+            timeseries_panel(
+                "Route decisions",
+                "Requests per second by method and routing decision: affinity (the hash ring), hint (the "
+                "relay hint), spill (bounded load), failover, hint_unavailable.",
+                "reqps",
+                [
+                    Target(
+                        summed_rate("relaygr_router_decisions_total", ROUTER, by="method, decision"),
+                        "{{method}} {{decision}}",
+                    )
+                ],
+                stacked=True,
+            ),
+            timeseries_panel(
+                "In flight per member",
+                "Requests each router has in flight to each ranker: the load the bounded-load ring balances.",
+                "short",
+                [Target(f"sum by (member) (relaygr_router_inflight{ROUTER})", "{{member}}")],
+            ),
+            timeseries_panel(
+                "Routable members",
+                "1 while a router may route to a ranker; 0 after failed health checks or an open circuit.",
+                "short",
+                [
+                    Target(
+                        f"min by (pod, member) (relaygr_router_member_healthy{ROUTER})",
+                        "{{pod}} → {{member}}",
+                    )
+                ],
+            ),
+            timeseries_panel(
+                "Requests per ranker",
+                "Requests per second each ranker handled, as the rankers count them.",
+                "reqps",
+                [
+                    Target(
+                        summed_rate("grpc_server_handled_total", RANKER, by="pod, grpc_method"),
+                        "{{pod}} {{grpc_method}}",
+                    )
+                ],
+            ),
+        ],
+    )
+    return build_dashboard(
+        UID,
+        "RelayGR / Trigger and router",
+        "Admission of pre-inference by reason, the trigger's footprint and load bounds, routing decisions "
+        "and per-member load and health.",
+        fleet_jobs("trigger", "router", "ranker"),
+        [trigger, router],
+    )
