@@ -204,3 +204,15 @@ def enum_label(enum_type, value: int) -> str:
     """A protobuf enum value as a metric label: MISS_REASON_STALE_PREFIX → stale_prefix."""
     prefix = enum_type.Name(0).removesuffix("UNSPECIFIED")
     return enum_type.Name(value).removeprefix(prefix).lower()
+
+
+def enum_labels(enum_type) -> list[tuple[str]]:
+    """Every value of a protobuf enum but UNSPECIFIED, as one-label tuples for `precreate`."""
+    return [(enum_label(enum_type, value),) for value in enum_type.values() if value != 0]
+
+
+def precreate(metric, *label_sets: tuple[str, ...]) -> None:
+    """Creates the series of every known label combination at zero, so dashboards and rates see them
+    before their first event (a series that appears with its first increment loses that increment)."""
+    for labels in label_sets:
+        metric.labels(*labels)

@@ -11,13 +11,14 @@ import logging
 
 import torch
 
-from relaygr.v1 import ranker_pb2_grpc
+from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
+from services.common import metrics
 from services.common.server import GrpcServer
 from services.ranker.config import RankerConfig
 from services.ranker.device import TierCopier, select_device
 from services.ranker.engine import DeviceWorker, Priority
 from services.ranker.model import HSTURanker
-from services.ranker.prefix_cache import PrefixCache
+from services.ranker.prefix_cache import Kind, PrefixCache, Source
 from services.ranker.presets import get_preset
 from services.ranker.profile import LatencyCurve, measure
 from services.ranker.runner import ModelRunner
@@ -40,11 +41,21 @@ def build_model(config: RankerConfig) -> tuple[HSTURanker, str, torch.device]:
     return model.to(device=device, dtype=preset.dtype).eval(), model.version, device
 
 
+def precreate_metrics() -> None:
+    sources = [(source.label,) for source in Source]
+    metrics.precreate(metrics.RANK_REQUESTS, *sources)
+    metrics.precreate(metrics.RANK_LATENCY, *sources)
+    metrics.precreate(metrics.RANK_MISSES, *metrics.enum_labels(common_pb2.MissReason))
+    metrics.precreate(metrics.PRE_INFER_OUTCOMES, *metrics.enum_labels(ranker_pb2.PreInferOutcome))
+    metrics.precreate(metrics.PRODUCTIONS, *[(kind.value,) for kind in Kind])
+
+
 class RankerApp:
     """One ranker's components. Build inside a running event loop; `close()` stops the threads."""
 
     def __init__(self, config: RankerConfig) -> None:
         self.config = config
+        precreate_metrics()
         model, version, self.device = build_model(config)
         self.worker = DeviceWorker("device")
         self.copy_worker = DeviceWorker("copy")

@@ -73,6 +73,9 @@ class TriggerService(trigger_pb2_grpc.TriggerServiceServicer):
         self._pre_infer = pre_infer
         self._profile: FleetProfile | None = None
         TRIGGER_FOOTPRINT_BUDGET_BYTES.set(config.footprint_budget_bytes)
+        for reason in Reason:
+            verdict = "admit" if reason is Reason.ADMITTED else "reject"
+            TRIGGER_DECISIONS.labels(verdict, reason.name.lower())
 
     def use_profile(self, profile: FleetProfile) -> None:
         """Calibrates predictions and, unless configured, the load bound from a fresh fleet profile."""
