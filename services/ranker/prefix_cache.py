@@ -142,6 +142,7 @@ class PrefixCache:
         self.entries: dict[PrefixKey, CacheEntry] = {}
         self.by_user: dict[str, set[PrefixKey]] = {}
         self.productions: dict[PrefixKey, Production] = {}
+        self.leases: dict[PrefixKey, CacheEntry] = {}  # the leased entries, so sweeps skip the rest
         self.tombstones: OrderedDict[str, int] = OrderedDict()
         self.accepting = True
         metrics.KV_CACHE_CAPACITY_BYTES.labels("hbm").set(hbm.budget_bytes)
@@ -189,9 +190,7 @@ class PrefixCache:
         key = self.key(user_id, events)
         entry = self.entries.get(key)
         if entry is not None and entry.hbm is not None and key not in self.productions:
-            if entry.lease is not None:
-                entry.lease = None
-                metrics.LEASES_ACTIVE.dec()
+            self._end_lease(entry)  # consumed
             entry.pins += 1
             return Acquired(entry, Source.HBM)
         production = self.productions.get(key)
@@ -222,24 +221,18 @@ class PrefixCache:
     def sweep(self) -> None:
         """Releases expired leases (exactly once each) and DRAM entries idle past their TTL."""
         now = self.clock()
-        for entry in list(self.entries.values()):
-            lease = entry.lease
-            if lease is not None and lease.deadline <= now and entry.pins == 0:
-                entry.lease = None
-                metrics.LEASES_ACTIVE.dec()
-                metrics.LEASE_EXPIRATIONS.inc()
-                self._demote(entry, Miss.MISS_REASON_LEASE_EXPIRED)
-            elif (
-                entry.hbm is None
-                and entry.dram is not None
-                and entry.key not in self.productions
-                and now - self.dram.idle_since(entry.key) > self.dram_ttl_s
-            ):
+        for entry in [e for e in self.leases.values() if e.lease.deadline <= now and e.pins == 0]:
+            self._end_lease(entry)
+            metrics.LEASE_EXPIRATIONS.inc()
+            self._demote(entry, Miss.MISS_REASON_LEASE_EXPIRED)
+        for key in self.dram.idle_keys(older_than=now - self.dram_ttl_s):
+            entry = self.entries.get(key)
+            if entry is not None and entry.hbm is None and key not in self.productions:
                 self._evict_dram(entry, "ttl")
         self._publish()
 
     def leased(self) -> int:
-        return sum(1 for entry in self.entries.values() if entry.lease is not None)
+        return len(self.leases)
 
     async def close(self) -> None:
         for production in list(self.productions.values()):
@@ -348,19 +341,24 @@ class PrefixCache:
         except Exception:  # the shared production failed: this Rank computes on its own
             log.warning("production of %s failed", key, exc_info=True)
             return Acquired(None, Source.MISS, miss_reason or Miss.MISS_REASON_COLD)
-        if entry.lease is not None:  # a pre-infer leased it; this Rank consumes the lease
-            entry.lease = None
-            metrics.LEASES_ACTIVE.dec()
+        self._end_lease(entry)  # a pre-infer leased it: this Rank consumes the lease
         return Acquired(entry, source, miss_reason)
 
     def _lease(self, key: PrefixKey, owner: str) -> None:
         entry = self.entries.get(key)
         if entry is None or entry.hbm is None:
             return
-        if entry.lease is None:
-            metrics.LEASES_ACTIVE.inc()
         entry.lease = Lease(owner, self.clock() + self.lease_ttl_s)
+        self.leases[key] = entry
+        metrics.LEASES_ACTIVE.set(len(self.leases))
         self._publish()
+
+    def _end_lease(self, entry: CacheEntry) -> None:
+        """Releases the entry's lease, if any: consumed, expired or removed — exactly once."""
+        if entry.lease is not None:
+            entry.lease = None
+            del self.leases[entry.key]
+            metrics.LEASES_ACTIVE.set(len(self.leases))
 
     # ---- lookups ----
 
@@ -415,9 +413,7 @@ class PrefixCache:
         if key in self.dram:  # a held copy, or the reservation of a copy in flight
             self.dram.release(key)
             metrics.KV_CACHE_EVICTIONS.labels("dram", reason).inc()
-        if entry.lease is not None:
-            entry.lease = None
-            metrics.LEASES_ACTIVE.dec()
+        self._end_lease(entry)
         entry.hbm = entry.dram = None
         del self.entries[key]
         users = self.by_user[key.user_id]

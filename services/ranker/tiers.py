@@ -76,7 +76,7 @@ class Tier:
         self.budget_bytes = budget_bytes
         self.policy = policy or LruPolicy()
         self._sizes: dict[K, int] = {}
-        self._last_used: dict[K, float] = {}
+        self._last_used: OrderedDict[K, float] = OrderedDict()  # least recently used first
         self.used_bytes = 0
 
     def __contains__(self, key: K) -> bool:
@@ -122,6 +122,7 @@ class Tier:
 
     def touch(self, key: K, now: float | None = None) -> None:
         self._last_used[key] = time.monotonic() if now is None else now
+        self._last_used.move_to_end(key)
         self.policy.touch(key)
 
     def release(self, key: K) -> int:
@@ -133,6 +134,15 @@ class Tier:
 
     def idle_since(self, key: K) -> float:
         return self._last_used[key]
+
+    def idle_keys(self, older_than: float) -> list[K]:
+        """Keys last used before `older_than`, oldest first; stops at the first newer one."""
+        idle = []
+        for key, last_used in self._last_used.items():
+            if last_used >= older_than:
+                break
+            idle.append(key)
+        return idle
 
     def victims(self) -> Iterator[K]:
         return self.policy.victims()
