@@ -37,6 +37,10 @@ lint: install $(BUF)
 test: lint
 	$(PY) -m pytest
 
+# Everything but the long fault, overload and soak tests (CI runs those too).
+test-fast: lint
+	$(PY) -m pytest -m "not slow"
+
 run: install
 	$(PY) -m services.launcher
 

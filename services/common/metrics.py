@@ -16,9 +16,10 @@ import logging
 import time
 
 import grpc
+from google.protobuf.message import DecodeError
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.common.errors import RequestError
+from services.common.errors import InvalidArgument, RequestError
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ TRIGGER_PREDICTED_SECONDS = Histogram(
 # Router
 ROUTER_DECISIONS = Counter(
     "relaygr_router_decisions_total",
-    "Routing decisions (affinity, hint, spill, failover, hint_unavailable), by method.",
+    "Routing decisions (affinity, hint, spill, failover, hint_unavailable, random), by method.",
     ["method", "decision"],
 )
 ROUTER_INFLIGHT = Gauge("relaygr_router_inflight", "Requests in flight to each ranker.", ["member"])
@@ -151,8 +152,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
     """Records the standard gRPC server metrics with true status codes, and maps domain errors.
 
     `RequestError`s become their status code; errors from a downstream call (`AioRpcError`) keep their
-    code, so a proxy never turns UNAVAILABLE into UNKNOWN. Cancellation is reported as CANCELLED, or
-    DEADLINE_EXCEEDED when the deadline has passed.
+    code, so a proxy never turns UNAVAILABLE into UNKNOWN. Requests are parsed here rather than by gRPC,
+    whose own parse failure would answer UNKNOWN: bytes that are no valid request are INVALID_ARGUMENT.
+    Cancellation is reported as CANCELLED, or DEADLINE_EXCEEDED when the deadline has passed.
     """
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -161,12 +163,15 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             return handler  # streaming RPCs (health Watch, reflection) are not instrumented
         service, method = _split_method(handler_call_details.method)
         behavior = handler.unary_unary
+        parse = handler.request_deserializer
 
         async def instrumented(request, context: grpc.aio.ServicerContext):
             GRPC_STARTED.labels("unary", service, method).inc()
             started = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
+                if parse is not None:
+                    request = _parse(parse, request)
                 return await behavior(request, context)
             except RequestError as exc:
                 code = exc.code
@@ -195,9 +200,16 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
         return grpc.unary_unary_rpc_method_handler(
             instrumented,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=None,
             response_serializer=handler.response_serializer,
         )
+
+
+def _parse(deserialize, raw: bytes):
+    try:
+        return deserialize(raw)
+    except DecodeError as exc:
+        raise InvalidArgument("request", f"is not a valid protobuf message ({exc})") from exc
 
 
 def enum_label(enum_type, value: int) -> str:

@@ -2,13 +2,13 @@
 
 Every child runs in its own process group, is stopped with SIGTERM (then SIGKILL after a grace), and
 is stopped by `Processes.close()` however the parent leaves its `with` block; on Linux a child also gets
-SIGTERM when its parent dies without cleaning up (even by SIGKILL), so no orphans remain.
+SIGTERM when its parent dies without cleaning up (even by SIGKILL), so no orphans remain: children start
+through `services.common.child`, which arranges that.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import os
 import signal
@@ -23,14 +23,6 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to SIGTERM it when the parent dies, even by SIGKILL."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -39,10 +31,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def health_status(address: str, service: str, timeout: float = 1.0) -> int | None:
-    """The health status of `service` at `address`, or None when it does not answer."""
+def health_status(
+    address: str, service: str, timeout: float = 1.0, credentials: grpc.ChannelCredentials | None = None
+) -> int | None:
+    """The health status of `service` at `address` (over TLS with `credentials`), or None when it does
+    not answer."""
     try:
-        with grpc.insecure_channel(address) as channel:
+        channel = (
+            grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
+        )
+        with channel:
             stub = health_pb2_grpc.HealthStub(channel)
             return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout).status
     except grpc.RpcError:
@@ -60,6 +58,7 @@ class ServiceProcess:
     metrics_port: int
     popen: subprocess.Popen
     log_path: Path | None
+    credentials: grpc.ChannelCredentials | None = None  # TLS for health checks of a TLS service
 
     @property
     def address(self) -> str:
@@ -87,7 +86,7 @@ class ServiceProcess:
             if not self.alive():
                 raise RuntimeError(f"{self.name} exited with {self.popen.returncode}; {self.log_tail()}")
             if (
-                health_status(self.address, self.service, timeout=0.5)
+                health_status(self.address, self.service, timeout=0.5, credentials=self.credentials)
                 == health_pb2.HealthCheckResponse.SERVING
             ):
                 return
@@ -101,11 +100,20 @@ class ServiceProcess:
 
 
 class Processes:
-    """A set of service processes that are all stopped on exit, in reverse start order."""
+    """A set of service processes that are all stopped on exit, in reverse start order.
 
-    def __init__(self, log_dir: Path | None = None, env: Mapping[str, str] | None = None) -> None:
+    With `credentials`, readiness is checked over TLS: pass them when the services serve TLS.
+    """
+
+    def __init__(
+        self,
+        log_dir: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
         self.log_dir = log_dir
         self.env = {**os.environ, **(env or {})}
+        self.credentials = credentials
         self.children: list[ServiceProcess] = []
 
     def start(
@@ -126,7 +134,8 @@ class Processes:
             log_path = self.log_dir / f"{name}.log"
             stdout = log_path.open("ab")
         command = [
-            sys.executable, "-m", module, "--port", str(port), "--metrics-port", str(metrics_port), *args,
+            sys.executable, "-m", "services.common.child", str(os.getpid()), module,
+            "--port", str(port), "--metrics-port", str(metrics_port), *args,
         ]  # fmt: skip
         popen = subprocess.Popen(
             command,
@@ -135,11 +144,10 @@ class Processes:
             stdout=stdout,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
         if stdout is not subprocess.DEVNULL:
             stdout.close()
-        child = ServiceProcess(name, module, service, port, metrics_port, popen, log_path)
+        child = ServiceProcess(name, module, service, port, metrics_port, popen, log_path, self.credentials)
         self.children.append(child)
         return child
 

@@ -14,11 +14,11 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-import grpc
 import numpy as np
 
 from relaygr.v1 import recommend_pb2, recommend_pb2_grpc
 from services.common.config import setting
+from services.common.server import dial
 from services.launcher.fleet import FleetConfig
 from services.loadgen.openloop import CallRecord, run_open_loop
 from services.retrieval_stub.servicer import cache_source_label
@@ -119,7 +119,7 @@ async def drive_demo(
         user_id = f"user-{users.integers(config.demo_users)}"
         return recommend_pb2.RecommendRequest(user_id=user_id, top_k=config.top_k)
 
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with dial(address, config.client_tls()) as channel:
         await run_open_loop(
             recommend_pb2_grpc.RecommendServiceStub(channel).Recommend,
             request,

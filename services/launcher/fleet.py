@@ -4,7 +4,8 @@
 it calls is healthy, and stops them front door first. Every child runs in its own process group under
 `services.common.procs.Processes`, so `stop()` (and leaving the `with` block, however it is left) ends
 them all. `check()` raises `ServiceExited` for a child that died on its own, naming it with its log tail;
-`kill_ranker` / `restart_ranker` take one ranker down and bring it back on the same name and ports.
+`kill` / `restart` (and `kill_ranker` / `restart_ranker`) take one service down and bring it back on the
+same name and ports.
 
 Ports, from `base_port` B and `metrics_base_port` M (0: free ports, as tests use):
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from relaygr.v1 import ranker_pb2, recommend_pb2, trigger_pb2
 from services.common.config import setting
 from services.common.procs import Processes, ServiceProcess
+from services.common.server import ServiceConfig, channel_credentials
 from services.ranker.config import RankerConfig
 from services.trigger.config import TriggerConfig
 
@@ -69,8 +71,21 @@ class FleetConfig:
     stub_args: str = setting(
         "--history-max 2048", "extra flags for the retrieval stub (the default keeps a CPU demo on 2 cores)"
     )
+    tls_cert: str = setting("", "PEM certificate chain of every service; with --tls-key the fleet uses TLS")
+    tls_key: str = setting("", "PEM private key for --tls-cert")
+    tls_ca: str = setting("", "PEM CA bundle every service verifies its peers with; it makes TLS mutual")
+
+    def client_tls(self) -> ServiceConfig:
+        """The TLS settings of the fleet's own clients: the launcher's health checks and demo traffic."""
+        return ServiceConfig(tls_cert=self.tls_cert, tls_key=self.tls_key, tls_ca=self.tls_ca)
+
+    def tls_args(self) -> list[str]:
+        """The TLS flags every service gets."""
+        flags = {"--tls-cert": self.tls_cert, "--tls-key": self.tls_key, "--tls-ca": self.tls_ca}
+        return [part for flag, path in flags.items() if path for part in (flag, path)]
 
     def validate(self) -> None:
+        self.client_tls().validate()
         if self.rankers < 1:
             raise ValueError("--rankers must be at least 1")
         if self.startup_timeout_s <= 0:
@@ -137,7 +152,9 @@ class Fleet:
         config.validate()
         self.config = config
         self.log_dir = Path(config.log_dir)
-        self.processes = Processes(log_dir=self.log_dir)
+        tls = config.client_tls()
+        credentials = channel_credentials(tls) if tls.tls else None
+        self.processes = Processes(log_dir=self.log_dir, credentials=credentials)
         self.children: dict[str, ServiceProcess] = {}
         self._launches: dict[str, _Launch] = {}
         self._stopped_on_purpose: set[str] = set()
@@ -188,6 +205,7 @@ class Fleet:
         ]  # fmt: skip
 
     def _spawn(self, name: str, module: str, service: str, args: list[str]) -> None:
+        args = [*args, *self.config.tls_args()]
         self._launches[name] = _Launch(module, service, tuple(args), self.config.ports(name))
         self._respawn(name)
 
@@ -229,16 +247,24 @@ class Fleet:
 
     def kill_ranker(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Takes one ranker down (SIGKILL by default: a crash, no drain) and waits until it is gone."""
+        self.kill(name, sig)
+
+    def restart_ranker(self, name: str) -> Endpoint:
+        """Starts a stopped ranker again under its name and ports, and waits until it is healthy."""
+        return self.restart(name)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Takes one service down (SIGKILL by default: a crash, no drain) and waits until it is gone."""
         child = self.children[name]
         self._stopped_on_purpose.add(name)
         child.signal(sig)
         child.popen.wait(self.config.startup_timeout_s)
 
-    def restart_ranker(self, name: str) -> Endpoint:
-        """Starts a stopped ranker again under its name and ports, and waits until it is healthy."""
+    def restart(self, name: str) -> Endpoint:
+        """Starts a stopped service again under its name and ports, and waits until it is healthy."""
         old = self.children[name]
         if old.alive():
-            raise RuntimeError(f"{name} is still running; kill_ranker it first")
+            raise RuntimeError(f"{name} is still running; kill it first")
         # Same ports, even where they were picked free: the router knows the ranker by this address.
         self._launches[name] = dataclasses.replace(self._launches[name], ports=(old.port, old.metrics_port))
         self._respawn(name)

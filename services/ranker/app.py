@@ -107,12 +107,15 @@ class RankerApp:
             self.cache.sweep()
 
     async def drain(self) -> None:
-        """Refuses new pre-inference, then lets leased entries be consumed or expire (half the grace;
-        the server's stop gives in-flight RPCs the rest)."""
+        """Refuses new pre-inference and keeps serving Ranks for `drain_min_s` (until routers have seen
+        NOT_SERVING), and on while leased entries await their Ranks, up to half the grace; the server's
+        stop then gives in-flight RPCs the grace."""
         self.cache.accepting = False
         loop = asyncio.get_running_loop()
-        until = loop.time() + self.config.drain_grace_s / 2
-        while self.cache.leased() and loop.time() < until:
+        started = loop.time()
+        at_least = started + self.config.drain_min_s
+        at_most = started + max(self.config.drain_min_s, self.config.drain_grace_s / 2)
+        while loop.time() < at_least or (self.cache.leased() and loop.time() < at_most):
             await asyncio.sleep(SWEEP_INTERVAL_S)
 
     def server(self) -> GrpcServer:

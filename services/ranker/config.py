@@ -24,6 +24,11 @@ class RankerConfig(ServiceConfig):
     dram_policy: str = setting("lru", "DRAM eviction policy: lru, or size (largest-first among the stale)")
     dram_lossy_bf16: bool = setting(False, "store DRAM copies in bf16 (halves DRAM bytes; scores move by ε)")
     lease_ttl_ms: int = setting(3000, "how long a pre-inferred HBM entry is leased awaiting its Rank")
+    drain_min_s: float = setting(
+        2.0,
+        "after SIGTERM, seconds the ranker keeps serving while reporting NOT_SERVING, so that routers "
+        "(health checked every --health-interval-s) stop sending before it stops accepting",
+    )
     max_long_term_events: int = setting(8192, "longest long-term sequence accepted")
     max_short_term_events: int = setting(512, "longest short-term sequence accepted")
     max_candidates: int = setting(1024, "most candidates one Rank may score")
@@ -43,7 +48,7 @@ class RankerConfig(ServiceConfig):
 
     def validate(self) -> None:
         super().validate()
-        for name in ("hbm_budget_mb", "dram_budget_mb", "dram_ttl_s", "torch_threads"):
+        for name in ("hbm_budget_mb", "dram_budget_mb", "dram_ttl_s", "drain_min_s", "torch_threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must not be negative")
         for name in ("lease_ttl_ms", "max_long_term_events", "max_short_term_events", "max_candidates",

@@ -3,13 +3,15 @@
 The asyncio event loop never runs model code. It submits jobs and awaits their futures; the worker
 thread takes the most urgent job first (ranks before reloads before pre-inference, FIFO within a
 priority). Pre-inference is submitted one chunk at a time, so a Rank that arrives behind it waits for
-at most one chunk. A job whose deadline has passed, or whose awaiting future was cancelled, is dropped
-when it reaches the front, before any work starts.
+at most one chunk. A Rank that waits on a background job (it joined a pre-inference) `promote`s that job
+to its own priority, so ranks that keep arriving cannot starve it. A job whose deadline has passed, or
+whose awaiting future was cancelled, is dropped when it reaches the front, before any work starts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import heapq
 import itertools
@@ -33,6 +35,14 @@ class Priority(enum.IntEnum):
     PRE_INFER = 2
 
 
+@dataclasses.dataclass
+class _Running:
+    """A job on the device thread: its priority (raised by `promote`) and the future it resolves."""
+
+    priority: int
+    future: asyncio.Future
+
+
 class DeviceWorker:
     """A single thread that runs submitted callables in priority order. Thread-safe `submit`."""
 
@@ -42,7 +52,8 @@ class DeviceWorker:
         self._cond = threading.Condition()
         self._closed = False
         self._depth = {p: 0 for p in Priority}
-        self._running = len(Priority)  # priority of the job on the thread; len(Priority) when idle
+        # The job on the thread, then each job run nested in it by run_more_urgent, innermost last.
+        self._running: list[_Running] = []
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -62,10 +73,25 @@ class DeviceWorker:
             if self._closed:
                 raise RuntimeError("device worker is closed")
             heapq.heappush(self._heap, (priority, next(self._counter), deadline, fn, future, op))
-            self._depth[priority] += 1
-            metrics.DEVICE_QUEUE_DEPTH.labels(priority.name.lower()).set(self._depth[priority])
+            self._count(priority, +1)
             self._cond.notify()
         return future
+
+    def promote(self, future: asyncio.Future, priority: Priority) -> None:
+        """Makes the job that resolves `future` at least as urgent as `priority`: a queued job moves up
+        the queue, a running one stops yielding to jobs of that priority. No-op for a finished job."""
+        with self._cond:
+            for running in self._running:
+                if running.future is future:
+                    running.priority = min(running.priority, priority)
+                    return
+            for index, job in enumerate(self._heap):
+                if job[4] is future and job[0] > priority:
+                    self._count(Priority(job[0]), -1)
+                    self._count(priority, +1)
+                    self._heap[index] = (priority, *job[1:])
+                    heapq.heapify(self._heap)
+                    return
 
     def close(self) -> None:
         with self._cond:
@@ -81,17 +107,19 @@ class DeviceWorker:
         """
         while True:
             with self._cond:
-                if not self._heap or self._heap[0][0] >= self._running:
+                if not self._heap or self._heap[0][0] >= self._running[-1].priority:
                     return
                 job = self._pop()
             self._run(job)
 
     def _pop(self):
         job = heapq.heappop(self._heap)
-        priority = Priority(job[0])
-        self._depth[priority] -= 1
-        metrics.DEVICE_QUEUE_DEPTH.labels(priority.name.lower()).set(self._depth[priority])
+        self._count(Priority(job[0]), -1)
         return job
+
+    def _count(self, priority: Priority, change: int) -> None:
+        self._depth[priority] += change
+        metrics.DEVICE_QUEUE_DEPTH.labels(priority.name.lower()).set(self._depth[priority])
 
     def _loop(self) -> None:
         while True:
@@ -101,11 +129,19 @@ class DeviceWorker:
                 if not self._heap:
                     return
                 job = self._pop()
-            self._running = job[0]
             self._run(job)
-            self._running = len(Priority)
 
     def _run(self, job) -> None:
+        """Runs a job as the innermost running one: nested in another job, it yields by its own priority."""
+        with self._cond:
+            self._running.append(_Running(job[0], job[4]))
+        try:
+            self._execute(job)
+        finally:
+            with self._cond:
+                self._running.pop()
+
+    def _execute(self, job) -> None:
         _, _, deadline, fn, future, op = job
         loop = future.get_loop()
         if future.cancelled():

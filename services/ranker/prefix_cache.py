@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 from relaygr.v1 import common_pb2, ranker_pb2
 from services.common import metrics
+from services.common.errors import DeadlineExceeded
 from services.ranker.device import TierCopier
 from services.ranker.engine import DeviceWorker, Priority
 from services.ranker.events import Events
@@ -95,6 +96,9 @@ class Production:
     kind: Kind
     for_rank: bool
     task: asyncio.Task
+    priority: Priority
+    # The device job computing it, once submitted: a Rank that joins promotes it to rank priority.
+    job: asyncio.Future | None = None
     # Lease the entry when done: a PreInfer started or joined this production.
     lease: bool = False
     # Why the Rank that started a compute missed; Ranks that join it share the reason.
@@ -183,9 +187,13 @@ class PrefixCache:
             return Outcome.PRE_INFER_OUTCOME_REJECTED_CAPACITY, 0
         return outcome, nbytes
 
-    async def acquire(self, user_id: str, events: Events, relay_instance: str) -> Acquired:
+    async def acquire(
+        self, user_id: str, events: Events, relay_instance: str, deadline: float | None = None
+    ) -> Acquired:
         """The prefix a Rank of `events` ranks against, pinned until `release`. Never raises for the cache's
-        sake: when no prefix can be held, the result has no entry and the Rank computes in full."""
+        sake: when no prefix can be held, the result has no entry and the Rank computes in full. A production
+        this Rank starts carries its `deadline` (`time.monotonic()`): once the Rank has given up, the device
+        drops the production unstarted, and any joiner computes on its own."""
         self.sweep()
         key = self.key(user_id, events)
         entry = self.entries.get(key)
@@ -196,14 +204,19 @@ class PrefixCache:
         production = self.productions.get(key)
         if production is not None:
             metrics.PRODUCTION_JOINS.inc()
+            self._promote(production)
             return await self._join(production, key)
         miss_reason = self._miss_reason(user_id, events, relay_instance)
         if entry is not None:
-            production = self._start(key, events, Kind.RELOAD, Priority.RANK, for_rank=True, base=entry)
+            production = self._start(
+                key, events, Kind.RELOAD, Priority.RANK, for_rank=True, base=entry, deadline=deadline
+            )
         else:
             base = self._extension_base(user_id, events)
             kind = Kind.COMPUTE if base is None else Kind.EXTEND
-            production = self._start(key, events, kind, Priority.RANK, for_rank=True, base=base)
+            production = self._start(
+                key, events, kind, Priority.RANK, for_rank=True, base=base, deadline=deadline
+            )
         if production is None:
             return Acquired(None, Source.MISS, miss_reason)
         production.miss_reason = miss_reason
@@ -262,6 +275,7 @@ class PrefixCache:
         priority: Priority,
         for_rank: bool,
         base: CacheEntry | None,
+        deadline: float | None = None,
     ) -> Production | None:
         """Reserves HBM for the production and starts it; None when HBM cannot hold it."""
         need = len(events) * self.bytes_per_token
@@ -272,15 +286,25 @@ class PrefixCache:
         self.hbm.reserve(key, need, self.clock())
         if base is not None:
             base.pins += 1
-        task = asyncio.get_running_loop().create_task(self._produce(key, events, kind, priority, base))
-        production = Production(kind, for_rank, task, lease=not for_rank)
+        task = asyncio.get_running_loop().create_task(
+            self._produce(key, events, kind, priority, base, deadline)
+        )
+        # Its waiters may all be gone (cancelled) when it fails: mark the failure seen, or asyncio logs it.
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        production = Production(kind, for_rank, task, priority, lease=not for_rank)
         self.productions[key] = production
         metrics.PRODUCTIONS.labels(kind.value).inc()
         self._publish()
         return production
 
     async def _produce(
-        self, key: PrefixKey, events: Events, kind: Kind, priority: Priority, base: CacheEntry | None
+        self,
+        key: PrefixKey,
+        events: Events,
+        kind: Kind,
+        priority: Priority,
+        base: CacheEntry | None,
+        deadline: float | None,
     ) -> CacheEntry:
         try:
             base_kv = None
@@ -289,14 +313,20 @@ class PrefixCache:
                 if base_kv is None:
                     dram_copy = base.dram
                     base_kv = await self.copy_worker.submit(
-                        lambda: self.copier.to_hbm(dram_copy), priority, "reload"
+                        lambda: self.copier.to_hbm(dram_copy), priority, "reload", deadline
                     )
             if kind is Kind.RELOAD:
                 kv = base_kv
             elif kind is Kind.EXTEND:
-                kv = await self.runner.extend(base_kv, events.suffix(base.length), priority)
+                production = self.productions[key]
+                production.job = self.runner.extend(
+                    base_kv, events.suffix(base.length), production.priority, deadline
+                )
+                kv = await production.job
             else:
-                kv = await self.runner.pre_infer(events, priority)
+                production = self.productions[key]
+                production.job = self.runner.pre_infer(events, production.priority, deadline)
+                kv = await production.job
         except BaseException:
             self.hbm.release(key)
             del self.productions[key]
@@ -315,6 +345,13 @@ class PrefixCache:
         self._unpin_base(base, superseded=kind is Kind.EXTEND)
         self._publish()
         return entry
+
+    def _promote(self, production: Production) -> None:
+        """A Rank waits on this production now: it must not wait behind the Ranks that arrive after it."""
+        if production.priority > Priority.RANK:
+            production.priority = Priority.RANK
+            if production.job is not None:
+                self.runner.worker.promote(production.job, Priority.RANK)
 
     def _unpin_base(self, base: CacheEntry | None, superseded: bool) -> None:
         if base is None:
@@ -338,6 +375,8 @@ class PrefixCache:
             else:
                 production.waiters -= 1
             raise
+        except DeadlineExceeded:  # the Rank that started it gave up: this one computes on its own, in time
+            return Acquired(None, Source.MISS, miss_reason or Miss.MISS_REASON_COLD)
         except Exception:  # the shared production failed: this Rank computes on its own
             log.warning("production of %s failed", key, exc_info=True)
             return Acquired(None, Source.MISS, miss_reason or Miss.MISS_REASON_COLD)

@@ -79,15 +79,21 @@ class ModelRunner:
 
     # ---- submitted from the event loop ----
 
-    def pre_infer(self, events: Events, priority: Priority) -> asyncio.Future[PrefixKV]:
+    def pre_infer(
+        self, events: Events, priority: Priority, deadline: float | None = None
+    ) -> asyncio.Future[PrefixKV]:
         """The PrefixKV of `events`; background (pre-infer priority) work yields to ranks between chunks."""
         background = priority is Priority.PRE_INFER
-        return self.worker.submit(lambda: self.build_sync(events, background), priority, "pre_infer")
+        job = lambda: self.build_sync(events, background)  # noqa: E731
+        return self.worker.submit(job, priority, "pre_infer", deadline)
 
-    def extend(self, base: PrefixKV, appended: Events, priority: Priority) -> asyncio.Future[PrefixKV]:
+    def extend(
+        self, base: PrefixKV, appended: Events, priority: Priority, deadline: float | None = None
+    ) -> asyncio.Future[PrefixKV]:
         """`base` extended with the events appended since it was computed."""
         background = priority is Priority.PRE_INFER
-        return self.worker.submit(lambda: self.build_sync(appended, background, base), priority, "extend")
+        job = lambda: self.build_sync(appended, background, base)  # noqa: E731
+        return self.worker.submit(job, priority, "extend", deadline)
 
     def rank(
         self, prefix: PrefixKV, short: Events, candidates: Sequence[int], deadline: float | None

@@ -62,7 +62,7 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
         candidates = np.array(request.candidate_item_ids, dtype=np.int64)
         deadline = self._deadline(context, len(long_term))
 
-        acquired = await self.cache.acquire(request.user_id, long_term, request.relay_instance)
+        acquired = await self.cache.acquire(request.user_id, long_term, request.relay_instance, deadline)
         try:
             if acquired.entry is None:
                 scores = await self.runner.full(long_term, short_term, candidates, deadline)

@@ -8,7 +8,8 @@ One Recommend:
 3. with the relay on, calls `TriggerService.Admit` while pre-processing runs (`preprocess_delay_ms`, the
    relay window); an Admit that fails or misses its deadline only means no relay hint, never a failed
    Recommend. With the relay off (the baseline) no Admit is sent;
-4. ranks the candidates through the router, passing the Admit answer's `relay_instance` as the hint;
+4. ranks the candidates through the router, passing the Admit answer's `relay_instance` as the hint
+   (waiting for the router within the Rank deadline when it is not reachable, e.g. while it restarts);
 5. answers the top-k candidates by score, best first, with where the ranking's prefix came from.
 
 A failed Rank fails the Recommend with the Rank's own status code.
@@ -97,6 +98,8 @@ class RecommendService(recommend_pb2_grpc.RecommendServiceServicer):
                 relay_instance=admit.relay_instance,
             ),
             timeout=self.config.rank_timeout_ms / 1000,
+            # A router that restarts is waited for within the deadline instead of failing the Recommend.
+            wait_for_ready=True,
         )
         rank_seconds = time.perf_counter() - rank_started
 

@@ -10,8 +10,9 @@ Contract:
   rate. Appending events therefore never changes earlier ones.
 - At the reference time `universe_epoch_ms` a user has `base_length` events, drawn from a heavy-tailed law
   (lognormal, or a Pareto of the second kind above `history_min`; median `history_median`, capped at
-  `history_max`): most users are short, a tail has thousands. Afterwards events arrive as a Poisson
-  process at the user's rate.
+  `history_max`): most users are short, a tail has thousands. The `fixed` law gives every user exactly
+  `history_median` events instead (benchmarks sweep one length at a time). Afterwards events arrive as a
+  Poisson process at the user's rate.
 - `history(user_id, now_ms)` returns the most recent `min(n, history_max)` of the n events that happened
   by `now_ms`, split into the long-term part and the short-term part (the last `short_term_length`
   events). While n ≤ `history_max` one appended event makes the old long-term part a strict prefix of the
@@ -39,7 +40,7 @@ import numpy as np
 from relaygr.v1 import common_pb2
 from services.common.config import setting
 
-HISTORY_DISTRIBUTIONS = ("lognormal", "pareto")
+HISTORY_DISTRIBUTIONS = ("lognormal", "pareto", "fixed")
 # Per-user event rates are spread uniformly within ±50% of the configured mean.
 GROWTH_RATE_SPREAD = 0.5
 
@@ -69,7 +70,9 @@ class UniverseConfig:
     num_items: int = setting(1_000_000, "item catalogue size; ids are 0..num_items-1, 0 the most popular")
     zipf_exponent: float = setting(1.1, "Zipf exponent of item popularity (history events and candidates)")
     num_action_types: int = setting(8, "action types are drawn uniformly from [0, num_action_types)")
-    history_distribution: str = setting("lognormal", "law of history lengths: lognormal or pareto")
+    history_distribution: str = setting(
+        "lognormal", "law of history lengths: lognormal, pareto, or fixed (every user has --history-median)"
+    )
     history_min: int = setting(32, "shortest history at the reference time (must exceed --short-term-length)")
     history_median: int = setting(256, "median history length at the reference time")
     history_max: int = setting(8192, "longest history (a cap at the reference time, a sliding window after)")
@@ -199,6 +202,8 @@ class UserUniverse:
 
     def _base_length(self, u: float) -> int:
         c = self.config
+        if c.history_distribution == "fixed":
+            return c.history_median
         if c.history_distribution == "pareto":
             length = c.history_min + self._pareto_scale * ((1 - u) ** (-1 / c.history_pareto_shape) - 1)
         else:

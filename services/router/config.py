@@ -7,6 +7,8 @@ import dataclasses
 from services.common.config import setting
 from services.common.server import ServiceConfig
 
+ROUTING_POLICIES = ("affinity", "random")
+
 
 @dataclasses.dataclass(frozen=True)
 class RouterConfig(ServiceConfig):
@@ -28,6 +30,11 @@ class RouterConfig(ServiceConfig):
     load_floor: int = setting(
         4, "a member with fewer requests in flight than this never spills (0: pure bound)"
     )
+    routing_policy: str = setting(
+        "affinity",
+        "affinity (relay hint, then the bounded-load ring), or random: uniform over healthy members, "
+        "ignoring hints and the ring (an ablation: relay without affinity)",
+    )
     health_interval_s: float = setting(1.0, "seconds between gRPC health checks of each member")
     circuit_failures: int = setting(3, "consecutive failed forwards that open a member's circuit")
     circuit_open_s: float = setting(5.0, "seconds an open circuit keeps a member off the ring")
@@ -45,6 +52,8 @@ class RouterConfig(ServiceConfig):
         for name in ("dns_refresh_s", "health_interval_s", "circuit_open_s", "default_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        if self.routing_policy not in ROUTING_POLICIES:
+            raise ValueError(f"--routing-policy must be one of {', '.join(ROUTING_POLICIES)}")
         if self.load_floor < 0:
             raise ValueError("--load-floor must not be negative")
         if self.circuit_failures <= 0:

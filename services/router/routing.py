@@ -9,6 +9,9 @@ Order of preference for a request of user `u` carrying relay hint `h` (the `inst
 3. `failover`: after UNAVAILABLE, the first routable member clockwise on the user's walk other than the one
    that failed, regardless of load (ranking is idempotent: the new member recomputes).
 
+With `--routing-policy random` (an ablation: relay without affinity) steps 1 and 2 are replaced by a
+uniform draw among the routable members (`random`), which ignores both the hint and the ring.
+
 Each branch is a `Decision`, whose value is the `decision` label of ROUTER_DECISIONS.
 """
 
@@ -16,8 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import random
 
 from services.common.errors import Unavailable
+from services.router.config import ROUTING_POLICIES
 from services.router.membership import Member, Membership
 
 
@@ -27,6 +32,7 @@ class Decision(enum.StrEnum):
     SPILL = "spill"
     FAILOVER = "failover"
     HINT_UNAVAILABLE = "hint_unavailable"
+    RANDOM = "random"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,11 +44,22 @@ class Route:
 class RoutingPolicy:
     """Chooses members from the live membership; reads the in-flight counts that the proxy keeps."""
 
-    def __init__(self, membership: Membership) -> None:
+    def __init__(
+        self, membership: Membership, policy: str = "affinity", rng: random.Random | None = None
+    ) -> None:
+        if policy not in ROUTING_POLICIES:
+            raise ValueError(f"routing policy must be one of {', '.join(ROUTING_POLICIES)}")
         self.membership = membership
+        self.random = policy == "random"
+        self._rng = rng or random.Random()
 
     def choose(self, user_id: str, hint: str = "") -> Route:
         """The member for a request; raises Unavailable when no member is routable."""
+        if self.random:
+            routable = self.membership.routable()
+            if not routable:
+                raise Unavailable(f"no healthy ranker among {len(self.membership.members)} members")
+            return Route(self._rng.choice(routable), Decision.RANDOM)
         if hint:
             hinted = self.membership.get(hint)
             if hinted is not None and hinted.routable:

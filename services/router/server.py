@@ -25,7 +25,7 @@ class RouterServer:
     def __init__(self, config: RouterConfig, lookup: DnsLookup = system_dns_lookup) -> None:
         self.config = config
         self.membership = Membership.from_config(config, lookup)
-        self.policy = RoutingPolicy(self.membership)
+        self.policy = RoutingPolicy(self.membership, config.routing_policy)
         proxy = RankerProxy(self.policy, config.deadline_margin_ms, config.default_timeout_ms)
         self.grpc = GrpcServer(config, RANKER_SERVICE, proxy.register)
         self._ready: asyncio.Task | None = None

@@ -78,6 +78,16 @@ def test_history_lengths_are_heavy_tailed_within_bounds(distribution):
     assert np.mean(lengths == CONFIG.history_max) < 0.05  # the cap only trims the far tail
 
 
+def test_the_fixed_law_gives_every_user_the_median_length_and_histories_still_grow():
+    config = dataclasses.replace(CONFIG, history_distribution="fixed", history_median=1000, history_max=1200)
+    universe = UserUniverse(config)
+    assert {universe.user(f"user-{i}").base_length for i in range(200)} == {1000}
+    early = universe.history("user-3", EPOCH_MS)
+    later = universe.history("user-3", EPOCH_MS + 30 * MINUTE_MS)  # 30 to 90 more events at 1 to 3 a minute
+    assert len(early) == 1000 and 1000 < len(later) <= 1200
+    assert later.long_term.item_ids[: len(early.long_term)].tolist() == early.long_term.item_ids.tolist()
+
+
 def test_history_at_the_epoch_has_the_drawn_length_split_into_long_and_short_term():
     universe = UserUniverse(CONFIG)
     for i in range(50):

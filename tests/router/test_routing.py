@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import random
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -132,3 +134,25 @@ def test_unkeyed_calls_go_to_the_least_loaded_member() -> None:
         assert policy.least_loaded().name == "ranker-2"
 
     with_policy(scenario)
+
+
+def test_the_random_policy_ignores_hints_and_the_ring_and_draws_only_routable_members() -> None:
+    async def scenario(policy: RoutingPolicy, stubs: list[StubRanker]) -> None:
+        drawn = RoutingPolicy(policy.membership, "random", random.Random(0))
+        owner = policy.membership.ring.owner("alice")
+        routes = [drawn.choose("alice", hint=owner) for _ in range(300)]
+        assert {route.decision for route in routes} == {Decision.RANDOM}
+        counts = collections.Counter(route.member.name for route in routes)
+        assert set(counts) == {"ranker-0", "ranker-1", "ranker-2"} and min(counts.values()) > 60
+
+        down = stubs[0]
+        await down.set_serving(False)
+        await eventually(lambda: not policy.membership.get(down.name).routable)
+        assert down.name not in {drawn.choose("alice").member.name for _ in range(50)}
+
+    with_policy(scenario)
+
+
+def test_an_unknown_routing_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="routing policy"):
+        RoutingPolicy(None, "round-robin")  # type: ignore[arg-type]

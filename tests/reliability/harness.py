@@ -1,0 +1,283 @@
+"""What the fault, overload and memory tests share: a small local fleet, open-loop load in the background,
+and readings of the services' metrics endpoints and of their processes' memory.
+
+The fleet is `services.launcher.fleet.Fleet` with cpu-tiny rankers, free ports and a universe of short
+histories, so that it starts in seconds on two shared cores. Load runs on its own thread and event loop
+(`BackgroundLoad`), so a test can kill and restart services from the main thread while requests flow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc, recommend_pb2, recommend_pb2_grpc
+from services.launcher.fleet import FleetConfig
+from services.loadgen.openloop import CallRecord, run_open_loop
+
+RANKER_ARGS = (
+    "--torch-threads 1 --profile-lengths 32,128,512 --profile-repeats 1 --profile-candidates 16 "
+    "--drain-grace-s 4 --drain-min-s 0.6 --lease-ttl-ms 1000"
+)
+ROUTER_ARGS = "--health-interval-s 0.2 --circuit-open-s 1 --drain-grace-s 2"
+TRIGGER_ARGS = "--profile-retry-s 0.2 --drain-grace-s 2"
+# Short histories and few candidates keep each Recommend cheap; the long Rank deadline lets a Recommend
+# that arrives while the router restarts wait for it instead of failing.
+STUB_ARGS = (
+    "--history-min 20 --history-median 64 --history-max 256 --num-candidates 16 --preprocess-delay-ms 5 "
+    "--admit-timeout-ms 200 --rank-timeout-ms 10000 --drain-grace-s 2"
+)
+
+
+def fleet_config(log_dir: Path, **overrides: Any) -> FleetConfig:
+    """A fleet of cpu-tiny rankers on free ports with the arguments above; `overrides` replace fields."""
+    settings = dict(
+        rankers=3,
+        model_preset="cpu-tiny",
+        base_port=0,
+        metrics_base_port=0,
+        log_dir=str(log_dir),
+        startup_timeout_s=120.0,
+        ranker_args=RANKER_ARGS,
+        router_args=ROUTER_ARGS,
+        trigger_args=TRIGGER_ARGS,
+        stub_args=STUB_ARGS,
+    )
+    return FleetConfig(**{**settings, **overrides})
+
+
+# ---- requests ----
+
+
+def sequence(items: list[int]) -> common_pb2.BehaviorSequence:
+    return common_pb2.BehaviorSequence(item_ids=items, action_types=[i % 4 for i in range(len(items))])
+
+
+def rank_request(user: int, length: int = 64, candidates: int = 8) -> ranker_pb2.RankRequest:
+    """A deterministic Rank of user `user` with a `length`-event history."""
+    return ranker_pb2.RankRequest(
+        user_id=f"user-{user}",
+        request_id=f"rank-{user}-{time.monotonic_ns()}",
+        long_term=sequence([(user * 7919 + i * 104729) % 1_000_003 for i in range(length)]),
+        short_term=sequence([1, 2, 3]),
+        candidate_item_ids=list(range(100, 100 + candidates)),
+    )
+
+
+def recommend_request(user: int) -> recommend_pb2.RecommendRequest:
+    return recommend_pb2.RecommendRequest(user_id=f"user-{user}", top_k=5)
+
+
+# ---- load ----
+
+
+class BackgroundLoad:
+    """Open-loop Poisson load on its own thread until `stop()`; the records are kept in send order.
+
+    `call_for(channel)` gives the unary callable to load (e.g. a stub's Rank) on a channel opened on the
+    load's own event loop; `request(index)` gives the index-th request.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        call_for: Callable[[grpc.aio.Channel], Callable[..., Any]],
+        request: Callable[[int], Any],
+        rate: float,
+        timeout_s: float,
+        seed: int = 0,
+    ) -> None:
+        self.records: list[CallRecord] = []
+        # time.monotonic() when sending began: records' `intended_s` count from here.
+        self.started_at = 0.0
+        self._address = address
+        self._call_for = call_for
+        self._request = request
+        self._rate = rate
+        self._timeout_s = timeout_s
+        self._seed = seed
+        self._started = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="load", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # surfaced by stop()
+            self._error = exc
+            self._started.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._started.set()
+        async with grpc.aio.insecure_channel(self._address) as channel:
+            self.started_at = time.monotonic()
+            self.records = await run_open_loop(
+                self._call_for(channel),
+                self._request,
+                self._rate,
+                timeout_s=self._timeout_s,
+                seed=self._seed,
+                stop=self._stop,
+            )
+
+    def start(self) -> BackgroundLoad:
+        self._thread.start()
+        self._started.wait()
+        return self
+
+    def stop(self) -> list[CallRecord]:
+        """Stops sending, waits for the requests in flight, and returns every record."""
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.records
+
+
+def rank_load(
+    address: str, rate: float, users: int = 200, first_user: int = 0, timeout_s: float = 10.0, **kw: Any
+) -> BackgroundLoad:
+    """Rank calls to `address` (the router), round-robin over `users` users from `first_user` on."""
+    return BackgroundLoad(
+        address,
+        lambda channel: ranker_pb2_grpc.RankerServiceStub(channel).Rank,
+        lambda index: rank_request(first_user + index % users),
+        rate,
+        timeout_s,
+        **kw,
+    )
+
+
+def recommend_load(
+    address: str, rate: float, users: int = 200, first_user: int = 0, timeout_s: float = 20.0, **kw: Any
+) -> BackgroundLoad:
+    """Recommend calls to `address` (the retrieval stub), round-robin over `users` from `first_user` on."""
+    return BackgroundLoad(
+        address,
+        lambda channel: recommend_pb2_grpc.RecommendServiceStub(channel).Recommend,
+        lambda index: recommend_request(first_user + index % users),
+        rate,
+        timeout_s,
+        **kw,
+    )
+
+
+def codes(records: list[CallRecord]) -> collections.Counter[str]:
+    return collections.Counter(record.code.name for record in records)
+
+
+def failures(records: list[CallRecord]) -> list[tuple[str, str]]:
+    return [(record.code.name, record.details) for record in records if not record.ok]
+
+
+def p99_ms(records: list[CallRecord]) -> float:
+    return float(np.percentile([record.latency_s * 1000 for record in records], 99))
+
+
+# ---- readings ----
+
+
+def scrape(metrics_port: int) -> dict[tuple[str, frozenset], float]:
+    """Every sample of a metrics endpoint, by (name, labels)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: dict[tuple[str, frozenset], float], name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def total(samples: dict[tuple[str, frozenset], float], name: str, **labels: str) -> float:
+    """The sum of `name` over every series whose labels include `labels`."""
+    wanted = set(labels.items())
+    return sum(v for (n, series), v in samples.items() if n == name and wanted <= series)
+
+
+def increase(before: dict, after: dict, name: str, **labels: str) -> float:
+    """How much `name` (summed over the series matching `labels`) grew between two scrapes."""
+    return total(after, name, **labels) - total(before, name, **labels)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process, from /proc/<pid>/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemorySample:
+    at_s: float
+    rss: int
+    hbm: float
+    dram: float
+    leases: float
+
+
+class MemoryWatch:
+    """Samples one ranker's RSS and cache gauges every `interval_s` on a thread, until `stop()`."""
+
+    def __init__(self, pid: int, metrics_port: int, interval_s: float) -> None:
+        self.pid = pid
+        self.metrics_port = metrics_port
+        self.interval_s = interval_s
+        self.samples: list[MemorySample] = []
+        self.capacity: dict[str, float] = {}
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memory-watch", daemon=True)
+
+    def _read(self, started: float) -> MemorySample:
+        samples = scrape(self.metrics_port)
+        self.capacity = {
+            tier: value(samples, "relaygr_kv_cache_capacity_bytes", tier=tier) for tier in ("hbm", "dram")
+        }
+        return MemorySample(
+            at_s=time.monotonic() - started,
+            rss=rss_bytes(self.pid),
+            hbm=value(samples, "relaygr_kv_cache_bytes", tier="hbm"),
+            dram=value(samples, "relaygr_kv_cache_bytes", tier="dram"),
+            leases=value(samples, "relaygr_leases_active"),
+        )
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        while not self._halt.wait(self.interval_s):
+            self.samples.append(self._read(started))
+
+    def start(self) -> MemoryWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[MemorySample]:
+        self._halt.set()
+        self._thread.join()
+        return self.samples
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, every_s: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:.0f}s")
+        time.sleep(every_s)

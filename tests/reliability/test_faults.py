@@ -1,0 +1,122 @@
+"""Faults and change under load: a crashed ranker, a rolling restart, a restarted router or trigger.
+
+Each test runs a local fleet (three cpu-tiny rankers, router, trigger, retrieval stub) with open-loop load
+on two front doors at once: Rank calls to the router and Recommend calls to the retrieval stub. Ranking
+is idempotent, so the promise is zero failed calls on both, whatever happens to one service at a time.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from relaygr.v1 import common_pb2, ranker_pb2_grpc
+from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet
+from services.router.ring import AffinityRing
+from tests.reliability.harness import (
+    codes,
+    failures,
+    fleet_config,
+    rank_load,
+    rank_request,
+    recommend_load,
+    scrape,
+    total,
+    value,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+RATE = 12.0  # per front door, requests per second: well within the fleet's capacity
+USERS = 120
+
+
+@pytest.fixture
+def fleet(tmp_path) -> Iterator[Fleet]:
+    # An SLO of 1 ms puts every request at risk, so the trigger admits and the relay runs.
+    with Fleet(fleet_config(tmp_path / "logs", slo_ms=1.0)) as running:
+        yield running
+
+
+def routable_in_router(fleet: Fleet, member: str) -> bool:
+    samples = scrape(fleet.children[ROUTER].metrics_port)
+    return value(samples, "relaygr_router_member_healthy", member=member) == 1
+
+
+def test_a_sigkilled_ranker_costs_no_failed_call_and_gets_its_arc_back(fleet: Fleet) -> None:
+    ranks = rank_load(fleet.address(ROUTER), RATE, users=USERS, seed=1).start()
+    recommends = recommend_load(fleet.address(STUB), RATE, users=USERS, seed=2).start()
+    try:
+        time.sleep(2.0)
+        killed_at = time.monotonic()
+        fleet.kill_ranker("ranker-1")
+        time.sleep(1.0)  # served by the others meanwhile
+        fleet.restart_ranker("ranker-1")
+        wait_for(lambda: routable_in_router(fleet, "ranker-1"), 10, "the router takes ranker-1 back")
+        time.sleep(1.5)
+    finally:
+        rank_records, recommend_records = ranks.stop(), recommends.stop()
+
+    assert failures(rank_records) == [] and failures(recommend_records) == []
+    assert len(rank_records) > 3 * RATE and len(recommend_records) > 3 * RATE
+    served_before = {r.response.instance for r in rank_records if r.intended_s < killed_at - ranks.started_at}
+    assert served_before == set(fleet.ranker_names)
+
+    # Ranker-1's users (by the ring, as the router places them without a hint) are its own again.
+    owned = [u for u in range(USERS) if AffinityRing(fleet.ranker_names).owner(f"user-{u}") == "ranker-1"]
+    assert len(owned) > USERS // 6
+    with grpc.insecure_channel(fleet.address(ROUTER)) as channel:
+        stub = ranker_pb2_grpc.RankerServiceStub(channel)
+        assert {stub.Rank(rank_request(u), timeout=10).instance for u in owned} == {"ranker-1"}
+
+
+def test_a_rolling_restart_with_sigterm_costs_no_failed_call(fleet: Fleet) -> None:
+    ranks = rank_load(fleet.address(ROUTER), RATE, users=USERS, seed=3).start()
+    recommends = recommend_load(fleet.address(STUB), RATE, users=USERS, seed=4).start()
+    exit_codes = {}
+    try:
+        time.sleep(1.0)
+        for name in fleet.ranker_names:
+            fleet.kill_ranker(name, signal.SIGTERM)
+            exit_codes[name] = fleet.children[name].popen.returncode
+            fleet.restart_ranker(name)
+            wait_for(lambda name=name: routable_in_router(fleet, name), 10, f"the router takes {name} back")
+        time.sleep(1.0)
+    finally:
+        rank_records, recommend_records = ranks.stop(), recommends.stop()
+
+    assert exit_codes == dict.fromkeys(fleet.ranker_names, 0)  # each drained and exited by itself
+    assert failures(rank_records) == [] and failures(recommend_records) == []
+    # Not even a retry was needed: each ranker kept serving until the router had seen it NOT_SERVING.
+    router = scrape(fleet.children[ROUTER].metrics_port)
+    assert total(router, "relaygr_router_member_failures_total") == 0
+    assert total(router, "relaygr_router_decisions_total", decision="failover") == 0
+    assert len(rank_records) > 3 * RATE and len(recommend_records) > 3 * RATE
+    # Every restarted ranker serves again.
+    late = [r for r in rank_records if r.intended_s > rank_records[-1].intended_s - 1.0]
+    assert {r.response.instance for r in late} == set(fleet.ranker_names)
+
+
+@pytest.mark.parametrize("service", [ROUTER, TRIGGER])
+def test_a_restarted_router_or_trigger_loses_no_recommend(fleet: Fleet, service: str) -> None:
+    recommends = recommend_load(fleet.address(STUB), RATE, users=USERS, seed=5).start()
+    try:
+        time.sleep(2.0)
+        restarted_at = time.monotonic() - recommends.started_at
+        fleet.kill(service, signal.SIGTERM)
+        fleet.restart(service)
+        time.sleep(3.0)
+    finally:
+        records = recommends.stop()
+
+    assert failures(records) == [], codes(records)
+    assert len(records) > 4 * RATE
+    # The relay works again after the restart: admitted requests rank against their pre-inferred prefix.
+    after = [r.response for r in records if r.intended_s > restarted_at + 1.0]
+    assert any(a.admitted for a in after)
+    assert any(a.cache_source == common_pb2.CACHE_SOURCE_HBM for a in after)

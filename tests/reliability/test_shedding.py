@@ -1,0 +1,158 @@
+"""A ranker refuses what it cannot serve in time before doing any of the work, and says so at once.
+
+An in-process ranker on loopback, whose device thread the test holds busy with a job of its own: whatever
+comes back while the device is held was decided without touching it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import grpc
+import pytest
+
+from relaygr.v1 import common_pb2, ranker_pb2
+from services.ranker.engine import Priority
+from tests.ranker.harness import Ranker, history, metric, pre_infer_request, rank_request, running_ranker
+from tests.router.harness import eventually
+
+SHORT = [1, 2, 3]
+CANDIDATES = [7, 8, 9]
+
+
+class HeldDevice:
+    """Occupies a ranker's device thread until released."""
+
+    def __init__(self, ranker: Ranker) -> None:
+        self._release = threading.Event()
+        self._started = threading.Event()
+
+        def hold() -> None:
+            self._started.set()
+            self._release.wait()
+
+        self.done = ranker.app.worker.submit(hold, Priority.RANK, "hold")
+
+    async def started(self) -> None:
+        await eventually(self._started.is_set)
+
+    async def release(self) -> None:
+        self._release.set()
+        await self.done
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def scoring_passes() -> float:
+    return metric("relaygr_model_seconds_count", op="rank") + metric("relaygr_model_seconds_count", op="full")
+
+
+def test_a_rank_beyond_the_queue_bound_is_refused_while_the_device_is_busy():
+    async def scenario():
+        async with running_ranker(max_queued_ranks=2) as r:
+            held = HeldDevice(r)
+            await held.started()
+            before = metric("relaygr_shed_requests_total", method="Rank", reason="queue_full")
+            queued = [
+                asyncio.ensure_future(r.stub.Rank(rank_request(f"q{i}", history(i, 32), SHORT, CANDIDATES)))
+                for i in range(2)
+            ]
+            await eventually(lambda: r.app.worker.queued(Priority.RANK) == 2)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await r.stub.Rank(rank_request("late", history(9, 32), SHORT, CANDIDATES), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "rank queue is full" in refused.value.details()
+            assert not held.done.done()  # answered while the device was still held
+            assert metric("relaygr_shed_requests_total", method="Rank", reason="queue_full") == before + 1
+            await held.release()
+            answers = await asyncio.gather(*queued)
+            assert all(len(a.scores) == len(CANDIDATES) for a in answers)
+
+    run(scenario())
+
+
+def test_a_rank_whose_deadline_passes_in_the_queue_costs_no_model_work():
+    async def scenario():
+        async with running_ranker() as r:
+            held = HeldDevice(r)
+            await held.started()
+            computed = metric("relaygr_model_seconds_count", op="pre_infer")
+            scored = scoring_passes()
+            with pytest.raises(grpc.aio.AioRpcError) as late:
+                await r.stub.Rank(rank_request("gone", history(1, 64), SHORT, CANDIDATES), timeout=0.3)
+            assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await held.release()
+            await r.settle()
+            # Neither the prefix the Rank started nor its scoring ran, and nothing stays reserved.
+            assert metric("relaygr_model_seconds_count", op="pre_infer") == computed
+            assert scoring_passes() == scored
+            assert r.cache.hbm.used_bytes == 0 and not r.cache.entries
+            # The ranker serves the same user normally afterwards.
+            answer = await r.stub.Rank(rank_request("gone", history(1, 64), SHORT, CANDIDATES), timeout=10)
+            assert len(answer.scores) == len(CANDIDATES)
+
+    run(scenario())
+
+
+def test_a_rank_that_joins_a_pre_inference_is_not_starved_by_ranks_arriving_after_it():
+    async def scenario():
+        async with running_ranker() as r:
+            held = HeldDevice(r)
+            await held.started()
+            relayed = history(1, 256)
+            answer = await r.stub.PreInfer(pre_infer_request("relayed", relayed))
+            assert answer.outcome == ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED  # queued as background work
+            finished: list[str] = []
+
+            async def rank(user: str, long: list[int]) -> None:
+                await r.stub.Rank(rank_request(user, long, SHORT, CANDIDATES), timeout=30)
+                finished.append(user)
+
+            others = [asyncio.ensure_future(rank(f"other-{i}", history(10 + i, 256))) for i in range(3)]
+            await eventually(lambda: r.app.worker.queued(Priority.RANK) == 3)
+            joins = metric("relaygr_production_joins_total")
+            joined = asyncio.ensure_future(rank("relayed", relayed))
+            await eventually(lambda: metric("relaygr_production_joins_total") == joins + 1)
+            assert r.app.worker.queued(Priority.PRE_INFER) == 0  # the shared pre-inference moved up
+            await held.release()
+            await asyncio.gather(joined, *others)
+            # Promoted to rank priority, the shared pre-inference runs before the work queued after it.
+            assert finished.index("relayed") < finished.index("other-2"), finished
+
+    run(scenario())
+
+
+def test_a_joined_pre_inference_stops_yielding_even_when_it_runs_inside_another():
+    async def scenario():
+        async with running_ranker(pre_infer_chunk_tokens=16) as r:
+            served: list[str] = []
+            stop = asyncio.Event()
+
+            async def flood(lane: int) -> None:  # keeps ranks queued, so background work keeps yielding
+                for n in range(10_000):
+                    if stop.is_set():
+                        return
+                    user = f"flood-{lane}-{n}"
+                    await r.stub.Rank(rank_request(user, history(100 + n, 32), SHORT, CANDIDATES), timeout=30)
+                    served.append(user)
+
+            lanes = [asyncio.ensure_future(flood(lane)) for lane in range(3)]
+            await eventually(lambda: len(served) > 10)
+            # Two background pre-inferences: the first runs, the second waits behind it.
+            await r.stub.PreInfer(pre_infer_request("first", history(1, 1024)))
+            await r.stub.PreInfer(pre_infer_request("second", history(2, 1024)))
+            # A Rank joins the second: promoted, it runs at rank priority inside the first's yield and
+            # must not yield in turn to every flood rank that arrives meanwhile.
+            at_join = len(served)
+            joined = rank_request("second", history(2, 1024), SHORT, CANDIDATES)
+            answer = await r.stub.Rank(joined, timeout=30)
+            overtaken = len(served) - at_join
+            stop.set()
+            await asyncio.gather(*lanes)
+            assert answer.cache_source == common_pb2.CACHE_SOURCE_HBM
+            assert overtaken < 20, f"{overtaken} later ranks overtook the joined pre-inference"
+
+    run(scenario())
