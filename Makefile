@@ -44,5 +44,12 @@ test-fast: lint
 run: install
 	$(PY) -m services.launcher
 
+# The benchmark: baseline and RelayGR fleets side by side (quick: under 10 minutes on 2 cores).
+bench: install
+	$(PY) -m bench --profile quick
+
+bench-full: install
+	$(PY) -m bench --profile full
+
 clean:
 	rm -rf $(VENV) $(TOOLS) relaygr .pytest_cache .ruff_cache .hypothesis

@@ -33,7 +33,7 @@ class RankerConfig(ServiceConfig):
     max_short_term_events: int = setting(512, "longest short-term sequence accepted")
     max_candidates: int = setting(1024, "most candidates one Rank may score")
     pre_infer_chunk_tokens: int = setting(
-        1024, "pre-inference runs in chunks of this many tokens; a Rank waits at most one"
+        512, "pre-inference runs in chunks of this many tokens; a Rank waits at most one"
     )
     candidate_microbatch: int = setting(0, "score candidates in microbatches of this size (0: all at once)")
     max_pending_pre_infer: int = setting(

@@ -1,8 +1,9 @@
 """The ranker's latency curve, measured at warm-up on its own device.
 
-For each profile length L the ranker times, on its device thread, a full forward over L + S + C tokens,
-a pre-inference of L tokens and a cached rank of S + C tokens against L (median of a few repeats, after
-one untimed run that warms kernels and allocators). GetProfile returns the curve; the trigger predicts
+For each profile length L the ranker times, on its device thread, ranking without relay (`full_ms`: how
+the ranker serves a miss — the prefix computed, then ranked against), a pre-inference of L tokens and a
+cached rank of S + C tokens against L (median of a few repeats, after one untimed run that warms kernels
+and allocators). GetProfile returns the curve; the trigger predicts
 ranking cost from it, and the ranker itself uses it to shed requests that cannot meet their deadline.
 """
 
@@ -60,8 +61,7 @@ def measure(
     # One untimed pass of every path at the longest length first: thread pools and the allocator are then
     # warm for every timed point (otherwise the first point measured can be 100x slow).
     longest = _synthetic(max(lengths), rng)
-    runner.full_sync(longest, short_events, candidate_ids)
-    runner.rank_sync(runner.build_sync(longest, yield_to_ranks=False), short_events, candidate_ids)
+    runner.uncached_sync(longest, short_events, candidate_ids)
     points = []
     for length in lengths:
         long_events = _synthetic(length, rng)
@@ -76,7 +76,7 @@ def measure(
                 samples.append((time.perf_counter() - started) * 1000)
             return statistics.median(samples), result
 
-        full_ms, _ = timed(lambda le=long_events: runner.full_sync(le, short_events, candidate_ids))
+        full_ms, _ = timed(lambda le=long_events: runner.uncached_sync(le, short_events, candidate_ids))
         pre_ms, kv = timed(lambda le=long_events: runner.build_sync(le, yield_to_ranks=False))
         rank_ms, _ = timed(lambda kv=kv: runner.rank_sync(kv, short_events, candidate_ids))
         points.append(LatencyPoint(length, full_ms, pre_ms, rank_ms))

@@ -65,7 +65,7 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
         acquired = await self.cache.acquire(request.user_id, long_term, request.relay_instance, deadline)
         try:
             if acquired.entry is None:
-                scores = await self.runner.full(long_term, short_term, candidates, deadline)
+                scores = await self.runner.uncached(long_term, short_term, candidates, deadline)
             else:
                 scores = await self.runner.rank(acquired.entry.hbm, short_term, candidates, deadline)
         finally:

@@ -1,0 +1,94 @@
+"""`python -m bench --profile quick|full`: run the benchmark and write bench/results/<name>/.
+
+Writes results.json, report.md and the plots there; the services' logs go to its `tmp/` folder (not
+committed). Prints one line per step and, at the end, the two headline ratios.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.metadata
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from bench import report
+from bench.config import BenchConfig
+from bench.experiments import Bench
+from services.common.config import load
+from services.common.procs import REPO_ROOT
+
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+PACKAGES = ("torch", "numpy", "grpcio", "protobuf", "matplotlib")
+
+
+def _first_line_with(path: str, prefix: str) -> str:
+    try:
+        with open(path) as lines:
+            return next(
+                (line.split(":", 1)[1].strip() for line in lines if line.startswith(prefix)), "unknown"
+            )
+    except OSError:
+        return "unknown"
+
+
+def machine() -> dict[str, Any]:
+    mem_kib = _first_line_with("/proc/meminfo", "MemTotal").split()[0]
+    return {
+        "cores": os.cpu_count(),
+        "cpu_model": _first_line_with("/proc/cpuinfo", "model name"),
+        "memory_gib": round(int(mem_kib) / 2**20, 1) if mem_kib.isdigit() else None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+def versions() -> dict[str, str]:
+    def git(*args: str) -> str:
+        answer = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+        return answer.stdout.strip()
+
+    found = {name: importlib.metadata.version(name) for name in PACKAGES}
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    return {**found, "git_commit": git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = load(BenchConfig, argv, prog="python -m bench", description=__doc__)
+    out_dir = RESULTS_DIR / config.results_name
+    started_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    started = time.monotonic()
+    host = machine()
+    bench = Bench(config, out_dir / "tmp" / "logs", log=lambda line: print(line, flush=True))
+    measured = bench.run()
+    host["load_average_at_end"] = os.getloadavg()
+    results = {
+        "name": config.results_name,
+        "throughput_ratio": measured.pop("throughput_ratio"),
+        "length_ratio": measured.pop("length_ratio"),
+        "started_at": started_at.isoformat(),
+        "duration_s": round(time.monotonic() - started, 1),
+        "machine": host,
+        "versions": versions(),
+        "configuration": dataclasses.asdict(config),
+        "profile": dataclasses.asdict(config.settings),
+        **measured,
+    }
+    report.write(results, out_dir)
+    length, load_sweep = results["length_sweep"], results["throughput_sweep"]
+    print(
+        f"length ratio {results['length_ratio']} ({length['relay']['best']} vs {length['baseline']['best']} "
+        f"events at {length['rate']:g} req/s), throughput ratio {results['throughput_ratio']} "
+        f"({load_sweep['relay']['best']} vs {load_sweep['baseline']['best']} req/s on "
+        f"{load_sweep['universe']}), SLO P99 {config.slo_ms:g} ms; report: {out_dir / 'report.md'}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Benchmark settings: each is a flag with a `RELAYGR_…` environment twin (see services.common.config).
+
+`--profile quick` (`make bench`) and `--profile full` (`make bench-full`) run the same experiments on the
+same workload with the same grids; they differ only in how much they measure (`Profile`): requests per
+point, repeats of the in-process floor, and the relay-window sensitivity sweep (full only).
+
+Why these defaults, for cpu-small on a 2-core machine shared by every process of the fleet:
+
+- SLO 100 ms on the ranking P99: the baseline then ranks 1.5-2k events within it at 8 calls/s (in
+  process, pre-infer plus rank of 2048 events takes about 30 ms; the rest goes to queueing, the hops and
+  the machine's other users), so both modes have room to move inside the 512-8192 grid. A tighter SLO
+  would be dominated by the serving path and the noise: a cached Rank through the router alone takes
+  4-15 ms at its P50 here.
+- Relay window 100 ms (the stub's pre-processing delay): in production the gap from retrieval to ranking
+  (coarse ranking, feature fetching) is of the same order as the fine-ranking P99 budget or larger
+  (tens to hundreds of ms against tens of ms), so the window is set equal to the SLO, not larger; the
+  full profile also measures the length sweep at 30 and 200 ms.
+- Revisits: half the requests come from a user seen in the last 5 s (feed refreshes, next pages), the
+  pattern the DRAM tier and extension serve; see `bench.workload`. Each point's first 5 s are warm-up.
+- The length sweep runs at 8 calls/s: enough that a point of 200 measured calls takes half a minute,
+  little enough that pre-inferring 4096-event prefixes for the new users (about 0.4 cores here) leaves
+  the rankers room; at 8192 events the new users alone would need about 1.5 of the 2 cores.
+- The throughput sweep's length mix is capped at 2048 events, about the longest the baseline ranks within
+  the SLO (experiment 1), as production caps sequences to fit ranking's budget; lognormal with median
+  1024 and sigma 0.75, so 18% of users sit at the cap and a quarter are at risk for the trigger. With a
+  shorter mix both modes are bound by CPU rather than by the SLO and relay has nothing to take off the
+  critical path (measured, cap 2048 with median 512: both near 64-90 calls/s); with a longer cap the
+  baseline meets the SLO at hardly any load (cap 3072: it failed at 4 calls/s).
+- Rankers pre-infer in chunks of 512 tokens, in both modes (a miss computes its prefix the same way):
+  in process, 8192 events take 253 ms in chunks of 512 against 401 ms in the ranker's default 1024.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from services.common.config import setting
+
+PROFILES = ("quick", "full")
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """How much a run measures."""
+
+    measured: int  # measured requests per load point
+    floor_repeats: int  # timed repeats per length of the in-process floor (median kept)
+    cached_rank_iterations: int  # Ranks per length through the router
+    window_delays_ms: tuple[float, ...]  # extra relay windows of the length sweep
+
+
+PROFILE_SETTINGS = {
+    "quick": Profile(measured=200, floor_repeats=3, cached_rank_iterations=20, window_delays_ms=()),
+    "full": Profile(
+        measured=1000, floor_repeats=7, cached_rank_iterations=100, window_delays_ms=(30.0, 200.0)
+    ),
+}
+
+
+def _numbers(text: str, kind: type) -> list:
+    values = [kind(part) for part in text.split(",") if part.strip()]
+    if not values or sorted(values) != values or len(set(values)) != len(values) or values[0] <= 0:
+        raise ValueError(f"{text!r} must list distinct positive numbers in increasing order")
+    return values
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    profile: str = setting(
+        "quick", "quick (make bench: 5-6 minutes on 2 cores) or full (make bench-full: 30-40 minutes)"
+    )
+    name: str = setting("", "results go to bench/results/<name>/ (empty: the profile's name)")
+    slo_ms: float = setting(100.0, "ranking-latency P99 SLO (Rank through the router, as the stub sees it)")
+    max_error_fraction: float = setting(0.001, "a point meets the SLO only with fewer errors than this share")
+    preprocess_delay_ms: float = setting(100.0, "the stub's pre-processing delay: the relay window")
+    model_preset: str = setting("cpu-small", "every ranker's model preset")
+    rankers: int = setting(2, "rankers per fleet")
+    torch_threads: int = setting(1, "intra-op threads per ranker (and of the in-process floor)")
+    pre_infer_chunk_tokens: int = setting(
+        512, "the rankers' pre-inference chunk (a Rank waits at most one); 512 is the fastest on CPU"
+    )
+    hbm_budget_mb: float = setting(256.0, "HBM-tier budget per ranker, MiB")
+    dram_budget_mb: float = setting(1024.0, "DRAM-tier budget per ranker, MiB (the baseline and no-dram: 0)")
+    ranker_profile_lengths: str = setting("512,2048,4096", "prefix lengths of each ranker's warm-up curve")
+    short_term: int = setting(16, "short-term events per request")
+    lengths: str = setting(
+        "512,768,1024,1536,2048,3072,4096,6144,8192", "long-term lengths of the length sweep (experiment 1)"
+    )
+    length_rate: float = setting(8.0, "offered load of the length sweep, Recommend calls per second")
+    loads: str = setting(
+        "2,3,4,6,8,11,16,23,32,45,64,90,128", "offered loads of the throughput sweep (experiment 2), calls/s"
+    )
+    mix_median: int = setting(1024, "median long-term length of the throughput sweep's lognormal mix")
+    mix_sigma: float = setting(0.75, "sigma of the log length of the mix")
+    mix_max: int = setting(2048, "longest long-term history of the mix (a cap, as production has)")
+    growth_headroom: int = setting(256, "events a fixed-length history may grow by before it slides")
+    revisit_probability: float = setting(0.5, "share of requests from a user seen within --revisit-window-s")
+    revisit_window_s: float = setting(5.0, "a revisit repeats the user of a request of the last this many s")
+    warmup_s: float = setting(5.0, "seconds of each point's load that are not measured")
+    rank_timeout_ms: float = setting(1000.0, "the stub's Rank deadline (a missed one is an error)")
+    universe_seed: int = setting(0, "seed of the user universe (the same in every mode)")
+    load_seed: int = setting(0, "seed of arrivals and user draws (the same in every mode)")
+    startup_timeout_s: float = setting(300.0, "seconds each service gets to become healthy")
+
+    def validate(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(f"--profile must be one of {', '.join(PROFILES)}")
+        for name in ("slo_ms", "rankers", "torch_threads", "pre_infer_chunk_tokens", "length_rate",
+                     "mix_median", "mix_max", "mix_sigma", "short_term", "revisit_window_s",
+                     "rank_timeout_ms", "startup_timeout_s", "hbm_budget_mb"):  # fmt: skip
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        for name in ("preprocess_delay_ms", "dram_budget_mb", "growth_headroom", "warmup_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must not be negative")
+        if not 0 <= self.revisit_probability < 1:
+            raise ValueError("--revisit-probability must be in [0, 1)")
+        if not 0 < self.max_error_fraction <= 1:
+            raise ValueError("--max-error-fraction must be in (0, 1]")
+        if self.mix_median >= self.mix_max:
+            raise ValueError("--mix-median must be below --mix-max")
+        self.length_grid()
+        self.load_grid()
+        _numbers(self.ranker_profile_lengths, int)
+
+    @property
+    def settings(self) -> Profile:
+        return PROFILE_SETTINGS[self.profile]
+
+    @property
+    def results_name(self) -> str:
+        return self.name or self.profile
+
+    def length_grid(self) -> list[int]:
+        return _numbers(self.lengths, int)
+
+    def load_grid(self) -> list[float]:
+        return _numbers(self.loads, float)
+
+    @property
+    def longest_long_term(self) -> int:
+        """The longest long-term history any universe of the run serves (growth included)."""
+        return max(self.length_grid()[-1] + self.growth_headroom, self.mix_max)

@@ -1,0 +1,152 @@
+"""The fleets the benchmark compares: the baseline, RelayGR, and RelayGR with one technique taken away.
+
+Every mode runs the same launcher (`services.launcher.Fleet`: rankers, router, trigger, retrieval stub as
+separate processes on loopback) with the same model preset, rankers and ranker flags; only what the mode
+names differs:
+
+- `baseline`: the stub sends no Admit and no hint, and the rankers keep no DRAM tier, so every Rank
+  computes the whole sequence (ranking without relay).
+- `relay`: RelayGR as shipped: trigger, affinity router with relay hints, HBM and DRAM tiers.
+- `no-selectivity`: the trigger admits every request (no at-risk test, no footprint or load bound).
+- `no-affinity`: the router draws a member at random for every PreInfer and Rank, ignoring hints.
+- `no-dram`: the rankers keep no DRAM tier.
+
+`BenchFleet` also serves other user universes and relay windows than the fleet's own stub: it runs one
+extra retrieval stub next to the fleet (replaced whenever another universe or window is asked for),
+wired to the fleet's router and trigger exactly like the fleet's stub.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from pathlib import Path
+
+from bench.workload import Universe
+from services.common.procs import Processes, ServiceProcess
+from services.launcher.fleet import RECOMMEND_SERVICE, ROUTER, STUB, TRIGGER, Fleet, FleetConfig
+from services.retrieval_stub.config import RetrievalStubConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    name: str
+    description: str
+    relay: bool = True
+    dram: bool = True
+    router_args: str = ""
+    trigger_args: str = ""
+
+
+BASELINE = Mode(
+    "baseline", "no Admit, no hint, no DRAM tier: every Rank computes the whole sequence", False, False
+)
+RELAY = Mode("relay", "RelayGR: trigger, affinity router with relay hints, HBM and DRAM tiers")
+ABLATIONS = (
+    Mode(
+        "no-selectivity",
+        "RelayGR whose trigger admits every request (no at-risk test, footprint or load bound)",
+        trigger_args="--risk-fraction 1e-9 --footprint-budget-mb 1e9 --pre-infer-tokens-per-s 1e12",
+    ),
+    Mode(
+        "no-affinity",
+        "RelayGR with random routing of PreInfer and Rank",
+        router_args="--routing-policy random",
+    ),
+    Mode("no-dram", "RelayGR without the DRAM tier", dram=False),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetShape:
+    """What every mode's fleet shares."""
+
+    rankers: int
+    model_preset: str
+    hbm_budget_mb: float
+    dram_budget_mb: float
+    slo_ms: float
+    ranker_args: str  # beyond the ones every mode needs (e.g. --torch-threads)
+    max_long_term: int  # the longest long-term history any universe of the run serves
+    stub_args: str  # flags of every retrieval stub (deadlines, log level)
+    startup_timeout_s: float
+
+
+class BenchFleet:
+    """One mode's fleet and the retrieval stub under test. Use as a context manager; stops everything."""
+
+    def __init__(
+        self, mode: Mode, shape: FleetShape, universe: Universe, delay_ms: float, log_dir: Path
+    ) -> None:
+        self.mode = mode
+        self.shape = shape
+        limit = f"--max-long-term-events {shape.max_long_term}"
+        self.config = FleetConfig(
+            rankers=shape.rankers,
+            model_preset=shape.model_preset,
+            hbm_budget_mb=shape.hbm_budget_mb,
+            dram_budget_mb=shape.dram_budget_mb if mode.dram else 0.0,
+            slo_ms=shape.slo_ms,
+            relay=mode.relay,
+            base_port=0,
+            metrics_base_port=0,
+            log_dir=str(log_dir),
+            startup_timeout_s=shape.startup_timeout_s,
+            ranker_args=f"{shape.ranker_args} {limit}",
+            router_args=mode.router_args,
+            trigger_args=f"{mode.trigger_args} {limit}",
+            stub_args=shlex.join(self._stub_flags(universe, delay_ms)),
+        )
+        self.fleet = Fleet(self.config)
+        self._own = (universe, delay_ms)
+        self._extra_processes = Processes(log_dir=log_dir)
+        self._extra: tuple[tuple[Universe, float], ServiceProcess] | None = None
+
+    def _stub_flags(self, universe: Universe, delay_ms: float) -> list[str]:
+        # Admit runs during pre-processing, so it may take the whole window without delaying the Rank.
+        admit_timeout_ms = max(delay_ms, RetrievalStubConfig.admit_timeout_ms)
+        return [
+            *shlex.split(self.shape.stub_args), "--preprocess-delay-ms", str(delay_ms),
+            "--admit-timeout-ms", str(admit_timeout_ms), *universe.stub_args,
+        ]  # fmt: skip
+
+    def __enter__(self) -> BenchFleet:
+        self.fleet.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._extra_processes.close()
+        self.fleet.stop()
+
+    def stub(self, universe: Universe, delay_ms: float) -> str:
+        """The address of a retrieval stub serving `universe` with relay window `delay_ms`."""
+        self.fleet.check()
+        wanted = (universe, delay_ms)
+        if wanted == self._own:
+            return self.fleet.address(STUB)
+        if self._extra is not None and self._extra[0] == wanted:
+            return self._extra[1].address
+        self._extra_processes.close()
+        args = [
+            "--router", self.fleet.address(ROUTER), "--trigger", self.fleet.address(TRIGGER),
+            "--relay", str(self.mode.relay).lower(), *self._stub_flags(universe, delay_ms),
+        ]  # fmt: skip
+        name = f"{STUB}-{universe.label}-d{delay_ms:g}"
+        child = self._extra_processes.start(name, "services.retrieval_stub", RECOMMEND_SERVICE, args)
+        child.wait_healthy(self.shape.startup_timeout_s)
+        self._extra = (wanted, child)
+        return child.address
+
+    def router(self) -> str:
+        return self.fleet.address(ROUTER)
+
+    def pids(self) -> dict[str, int]:
+        """Every running process of the fleet, the extra stub included, by name."""
+        pids = {name: endpoint.pid for name, endpoint in self.fleet.endpoints().items()}
+        if self._extra is not None:
+            pids[self._extra[1].name] = self._extra[1].popen.pid
+        return pids
+
+    def ranker_metrics(self) -> dict[str, str]:
+        endpoints = self.fleet.endpoints()
+        return {name: endpoints[name].metrics_url for name in self.fleet.ranker_names}

@@ -1,0 +1,126 @@
+"""Where the time goes: the model's own latency (the physical floor) and the cached Rank through the fleet.
+
+`model_floor` builds the ranker's model and `ModelRunner` in this process, with the rankers' thread count,
+and times the three paths with the ranker's own warm-up profiler (`services.ranker.profile.measure`):
+a full forward over L + S + C tokens, a pre-inference of L tokens and a cached rank of S + C tokens
+against a ready prefix. The cached rank is the floor of RelayGR's critical path: no serving system can
+rank from a cached prefix faster than the model does.
+
+`cached_rank_through_router` measures what the serving path adds to that floor: from this process, for
+each length, it sends PreInfer through the fleet's router (which leases the prefix in HBM, or reloads it
+there), then a Rank with the relay hint, sequentially on an idle fleet, and times the Rank from the
+client's call to its answer (serialization, the router hop, the ranker's parsing, validation,
+fingerprinting, the device thread, and the answer's way back).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import statistics
+import time
+from collections.abc import Sequence
+
+import grpc
+import numpy as np
+
+from bench.stats import percentile
+from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
+from services.ranker.app import build_model
+from services.ranker.config import RankerConfig
+from services.ranker.engine import DeviceWorker
+from services.ranker.profile import LatencyPoint, measure
+from services.ranker.runner import ModelRunner
+
+RPC_TIMEOUT_S = 60.0
+
+
+def model_floor(
+    preset: str,
+    torch_threads: int,
+    lengths: Sequence[int],
+    short_term: int,
+    candidates: int,
+    repeats: int,
+    chunk_tokens: int,
+) -> list[LatencyPoint]:
+    """Median in-process latency of full, pre-infer and cached rank at each prefix length."""
+    config = RankerConfig(
+        model_preset=preset, device="cpu", torch_threads=torch_threads, max_long_term_events=max(lengths)
+    )
+    model, version, _ = build_model(config)
+    worker = DeviceWorker("floor")
+    try:
+        runner = ModelRunner(model, worker, chunk_tokens, None, version)
+        curve = measure(runner, sorted(lengths), short_term, candidates, repeats)
+    finally:
+        worker.close()
+    return list(curve.points)
+
+
+@dataclasses.dataclass(frozen=True)
+class CachedRankPoint:
+    prefix_length: int
+    request_kib: float
+    serialize_ms: float  # client-side serialization of the Rank request (median)
+    rank_ms_p50: float | None  # client-observed Rank latency of the HBM-served Ranks (None: none was)
+    rank_ms_p99: float | None
+    sources: dict[str, int]
+
+
+def _behavior(length: int, first_item: int, rng: np.random.Generator) -> common_pb2.BehaviorSequence:
+    start_ms = 1_700_000_000_000
+    return common_pb2.BehaviorSequence(
+        item_ids=(first_item + rng.integers(0, 10**6, length)).tolist(),
+        action_types=rng.integers(0, 8, length).tolist(),
+        timestamps_ms=range(start_ms, start_ms + length * 1000, 1000),
+    )
+
+
+def cached_rank_through_router(
+    router: str, lengths: Sequence[int], short_term: int, candidates: int, iterations: int
+) -> list[CachedRankPoint]:
+    """Client-observed latency of Ranks served from a pre-inferred prefix, through the router."""
+    rng = np.random.default_rng(0)
+    points = []
+    with grpc.insecure_channel(router) as channel:
+        stub = ranker_pb2_grpc.RankerServiceStub(channel)
+        for length in lengths:
+            user_id = f"floor-{length}"
+            long_term = _behavior(length, 0, rng)
+            request = ranker_pb2.RankRequest(
+                user_id=user_id,
+                long_term=long_term,
+                short_term=_behavior(short_term, 10**7, rng),
+                candidate_item_ids=rng.integers(0, 10**6, candidates).tolist(),
+            )
+            pre_infer = ranker_pb2.PreInferRequest(user_id=user_id, long_term=long_term)
+            request.relay_instance = stub.PreInfer(pre_infer, timeout=RPC_TIMEOUT_S).instance
+            stub.Rank(request, timeout=RPC_TIMEOUT_S)  # joins the production: the prefix is ready after it
+            hbm_ms, serialize_ms = [], []
+            sources: collections.Counter[str] = collections.Counter()
+            for _ in range(iterations):
+                stub.PreInfer(pre_infer, timeout=RPC_TIMEOUT_S)  # lease it in HBM again (a reload from DRAM)
+                started = time.perf_counter()
+                payload = request.SerializeToString()
+                serialize_ms.append((time.perf_counter() - started) * 1000)
+                started = time.perf_counter()
+                answer = stub.Rank(request, timeout=RPC_TIMEOUT_S)
+                elapsed_ms = (time.perf_counter() - started) * 1000
+                source = (
+                    common_pb2.CacheSource.Name(answer.cache_source).removeprefix("CACHE_SOURCE_").lower()
+                )
+                sources[source] += 1
+                if source == "hbm":
+                    hbm_ms.append(elapsed_ms)
+            points.append(
+                CachedRankPoint(
+                    prefix_length=length,
+                    request_kib=round(len(payload) / 1024, 1),
+                    serialize_ms=round(statistics.median(serialize_ms), 3),
+                    rank_ms_p50=round(percentile(hbm_ms, 50), 3) if hbm_ms else None,
+                    rank_ms_p99=round(percentile(hbm_ms, 99), 3) if hbm_ms else None,
+                    sources=dict(sources),
+                )
+            )
+    return points

@@ -1,0 +1,168 @@
+"""One load point: open-loop Recommend traffic against a retrieval stub, and what it measured.
+
+A point sends `warmup + measured` Recommend calls at Poisson arrivals (`services.loadgen.run_open_loop`,
+latency from each call's intended send time). The first `warmup` calls fill caches and queues and are
+not counted. Of the measured ones, the ranking latency is the stub's own `rank_latency_ms` (Rank through
+the router, as the stub saw it) and the end-to-end latency is the Recommend's; a failed call counts as an
+infinitely slow one in both. As soon as more measured calls have missed the SLO than a passing P99 allows
+(or have failed more often than the error bound allows), the point has failed for certain and sending
+stops: an overloaded fleet is not driven further into overload for nothing, and the result says so
+(`aborted`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import math
+import time
+from typing import Any
+
+import grpc
+
+from bench.stats import meets_slo, percentile, violation_budget
+from bench.workload import RevisitSampler
+from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
+from services.loadgen.openloop import CallRecord, run_open_loop
+from services.retrieval_stub.servicer import cache_source_label
+
+TOP_K = 10
+PERCENTILES = (50, 90, 99)
+
+
+@dataclasses.dataclass(frozen=True)
+class PointSpec:
+    """What one point offers: which users, at which rate, for how many requests."""
+
+    rate: float
+    warmup: int
+    measured: int
+    timeout_s: float
+    slo_ms: float
+    max_error_fraction: float
+    seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PointResult:
+    """What one point measured. Latency percentiles are None when they fall on a failed request."""
+
+    rate: float
+    measured: int  # measured requests sent (fewer than planned when aborted)
+    planned: int
+    aborted: bool
+    errors: int
+    error_codes: dict[str, int]
+    violations: int
+    rank_ms: dict[str, float | None]  # p50, p90, p99 of the ranking latency
+    e2e_ms: dict[str, float | None]  # p50, p90, p99 of the Recommend latency
+    hbm_hit_rank_p50_ms: float | None  # median ranking latency of the Ranks served from HBM
+    cache_sources: dict[str, int]  # hbm, dram, extended, miss
+    miss_reasons: dict[str, int]
+    admit_reasons: dict[str, int]
+    mean_long_term: float
+    send_lag_p99_ms: float
+    wall_s: float
+    meets_slo: bool
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def admit_label(reason: int) -> str:
+    """The trigger's reason, or `no_answer` when no Admit answered (the baseline, or a failed Admit)."""
+    if reason == trigger_pb2.ADMIT_REASON_UNSPECIFIED:
+        return "no_answer"
+    return trigger_pb2.AdmitReason.Name(reason).removeprefix("ADMIT_REASON_").lower()
+
+
+def _finite_or_none(value: float) -> float | None:
+    return None if math.isinf(value) or math.isnan(value) else round(value, 3)
+
+
+def _percentiles(samples: list[float]) -> dict[str, float | None]:
+    return {f"p{q}": _finite_or_none(percentile(samples, q)) for q in PERCENTILES}
+
+
+def summarize(records: list[CallRecord], spec: PointSpec, aborted: bool, wall_s: float) -> PointResult:
+    """The result of a point from its call records (warm-up calls included; they are skipped here)."""
+    measured = [record for record in records if record.index >= spec.warmup]
+    rank_ms, e2e_ms, hbm_ms, lengths = [], [], [], []
+    sources: collections.Counter[str] = collections.Counter()
+    misses: collections.Counter[str] = collections.Counter()
+    admits: collections.Counter[str] = collections.Counter()
+    codes: collections.Counter[str] = collections.Counter()
+    for record in measured:
+        if not record.ok:
+            codes[record.code.name] += 1
+            rank_ms.append(math.inf)
+            e2e_ms.append(math.inf)
+            continue
+        response: recommend_pb2.RecommendResponse = record.response
+        rank_ms.append(response.rank_latency_ms)
+        e2e_ms.append(record.latency_s * 1000)
+        source = cache_source_label(response.cache_source)
+        sources[source] += 1
+        if source == "hbm":
+            hbm_ms.append(response.rank_latency_ms)
+        if response.cache_source == common_pb2.CACHE_SOURCE_MISS:
+            misses[common_pb2.MissReason.Name(response.miss_reason).removeprefix("MISS_REASON_").lower()] += 1
+        admits[admit_label(response.admit_reason)] += 1
+        lengths.append(response.long_term_length)
+    errors = sum(codes.values())
+    p = _percentiles(rank_ms)
+    p99 = percentile(rank_ms, 99) if rank_ms else math.inf
+    return PointResult(
+        rate=spec.rate,
+        measured=len(measured),
+        planned=spec.measured,
+        aborted=aborted,
+        errors=errors,
+        error_codes=dict(codes),
+        violations=sum(1 for ms in rank_ms if ms > spec.slo_ms),
+        rank_ms=p,
+        e2e_ms=_percentiles(e2e_ms),
+        hbm_hit_rank_p50_ms=_finite_or_none(percentile(hbm_ms, 50)),
+        cache_sources=dict(sources),
+        miss_reasons=dict(misses),
+        admit_reasons=dict(admits),
+        mean_long_term=round(sum(lengths) / len(lengths), 1) if lengths else 0.0,
+        send_lag_p99_ms=round(percentile([r.send_lag_s * 1000 for r in records], 99), 3) if records else 0.0,
+        wall_s=round(wall_s, 2),
+        meets_slo=not aborted and meets_slo(p99, errors, len(measured), spec.slo_ms, spec.max_error_fraction),
+    )
+
+
+async def run_point(address: str, sampler: RevisitSampler, spec: PointSpec) -> PointResult:
+    """Drives one point against the retrieval stub at `address` and summarizes it."""
+    budget = violation_budget(spec.measured)
+    error_budget = math.ceil(spec.max_error_fraction * spec.measured)  # this many errors fail the point
+    stop = asyncio.Event()
+    violations = errors = 0
+
+    def watch(record: CallRecord) -> None:
+        nonlocal violations, errors
+        if record.index < spec.warmup:
+            return
+        errors += not record.ok
+        violations += not record.ok or record.response.rank_latency_ms > spec.slo_ms
+        if violations > budget or errors >= error_budget:
+            stop.set()
+
+    def request(index: int) -> recommend_pb2.RecommendRequest:
+        return recommend_pb2.RecommendRequest(user_id=sampler.user(index), top_k=TOP_K)
+
+    started = time.perf_counter()
+    async with grpc.aio.insecure_channel(address) as channel:
+        records = await run_open_loop(
+            recommend_pb2_grpc.RecommendServiceStub(channel).Recommend,
+            request,
+            rate=spec.rate,
+            total=spec.warmup + spec.measured,
+            timeout_s=spec.timeout_s,
+            seed=spec.seed,
+            stop=stop,
+            on_record=watch,
+        )
+    return summarize(records, spec, stop.is_set(), time.perf_counter() - started)
