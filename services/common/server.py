@@ -15,20 +15,22 @@ import asyncio
 import dataclasses
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from services.common.config import setting
+from services.common.config import load, setting
 from services.common.metrics import ServerInterceptor
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+C = TypeVar("C", bound="ServiceConfig")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +182,19 @@ class GrpcServer:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
         log.info("%s stopped", self.service_name)
+
+
+def service_main(
+    config_class: type[C],
+    serve: Callable[[C], Awaitable[None]],
+    argv: Sequence[str] | None,
+    name: str,
+    description: str,
+) -> None:
+    """A service's command line: settings from flags and `RELAYGR_…`, logging, then `serve` on uvloop."""
+    config = load(config_class, argv, prog=f"python -m services.{name}", description=description)
+    setup_logging(config.log_level, name)
+    run(lambda: serve(config))
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:

@@ -6,8 +6,7 @@ import logging
 from collections.abc import Sequence
 
 from relaygr.v1 import ranker_pb2_grpc, recommend_pb2_grpc, trigger_pb2_grpc
-from services.common.config import load
-from services.common.server import GrpcServer, dial, run, setup_logging
+from services.common.server import GrpcServer, dial, service_main
 from services.retrieval_stub.config import RetrievalStubConfig
 from services.retrieval_stub.servicer import SERVICE_NAME, RecommendService
 from services.retrieval_stub.universe import UserUniverse
@@ -44,14 +43,13 @@ async def serve(config: RetrievalStubConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    config = load(
+    service_main(
         RetrievalStubConfig,
+        serve,
         argv,
-        prog="python -m services.retrieval_stub",
-        description="Retrieval stub: synthetic users, Admit at retrieval, Rank through the router.",
+        "retrieval_stub",
+        "Retrieval stub: synthetic users, Admit at retrieval, Rank through the router.",
     )
-    setup_logging(config.log_level, "retrieval_stub")
-    run(lambda: serve(config))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.common.config import load
-from services.common.server import run, setup_logging
+from services.common.server import service_main
 from services.router.config import RouterConfig
 from services.router.server import RouterServer
 
@@ -17,14 +16,13 @@ async def serve(config: RouterConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    config = load(
+    service_main(
         RouterConfig,
+        serve,
         argv,
-        prog="python -m services.router",
-        description="Consistent-hash affinity router: relaygr.v1.RankerService in front of the rankers.",
+        "router",
+        "Consistent-hash affinity router: relaygr.v1.RankerService in front of the rankers.",
     )
-    setup_logging(config.log_level, "router")
-    run(lambda: serve(config))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.common.config import load
-from services.common.server import run, setup_logging
+from services.common.server import service_main
 from services.trigger.config import TriggerConfig
 from services.trigger.server import TriggerServer
 
@@ -18,14 +17,13 @@ async def serve(config: TriggerConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    config = load(
+    service_main(
         TriggerConfig,
+        serve,
         argv,
-        prog="python -m services.trigger",
-        description="Sequence-aware trigger: admits at-risk requests for pre-inference within bounds.",
+        "trigger",
+        "Sequence-aware trigger: admits at-risk requests for pre-inference within bounds.",
     )
-    setup_logging(config.log_level, "trigger")
-    run(lambda: serve(config))
 
 
 if __name__ == "__main__":
