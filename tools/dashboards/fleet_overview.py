@@ -10,6 +10,7 @@ from tools.dashboards.panels import (
     Target,
     build_dashboard,
     fleet_jobs,
+    latency_against_slo_panel,
     quantile,
     ratio,
     selector,
@@ -105,27 +106,17 @@ def build() -> dashboard.Dashboard:
     latency = Row(
         "Ranking latency",
         [
-            timeseries_panel(
+            latency_against_slo_panel(
                 "Rank latency through the router",
                 "P50 and P99 of Rank as the router serves it (gRPC handling time), against the SLO.",
-                "s",
-                [
-                    Target(quantile(0.5, "grpc_server_handling_seconds", ROUTER_RANK), "P50"),
-                    Target(quantile(0.99, "grpc_server_handling_seconds", ROUTER_RANK), "P99"),
-                    SLO_LINE,
-                ],
-                dashed="SLO",
+                "grpc_server_handling_seconds",
+                ROUTER_RANK,
             ),
-            timeseries_panel(
+            latency_against_slo_panel(
                 "Rank latency on the rankers",
                 "P50 and P99 of the ranker-side Rank latency (queueing and model), against the SLO.",
-                "s",
-                [
-                    Target(quantile(0.5, "relaygr_rank_latency_seconds", RANKER), "P50"),
-                    Target(quantile(0.99, "relaygr_rank_latency_seconds", RANKER), "P99"),
-                    SLO_LINE,
-                ],
-                dashed="SLO",
+                "relaygr_rank_latency_seconds",
+                RANKER,
             ),
             timeseries_panel(
                 "Rank P99 by cache source",

@@ -222,3 +222,13 @@ def build_dashboard(
             panel_id += 1
             board = board.with_panel(panel.id(panel_id))
     return board.build()
+
+
+def latency_against_slo_panel(title: str, description: str, histogram: str, labels: str) -> timeseries.Panel:
+    """P50 and P99 of a latency histogram, with the SLO drawn dashed."""
+    targets = [
+        Target(quantile(0.5, histogram, labels), "P50"),
+        Target(quantile(0.99, histogram, labels), "P99"),
+        SLO_LINE,
+    ]
+    return timeseries_panel(title, description, "s", targets, dashed="SLO")

@@ -5,11 +5,11 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard
 
 from tools.dashboards.panels import (
-    SLO_LINE,
     Row,
     Target,
     build_dashboard,
     fleet_jobs,
+    latency_against_slo_panel,
     quantile,
     ratio,
     selector,
@@ -71,17 +71,12 @@ def build() -> dashboard.Dashboard:
                 "short",
                 [Target(f"sum by (pod) (relaygr_trigger_tokens_available{TRIGGER})", "{{pod}}")],
             ),
-            timeseries_panel(
+            latency_against_slo_panel(
                 "Predicted ranking latency without relay",
                 "P50 and P99 of the trigger's prediction, from the rankers' measured latency curve; "
                 "requests predicted over a share of the SLO are at risk.",
-                "s",
-                [
-                    Target(quantile(0.5, "relaygr_trigger_predicted_rank_seconds", TRIGGER), "P50"),
-                    Target(quantile(0.99, "relaygr_trigger_predicted_rank_seconds", TRIGGER), "P99"),
-                    SLO_LINE,
-                ],
-                dashed="SLO",
+                "relaygr_trigger_predicted_rank_seconds",
+                TRIGGER,
             ),
             timeseries_panel(
                 "Admit latency",
