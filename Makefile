@@ -33,6 +33,7 @@ $(BUF):
 lint: install $(BUF)
 	cd protos && ../$(BUF) lint
 	$(PY) -m ruff check services tests tools bench
+	$(PY) -m ruff format --check services tests tools bench
 
 test: lint
 	$(PY) -m pytest

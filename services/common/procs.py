@@ -37,9 +37,7 @@ def health_status(
     """The health status of `service` at `address` (over TLS with `credentials`), or None when it does
     not answer."""
     try:
-        channel = (
-            grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
-        )
+        channel = grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
         with channel:
             stub = health_pb2_grpc.HealthStub(channel)
             return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout).status
