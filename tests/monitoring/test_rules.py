@@ -1,7 +1,7 @@
 """The recording rules and alerts pass `promtool check rules` and their `promtool test rules` unit tests.
 
-promtool comes with Debian's `prometheus` package, which the CI script installs; without it these
-tests fail rather than skip, since the rules would otherwise go unchecked.
+promtool comes with Debian's `prometheus` package, which `make test` installs (tools/install-system-tools.sh);
+without it these tests fail rather than skip, since the rules would otherwise go unchecked.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ RULE_TESTS = MONITORING_DIR / "rules_test.yaml"
 @pytest.fixture(scope="module")
 def promtool() -> str:
     path = shutil.which("promtool")
-    assert path, "promtool not found: install Debian's `prometheus` package"
+    assert path, "promtool not found: tools/install-system-tools.sh (run by `make test`) installs it"
     return path
 
 
