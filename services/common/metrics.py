@@ -57,6 +57,12 @@ RANK_LATENCY = Histogram(
     ["cache_source"],
     buckets=LATENCY_BUCKETS,
 )
+RANK_LOSSY = Counter(
+    "relaygr_rank_lossy_total",
+    "Ranks whose prefix came from a lossy (bf16) DRAM copy, by cache source: their scores equal a full "
+    "recomputation only within the copy's epsilon.",
+    ["cache_source"],
+)
 PRE_INFER_OUTCOMES = Counter("relaygr_pre_infer_total", "PreInfer signals by outcome.", ["outcome"])
 MODEL_SECONDS = Histogram(
     "relaygr_model_seconds",

@@ -45,6 +45,7 @@ def precreate_metrics() -> None:
     sources = [(source.label,) for source in Source]
     metrics.precreate(metrics.RANK_REQUESTS, *sources)
     metrics.precreate(metrics.RANK_LATENCY, *sources)
+    metrics.precreate(metrics.RANK_LOSSY, *sources)
     metrics.precreate(metrics.RANK_MISSES, *metrics.enum_labels(common_pb2.MissReason))
     metrics.precreate(metrics.PRE_INFER_OUTCOMES, *metrics.enum_labels(ranker_pb2.PreInferOutcome))
     metrics.precreate(metrics.PRODUCTIONS, *[(kind.value,) for kind in Kind])

@@ -72,6 +72,11 @@ class TierCopier:
     def accelerated(self) -> bool:
         return self._stream is not None
 
+    @property
+    def lossy(self) -> bool:
+        """DRAM copies lose precision (stored in a narrower dtype than the model computes in)."""
+        return self.dram_dtype != self.compute_dtype
+
     def _on_copy_stream(self):
         return self._backend.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
 

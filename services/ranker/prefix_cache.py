@@ -85,6 +85,9 @@ class CacheEntry:
     lease: Lease | None = None
     pins: int = 0
     demoting: bool = False
+    # Its KV went through a lossy (bf16) DRAM copy, itself or the base it was extended from: its scores
+    # equal a full recomputation only within that copy's epsilon, and every Rank served from it says so.
+    lossy: bool = False
 
     @property
     def length(self) -> int:
@@ -308,9 +311,11 @@ class PrefixCache:
     ) -> CacheEntry:
         try:
             base_kv = None
+            reloaded = False
             if base is not None:
                 base_kv = base.hbm
-                if base_kv is None:
+                reloaded = base_kv is None
+                if reloaded:
                     dram_copy = base.dram
                     base_kv = await self.copy_worker.submit(
                         lambda: self.copier.to_hbm(dram_copy), priority, "reload", deadline
@@ -336,6 +341,8 @@ class PrefixCache:
         production = self.productions.pop(key)
         self.hbm.resize(key, kv.nbytes())
         entry = base if kind is Kind.RELOAD else CacheEntry(key, events)
+        if base is not None:  # reloaded, or extended from a base: lossy if that KV came from a lossy copy
+            entry.lossy = base.lossy or (reloaded and self.copier.lossy)
         entry.hbm = kv
         entry.pins += production.waiters
         if kind is not Kind.RELOAD:

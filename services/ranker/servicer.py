@@ -71,7 +71,10 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
         finally:
             self.cache.release(acquired)
         source = acquired.source
+        lossy = acquired.entry is not None and acquired.entry.lossy
         metrics.RANK_REQUESTS.labels(source.label).inc()
+        if lossy:
+            metrics.RANK_LOSSY.labels(source.label).inc()
         if source is Source.MISS:
             metrics.RANK_MISSES.labels(metrics.enum_label(common_pb2.MissReason, acquired.miss_reason)).inc()
         metrics.RANK_LATENCY.labels(source.label).observe(time.perf_counter() - started)
@@ -80,6 +83,7 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
             cache_source=source.value,
             instance=self.config.instance_name,
             miss_reason=acquired.miss_reason,
+            lossy=lossy,
         )
 
     def _deadline(self, context: grpc.aio.ServicerContext, length: int) -> float | None:

@@ -112,6 +112,7 @@ class RecommendService(recommend_pb2_grpc.RecommendServiceServicer):
             item_ids=candidates[best].tolist(),
             scores=scores[best].tolist(),
             cache_source=ranked.cache_source,
+            lossy=ranked.lossy,
             instance=ranked.instance,
             admitted=admit.admitted,
             admit_reason=admit.reason,

@@ -101,3 +101,14 @@ def rank_request(
 
 def metric(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def model_passes() -> float:
+    """Jobs the device threads have run, of every kind (`relaygr_model_seconds` counts each op)."""
+    return sum(
+        sample.value
+        for family in REGISTRY.collect()
+        if family.name == "relaygr_model_seconds"
+        for sample in family.samples
+        if sample.name == "relaygr_model_seconds_count"
+    )

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
 import torch
 
 from relaygr.v1 import common_pb2, ranker_pb2
 from services.ranker.engine import Priority
+from tests.exact import assert_scores_equal
 from tests.ranker.harness import history, metric, pre_infer_request, rank_request, running_ranker
 
 SHORT = [11, 12, 13]
@@ -33,7 +35,7 @@ def test_consumed_entry_is_demoted_to_dram_and_hits_there_with_identical_scores(
             assert r.cache.dram.used_bytes == 64 * KV_BYTES_PER_TOKEN
 
             second = await r.stub.Rank(rank_request("u1", long, SHORT, CANDIDATES))
-            assert second.cache_source == common_pb2.CACHE_SOURCE_DRAM
+            assert second.cache_source == common_pb2.CACHE_SOURCE_DRAM and not second.lossy
             assert list(second.scores) == list(first.scores)
             await r.settle()
             # Reloaded and unchanged: demoting it again copies nothing and keeps one DRAM copy.
@@ -58,7 +60,7 @@ def test_expired_lease_is_released_once_counted_and_demoted():
             assert r.cache.dram.stats().entries == 1 and r.cache.hbm.stats().entries == 0
             ranked = await r.stub.Rank(rank_request("u2", long, SHORT, CANDIDATES))
             assert ranked.cache_source == common_pb2.CACHE_SOURCE_DRAM
-            torch.testing.assert_close(list(ranked.scores), r.reference(long, SHORT, CANDIDATES))
+            assert_scores_equal(list(ranked.scores), r.reference(long, SHORT, CANDIDATES))
             await asyncio.sleep(0.3)
             assert metric("relaygr_lease_expirations_total") == expired + 1
 
@@ -81,7 +83,7 @@ def test_pre_infer_of_a_dram_resident_prefix_reloads_instead_of_recomputing():
             assert ranked.cache_source == common_pb2.CACHE_SOURCE_HBM
             assert metric("relaygr_productions_total", kind="compute") == computes
             assert metric("relaygr_productions_total", kind="reload") == reloads + 1
-            torch.testing.assert_close(list(ranked.scores), r.reference(long, SHORT, CANDIDATES))
+            assert_scores_equal(list(ranked.scores), r.reference(long, SHORT, CANDIDATES))
 
     run(scenario())
 
@@ -112,7 +114,7 @@ def test_twenty_concurrent_ranks_of_a_cold_user_cause_one_production():
             for answer in answers:
                 assert answer.cache_source == common_pb2.CACHE_SOURCE_MISS
                 assert answer.miss_reason == common_pb2.MISS_REASON_NEVER_PRE_INFERRED
-                torch.testing.assert_close(list(answer.scores), reference)
+                assert_scores_equal(list(answer.scores), reference)
 
     run(scenario())
 
@@ -127,7 +129,7 @@ def test_a_cancelled_waiter_never_cancels_the_shared_production():
             waiter.cancel()
             survivor = await r.stub.Rank(rank_request("u5", long, SHORT, CANDIDATES))
             assert survivor.cache_source == common_pb2.CACHE_SOURCE_HBM
-            torch.testing.assert_close(list(survivor.scores), r.reference(long, SHORT, CANDIDATES))
+            assert_scores_equal(list(survivor.scores), r.reference(long, SHORT, CANDIDATES))
 
     run(scenario())
 
@@ -143,13 +145,13 @@ def test_extension_computes_only_the_appended_events_and_equals_full_recompute()
             ranked = await r.stub.Rank(rank_request("u6", grown, SHORT, CANDIDATES))
             assert ranked.cache_source == common_pb2.CACHE_SOURCE_EXTENDED
             assert metric("relaygr_productions_total", kind="extend") == extends + 1
-            torch.testing.assert_close(list(ranked.scores), r.reference(grown, SHORT, CANDIDATES))
+            assert_scores_equal(list(ranked.scores), r.reference(grown, SHORT, CANDIDATES))
             # Extension from a DRAM-resident prefix too.
             await r.settle()
             longer = history(6, 75)
             again = await r.stub.Rank(rank_request("u6", longer, SHORT, CANDIDATES))
             assert again.cache_source == common_pb2.CACHE_SOURCE_EXTENDED
-            torch.testing.assert_close(list(again.scores), r.reference(longer, SHORT, CANDIDATES))
+            assert_scores_equal(list(again.scores), r.reference(longer, SHORT, CANDIDATES))
 
     run(scenario())
 
@@ -196,7 +198,7 @@ def test_every_miss_reason_is_produced():
             async def rank(user, seq=long, hint=""):
                 answer = await r.stub.Rank(rank_request(user, seq, SHORT, CANDIDATES, relay_instance=hint))
                 assert answer.cache_source == common_pb2.CACHE_SOURCE_MISS
-                torch.testing.assert_close(list(answer.scores), r.reference(seq, SHORT, CANDIDATES))
+                assert_scores_equal(list(answer.scores), r.reference(seq, SHORT, CANDIDATES))
                 seen[answer.miss_reason] = user
 
             await rank("never")
@@ -247,18 +249,51 @@ async def rank_in(r, user, seq, seen):
     seen[answer.miss_reason] = user
 
 
-def test_lossy_bf16_dram_copies_move_scores_by_a_small_measured_epsilon():
+def test_lossy_bf16_dram_copies_move_scores_by_a_small_measured_epsilon_and_say_so():
     async def scenario():
         async with running_ranker(dram_lossy_bf16=True) as r:
             long = history(10, 128)
+            reference = torch.tensor(r.reference(long, SHORT, CANDIDATES))
+            lossy_before = metric("relaygr_rank_lossy_total", cache_source="dram")
             await r.stub.PreInfer(pre_infer_request("u10", long))
             exact = await r.stub.Rank(rank_request("u10", long, SHORT, CANDIDATES))
+            assert exact.cache_source == common_pb2.CACHE_SOURCE_HBM and not exact.lossy
+            assert_scores_equal(exact.scores, reference)
             await r.settle()
             assert r.cache.dram.used_bytes == 128 * KV_BYTES_PER_TOKEN // 2
+
+            # A Rank that reloads the bf16 copy: labelled lossy, close to the reference but not equal.
             lossy = await r.stub.Rank(rank_request("u10", long, SHORT, CANDIDATES))
-            assert lossy.cache_source == common_pb2.CACHE_SOURCE_DRAM
-            epsilon = max(abs(a - b) for a, b in zip(exact.scores, lossy.scores, strict=True))
+            assert lossy.cache_source == common_pb2.CACHE_SOURCE_DRAM and lossy.lossy
+            assert metric("relaygr_rank_lossy_total", cache_source="dram") == lossy_before + 1
+            epsilon = (torch.tensor(lossy.scores) - reference).abs().max().item()
             print(f"bf16 DRAM score deviation epsilon = {epsilon:.2e}")
             assert 0 < epsilon < 5e-3
+            with pytest.raises(AssertionError):
+                assert_scores_equal(lossy.scores, reference)
+            await r.settle()
+
+            # A PreInfer that reloads it, then a Rank that hits HBM: still the lossy copy, still labelled.
+            hbm_before = metric("relaygr_rank_lossy_total", cache_source="hbm")
+            answer = await r.stub.PreInfer(pre_infer_request("u10", long))
+            assert answer.outcome == ranker_pb2.PRE_INFER_OUTCOME_RELOADED
+            await r.settle()
+            hit = await r.stub.Rank(rank_request("u10", long, SHORT, CANDIDATES))
+            assert hit.cache_source == common_pb2.CACHE_SOURCE_HBM and hit.lossy
+            assert list(hit.scores) == list(lossy.scores)
+            assert metric("relaygr_rank_lossy_total", cache_source="hbm") == hbm_before + 1
+            await r.settle()
+
+            # An extension of the lossy prefix inherits its loss.
+            grown = history(10, 140)
+            extended = await r.stub.Rank(rank_request("u10", grown, SHORT, CANDIDATES))
+            assert extended.cache_source == common_pb2.CACHE_SOURCE_EXTENDED and extended.lossy
+
+            # A user whose prefix never went through DRAM is exact, and not labelled.
+            other = history(11, 64)
+            await r.stub.PreInfer(pre_infer_request("u11", other))
+            fresh = await r.stub.Rank(rank_request("u11", other, SHORT, CANDIDATES))
+            assert fresh.cache_source == common_pb2.CACHE_SOURCE_HBM and not fresh.lossy
+            assert_scores_equal(fresh.scores, r.reference(other, SHORT, CANDIDATES))
 
     run(scenario())

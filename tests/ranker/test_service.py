@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import grpc
 import pytest
-import torch
 
 from relaygr.v1 import common_pb2, ranker_pb2
+from services.ranker.events import Events
+from services.ranker.profile import LatencyPoint
+from tests.exact import assert_scores_equal
 from tests.ranker.harness import (
+    events,
     history,
     metric,
+    model_passes,
     pre_infer_request,
     rank_request,
     running_ranker,
@@ -44,13 +49,14 @@ def test_pre_infer_then_rank_hits_hbm_and_equals_full_recompute():
             assert ranked.cache_source == HBM
             assert ranked.miss_reason == common_pb2.MISS_REASON_UNSPECIFIED
             assert ranked.instance == "ranker-a"
+            assert not ranked.lossy
             assert len(ranked.scores) == len(CANDIDATES)
-            torch.testing.assert_close(list(ranked.scores), r.reference(long, SHORT, CANDIDATES))
+            assert_scores_equal(list(ranked.scores), r.reference(long, SHORT, CANDIDATES))
 
             cold = await r.stub.Rank(rank_request("u2", long, SHORT, CANDIDATES))
             assert cold.cache_source == MISS
             assert cold.miss_reason == common_pb2.MISS_REASON_NEVER_PRE_INFERRED
-            torch.testing.assert_close(list(cold.scores), list(ranked.scores))
+            assert_scores_equal(list(cold.scores), list(ranked.scores))
 
     run(scenario())
 
@@ -66,7 +72,7 @@ def test_rank_joins_the_in_flight_pre_inference():
             assert ranked.cache_source == HBM
             assert metric("relaygr_productions_total", kind="compute") == before + 1
             assert metric("relaygr_production_joins_total") == joins + 1
-            torch.testing.assert_close(list(ranked.scores), r.reference(long, SHORT, CANDIDATES))
+            assert_scores_equal(list(ranked.scores), r.reference(long, SHORT, CANDIDATES))
 
     run(scenario())
 
@@ -77,29 +83,41 @@ def test_scores_keep_request_order_and_cover_every_candidate():
             long = history(4, 20)
             forward = await r.stub.Rank(rank_request("u4", long, SHORT, CANDIDATES))
             backward = await r.stub.Rank(rank_request("u4", long, SHORT, CANDIDATES[::-1]))
-            torch.testing.assert_close(list(backward.scores), list(forward.scores)[::-1])
+            assert_scores_equal(list(backward.scores), list(forward.scores)[::-1])
             assert len(set(forward.scores)) == len(CANDIDATES)
 
     run(scenario())
 
 
-def test_stale_prefix_is_never_used():
+@pytest.mark.parametrize("field", ["item_ids", "action_types"])
+def test_stale_prefix_is_never_used(field):
+    """One event of the cached history changed (its item, or only its action type): never the cached KV."""
+
     async def scenario():
         async with running_ranker() as r:
-            old = history(5, 50)
-            await r.stub.PreInfer(pre_infer_request("u5", old))
+            old = sequence(history(5, 50))
+            await r.stub.PreInfer(ranker_pb2.PreInferRequest(user_id="u5", long_term=old))
             await r.settle()
-            changed = list(old)
-            changed[25] += 1
-            ranked = await r.stub.Rank(rank_request("u5", changed, SHORT, CANDIDATES))
+            changed = common_pb2.BehaviorSequence()
+            changed.CopyFrom(old)
+            values = getattr(changed, field)
+            values[25] = (values[25] + 1) % r.app.runner.model.preset.num_action_types
+            request = ranker_pb2.RankRequest(
+                user_id="u5", long_term=changed, short_term=sequence(SHORT), candidate_item_ids=CANDIDATES
+            )
+            ranked = await r.stub.Rank(request)
             assert ranked.cache_source == MISS
             assert ranked.miss_reason == common_pb2.MISS_REASON_STALE_PREFIX
-            fresh = r.reference(changed, SHORT, CANDIDATES)
-            stale = r.reference(old, SHORT, CANDIDATES)
-            torch.testing.assert_close(list(ranked.scores), fresh)
+            fresh = r.app.runner.full_sync(as_events(changed), events(SHORT), CANDIDATES)
+            stale = r.app.runner.full_sync(as_events(old), events(SHORT), CANDIDATES)
+            assert_scores_equal(ranked.scores, fresh)
             assert max(abs(a - b) for a, b in zip(fresh, stale, strict=True)) > 1e-4
 
     run(scenario())
+
+
+def as_events(seq: common_pb2.BehaviorSequence) -> Events:
+    return Events.of(seq.item_ids, seq.action_types, seq.timestamps_ms)
 
 
 def test_hbm_budget_refuses_pre_inference_instead_of_overflowing():
@@ -117,7 +135,7 @@ def test_hbm_budget_refuses_pre_inference_instead_of_overflowing():
             ranked = await r.stub.Rank(rank_request("b", history(11, 100), SHORT, CANDIDATES))
             assert ranked.cache_source == MISS
             assert ranked.miss_reason == common_pb2.MISS_REASON_REJECTED_CAPACITY
-            torch.testing.assert_close(list(ranked.scores), r.reference(history(11, 100), SHORT, CANDIDATES))
+            assert_scores_equal(list(ranked.scores), r.reference(history(11, 100), SHORT, CANDIDATES))
 
     run(scenario())
 
@@ -167,13 +185,19 @@ def test_bad_input_is_invalid_argument_naming_the_field(field, request_):
 def test_a_rank_that_cannot_meet_its_deadline_is_shed_before_the_work():
     async def scenario():
         async with running_ranker() as r:
+            # The latency curve is the ranker's own measurement; here it says a rank of any length takes
+            # 10 s, so a Rank with 2 s left reaches the server and is shed there, before any work.
+            slow = LatencyPoint(prefix_length=60, full_ms=20_000.0, pre_infer_ms=10_000.0, rank_ms=10_000.0)
+            r.app.servicer.curve = dataclasses.replace(r.app.servicer.curve, points=(slow,))
             shed = metric("relaygr_shed_requests_total", method="Rank", reason="deadline")
+            passes = model_passes()
             with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await r.stub.Rank(rank_request("u", history(1, 60), SHORT, CANDIDATES), timeout=1e-5)
+                await r.stub.Rank(rank_request("u", history(1, 60), SHORT, CANDIDATES), timeout=2.0)
             assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            await asyncio.sleep(0.05)
-            assert r.cache.productions == {}
-            assert metric("relaygr_shed_requests_total", method="Rank", reason="deadline") >= shed
+            assert "is shorter than the 10000.0 ms a rank takes" in caught.value.details()
+            assert metric("relaygr_shed_requests_total", method="Rank", reason="deadline") == shed + 1
+            assert r.cache.productions == {} and r.cache.entries == {}
+            assert model_passes() == passes
 
     run(scenario())
 
@@ -202,6 +226,6 @@ def test_rank_with_timestamps_and_empty_short_term():
             await r.stub.PreInfer(ranker_pb2.PreInferRequest(user_id="u8", long_term=long))
             ranked = await r.stub.Rank(request)
             assert ranked.cache_source == HBM
-            torch.testing.assert_close(list(ranked.scores), r.reference(history(8, 30), [], CANDIDATES))
+            assert_scores_equal(list(ranked.scores), r.reference(history(8, 30), [], CANDIDATES))
 
     run(scenario())
