@@ -66,7 +66,8 @@ RANK_LOSSY = Counter(
 PRE_INFER_OUTCOMES = Counter("relaygr_pre_infer_total", "PreInfer signals by outcome.", ["outcome"])
 MODEL_SECONDS = Histogram(
     "relaygr_model_seconds",
-    "Time on the device thread per model operation (full, rank, pre_infer_chunk, extend, reload).",
+    "Time on the ranker's device and copy threads per job, by op: pre_infer, extend, rank, uncached "
+    "(model passes), reload, demote (tier copies), profile (warm-up).",
     ["op"],
     buckets=LATENCY_BUCKETS,
 )

@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from services.common.config import load, setting
+from services.common.logs import setup_logging
 from services.common.metrics import ServerInterceptor
 
 log = logging.getLogger(__name__)
@@ -58,13 +59,6 @@ class ServiceConfig:
     @property
     def tls(self) -> bool:
         return bool(self.tls_cert)
-
-
-def setup_logging(level: str, service: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format=f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s",
-    )
 
 
 def grpc_options(config: ServiceConfig) -> list[tuple[str, int]]:

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from relaygr.v1 import common_pb2
 from services.common.errors import InvalidArgument
 
 MAX_USER_ID_BYTES = 256
+MAX_REQUEST_ID_CHARS = 128
+MAX_INSTANCE_CHARS = 253
 INT64_MAX = 2**63 - 1
+# Printable ASCII without spaces: what trace and request ids (UUIDs, W3C trace ids, ULIDs) are made of.
+_REQUEST_ID = re.compile(r"[!-~]+")
+# A member name as Kubernetes names pods and hosts are named: letters, digits, '.', '-', '_'.
+_INSTANCE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 
 
 def user_id(value: str, field: str = "user_id") -> str:
@@ -16,6 +24,27 @@ def user_id(value: str, field: str = "user_id") -> str:
         raise InvalidArgument(field, "is required")
     if len(value.encode("utf-8", "surrogatepass")) > MAX_USER_ID_BYTES:
         raise InvalidArgument(field, f"is longer than {MAX_USER_ID_BYTES} bytes")
+    return value
+
+
+def request_id(value: str, field: str = "request_id") -> str:
+    """Optional; when given, at most 128 printable ASCII characters without spaces."""
+    if len(value) > MAX_REQUEST_ID_CHARS:
+        raise InvalidArgument(field, f"is longer than {MAX_REQUEST_ID_CHARS} characters")
+    if value and not _REQUEST_ID.fullmatch(value):
+        raise InvalidArgument(field, "must be printable ASCII without spaces")
+    return value
+
+
+def instance_name(value: str, field: str = "relay_instance") -> str:
+    """Optional; when given, a ranker's member name: letters, digits, '.', '-' and '_', starting and ending
+    with a letter or digit, at most 253 characters (a DNS name's length, as pod and host names are)."""
+    if len(value) > MAX_INSTANCE_CHARS:
+        raise InvalidArgument(field, f"is longer than {MAX_INSTANCE_CHARS} characters")
+    if value and not _INSTANCE.fullmatch(value):
+        raise InvalidArgument(
+            field, "must be a member name: letters, digits, '.', '-', '_', starting and ending alphanumeric"
+        )
     return value
 
 

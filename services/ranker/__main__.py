@@ -7,7 +7,8 @@ import socket
 import sys
 
 from services.common import config as config_lib
-from services.common.server import run, setup_logging
+from services.common.logs import setup_logging
+from services.common.server import run
 from services.ranker.app import RankerApp, log
 from services.ranker.config import RankerConfig
 
@@ -31,6 +32,10 @@ def main(argv: list[str] | None = None) -> None:
         RankerConfig, argv, prog="python -m services.ranker", description="RelayGR ranker: " + __doc__
     )
     config = dataclasses.replace(config, instance_name=config.instance_name or socket.gethostname())
+    try:
+        config.validate()  # the host name, too, must be a name a relay hint can carry
+    except ValueError as exc:
+        sys.exit(f"python -m services.ranker: error: {exc}")
     setup_logging(config.log_level, f"ranker[{config.instance_name}]")
     run(lambda: serve(config))
 

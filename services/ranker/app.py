@@ -16,7 +16,7 @@ from services.common import metrics
 from services.common.server import GrpcServer
 from services.ranker.config import RankerConfig
 from services.ranker.device import TierCopier, select_device
-from services.ranker.engine import DeviceWorker, Priority
+from services.ranker.engine import DeviceWorker, Op, Priority
 from services.ranker.model import HSTURanker
 from services.ranker.prefix_cache import Kind, PrefixCache, Source
 from services.ranker.presets import get_preset
@@ -49,6 +49,7 @@ def precreate_metrics() -> None:
     metrics.precreate(metrics.RANK_MISSES, *metrics.enum_labels(common_pb2.MissReason))
     metrics.precreate(metrics.PRE_INFER_OUTCOMES, *metrics.enum_labels(ranker_pb2.PreInferOutcome))
     metrics.precreate(metrics.PRODUCTIONS, *[(kind.value,) for kind in Kind])
+    metrics.precreate(metrics.MODEL_SECONDS, *[(op.value,) for op in Op])
 
 
 class RankerApp:
@@ -90,7 +91,7 @@ class RankerApp:
                 config.profile_repeats,
             ),
             Priority.RANK,
-            "profile",
+            Op.PROFILE,
         )
         self.servicer.curve = curve
         for point in curve.points:

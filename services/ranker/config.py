@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from services.common import validation
 from services.common.config import setting
+from services.common.errors import InvalidArgument
 from services.common.server import ServiceConfig
+from services.ranker.presets import get_preset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +61,18 @@ class RankerConfig(ServiceConfig):
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
         if self.dram_policy not in ("lru", "size"):
             raise ValueError("--dram-policy must be lru or size")
+        preset = get_preset(self.model_preset)
+        if self.max_long_term_events + self.max_short_term_events > preset.max_events:
+            raise ValueError(
+                f"--max-long-term-events ({self.max_long_term_events}) + --max-short-term-events "
+                f"({self.max_short_term_events}) exceed the {preset.max_events} events preset "
+                f"{preset.name!r} has positions for ({preset.max_positions}, one of them the candidates')"
+            )
+        if self.instance_name:
+            try:
+                validation.instance_name(self.instance_name, "--instance-name")
+            except InvalidArgument as exc:
+                raise ValueError(str(exc)) from None
         self.profile_length_list()
 
     def profile_length_list(self) -> list[int]:

@@ -35,6 +35,22 @@ class Priority(enum.IntEnum):
     PRE_INFER = 2
 
 
+class Op(enum.StrEnum):
+    """What a job does: the `op` label of relaygr_model_seconds."""
+
+    PRE_INFER = "pre_infer"  # a prefix computed in chunks: for a PreInfer, or for a Rank that missed
+    EXTEND = "extend"  # a cached prefix extended with the events appended since
+    RANK = "rank"  # short-term events and candidates scored against a prefix
+    UNCACHED = "uncached"  # a prefix computed, ranked against and dropped (no room to cache it)
+    RELOAD = "reload"  # a copy DRAM -> HBM (copy thread)
+    DEMOTE = "demote"  # a copy HBM -> DRAM (copy thread)
+    PROFILE = "profile"  # the warm-up latency curve
+
+
+# The jobs that run the model (the others copy tensors or measure).
+MODEL_PASSES = (Op.PRE_INFER, Op.EXTEND, Op.RANK, Op.UNCACHED)
+
+
 @dataclasses.dataclass
 class _Running:
     """A job on the device thread: its priority (raised by `promote`) and the future it resolves."""
@@ -61,7 +77,7 @@ class DeviceWorker:
         return self._depth[priority]
 
     def submit(
-        self, fn: Callable[[], T], priority: Priority, op: str, deadline: float | None = None
+        self, fn: Callable[[], T], priority: Priority, op: Op, deadline: float | None = None
     ) -> asyncio.Future[T]:
         """Queues `fn`; the returned future (of the running loop) resolves with its result.
 

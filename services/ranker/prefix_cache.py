@@ -33,7 +33,7 @@ from relaygr.v1 import common_pb2, ranker_pb2
 from services.common import metrics
 from services.common.errors import DeadlineExceeded
 from services.ranker.device import TierCopier
-from services.ranker.engine import DeviceWorker, Priority
+from services.ranker.engine import DeviceWorker, Op, Priority
 from services.ranker.events import Events
 from services.ranker.model import PrefixKV
 from services.ranker.runner import ModelRunner
@@ -318,7 +318,7 @@ class PrefixCache:
                 if reloaded:
                     dram_copy = base.dram
                     base_kv = await self.copy_worker.submit(
-                        lambda: self.copier.to_hbm(dram_copy), priority, "reload", deadline
+                        lambda: self.copier.to_hbm(dram_copy), priority, Op.RELOAD, deadline
                     )
             if kind is Kind.RELOAD:
                 kv = base_kv
@@ -526,7 +526,7 @@ class PrefixCache:
         entry.demoting = True
         device_copy = entry.hbm
         future = self.copy_worker.submit(
-            lambda: self.copier.to_dram(device_copy), Priority.PRE_INFER, "demote"
+            lambda: self.copier.to_dram(device_copy), Priority.PRE_INFER, Op.DEMOTE
         )
         future.add_done_callback(lambda f: self._demoted(entry, f))
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from services.ranker.device import synchronize
-from services.ranker.engine import DeviceWorker, Priority
+from services.ranker.engine import DeviceWorker, Op, Priority
 from services.ranker.events import Events
 from services.ranker.model import HSTURanker, PrefixKV
 
@@ -92,7 +92,7 @@ class ModelRunner:
         """The PrefixKV of `events`; background (pre-infer priority) work yields to ranks between chunks."""
         background = priority is Priority.PRE_INFER
         job = lambda: self.build_sync(events, background)  # noqa: E731
-        return self.worker.submit(job, priority, "pre_infer", deadline)
+        return self.worker.submit(job, priority, Op.PRE_INFER, deadline)
 
     def extend(
         self, base: PrefixKV, appended: Events, priority: Priority, deadline: float | None = None
@@ -100,18 +100,18 @@ class ModelRunner:
         """`base` extended with the events appended since it was computed."""
         background = priority is Priority.PRE_INFER
         job = lambda: self.build_sync(appended, background, base)  # noqa: E731
-        return self.worker.submit(job, priority, "extend", deadline)
+        return self.worker.submit(job, priority, Op.EXTEND, deadline)
 
     def rank(
         self, prefix: PrefixKV, short: Events, candidates: Sequence[int], deadline: float | None
     ) -> asyncio.Future[list[float]]:
         """Scores of `candidates` (request order) against a ready prefix."""
         job = lambda: self.rank_sync(prefix, short, candidates)  # noqa: E731
-        return self.worker.submit(job, Priority.RANK, "rank", deadline)
+        return self.worker.submit(job, Priority.RANK, Op.RANK, deadline)
 
     def uncached(
         self, long: Events, short: Events, candidates: Sequence[int], deadline: float | None
     ) -> asyncio.Future[list[float]]:
         """Scores computed without keeping a prefix: the path when no prefix can be held."""
         job = lambda: self.uncached_sync(long, short, candidates)  # noqa: E731
-        return self.worker.submit(job, Priority.RANK, "uncached", deadline)
+        return self.worker.submit(job, Priority.RANK, Op.UNCACHED, deadline)

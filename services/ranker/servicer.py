@@ -56,6 +56,8 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
     ) -> ranker_pb2.RankResponse:
         started = time.perf_counter()
         validation.user_id(request.user_id)
+        validation.request_id(request.request_id)
+        validation.instance_name(request.relay_instance)
         long_term = self._events(request.long_term, "long_term", self.config.max_long_term_events, False)
         short_term = self._events(request.short_term, "short_term", self.config.max_short_term_events, True)
         validation.candidates(request.candidate_item_ids, self.config.max_candidates)

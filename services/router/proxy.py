@@ -59,6 +59,7 @@ class RankerProxy:
 
     async def rank(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         key = routing_key(request)
+        validation.instance_name(key.relay_instance)
         route = self.policy.choose(key.user_id, key.relay_instance)
         try:
             return await self._send(route, "Rank", request, context)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2
 
 from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 from services.common.procs import Processes, health_status
+from services.ranker.config import RankerConfig
 from tests.ranker.harness import pre_infer_request, rank_request
 
 ARGS = [
@@ -32,3 +36,23 @@ def test_serves_after_warm_up_and_drains_on_sigterm():
         ranker.signal(signal.SIGTERM)
         assert ranker.popen.wait(10) == 0
         assert health_status(ranker.address, "relaygr.v1.RankerService") is None
+
+
+def test_limits_past_the_models_positions_are_refused_at_start_up():
+    """cpu-tiny has 16384 positions: 16383 events of history plus the candidates' shared position."""
+    args = ["--model-preset", "cpu-tiny", "--max-long-term-events", "16000", "--max-short-term-events", "512"]
+    done = subprocess.run(
+        [sys.executable, "-m", "services.ranker", *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    assert (
+        "--max-long-term-events (16000) + --max-short-term-events (512) exceed the 16383 events preset "
+        "'cpu-tiny' has positions for (16384, one of them the candidates')" in done.stderr
+    )
+    # At the limit, the configuration is accepted.
+    RankerConfig(model_preset="cpu-tiny", max_long_term_events=16000, max_short_term_events=383).validate()
+
+
+def test_an_instance_name_a_relay_hint_cannot_carry_is_refused_at_start_up():
+    with pytest.raises(ValueError, match="--instance-name: must be a member name"):
+        RankerConfig(instance_name="ranker 0").validate()

@@ -226,6 +226,12 @@ def test_a_message_over_the_size_limit_is_resource_exhausted(caller, target, met
     assert_healthy(caller)
 
 
+def rank(**fields) -> ranker_pb2.RankRequest:
+    """A valid Rank but for `fields`."""
+    long_term = common_pb2.BehaviorSequence(item_ids=[1, 2], action_types=[0, 1])
+    return ranker_pb2.RankRequest(user_id="u", long_term=long_term, candidate_item_ids=[3], **fields)
+
+
 @pytest.mark.parametrize(
     ("target", "method", "request_", "field"),
     [
@@ -255,6 +261,17 @@ def test_a_message_over_the_size_limit_is_resource_exhausted(caller, target, met
         pytest.param(
             TRIGGER, ADMIT_METHOD, trigger_pb2.AdmitRequest(user_id="é" * 200), "user_id", id="long-user"
         ),
+        pytest.param(
+            ROUTER, RANK_METHOD, rank(request_id="r1\nINFO forged"), "request_id", id="request-id-newline"
+        ),
+        pytest.param("ranker-0", RANK_METHOD, rank(request_id="r" * 129), "request_id", id="long-request-id"),
+        pytest.param(
+            ROUTER, RANK_METHOD, rank(relay_instance="ranker-0\r\n"), "relay_instance", id="hint-crlf"
+        ),
+        pytest.param(
+            "ranker-0", RANK_METHOD, rank(relay_instance="a" * 254), "relay_instance", id="long-hint"
+        ),
+        pytest.param(ROUTER, RANK_METHOD, rank(relay_instance="-x"), "relay_instance", id="hint-dash"),
     ],
 )
 def test_each_refusal_names_the_field_at_fault(caller, target, method, request_, field):
