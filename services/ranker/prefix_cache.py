@@ -46,6 +46,11 @@ Outcome = ranker_pb2.PreInferOutcome
 MAX_TOMBSTONES = 100_000
 
 
+class OverBudget(Exception):
+    """A production's KV came out larger than the HBM bytes reserved for it, and the tier cannot hold the
+    difference: the entry is refused rather than let the budget be exceeded."""
+
+
 class Source(enum.Enum):
     HBM = common_pb2.CACHE_SOURCE_HBM
     DRAM = common_pb2.CACHE_SOURCE_DRAM
@@ -339,7 +344,13 @@ class PrefixCache:
             self._publish()
             raise
         production = self.productions.pop(key)
-        self.hbm.resize(key, kv.nbytes())
+        if not self.hbm.resize(key, kv.nbytes()):
+            log.error("prefix KV of %s is %d bytes, more than reserved; HBM cannot hold it", key, kv.nbytes())
+            self.hbm.release(key)
+            self._unpin_base(base, superseded=False)
+            self._tombstone(key.user_id, Miss.MISS_REASON_REJECTED_CAPACITY)
+            self._publish()
+            raise OverBudget(f"{kv.nbytes()} bytes do not fit in the HBM tier")
         entry = base if kind is Kind.RELOAD else CacheEntry(key, events)
         if base is not None:  # reloaded, or extended from a base: lossy if that KV came from a lossy copy
             entry.lossy = base.lossy or (reloaded and self.copier.lossy)
@@ -382,6 +393,8 @@ class PrefixCache:
             else:
                 production.waiters -= 1
             raise
+        except OverBudget:  # produced, but HBM could not hold it: this Rank computes without caching
+            return Acquired(None, Source.MISS, Miss.MISS_REASON_REJECTED_CAPACITY)
         except DeadlineExceeded:  # the Rank that started it gave up: this one computes on its own, in time
             return Acquired(None, Source.MISS, miss_reason or Miss.MISS_REASON_COLD)
         except Exception:  # the shared production failed: this Rank computes on its own
@@ -538,8 +551,17 @@ class PrefixCache:
             self.dram.release(entry.key)
             self._remove(entry, "copy_failed")
             return
-        entry.dram = future.result()
-        self.dram.resize(entry.key, entry.dram.nbytes())
+        dram_copy = future.result()
+        if not self.dram.resize(entry.key, dram_copy.nbytes()):
+            # Larger than reserved and DRAM cannot hold the difference: drop the copy, never the budget.
+            log.error("DRAM copy of %s is %d bytes, more than reserved", entry.key, dram_copy.nbytes())
+            self.dram.release(entry.key)
+            if entry.pins == 0 and entry.lease is None and entry.key not in self.productions:
+                self._remove(entry, "no_dram")
+                self._tombstone(entry.key.user_id, Miss.MISS_REASON_EVICTED_HBM)
+            self._publish()
+            return
+        entry.dram = dram_copy
         if entry.pins == 0 and entry.lease is None and entry.key not in self.productions:
             self.hbm.release(entry.key)
             entry.hbm = None

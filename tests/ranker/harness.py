@@ -103,6 +103,21 @@ def metric(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
+def held_bytes(cache) -> dict[str, int]:
+    """Bytes of the KV tensors the cache's entries actually hold, per tier, read from the tensors' storages
+    (each storage once), independently of the tiers' own accounting. A storage larger than its tensor
+    (a view into a bigger buffer) counts in full: that memory is held too."""
+    storages: dict[str, dict[int, int]] = {"hbm": {}, "dram": {}}
+    for entry in list(cache.entries.values()):
+        for tier, kv in (("hbm", entry.hbm), ("dram", entry.dram)):
+            if kv is None:
+                continue
+            for tensor in (*kv.keys, *kv.values):
+                storage = tensor.untyped_storage()
+                storages[tier][storage.data_ptr()] = storage.nbytes()
+    return {tier: sum(sizes.values()) for tier, sizes in storages.items()}
+
+
 def model_passes() -> float:
     """Jobs the device threads have run, of every kind (`relaygr_model_seconds` counts each op)."""
     return sum(

@@ -11,7 +11,7 @@ import torch
 from relaygr.v1 import common_pb2, ranker_pb2
 from services.ranker.engine import Priority
 from tests.exact import assert_scores_equal
-from tests.ranker.harness import history, metric, pre_infer_request, rank_request, running_ranker
+from tests.ranker.harness import held_bytes, history, metric, pre_infer_request, rank_request, running_ranker
 
 SHORT = [11, 12, 13]
 CANDIDATES = [5, 99, 1234, 7, 42, 8]
@@ -161,12 +161,17 @@ def test_both_budgets_hold_under_a_storm_of_distinct_users():
         hbm_mb, dram_mb = 256 * 1024 / 2**20, 512 * 1024 / 2**20  # room for ~512 and ~1024 tokens
         async with running_ranker(hbm_budget_mb=hbm_mb, dram_budget_mb=dram_mb, lease_ttl_ms=50) as r:
             peak = {"hbm": 0, "dram": 0}
+            # The tensors actually held, read from their storages: the tiers' counters cannot exceed the
+            # budgets by construction, so the budget is checked against what the entries really keep.
+            held_peak = {"hbm": 0, "dram": 0}
             stop = asyncio.Event()
 
             async def sample():
                 while not stop.is_set():
                     peak["hbm"] = max(peak["hbm"], r.cache.hbm.used_bytes)
                     peak["dram"] = max(peak["dram"], r.cache.dram.used_bytes)
+                    for tier, nbytes in held_bytes(r.cache).items():
+                        held_peak[tier] = max(held_peak[tier], nbytes)
                     await asyncio.sleep(0)
 
             async def user(i: int):
@@ -184,6 +189,10 @@ def test_both_budgets_hold_under_a_storm_of_distinct_users():
             await sampler
             assert 0 < peak["hbm"] <= r.cache.hbm.budget_bytes
             assert 0 < peak["dram"] <= r.cache.dram.budget_bytes
+            assert 0 < held_peak["hbm"] <= r.cache.hbm.budget_bytes, held_peak
+            assert 0 < held_peak["dram"] <= r.cache.dram.budget_bytes, held_peak
+            # Settled, every held byte is accounted for, exactly.
+            assert held_bytes(r.cache) == {"hbm": r.cache.hbm.used_bytes, "dram": r.cache.dram.used_bytes}
             assert metric("relaygr_kv_cache_evictions_total", tier="dram", reason="capacity") > 0
 
     run(scenario())
@@ -295,5 +304,34 @@ def test_lossy_bf16_dram_copies_move_scores_by_a_small_measured_epsilon_and_say_
             fresh = await r.stub.Rank(rank_request("u11", other, SHORT, CANDIDATES))
             assert fresh.cache_source == common_pb2.CACHE_SOURCE_HBM and not fresh.lossy
             assert_scores_equal(fresh.scores, r.reference(other, SHORT, CANDIDATES))
+
+    run(scenario())
+
+
+def test_a_prefix_larger_than_its_reservation_is_refused_not_squeezed_past_the_budget():
+    """`Tier.resize` refuses growth past the budget; the cache must then drop the KV, not keep it."""
+
+    async def scenario():
+        budget_tokens = 100
+        async with running_ranker(hbm_budget_mb=budget_tokens * KV_BYTES_PER_TOKEN / 2**20) as r:
+            long = history(7, 80)
+            # The cache reserves half of what the model produces (as a wrong per-token size would), so an
+            # 80-event prefix reserves 40 tokens' bytes and comes out at 80: more than the 100-token budget
+            # can take on top of the other user's held prefix.
+            await r.stub.PreInfer(pre_infer_request("other", history(8, 40)))
+            await r.settle()
+            r.cache.bytes_per_token = KV_BYTES_PER_TOKEN // 2
+            refused = await r.stub.PreInfer(pre_infer_request("u7", long))
+            assert refused.outcome == ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED  # refused only once produced
+            await r.settle()
+            assert r.cache.hbm.used_bytes == 40 * KV_BYTES_PER_TOKEN
+            assert held_bytes(r.cache)["hbm"] == 40 * KV_BYTES_PER_TOKEN
+            ranked = await r.stub.Rank(rank_request("u7", long, SHORT, CANDIDATES))
+            assert ranked.cache_source == common_pb2.CACHE_SOURCE_MISS
+            assert ranked.miss_reason == common_pb2.MISS_REASON_REJECTED_CAPACITY
+            assert_scores_equal(ranked.scores, r.reference(long, SHORT, CANDIDATES))
+            await r.settle()
+            assert r.cache.hbm.used_bytes <= r.cache.hbm.budget_bytes
+            assert held_bytes(r.cache)["hbm"] <= r.cache.hbm.budget_bytes
 
     run(scenario())

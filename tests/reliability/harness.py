@@ -32,12 +32,16 @@ RANKER_ARGS = (
 )
 ROUTER_ARGS = "--health-interval-s 0.2 --circuit-open-s 1 --drain-grace-s 2"
 TRIGGER_ARGS = "--profile-retry-s 0.2 --drain-grace-s 2"
-# Short histories and few candidates keep each Recommend cheap; the long Rank deadline lets a Recommend
-# that arrives while the router restarts wait for it instead of failing.
+# Short histories and few candidates keep each Recommend cheap. The Rank deadline is the stub's default
+# (--rank-timeout-ms 1000): the fault tests hold with the deadlines users run.
 STUB_ARGS = (
     "--history-min 20 --history-median 64 --history-max 256 --num-candidates 16 --preprocess-delay-ms 5 "
-    "--admit-timeout-ms 200 --rank-timeout-ms 10000 --drain-grace-s 2"
+    "--admit-timeout-ms 200 --drain-grace-s 2"
 )
+# Callers' deadlines: a Rank as long as the stub's default Rank deadline, a Recommend as long as the stub's
+# whole budget (Admit, pre-processing, Rank) with room to spare.
+RANK_TIMEOUT_S = 1.0
+RECOMMEND_TIMEOUT_S = 2.0
 
 
 def fleet_config(log_dir: Path, **overrides: Any) -> FleetConfig:
@@ -151,13 +155,19 @@ class BackgroundLoad:
 
 
 def rank_load(
-    address: str, rate: float, users: int = 200, first_user: int = 0, timeout_s: float = 10.0, **kw: Any
+    address: str,
+    rate: float,
+    users: int = 200,
+    first_user: int = 0,
+    timeout_s: float = RANK_TIMEOUT_S,
+    length: int = 64,
+    **kw: Any,
 ) -> BackgroundLoad:
     """Rank calls to `address` (the router), round-robin over `users` users from `first_user` on."""
     return BackgroundLoad(
         address,
         lambda channel: ranker_pb2_grpc.RankerServiceStub(channel).Rank,
-        lambda index: rank_request(first_user + index % users),
+        lambda index: rank_request(first_user + index % users, length),
         rate,
         timeout_s,
         **kw,
@@ -165,7 +175,12 @@ def rank_load(
 
 
 def recommend_load(
-    address: str, rate: float, users: int = 200, first_user: int = 0, timeout_s: float = 20.0, **kw: Any
+    address: str,
+    rate: float,
+    users: int = 200,
+    first_user: int = 0,
+    timeout_s: float = RECOMMEND_TIMEOUT_S,
+    **kw: Any,
 ) -> BackgroundLoad:
     """Recommend calls to `address` (the retrieval stub), round-robin over `users` from `first_user` on."""
     return BackgroundLoad(

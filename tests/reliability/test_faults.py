@@ -21,6 +21,7 @@ from tests.reliability.harness import (
     codes,
     failures,
     fleet_config,
+    increase,
     rank_load,
     rank_request,
     recommend_load,
@@ -33,6 +34,7 @@ from tests.reliability.harness import (
 pytestmark = pytest.mark.slow
 
 RATE = 12.0  # per front door, requests per second: well within the fleet's capacity
+KILL_RATE = 25.0  # sustained: calls reach the ranker that is killed several times a second
 USERS = 120
 
 
@@ -48,11 +50,22 @@ def routable_in_router(fleet: Fleet, member: str) -> bool:
     return value(samples, "relaygr_router_member_healthy", member=member) == 1
 
 
+def inflight_to(fleet: Fleet, member: str) -> float:
+    return value(scrape(fleet.children[ROUTER].metrics_port), "relaygr_router_inflight", member=member)
+
+
 def test_a_sigkilled_ranker_costs_no_failed_call_and_gets_its_arc_back(fleet: Fleet) -> None:
-    ranks = rank_load(fleet.address(ROUTER), RATE, users=USERS, seed=1).start()
-    recommends = recommend_load(fleet.address(STUB), RATE, users=USERS, seed=2).start()
+    # Sustained load, with the default deadlines.
+    ranks = rank_load(fleet.address(ROUTER), KILL_RATE, users=USERS, seed=1).start()
+    recommends = recommend_load(fleet.address(STUB), KILL_RATE, users=USERS, seed=2).start()
     try:
         time.sleep(2.0)
+        before = scrape(fleet.children[ROUTER].metrics_port)
+        # The crash must come while calls are in flight on the victim. A Rank takes milliseconds, so a
+        # SIGKILL at a random instant mostly finds none: the victim hangs first (SIGSTOP), until the router
+        # itself counts calls in flight on it, and then dies with them.
+        fleet.children["ranker-1"].signal(signal.SIGSTOP)
+        wait_for(lambda: inflight_to(fleet, "ranker-1") >= 2, 5, "calls in flight on ranker-1", every_s=0.01)
         killed_at = time.monotonic()
         fleet.kill_ranker("ranker-1")
         time.sleep(1.0)  # served by the others meanwhile
@@ -61,11 +74,17 @@ def test_a_sigkilled_ranker_costs_no_failed_call_and_gets_its_arc_back(fleet: Fl
         time.sleep(1.5)
     finally:
         rank_records, recommend_records = ranks.stop(), recommends.stop()
+    after = scrape(fleet.children[ROUTER].metrics_port)
 
     assert failures(rank_records) == [] and failures(recommend_records) == []
-    assert len(rank_records) > 3 * RATE and len(recommend_records) > 3 * RATE
+    assert len(rank_records) > 3 * KILL_RATE and len(recommend_records) > 3 * KILL_RATE
     served_before = {r.response.instance for r in rank_records if r.intended_s < killed_at - ranks.started_at}
     assert served_before == set(fleet.ranker_names)
+    # The mechanism: calls to the dead ranker failed at the router and were failed over, not lucky timing.
+    assert increase(before, after, "relaygr_router_member_failures_total", member="ranker-1") > 0
+    failovers = increase(before, after, "relaygr_router_decisions_total", method="Rank", decision="failover")
+    assert failovers > 0
+    print(f"failovers {failovers:.0f}, calls {len(rank_records)} Rank + {len(recommend_records)} Recommend")
 
     # Ranker-1's users (by the ring, as the router places them without a hint) are its own again.
     owned = [u for u in range(USERS) if AffinityRing(fleet.ranker_names).owner(f"user-{u}") == "ranker-1"]

@@ -132,6 +132,8 @@ def test_a_ranker_refuses_what_it_cannot_serve_in_time_before_doing_the_work(ran
     assert failures(records) == [] and len(records) > 0
 
 
+# Recommends of 3000-4096-event histories on one thread per ranker: deadlines sized to the queue they meet.
+LONG_TIMEOUT_S = 20.0
 LONG_HISTORIES = (
     "--history-min 3000 --history-median 3500 --history-max 4096 --num-candidates 16 "
     "--preprocess-delay-ms 5 --admit-timeout-ms 200 --rank-timeout-ms 20000"
@@ -147,12 +149,12 @@ def admit_reasons(records) -> collections.Counter[str]:
     return collections.Counter(trigger_pb2.AdmitReason.Name(r.response.admit_reason) for r in records if r.ok)
 
 
-def test_pre_inference_is_shed_first_and_the_fleet_recovers_by_itself(tmp_path: Path) -> None:
+def test_overload_sheds_pre_inference_at_default_bounds_and_the_fleet_recovers(tmp_path: Path) -> None:
     config = fleet_config(
         tmp_path / "logs",
         rankers=2,
         slo_ms=1.0,  # every request is at risk: the trigger asks for pre-inference of each
-        trigger_args="--profile-retry-s 0.2 --load-fraction 0.1",
+        trigger_args="--profile-retry-s 0.2",
         ranker_args=f"--torch-threads 1 --profile-lengths 512,{LENGTH} --profile-repeats 1 "
         f"--max-queued-ranks {MAX_QUEUED_RANKS} --hbm-budget-mb 32 --dram-budget-mb 32",
         stub_args=LONG_HISTORIES,
@@ -168,7 +170,8 @@ def test_pre_inference_is_shed_first_and_the_fleet_recovers_by_itself(tmp_path: 
 
         # Capacity: device seconds one Recommend costs, measured at a low rate.
         before = device_time()
-        baseline = recommend_load(stub, 2.0, users=10**6, first_user=0, seed=1).start()
+        baseline = recommend_load(stub, 2.0, users=10**6, first_user=0, seed=1, timeout_s=LONG_TIMEOUT_S)
+        baseline.start()
         time.sleep(5.0)
         base_records = baseline.stop()
         assert failures(base_records) == []
@@ -176,27 +179,47 @@ def test_pre_inference_is_shed_first_and_the_fleet_recovers_by_itself(tmp_path: 
         capacity = len(rankers) / per_request_s
         base_p50 = statistics.median(r.latency_s for r in base_records)
 
-        # A quarter of the capacity: pre-inference is already being shed by the trigger, no ranking is.
-        moderate = recommend_load(stub, capacity / 4, users=10**6, first_user=1000000, seed=2).start()
+        # A quarter of the capacity: nothing is shed, and the relay runs for every request.
+        moderate = recommend_load(
+            stub, capacity / 4, users=10**6, first_user=1000000, seed=2, timeout_s=LONG_TIMEOUT_S
+        ).start()
         time.sleep(5.0)
         moderate_records = moderate.stop()
         reasons = admit_reasons(moderate_records)
         assert failures(moderate_records) == []
-        assert reasons["ADMIT_REASON_LOAD_LIMIT"] > 0
+        assert reasons["ADMIT_REASON_ADMITTED"] == len(moderate_records), reasons
 
-        # Several times the capacity: Ranks are refused too, the accepted ones stay fast enough.
-        overload = recommend_load(stub, OVERLOAD * capacity, users=10**6, first_user=2000000, seed=3).start()
+        # Several times the capacity, with the trigger's and the rankers' default bounds.
+        before_overload = {r.name: scrape(r.metrics_port) for r in rankers}
+
+        # Ranks are refused too (RESOURCE_EXHAUSTED at once), the accepted ones stay fast enough.
+        overload = recommend_load(
+            stub, OVERLOAD * capacity, users=10**6, first_user=2000000, seed=3, timeout_s=LONG_TIMEOUT_S
+        ).start()
         time.sleep(6.0)
         overload_records = overload.stop()
         counted = codes(overload_records)
         ok = [r for r in overload_records if r.ok]
         print(f"capacity {capacity:.1f}/s: {dict(counted)}, accepted P99 {p99_ms(ok):.0f} ms")
+        # Pre-inference was refused, at the trigger or by the rankers (which answer at once, before any
+        # work), and the rankers counted why.
+        reasons = admit_reasons(overload_records)
+        refused_pre_infers = reasons["ADMIT_REASON_LOAD_LIMIT"] + reasons["ADMIT_REASON_RANKER_REFUSED"]
+        ranker_refusals = sum(
+            increase(before_overload[r.name], scrape(r.metrics_port), "relaygr_pre_infer_total", outcome=o)
+            for r in rankers
+            for o in ("rejected_capacity", "rejected_overload")
+        )
+        print(f"admission under overload: {dict(reasons)}; rankers refused {ranker_refusals:.0f} PreInfers")
+        assert refused_pre_infers > 0 and ranker_refusals >= reasons["ADMIT_REASON_RANKER_REFUSED"]
         assert set(counted) <= {"OK", *REFUSALS}, counted
         assert counted["OK"] > 0 and counted["RESOURCE_EXHAUSTED"] > 0
         assert p99_ms(ok) < 1000 * base_p50 * (MAX_QUEUED_RANKS + 2) * 6
 
         # Load drops: everything is served again, without a restart.
-        recovery = recommend_load(stub, capacity / 4, users=10**6, first_user=3000000, seed=4).start()
+        recovery = recommend_load(
+            stub, capacity / 4, users=10**6, first_user=3000000, seed=4, timeout_s=LONG_TIMEOUT_S
+        ).start()
         time.sleep(4.0)
         recovery_records = recovery.stop()
         assert failures(recovery_records) == [] and len(recovery_records) > 0

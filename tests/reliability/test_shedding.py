@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from relaygr.v1 import common_pb2, ranker_pb2
+from services.ranker.config import RankerConfig
 from services.ranker.engine import MODEL_PASSES, Priority
 from tests.ranker.harness import Ranker, history, metric, pre_infer_request, rank_request, running_ranker
 from tests.router.harness import eventually
@@ -153,5 +154,43 @@ def test_a_joined_pre_inference_stops_yielding_even_when_it_runs_inside_another(
             await asyncio.gather(*lanes)
             assert answer.cache_source == common_pb2.CACHE_SOURCE_HBM
             assert overtaken < 20, f"{overtaken} later ranks overtook the joined pre-inference"
+
+    run(scenario())
+
+
+def test_pre_inference_beyond_the_pending_bound_is_refused_as_overload_and_starts_nothing():
+    pending = RankerConfig.max_pending_pre_infer  # the shipped default bound
+
+    async def scenario():
+        async with running_ranker() as r:
+            assert r.app.config.max_pending_pre_infer == pending
+            held = HeldDevice(r)
+            await held.started()
+            refused = metric("relaygr_pre_infer_total", outcome="rejected_overload")
+            passes = model_passes()
+            accepted = [
+                await r.stub.PreInfer(pre_infer_request(f"p{i}", history(i, 48))) for i in range(pending)
+            ]
+            assert [a.outcome for a in accepted] == [ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED] * pending
+            late = await r.stub.PreInfer(pre_infer_request("late", history(pending, 48)))
+            assert late.outcome == ranker_pb2.PRE_INFER_OUTCOME_REJECTED_OVERLOAD
+            assert late.cache_bytes == 0
+            assert metric("relaygr_pre_infer_total", outcome="rejected_overload") == refused + 1
+            # Only the accepted productions exist, reserving only their bytes.
+            assert len(r.cache.productions) == pending
+            assert r.cache.hbm.used_bytes == pending * 48 * r.app.runner.kv_bytes_per_token
+            # A Rank of the refused user is still served, in full (the cache never fails a Rank).
+            ranking = asyncio.ensure_future(
+                r.stub.Rank(rank_request("late", history(pending, 48), SHORT, CANDIDATES))
+            )
+            await held.release()
+            ranked = await ranking
+            assert ranked.cache_source == common_pb2.CACHE_SOURCE_MISS
+            await r.settle()
+            # The accepted pre-inferences and the refused user's miss (its prefix and its rank) ran, no more.
+            assert model_passes() == passes + pending + 2
+            # The bound frees as productions finish: the next PreInfer is accepted again.
+            again = await r.stub.PreInfer(pre_infer_request("again", history(pending + 1, 48)))
+            assert again.outcome == ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED
 
     run(scenario())
