@@ -37,8 +37,10 @@ pytestmark = pytest.mark.slow
 SOAK_S = float(os.environ.get("RELAYGR_SOAK_S", "600"))
 LEASE_TTL_S = 1.0
 MIB = 1024 * 1024
-# Besides its tiers, a ranker may grow by its allocators' high-water mark and gRPC buffers.
-RSS_SLACK = 128 * MIB
+# Besides its tiers (whose freed bytes the allocator may keep: twice the budgets), a ranker grows by one
+# uncached pass's working memory (here at most 256 events: under 1 MiB) and gRPC and allocator buffers.
+# Measured on 2 cores: +3.9 MiB in all, against budgets of 1.5 MiB.
+RSS_SLACK = 8 * MIB
 
 
 @pytest.fixture
@@ -99,7 +101,9 @@ def test_a_storm_of_distinct_users_never_exceeds_the_memory_budgets(ranker: Serv
     refused = increase(before, after, "relaygr_pre_infer_total", outcome="rejected_capacity")
     assert refused + increase(before, after, "relaygr_kv_cache_evictions_total") > 0
     rss = [s.rss for s in samples]
-    assert max(rss) - rss[0] < hbm + dram + RSS_SLACK
+    growth = max(rss) - rss[0]
+    print(f"RSS +{growth / MIB:.1f} MiB against budgets of {hbm / MIB:.0f} + {dram / MIB:.0f} MiB")
+    assert growth < 2 * (hbm + dram) + RSS_SLACK
 
     # Once the storm is over and the lease TTL has passed, no lease is left and HBM is empty.
     gauges = lambda: scrape(ranker.metrics_port)  # noqa: E731
