@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 import os
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar, get_type_hints
 
 ENV_PREFIX = "RELAYGR_"
@@ -21,9 +21,37 @@ ENV_PREFIX = "RELAYGR_"
 C = TypeVar("C")
 
 
-def setting(default: Any, help: str) -> Any:
-    """A configuration field with its documented default and help text."""
-    return dataclasses.field(default=default, metadata={"help": help})
+def setting(
+    default: Any,
+    help: str,
+    *,
+    above: float | None = None,
+    minimum: float | None = None,
+    choices: Iterable[str] | None = None,
+) -> Any:
+    """A configuration field with its documented default and help text, and the bounds `check()` enforces:
+    the value must be greater than `above` (`above=0`: positive), at least `minimum` (`minimum=0`: not
+    negative), or one of `choices` (read them from the registry they name, never type them twice)."""
+    bounds = {"above": above, "minimum": minimum, "choices": None if choices is None else tuple(choices)}
+    return dataclasses.field(default=default, metadata={"help": help, **bounds})
+
+
+def check(config: Any) -> None:
+    """Raises ValueError naming the flag of the first setting of `config` outside its declared bounds."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        above, minimum, choices = (field.metadata.get(k) for k in ("above", "minimum", "choices"))
+        flag = flag_name(field.name)
+        if above is not None and not value > above:  # `not >`: NaN is out of bounds too
+            raise ValueError(
+                f"{flag} must be positive" if above == 0 else f"{flag} must be more than {above}"
+            )
+        if minimum is not None and not value >= minimum:
+            raise ValueError(
+                f"{flag} must not be negative" if minimum == 0 else f"{flag} must be at least {minimum}"
+            )
+        if choices is not None and value not in choices:
+            raise ValueError(f"{flag} must be one of {', '.join(choices)}")
 
 
 def flag_name(field_name: str) -> str:
@@ -64,6 +92,7 @@ def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentPar
             dest=field.name,
             type=convert,
             default=field.default,
+            choices=field.metadata.get("choices"),
             metavar=field.name.upper(),
             help=f"{field.metadata['help']} [env {env_name(field.name)}]",
         )
@@ -92,12 +121,13 @@ def load(
         parser.set_defaults(**{field.name: value})
     namespace = parser.parse_args(argv)
     config = cls(**vars(namespace))
-    validate = getattr(config, "validate", None)
-    if validate is not None:
-        try:
+    try:
+        check(config)
+        validate = getattr(config, "validate", None)
+        if validate is not None:
             validate()
-        except ValueError as exc:
-            parser.error(str(exc))
+    except ValueError as exc:
+        parser.error(str(exc))
     return config
 
 

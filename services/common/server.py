@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from services.common.config import load, setting
+from services.common.config import check, load, setting
 from services.common.logs import setup_logging
 from services.common.metrics import ServerInterceptor
 
@@ -43,7 +43,7 @@ class ServiceConfig:
     metrics_port: int = setting(0, "Prometheus metrics port (0 picks a free port; -1 disables)")
     drain_grace_s: float = setting(10.0, "seconds in-flight RPCs get to finish after SIGTERM")
     log_level: str = setting("INFO", "logging level (DEBUG, INFO, WARNING, ERROR)")
-    max_message_mb: int = setting(64, "largest gRPC message accepted or sent, in MiB")
+    max_message_mb: int = setting(64, "largest gRPC message accepted or sent, in MiB", above=0)
     tls_cert: str = setting("", "PEM certificate chain; with --tls-key, serves TLS and dials peers over TLS")
     tls_key: str = setting("", "PEM private key for --tls-cert")
     tls_ca: str = setting(
@@ -51,10 +51,9 @@ class ServiceConfig:
     )
 
     def validate(self) -> None:
+        check(self)
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("--tls-cert and --tls-key must be given together")
-        if self.max_message_mb <= 0:
-            raise ValueError("--max-message-mb must be positive")
 
     @property
     def tls(self) -> bool:

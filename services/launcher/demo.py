@@ -28,22 +28,20 @@ CACHE_SOURCES = ("hbm", "dram", "extended", "miss")
 
 @dataclasses.dataclass(frozen=True)
 class LauncherConfig(FleetConfig):
-    demo_rps: float = setting(10.0, "Recommend calls per second of demo traffic, Poisson arrivals (0: none)")
-    duration_s: float = setting(0.0, "seconds to run before stopping everything (0: until Ctrl-C)")
-    demo_users: int = setting(2000, "demo users are drawn uniformly from user-0 … user-<N-1>")
-    top_k: int = setting(10, "top_k of each demo Recommend")
+    demo_rps: float = setting(
+        10.0, "Recommend calls per second of demo traffic, Poisson arrivals (0: none)", minimum=0
+    )
+    duration_s: float = setting(0.0, "seconds to run before stopping everything (0: until Ctrl-C)", minimum=0)
+    demo_users: int = setting(2000, "demo users are drawn uniformly from user-0 … user-<N-1>", above=0)
+    top_k: int = setting(10, "top_k of each demo Recommend", above=0)
     demo_seed: int = setting(0, "seed of the demo's arrivals and user draws")
-    demo_timeout_ms: float = setting(2000.0, "deadline of each demo Recommend")
-    progress_window_s: float = setting(10.0, "seconds the progress line's rate and percentiles cover")
+    demo_timeout_ms: float = setting(2000.0, "deadline of each demo Recommend", above=0)
+    progress_window_s: float = setting(
+        10.0, "seconds the progress line's rate and percentiles cover", above=0
+    )
 
     def validate(self) -> None:
         super().validate()
-        for name in ("demo_rps", "duration_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name.replace('_', '-')} must not be negative")
-        for name in ("demo_users", "top_k", "demo_timeout_ms", "progress_window_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive")
 
 
 @dataclasses.dataclass(frozen=True)

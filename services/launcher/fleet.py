@@ -28,7 +28,7 @@ import signal
 from pathlib import Path
 
 from relaygr.v1 import ranker_pb2, recommend_pb2, trigger_pb2
-from services.common.config import setting
+from services.common.config import check, setting
 from services.common.procs import Processes, ServiceProcess
 from services.common.server import ServiceConfig, channel_credentials
 from services.ranker.config import RankerConfig
@@ -61,7 +61,7 @@ class FleetConfig:
     base_port: int = setting(50050, "gRPC port of the router; the others follow it (0: free ports)")
     metrics_base_port: int = setting(9100, "metrics port of the router; the others follow it (0: free ports)")
     log_dir: str = setting(".run/logs", "folder of the services' logs, one <service>.log each")
-    startup_timeout_s: float = setting(300.0, "seconds each service gets to become healthy")
+    startup_timeout_s: float = setting(300.0, "seconds each service gets to become healthy", above=0)
     ranker_args: str = setting(
         "--torch-threads 1 --profile-lengths 128,512,2048",
         "extra flags for every ranker (the default gives each CPU ranker one core and a quick warm-up)",
@@ -85,11 +85,10 @@ class FleetConfig:
         return [part for flag, path in flags.items() if path for part in (flag, path)]
 
     def validate(self) -> None:
+        check(self)
         self.client_tls().validate()
         if self.rankers < 1:
             raise ValueError("--rankers must be at least 1")
-        if self.startup_timeout_s <= 0:
-            raise ValueError("--startup-timeout-s must be positive")
         for name in ("base_port", "metrics_base_port"):
             port = getattr(self, name)
             if port and not 0 < port + RANKER_PORT_OFFSET + self.rankers < 65536:

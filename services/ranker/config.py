@@ -8,7 +8,8 @@ from services.common import validation
 from services.common.config import setting
 from services.common.errors import InvalidArgument
 from services.common.server import ServiceConfig
-from services.ranker.presets import get_preset
+from services.ranker.presets import PRESETS, get_preset
+from services.ranker.tiers import POLICIES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,49 +19,60 @@ class RankerConfig(ServiceConfig):
     instance_name: str = setting(
         "", "stable member name the router hashes on (the StatefulSet pod name); empty: the host name"
     )
-    model_preset: str = setting("cpu-small", "model preset: cpu-tiny, cpu-small or gpu-dlrmv3")
+    model_preset: str = setting("cpu-small", f"model preset: {', '.join(PRESETS)}", choices=PRESETS)
     checkpoint: str = setting("", "state_dict file loaded with weights_only=True; empty uses seeded weights")
     device: str = setting("auto", "npu, cuda, cpu, or auto (first available in that order); e.g. cuda:1")
-    hbm_budget_mb: float = setting(256.0, "byte budget of the HBM tier (prefix KV in device memory), MiB")
-    dram_budget_mb: float = setting(1024.0, "byte budget of the server-local DRAM tier, MiB (0 disables it)")
-    dram_ttl_s: float = setting(60.0, "seconds a DRAM entry may live without being used")
-    dram_policy: str = setting("lru", "DRAM eviction policy: lru, or size (largest-first among the stale)")
+    hbm_budget_mb: float = setting(
+        256.0, "byte budget of the HBM tier (prefix KV in device memory), MiB", minimum=0
+    )
+    dram_budget_mb: float = setting(
+        1024.0, "byte budget of the server-local DRAM tier, MiB (0 disables it)", minimum=0
+    )
+    dram_ttl_s: float = setting(60.0, "seconds a DRAM entry may live without being used", minimum=0)
+    dram_policy: str = setting(
+        "lru", "DRAM eviction policy: lru, or size (largest-first among the stale)", choices=POLICIES
+    )
     dram_lossy_bf16: bool = setting(False, "store DRAM copies in bf16 (halves DRAM bytes; scores move by ε)")
-    lease_ttl_ms: int = setting(3000, "how long a pre-inferred HBM entry is leased awaiting its Rank")
+    lease_ttl_ms: int = setting(
+        3000, "how long a pre-inferred HBM entry is leased awaiting its Rank", above=0
+    )
     drain_min_s: float = setting(
         2.0,
         "after SIGTERM, seconds the ranker keeps serving while reporting NOT_SERVING, so that routers "
         "(health checked every --health-interval-s) stop sending before it stops accepting",
+        minimum=0,
     )
-    max_long_term_events: int = setting(8192, "longest long-term sequence accepted")
-    max_short_term_events: int = setting(512, "longest short-term sequence accepted")
-    max_candidates: int = setting(1024, "most candidates one Rank may score")
+    max_long_term_events: int = setting(8192, "longest long-term sequence accepted", above=0)
+    max_short_term_events: int = setting(512, "longest short-term sequence accepted", above=0)
+    max_candidates: int = setting(1024, "most candidates one Rank may score", above=0)
     pre_infer_chunk_tokens: int = setting(
-        512, "pre-inference runs in chunks of this many tokens; a Rank waits at most one"
+        512,
+        "pre-inference runs in chunks of this many tokens; a Rank waits at most one",
+        above=0,
     )
-    candidate_microbatch: int = setting(0, "score candidates in microbatches of this size (0: all at once)")
+    candidate_microbatch: int = setting(
+        0, "score candidates in microbatches of this size (0: all at once)", minimum=0
+    )
     max_pending_pre_infer: int = setting(
-        64, "pre-infer productions queued beyond this are shed (REJECTED_OVERLOAD)"
+        64,
+        "pre-infer productions queued beyond this are shed (REJECTED_OVERLOAD)",
+        above=0,
     )
-    max_queued_ranks: int = setting(256, "Ranks waiting for the device beyond this get RESOURCE_EXHAUSTED")
-    torch_threads: int = setting(0, "intra-op CPU threads for torch (0: torch's default, one per core)")
+    max_queued_ranks: int = setting(
+        256, "Ranks waiting for the device beyond this get RESOURCE_EXHAUSTED", above=0
+    )
+    torch_threads: int = setting(
+        0, "intra-op CPU threads for torch (0: torch's default, one per core)", minimum=0
+    )
     profile_lengths: str = setting("128,512,2048,8192", "prefix lengths of the warm-up latency curve")
-    profile_short_term: int = setting(16, "short-term length used by the warm-up latency curve")
-    profile_candidates: int = setting(128, "candidate count used by the warm-up latency curve")
-    profile_repeats: int = setting(3, "timed repetitions per point of the latency curve (median kept)")
+    profile_short_term: int = setting(16, "short-term length used by the warm-up latency curve", above=0)
+    profile_candidates: int = setting(128, "candidate count used by the warm-up latency curve", above=0)
+    profile_repeats: int = setting(
+        3, "timed repetitions per point of the latency curve (median kept)", above=0
+    )
 
     def validate(self) -> None:
         super().validate()
-        for name in ("hbm_budget_mb", "dram_budget_mb", "dram_ttl_s", "drain_min_s", "torch_threads"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name.replace('_', '-')} must not be negative")
-        for name in ("lease_ttl_ms", "max_long_term_events", "max_short_term_events", "max_candidates",
-                     "pre_infer_chunk_tokens", "max_pending_pre_infer", "max_queued_ranks",
-                     "profile_short_term", "profile_candidates", "profile_repeats"):  # fmt: skip
-            if getattr(self, name) <= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive")
-        if self.dram_policy not in ("lru", "size"):
-            raise ValueError("--dram-policy must be lru or size")
         preset = get_preset(self.model_preset)
         if self.max_long_term_events + self.max_short_term_events > preset.max_events:
             raise ValueError(

@@ -20,9 +20,11 @@ class RetrievalStubConfig(UniverseConfig, ServiceConfig):
     router: str = setting("127.0.0.1:50050", "address of the router (or of one ranker): Rank goes there")
     trigger: str = setting("127.0.0.1:50052", "address of the trigger: Admit goes there when --relay is on")
     relay: bool = setting(True, "run the relay (Admit, then Rank with its hint); false runs the baseline")
-    admit_timeout_ms: float = setting(20.0, "Admit deadline; a late or failed Admit means no relay")
-    preprocess_delay_ms: float = setting(30.0, "pre-processing time before ranking: the relay window")
-    rank_timeout_ms: float = setting(1000.0, "deadline of the Rank call")
+    admit_timeout_ms: float = setting(20.0, "Admit deadline; a late or failed Admit means no relay", above=0)
+    preprocess_delay_ms: float = setting(
+        30.0, "pre-processing time before ranking: the relay window", minimum=0
+    )
+    rank_timeout_ms: float = setting(1000.0, "deadline of the Rank call", above=0)
 
     def validate(self) -> None:
         ServiceConfig.validate(self)
@@ -31,8 +33,3 @@ class RetrievalStubConfig(UniverseConfig, ServiceConfig):
             raise ValueError("--router must not be empty")
         if self.relay and not self.trigger:
             raise ValueError("--trigger must not be empty when --relay is on")
-        for name in ("admit_timeout_ms", "rank_timeout_ms"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive")
-        if self.preprocess_delay_ms < 0:
-            raise ValueError("--preprocess-delay-ms must not be negative")

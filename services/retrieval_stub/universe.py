@@ -38,7 +38,7 @@ from statistics import NormalDist
 import numpy as np
 
 from relaygr.v1 import common_pb2
-from services.common.config import setting
+from services.common.config import check, setting
 
 HISTORY_DISTRIBUTIONS = ("lognormal", "pareto", "fixed")
 # Per-user event rates are spread uniformly within ±50% of the configured mean.
@@ -66,33 +66,37 @@ class UniverseConfig:
         0,
         "reference time (Unix ms) at which histories have their drawn lengths; 0 = when the service "
         "starts (replicas must share one value)",
+        minimum=0,
     )
-    num_items: int = setting(1_000_000, "item catalogue size; ids are 0..num_items-1, 0 the most popular")
-    zipf_exponent: float = setting(1.1, "Zipf exponent of item popularity (history events and candidates)")
-    num_action_types: int = setting(8, "action types are drawn uniformly from [0, num_action_types)")
+    num_items: int = setting(
+        1_000_000, "item catalogue size; ids are 0..num_items-1, 0 the most popular", above=0
+    )
+    zipf_exponent: float = setting(
+        1.1, "Zipf exponent of item popularity (history events and candidates)", above=0
+    )
+    num_action_types: int = setting(8, "action types are drawn uniformly from [0, num_action_types)", above=0)
     history_distribution: str = setting(
-        "lognormal", "law of history lengths: lognormal, pareto, or fixed (every user has --history-median)"
+        "lognormal",
+        "law of history lengths: lognormal, pareto, or fixed (every user has --history-median)",
+        choices=HISTORY_DISTRIBUTIONS,
     )
     history_min: int = setting(32, "shortest history at the reference time (must exceed --short-term-length)")
     history_median: int = setting(256, "median history length at the reference time")
     history_max: int = setting(8192, "longest history (a cap at the reference time, a sliding window after)")
-    history_sigma: float = setting(1.5, "lognormal shape: sigma of the log length (larger, heavier tail)")
-    history_pareto_shape: float = setting(1.2, "pareto tail index alpha (smaller, heavier tail)")
-    growth_events_per_min: float = setting(2.0, "mean events per user and minute after the reference time")
-    short_term_length: int = setting(16, "latest events sent as the short-term part; the rest are long-term")
-    num_candidates: int = setting(128, "distinct candidate items retrieved per request")
+    history_sigma: float = setting(
+        1.5, "lognormal shape: sigma of the log length (larger, heavier tail)", above=0
+    )
+    history_pareto_shape: float = setting(1.2, "pareto tail index alpha (smaller, heavier tail)", above=0)
+    growth_events_per_min: float = setting(
+        2.0, "mean events per user and minute after the reference time", above=0
+    )
+    short_term_length: int = setting(
+        16, "latest events sent as the short-term part; the rest are long-term", above=0
+    )
+    num_candidates: int = setting(128, "distinct candidate items retrieved per request", above=0)
 
     def validate(self) -> None:
-        if self.history_distribution not in HISTORY_DISTRIBUTIONS:
-            raise ValueError(f"--history-distribution must be one of {', '.join(HISTORY_DISTRIBUTIONS)}")
-        if self.universe_epoch_ms < 0:
-            raise ValueError("--universe-epoch-ms must not be negative")
-        for name in ("num_items", "num_action_types", "short_term_length", "num_candidates"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive")
-        for name in ("zipf_exponent", "history_sigma", "history_pareto_shape", "growth_events_per_min"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        check(self)
         if not self.short_term_length < self.history_min < self.history_median <= self.history_max:
             raise ValueError(
                 "history lengths must satisfy --short-term-length < --history-min < --history-median "

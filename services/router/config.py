@@ -22,44 +22,36 @@ class RouterConfig(ServiceConfig):
         "",
         "host:port of a headless service whose DNS records (PTR names) list the members; overrides --rankers",
     )
-    dns_refresh_s: float = setting(10.0, "seconds between DNS re-resolutions of --rankers-dns")
-    virtual_nodes: int = setting(160, "points per member on the hash ring")
+    dns_refresh_s: float = setting(10.0, "seconds between DNS re-resolutions of --rankers-dns", above=0)
+    virtual_nodes: int = setting(160, "points per member on the hash ring", above=0)
     load_factor: float = setting(
         1.25, "bounded load: a member with in-flight >= ceil(factor * (total + 1) / members) spills clockwise"
     )
     load_floor: int = setting(
-        4, "a member with fewer requests in flight than this never spills (0: pure bound)"
+        4,
+        "a member with fewer requests in flight than this never spills (0: pure bound)",
+        minimum=0,
     )
     routing_policy: str = setting(
         "affinity",
         "affinity (relay hint, then the bounded-load ring), or random: uniform over healthy members, "
         "ignoring hints and the ring (an ablation: relay without affinity)",
+        choices=ROUTING_POLICIES,
     )
-    health_interval_s: float = setting(1.0, "seconds between gRPC health checks of each member")
-    circuit_failures: int = setting(3, "consecutive failed forwards that open a member's circuit")
-    circuit_open_s: float = setting(5.0, "seconds an open circuit keeps a member off the ring")
-    deadline_margin_ms: int = setting(2, "forwards get the caller's remaining time minus this margin")
-    default_timeout_ms: int = setting(5000, "forward timeout when the caller sent no deadline")
+    health_interval_s: float = setting(1.0, "seconds between gRPC health checks of each member", above=0)
+    circuit_failures: int = setting(3, "consecutive failed forwards that open a member's circuit", above=0)
+    circuit_open_s: float = setting(5.0, "seconds an open circuit keeps a member off the ring", above=0)
+    deadline_margin_ms: int = setting(
+        2, "forwards get the caller's remaining time minus this margin", minimum=0
+    )
+    default_timeout_ms: int = setting(5000, "forward timeout when the caller sent no deadline", above=0)
 
     def validate(self) -> None:
         super().validate()
         if not self.rankers_dns and not self.rankers:
             raise ValueError("give --rankers or --rankers-dns")
-        if self.virtual_nodes <= 0:
-            raise ValueError("--virtual-nodes must be positive")
         if self.load_factor < 1.0:
             raise ValueError("--load-factor must be at least 1.0 (below 1 no member may be under the bound)")
-        for name in ("dns_refresh_s", "health_interval_s", "circuit_open_s", "default_timeout_ms"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive")
-        if self.routing_policy not in ROUTING_POLICIES:
-            raise ValueError(f"--routing-policy must be one of {', '.join(ROUTING_POLICIES)}")
-        if self.load_floor < 0:
-            raise ValueError("--load-floor must not be negative")
-        if self.circuit_failures <= 0:
-            raise ValueError("--circuit-failures must be positive")
-        if self.deadline_margin_ms < 0:
-            raise ValueError("--deadline-margin-ms must not be negative")
         if self.rankers_dns:
             self.dns_target()
         else:

@@ -46,3 +46,48 @@ def test_markdown_table_documents_every_field():
     for field in dataclasses.fields(RankerConfig):
         assert f"`{flag_name(field.name)}`" in table
         assert f"`{env_name(field.name)}`" in table
+
+
+def _bounded_settings():
+    from services.launcher.demo import LauncherConfig
+    from services.retrieval_stub.config import RetrievalStubConfig
+    from services.router.config import RouterConfig
+    from services.trigger.config import TriggerConfig
+
+    for cls in (RankerConfig, RouterConfig, TriggerConfig, RetrievalStubConfig, LauncherConfig):
+        for field in dataclasses.fields(cls):
+            meta = field.metadata
+            if meta.get("above") is not None or meta.get("minimum") is not None or meta.get("choices"):
+                yield pytest.param(cls, field, id=f"{cls.__name__}.{field.name}")
+
+
+@pytest.mark.parametrize("cls, field", list(_bounded_settings()))
+def test_every_declared_bound_refuses_a_value_outside_it_naming_the_flag(cls, field, capsys):
+    meta = field.metadata
+    if meta["choices"]:
+        bad, expected = "no-such-choice", "invalid choice"
+    elif meta["above"] is not None:
+        bad, expected = str(meta["above"]), "must be positive" if meta["above"] == 0 else "must be more than"
+    else:
+        bad, expected = str(meta["minimum"] - 1), "must not be negative"
+    with pytest.raises(SystemExit):
+        load(cls, [flag_name(field.name), bad], {})
+    err = capsys.readouterr().err
+    assert flag_name(field.name) in err and expected in err, err
+    # A config built in code, not parsed, is held to the same bounds by its validate().
+    if not meta["choices"]:
+        with pytest.raises(ValueError, match=f"{flag_name(field.name)} {expected}"):
+            dataclasses.replace(cls(), **{field.name: type(field.default)(bad)}).validate()
+
+
+def test_choices_come_from_the_registries_they_name():
+    from services.ranker.presets import PRESETS
+    from services.ranker.tiers import POLICIES
+    from services.router.config import ROUTING_POLICIES, RouterConfig
+
+    fields = {f.name: f for f in dataclasses.fields(RankerConfig)}
+    assert fields["model_preset"].metadata["choices"] == tuple(PRESETS)
+    assert fields["dram_policy"].metadata["choices"] == tuple(POLICIES)
+    routing = {f.name: f for f in dataclasses.fields(RouterConfig)}["routing_policy"]
+    assert routing.metadata["choices"] == ROUTING_POLICIES
+    assert load(RankerConfig, ["--dram-policy", "size"], {}).dram_policy == "size"
