@@ -43,6 +43,9 @@ class ServiceConfig:
     metrics_port: int = setting(0, "Prometheus metrics port (0 picks a free port; -1 disables)")
     drain_grace_s: float = setting(10.0, "seconds in-flight RPCs get to finish after SIGTERM")
     log_level: str = setting("INFO", "logging level (DEBUG, INFO, WARNING, ERROR)")
+    keepalive_ms: int = setting(
+        30_000, "ms between HTTP/2 keepalive pings on channels to peer services (finds dead peers)", above=0
+    )
     reconnect_backoff_ms: int = setting(
         100,
         "first wait before redialling a peer service that went away (growing 1.6x a try, to 10x): a "
@@ -100,13 +103,13 @@ def dial(
     target: str, config: ServiceConfig, extra_options: Iterable[tuple[str, object]] = ()
 ) -> grpc.aio.Channel:
     """An aio channel to a peer service, over TLS when this service is configured for it."""
-    options = [
+    defaults = [
         *grpc_options(config)[:2],
-        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_time_ms", config.keepalive_ms),
         ("grpc.initial_reconnect_backoff_ms", config.reconnect_backoff_ms),
         ("grpc.max_reconnect_backoff_ms", 10 * config.reconnect_backoff_ms),
-        *extra_options,
     ]
+    options = list({**dict(defaults), **dict(extra_options)}.items())  # the caller's options win
     if config.tls:
         return grpc.aio.secure_channel(target, channel_credentials(config), options=options)
     return grpc.aio.insecure_channel(target, options=options)

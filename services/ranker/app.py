@@ -28,7 +28,6 @@ from services.ranker.tiers import POLICIES, Tier
 log = logging.getLogger("services.ranker")
 SERVICE_NAME = "relaygr.v1.RankerService"
 MIB = 1024 * 1024
-SWEEP_INTERVAL_S = 0.05
 
 
 def build_model(config: RankerConfig) -> tuple[HSTURanker, str, torch.device]:
@@ -75,6 +74,7 @@ class RankerApp:
             dram_ttl_s=config.dram_ttl_s,
             instance=config.instance_name,
             max_pending_pre_infer=config.max_pending_pre_infer,
+            max_tombstones=config.max_tombstones,
         )
         self.servicer = RankerServicer(config, self.runner, self.cache, str(self.device))
         self._sweeper: asyncio.Task | None = None
@@ -105,7 +105,7 @@ class RankerApp:
     async def _sweep_forever(self) -> None:
         """Releases expired leases and idle DRAM entries even when no request arrives."""
         while True:
-            await asyncio.sleep(SWEEP_INTERVAL_S)
+            await asyncio.sleep(self.config.sweep_interval_ms / 1000)
             self.cache.sweep()
 
     async def drain(self) -> None:
@@ -118,7 +118,7 @@ class RankerApp:
         at_least = started + self.config.drain_min_s
         at_most = started + max(self.config.drain_min_s, self.config.drain_grace_s / 2)
         while loop.time() < at_least or (self.cache.leased() and loop.time() < at_most):
-            await asyncio.sleep(SWEEP_INTERVAL_S)
+            await asyncio.sleep(self.config.sweep_interval_ms / 1000)
 
     def server(self) -> GrpcServer:
         return GrpcServer(

@@ -58,6 +58,14 @@ class RankerConfig(ServiceConfig):
         "pre-infer productions queued beyond this are shed (REJECTED_OVERLOAD)",
         above=0,
     )
+    max_tombstones: int = setting(
+        100_000,
+        "users whose last miss reason is remembered (evicted, expired, refused) to explain their next miss",
+        above=0,
+    )
+    sweep_interval_ms: int = setting(
+        50, "ms between sweeps that release expired leases and DRAM entries idle past their TTL", above=0
+    )
     max_queued_ranks: int = setting(
         256, "Ranks waiting for the device beyond this get RESOURCE_EXHAUSTED", above=0
     )

@@ -69,10 +69,6 @@ class TierCopier:
         self._backend = backend
 
     @property
-    def accelerated(self) -> bool:
-        return self._stream is not None
-
-    @property
     def lossy(self) -> bool:
         """DRAM copies lose precision (stored in a narrower dtype than the model computes in)."""
         return self.dram_dtype != self.compute_dtype

@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 
 Miss = common_pb2.MissReason
 Outcome = ranker_pb2.PreInferOutcome
-MAX_TOMBSTONES = 100_000
 
 
 class OverBudget(Exception):
@@ -135,6 +134,7 @@ class PrefixCache:
         dram_ttl_s: float,
         instance: str,
         max_pending_pre_infer: int,
+        max_tombstones: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.runner = runner
@@ -146,6 +146,7 @@ class PrefixCache:
         self.dram_ttl_s = dram_ttl_s
         self.instance = instance
         self.max_pending_pre_infer = max_pending_pre_infer
+        self.max_tombstones = max_tombstones
         self.clock = clock
         self.bytes_per_token = runner.kv_bytes_per_token
         self.dram_bytes_per_token = (
@@ -454,7 +455,7 @@ class PrefixCache:
     def _tombstone(self, user_id: str, reason: int) -> None:
         self.tombstones[user_id] = reason
         self.tombstones.move_to_end(user_id)
-        while len(self.tombstones) > MAX_TOMBSTONES:
+        while len(self.tombstones) > self.max_tombstones:
             self.tombstones.popitem(last=False)
 
     # ---- tier moves ----

@@ -85,12 +85,6 @@ class Tier:
     def __len__(self) -> int:
         return len(self._sizes)
 
-    def keys(self) -> list[K]:
-        return list(self._sizes)
-
-    def size_of(self, key: K) -> int:
-        return self._sizes[key]
-
     def free_bytes(self) -> int:
         return self.budget_bytes - self.used_bytes
 
@@ -131,9 +125,6 @@ class Tier:
         self.used_bytes -= nbytes
         self.policy.remove(key)
         return nbytes
-
-    def idle_since(self, key: K) -> float:
-        return self._last_used[key]
 
     def idle_keys(self, older_than: float) -> list[K]:
         """Keys last used before `older_than`, oldest first; stops at the first newer one."""

@@ -6,6 +6,7 @@ import dataclasses
 
 from services.common.config import setting
 from services.common.server import ServiceConfig
+from services.router.ring import LOAD_FACTOR, LOAD_FLOOR, VIRTUAL_NODES
 
 ROUTING_POLICIES = ("affinity", "random")
 
@@ -23,12 +24,13 @@ class RouterConfig(ServiceConfig):
         "host:port of a headless service whose DNS records (PTR names) list the members; overrides --rankers",
     )
     dns_refresh_s: float = setting(10.0, "seconds between DNS re-resolutions of --rankers-dns", above=0)
-    virtual_nodes: int = setting(160, "points per member on the hash ring", above=0)
+    virtual_nodes: int = setting(VIRTUAL_NODES, "points per member on the hash ring", above=0)
     load_factor: float = setting(
-        1.25, "bounded load: a member with in-flight >= ceil(factor * (total + 1) / members) spills clockwise"
+        LOAD_FACTOR,
+        "bounded load: a member with in-flight >= ceil(factor * (total + 1) / members) spills clockwise",
     )
     load_floor: int = setting(
-        4,
+        LOAD_FLOOR,
         "a member with fewer requests in flight than this never spills (0: pure bound)",
         minimum=0,
     )

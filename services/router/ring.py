@@ -32,7 +32,13 @@ def stable_hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
 
 
-def load_bound(total_in_flight: int, members: int, factor: float, floor: int = 0) -> int:
+# The router's defaults (services/router/config.py reads them from here, so the two cannot disagree).
+VIRTUAL_NODES = 160
+LOAD_FACTOR = 1.25
+LOAD_FLOOR = 4
+
+
+def load_bound(total_in_flight: int, members: int, factor: float, floor: int = LOAD_FLOOR) -> int:
     """The in-flight count at or above which a member takes no new request.
 
     `floor` keeps the bound from dropping to one or two requests at low load, where the pure formula
@@ -55,9 +61,9 @@ class AffinityRing:
     def __init__(
         self,
         members: Iterable[str] = (),
-        virtual_nodes: int = 160,
-        load_factor: float = 1.25,
-        load_floor: int = 0,
+        virtual_nodes: int = VIRTUAL_NODES,
+        load_factor: float = LOAD_FACTOR,
+        load_floor: int = LOAD_FLOOR,
     ) -> None:
         if virtual_nodes <= 0:
             raise ValueError("virtual_nodes must be positive")

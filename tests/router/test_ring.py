@@ -107,9 +107,11 @@ def test_empty_ring_places_nothing() -> None:
 
 
 def test_load_bound_matches_the_paper() -> None:
-    assert load_bound(0, 3, 1.25) == 1
-    assert load_bound(11, 3, 1.25) == 5  # ceil(1.25 * 12 / 3)
-    assert load_bound(99, 4, 1.0) == 25
+    assert load_bound(0, 3, 1.25, floor=0) == 1
+    assert load_bound(11, 3, 1.25, floor=0) == 5  # ceil(1.25 * 12 / 3)
+    assert load_bound(99, 4, 1.0, floor=0) == 25
+    # The router's default floor keeps a member from spilling below four requests in flight.
+    assert load_bound(0, 3, 1.25) == 4 and load_bound(99, 4, 1.0) == 25
 
 
 def test_owner_under_the_bound_keeps_the_user() -> None:
@@ -161,7 +163,7 @@ def test_bounded_placement_respects_the_bound_and_is_deterministic(
 
 def test_a_burst_of_concurrent_requests_never_exceeds_the_bound() -> None:
     factor = 1.25
-    ring = AffinityRing(names(4), load_factor=factor)
+    ring = AffinityRing(names(4), load_factor=factor, load_floor=0)  # the pure bound
     in_flight = dict.fromkeys(names(4), 0)
     # One hot user: without the bound every request would land on its owner.
     for total in range(400):
