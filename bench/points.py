@@ -24,8 +24,8 @@ import grpc
 from bench.stats import meets_slo, percentile, violation_budget
 from bench.workload import RevisitSampler
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
+from services.common.contract import cache_source_label
 from services.loadgen.openloop import CallRecord, run_open_loop
-from services.retrieval_stub.servicer import cache_source_label
 
 TOP_K = 10
 PERCENTILES = (50, 90, 99)

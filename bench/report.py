@@ -20,9 +20,10 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from services.common.contract import CACHE_SOURCES
+
 PAPER_LENGTH_RATIO = 1.5
 PAPER_THROUGHPUT_RATIO = 3.6
-SOURCES = ("hbm", "dram", "extended", "miss")
 SOURCE_COLOURS = {"hbm": "#2b8a3e", "dram": "#1c7ed6", "extended": "#f59f00", "miss": "#c92a2a"}
 MODE_STYLE = {"baseline": ("#495057", "s"), "relay": ("#1c7ed6", "o")}
 PLOTS = {
@@ -98,7 +99,7 @@ def times(value: float | None) -> str:
 
 def shares(counts: dict[str, int]) -> dict[str, float]:
     total = sum(counts.values())
-    return {source: (counts.get(source, 0) / total if total else 0.0) for source in SOURCES}
+    return {source: (counts.get(source, 0) / total if total else 0.0) for source in CACHE_SOURCES}
 
 
 def verdict(point: dict[str, Any]) -> str:
@@ -136,7 +137,7 @@ def point_row(point: dict[str, Any], first: Any) -> list[Any]:
         ms(point["rank_ms"]["p99"]),
         ms(point["e2e_ms"]["p99"]),
         point["errors"],
-        " / ".join(f"{share[s]:.0%}" for s in SOURCES),
+        " / ".join(f"{share[s]:.0%}" for s in CACHE_SOURCES),
         f"{cores(point, rankers=True):.2f}",
         f"{point['cost']['foreign_cores']:.2f}",
         verdict(point),
@@ -439,7 +440,7 @@ def _plot_hit_rates(results: dict[str, Any], path: Path) -> None:
     names = list(points)
     fig, ax = plt.subplots(figsize=(8, 4))
     bottoms = [0.0] * len(names)
-    for source in SOURCES:
+    for source in CACHE_SOURCES:
         heights = [shares(points[name]["cache_sources"])[source] for name in names]
         ax.bar(names, heights, bottom=bottoms, color=SOURCE_COLOURS[source], label=source)
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]

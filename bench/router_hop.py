@@ -23,8 +23,8 @@ import numpy as np
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.common.config import load, setting
+from services.common.contract import RANKER_SERVICE
 from services.common.procs import Processes
-from services.router.membership import RANKER_SERVICE
 
 
 @dataclasses.dataclass(frozen=True)

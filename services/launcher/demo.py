@@ -18,12 +18,10 @@ import numpy as np
 
 from relaygr.v1 import recommend_pb2, recommend_pb2_grpc
 from services.common.config import setting
+from services.common.contract import CACHE_SOURCES, cache_source_label
 from services.common.server import dial
 from services.launcher.fleet import FleetConfig
 from services.loadgen.openloop import CallRecord, run_open_loop
-from services.retrieval_stub.servicer import cache_source_label
-
-CACHE_SOURCES = ("hbm", "dram", "extended", "miss")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,17 +27,14 @@ import shlex
 import signal
 from pathlib import Path
 
-from relaygr.v1 import ranker_pb2, recommend_pb2, trigger_pb2
 from services.common.config import check, setting
+from services.common.contract import RANKER_SERVICE, RECOMMEND_SERVICE, TRIGGER_SERVICE
 from services.common.procs import Processes, ServiceProcess
 from services.common.server import ServiceConfig, channel_credentials
 from services.ranker.config import RankerConfig
 from services.trigger.config import TriggerConfig
 
 # Health-checked service names; the router serves RankerService like a ranker.
-RANKER_SERVICE = ranker_pb2.DESCRIPTOR.services_by_name["RankerService"].full_name
-TRIGGER_SERVICE = trigger_pb2.DESCRIPTOR.services_by_name["TriggerService"].full_name
-RECOMMEND_SERVICE = recommend_pb2.DESCRIPTOR.services_by_name["RecommendService"].full_name
 
 ROUTER, TRIGGER, STUB = "router", "trigger", "retrieval-stub"
 PORT_OFFSETS = {ROUTER: 0, TRIGGER: 2, STUB: 3}

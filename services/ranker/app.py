@@ -13,6 +13,7 @@ import torch
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.common import metrics
+from services.common.contract import RANKER_SERVICE
 from services.common.server import GrpcServer
 from services.ranker.config import RankerConfig
 from services.ranker.device import TierCopier, select_device
@@ -26,7 +27,6 @@ from services.ranker.servicer import RankerServicer
 from services.ranker.tiers import POLICIES, Tier
 
 log = logging.getLogger("services.ranker")
-SERVICE_NAME = "relaygr.v1.RankerService"
 MIB = 1024 * 1024
 
 
@@ -123,7 +123,7 @@ class RankerApp:
     def server(self) -> GrpcServer:
         return GrpcServer(
             self.config,
-            SERVICE_NAME,
+            RANKER_SERVICE,
             lambda s: ranker_pb2_grpc.add_RankerServiceServicer_to_server(self.servicer, s),
             self.drain,
         )

@@ -6,9 +6,10 @@ import logging
 from collections.abc import Sequence
 
 from relaygr.v1 import ranker_pb2_grpc, recommend_pb2_grpc, trigger_pb2_grpc
+from services.common.contract import RECOMMEND_SERVICE
 from services.common.server import GrpcServer, dial, service_main
 from services.retrieval_stub.config import RetrievalStubConfig
-from services.retrieval_stub.servicer import SERVICE_NAME, RecommendService
+from services.retrieval_stub.servicer import RecommendService
 from services.retrieval_stub.universe import UserUniverse
 
 log = logging.getLogger("services.retrieval_stub")
@@ -25,7 +26,9 @@ async def serve(config: RetrievalStubConfig) -> None:
         trigger_pb2_grpc.TriggerServiceStub(trigger) if trigger is not None else None,
     )
     server = GrpcServer(
-        config, SERVICE_NAME, lambda s: recommend_pb2_grpc.add_RecommendServiceServicer_to_server(service, s)
+        config,
+        RECOMMEND_SERVICE,
+        lambda s: recommend_pb2_grpc.add_RecommendServiceServicer_to_server(service, s),
     )
     await server.start()
     server.install_signal_handlers()

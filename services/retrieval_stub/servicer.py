@@ -35,17 +35,11 @@ from relaygr.v1 import (
     trigger_pb2_grpc,
 )
 from services.common import metrics, validation
+from services.common.contract import cache_source_label
 from services.retrieval_stub.config import RetrievalStubConfig
 from services.retrieval_stub.universe import UserUniverse
 
 log = logging.getLogger(__name__)
-
-SERVICE_NAME = recommend_pb2.DESCRIPTOR.services_by_name["RecommendService"].full_name
-
-
-def cache_source_label(source: int) -> str:
-    """The metric label of a CacheSource: hbm, dram, extended, miss (or unspecified)."""
-    return common_pb2.CacheSource.Name(source).removeprefix("CACHE_SOURCE_").lower()
 
 
 def top_k_order(scores: np.ndarray, k: int) -> np.ndarray:

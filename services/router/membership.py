@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from relaygr.v1 import ranker_pb2
+from services.common.contract import RANKER_SERVICE
 from services.common.metrics import ROUTER_FAILURES, ROUTER_INFLIGHT, ROUTER_MEMBER_HEALTHY
 from services.common.server import dial
 from services.router.config import RouterConfig
@@ -38,7 +38,6 @@ from services.router.ring import AffinityRing
 
 log = logging.getLogger(__name__)
 
-RANKER_SERVICE = ranker_pb2.DESCRIPTOR.services_by_name["RankerService"].full_name
 
 # Codes that say the member, not the request, is at fault; only these count towards opening its circuit.
 MEMBER_FAULT_CODES = frozenset(

@@ -20,9 +20,10 @@ from google.protobuf.message import DecodeError
 
 from relaygr.v1 import ranker_pb2, routing_pb2
 from services.common import validation
+from services.common.contract import RANKER_SERVICE, method_path
 from services.common.errors import DeadlineExceeded, InvalidArgument
 from services.common.metrics import ROUTER_DECISIONS, ROUTER_INFLIGHT
-from services.router.membership import RANKER_SERVICE, Member
+from services.router.membership import Member
 from services.router.routing import Route, RoutingPolicy
 
 
@@ -87,7 +88,7 @@ class RankerProxy:
         self, member: Member, method: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
         timeout = self._timeout(context)
-        call = member.method(f"/{RANKER_SERVICE}/{method}")
+        call = member.method(method_path(RANKER_SERVICE, method))
         member.in_flight += 1
         ROUTER_INFLIGHT.labels(member.name).set(member.in_flight)
         try:

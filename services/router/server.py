@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from services.common.contract import RANKER_SERVICE
 from services.common.server import GrpcServer
 from services.router.config import RouterConfig
-from services.router.membership import RANKER_SERVICE, DnsLookup, Membership, system_dns_lookup
+from services.router.membership import DnsLookup, Membership, system_dns_lookup
 from services.router.proxy import RankerProxy
 from services.router.routing import RoutingPolicy
 

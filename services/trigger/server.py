@@ -14,14 +14,13 @@ import logging
 import grpc
 
 from relaygr.v1 import ranker_pb2, ranker_pb2_grpc, trigger_pb2_grpc
+from services.common.contract import TRIGGER_SERVICE
 from services.common.server import GrpcServer, dial
 from services.trigger.config import TriggerConfig
 from services.trigger.profile import FleetProfile
 from services.trigger.servicer import TriggerService, pre_infer_call
 
 log = logging.getLogger(__name__)
-
-SERVICE_NAME = "relaygr.v1.TriggerService"
 
 
 class TriggerServer:
@@ -30,7 +29,7 @@ class TriggerServer:
         self._channel = dial(config.router, config)
         self._router = ranker_pb2_grpc.RankerServiceStub(self._channel)
         self.service = TriggerService(config, pre_infer_call(self._channel))
-        self.grpc = GrpcServer(config, SERVICE_NAME, self._register)
+        self.grpc = GrpcServer(config, TRIGGER_SERVICE, self._register)
         self._profile_task: asyncio.Task | None = None
 
     def _register(self, server: grpc.aio.Server) -> None:

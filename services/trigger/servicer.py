@@ -24,6 +24,7 @@ import grpc
 
 from relaygr.v1 import ranker_pb2, trigger_pb2, trigger_pb2_grpc
 from services.common import validation
+from services.common.contract import RANKER_SERVICE, method_path
 from services.common.errors import InvalidArgument, Unavailable
 from services.common.metrics import (
     TRIGGER_DECISIONS,
@@ -38,7 +39,7 @@ from services.trigger.profile import FleetProfile
 
 log = logging.getLogger(__name__)
 
-PRE_INFER_METHOD = "/relaygr.v1.RankerService/PreInfer"
+PRE_INFER_METHOD = method_path(RANKER_SERVICE, "PreInfer")
 
 # The action vocabulary is the model's, which the trigger does not know; the ranker checks it.
 ANY_ACTION_TYPE = 2**31

@@ -18,8 +18,9 @@ from relaygr.v1 import (
     recommend_pb2_grpc,
     trigger_pb2,
 )
+from services.common.contract import RECOMMEND_SERVICE
 from services.common.procs import Processes, free_port
-from services.launcher.fleet import RECOMMEND_SERVICE, STUB, TRIGGER, Fleet, FleetConfig
+from services.launcher.fleet import STUB, TRIGGER, Fleet, FleetConfig
 from services.retrieval_stub.universe import UniverseConfig, UserUniverse
 
 UNIVERSE = UniverseConfig(

@@ -17,8 +17,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from relaygr.v1 import common_pb2, ranker_pb2
+from services.common.contract import RANKER_SERVICE
 from services.router.config import RouterConfig
-from services.router.membership import RANKER_SERVICE
 from services.router.server import RouterServer
 
 

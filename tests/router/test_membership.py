@@ -9,10 +9,10 @@ import pytest
 
 from relaygr.v1 import ranker_pb2
 from services.common.config import load
+from services.common.contract import RANKER_SERVICE
 from services.common.metrics import ROUTER_FAILURES, ROUTER_MEMBER_HEALTHY
 from services.router.config import RouterConfig
 from services.router.membership import (
-    RANKER_SERVICE,
     CircuitBreaker,
     DnsRecord,
     Membership,

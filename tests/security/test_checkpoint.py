@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from services.common.contract import RANKER_SERVICE
 from services.common.procs import Processes
-from services.launcher.fleet import RANKER_SERVICE
 from services.ranker.model import HSTURanker
 from services.ranker.presets import get_preset
 

@@ -17,10 +17,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc, trigger_pb2, trigger_pb2_grpc
+from services.common.contract import TRIGGER_SERVICE as SERVICE_NAME
 from services.common.procs import Processes, free_port
 from services.trigger.config import TriggerConfig
 from services.trigger.profile import FleetProfile
-from services.trigger.server import SERVICE_NAME, TriggerServer
+from services.trigger.server import TriggerServer
 
 INSTANCE = "ranker-a"
 SHORT, LONG = 8, 512
