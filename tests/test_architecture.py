@@ -1,0 +1,95 @@
+"""The dependency rules of the code base, checked over its import graph (every import statement, and every
+module named to `importlib.import_module`, in services/, bench/ and tools/):
+
+- `services/common` is shared plumbing: it imports no service;
+- services talk to each other over gRPC only: no service imports another service;
+- the launcher, the load generator, `bench/` and `tools/` build processes from flags and speak gRPC: they
+  import no servicer, proxy or data-plane module of a service.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVICES = {"ranker", "router", "trigger", "retrieval_stub"}
+# Modules that hold a service's request handling: only the service itself may import them.
+HANDLERS = ("servicer", "proxy", "dataplane")
+
+
+def imports(path: Path) -> Iterator[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+            for alias in node.names:  # `from services.x import servicer` names a module too
+                yield f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            yield node.args[0].value
+
+
+def owner(path: Path) -> str:
+    """`ranker` for services/ranker/…, `common` for services/common/…, `bench` or `tools` otherwise."""
+    parts = path.relative_to(ROOT).parts
+    return parts[1] if parts[0] == "services" else parts[0]
+
+
+def violations() -> list[str]:
+    found = []
+    files = [p for top in ("services", "bench", "tools") for p in (ROOT / top).rglob("*.py")]
+    assert len(files) > 50
+    for path in files:
+        here = owner(path)
+        for module in imports(path):
+            parts = module.split(".")
+            if parts[0] != "services" or len(parts) < 2:
+                continue
+            target = parts[1]
+            rule = None
+            if here == "common" and target in SERVICES:
+                rule = "services/common imports no service"
+            elif here in SERVICES and target in SERVICES and target != here:
+                rule = "no service imports another service"
+            elif here in ("launcher", "loadgen", "bench", "tools") and any(h in parts[2:] for h in HANDLERS):
+                rule = "launcher, loadgen, bench and tools import no servicer"
+            if rule and not any(f.startswith(f"{path.relative_to(ROOT)} ") and rule in f for f in found):
+                found.append(f"{path.relative_to(ROOT)} imports {module}: {rule}")
+    return found
+
+
+def test_the_dependency_rules_hold() -> None:
+    assert violations() == []
+
+
+@pytest.mark.parametrize(
+    "source, where, rule",
+    [
+        ("from services.ranker.config import RankerConfig", "services/common/x.py", "imports no service"),
+        ("import services.trigger.admission", "services/router/x.py", "another service"),
+        ("from services.ranker import servicer", "bench/x.py", "import no servicer"),
+        ("importlib.import_module('services.router.config')", "services/common/x.py", "imports no service"),
+    ],
+)
+def test_each_rule_catches_its_violation(tmp_path: Path, monkeypatch, source: str, where: str, rule: str):
+    # A throwaway tree with one offending file: the check must name it and the rule it breaks.
+    for top in ("services/common", "services/router", "bench", "tools"):
+        (tmp_path / top).mkdir(parents=True, exist_ok=True)
+    for i in range(60):
+        (tmp_path / "tools" / f"ok{i}.py").write_text("import os\n")
+    (tmp_path / where).write_text(f"import importlib\n{source}\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+    found = violations()
+    assert len(found) == 1 and where in found[0] and rule in found[0], found
