@@ -28,9 +28,9 @@ from bench.stats import percentile
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.ranker.app import build_model
 from services.ranker.config import RankerConfig
-from services.ranker.engine import DeviceWorker
 from services.ranker.profile import LatencyPoint, measure
 from services.ranker.runner import ModelRunner
+from services.ranker.scheduler import Scheduler
 
 RPC_TIMEOUT_S = 60.0
 
@@ -49,7 +49,7 @@ def model_floor(
         model_preset=preset, device="cpu", torch_threads=torch_threads, max_long_term_events=max(lengths)
     )
     model, version, _ = build_model(config)
-    worker = DeviceWorker("floor")
+    worker = Scheduler("floor")
     try:
         runner = ModelRunner(model, worker, chunk_tokens, None, version)
         curve = measure(runner, sorted(lengths), short_term, candidates, repeats)

@@ -17,12 +17,12 @@ from services.common.contract import RANKER_SERVICE
 from services.common.server import GrpcServer
 from services.ranker.config import RankerConfig
 from services.ranker.device import TierCopier, select_device
-from services.ranker.engine import DeviceWorker, Op, Priority
 from services.ranker.model import HSTURanker
 from services.ranker.prefix_cache import Kind, PrefixCache, Source
 from services.ranker.presets import get_preset
 from services.ranker.profile import LatencyCurve, measure
 from services.ranker.runner import ModelRunner
+from services.ranker.scheduler import Op, Priority, Scheduler
 from services.ranker.servicer import RankerServicer
 from services.ranker.tiers import POLICIES, Tier
 
@@ -58,8 +58,8 @@ class RankerApp:
         self.config = config
         precreate_metrics()
         model, version, self.device = build_model(config)
-        self.worker = DeviceWorker("device")
-        self.copy_worker = DeviceWorker("copy")
+        self.worker = Scheduler("device")
+        self.copy_worker = Scheduler("copy")
         self.runner = ModelRunner(
             model, self.worker, config.pre_infer_chunk_tokens, config.candidate_microbatch or None, version
         )

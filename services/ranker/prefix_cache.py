@@ -33,10 +33,10 @@ from relaygr.v1 import common_pb2, ranker_pb2
 from services.common import metrics
 from services.common.errors import DeadlineExceeded
 from services.ranker.device import TierCopier
-from services.ranker.engine import DeviceWorker, Op, Priority
 from services.ranker.events import Events
 from services.ranker.model import PrefixKV
 from services.ranker.runner import ModelRunner
+from services.ranker.scheduler import Op, Priority, Scheduler
 from services.ranker.tiers import Tier
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class PrefixCache:
         self,
         runner: ModelRunner,
         copier: TierCopier,
-        copy_worker: DeviceWorker,
+        copy_worker: Scheduler,
         hbm: Tier,
         dram: Tier,
         lease_ttl_s: float,

@@ -1,7 +1,7 @@
 """Model calls as device-thread jobs: turns `Events` into tensors on the device and runs the model.
 
 `ModelRunner` is the only object that touches the model. Its async-facing methods return futures
-resolved by the `DeviceWorker` thread, which runs the work with the given priority; the `*_sync`
+resolved by the `Scheduler` thread, which runs the work with the given priority; the `*_sync`
 methods are the work itself. Background pre-inference runs in chunks and lets every queued rank run
 between two chunks.
 """
@@ -14,16 +14,16 @@ from collections.abc import Sequence
 import torch
 
 from services.ranker.device import synchronize
-from services.ranker.engine import DeviceWorker, Op, Priority
 from services.ranker.events import Events
 from services.ranker.model import HSTURanker, PrefixKV
+from services.ranker.scheduler import Op, Priority, Scheduler
 
 
 class ModelRunner:
     def __init__(
         self,
         model: HSTURanker,
-        worker: DeviceWorker,
+        worker: Scheduler,
         chunk_tokens: int,
         candidate_microbatch: int | None,
         model_version: str,

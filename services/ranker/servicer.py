@@ -16,11 +16,11 @@ from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.common import metrics, validation
 from services.common.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from services.ranker.config import RankerConfig
-from services.ranker.engine import Priority
 from services.ranker.events import Events
 from services.ranker.prefix_cache import PrefixCache, Source
 from services.ranker.profile import LatencyCurve
 from services.ranker.runner import ModelRunner
+from services.ranker.scheduler import Priority
 
 
 class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):

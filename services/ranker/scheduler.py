@@ -1,4 +1,4 @@
-"""The device thread: all model work of a ranker runs on one thread per device, by priority.
+"""The scheduler: all model work of a ranker runs on one thread per device, by priority.
 
 The asyncio event loop never runs model code. It submits jobs and awaits their futures; the worker
 thread takes the most urgent job first (ranks before reloads before pre-inference, FIFO within a
@@ -51,6 +51,18 @@ class Op(enum.StrEnum):
 MODEL_PASSES = (Op.PRE_INFER, Op.EXTEND, Op.RANK, Op.UNCACHED)
 
 
+@dataclasses.dataclass(order=True)
+class Job:
+    """A queued callable. Jobs order by priority, then by submission (FIFO within a priority)."""
+
+    priority: Priority
+    seq: int
+    deadline: float | None = dataclasses.field(compare=False)
+    fn: Callable[[], Any] = dataclasses.field(compare=False)
+    future: asyncio.Future = dataclasses.field(compare=False)
+    op: Op = dataclasses.field(compare=False)
+
+
 @dataclasses.dataclass
 class _Running:
     """A job on the device thread: its priority (raised by `promote`) and the future it resolves."""
@@ -59,11 +71,11 @@ class _Running:
     future: asyncio.Future
 
 
-class DeviceWorker:
+class Scheduler:
     """A single thread that runs submitted callables in priority order. Thread-safe `submit`."""
 
     def __init__(self, name: str = "device") -> None:
-        self._heap: list[tuple[int, int, float | None, Callable[[], Any], asyncio.Future, str]] = []
+        self._heap: list[Job] = []
         self._counter = itertools.count()
         self._cond = threading.Condition()
         self._closed = False
@@ -88,7 +100,7 @@ class DeviceWorker:
         with self._cond:
             if self._closed:
                 raise RuntimeError("device worker is closed")
-            heapq.heappush(self._heap, (priority, next(self._counter), deadline, fn, future, op))
+            heapq.heappush(self._heap, Job(priority, next(self._counter), deadline, fn, future, op))
             self._count(priority, +1)
             self._cond.notify()
         return future
@@ -101,11 +113,11 @@ class DeviceWorker:
                 if running.future is future:
                     running.priority = min(running.priority, priority)
                     return
-            for index, job in enumerate(self._heap):
-                if job[4] is future and job[0] > priority:
-                    self._count(Priority(job[0]), -1)
+            for job in self._heap:
+                if job.future is future and job.priority > priority:
+                    self._count(job.priority, -1)
                     self._count(priority, +1)
-                    self._heap[index] = (priority, *job[1:])
+                    job.priority = priority
                     heapq.heapify(self._heap)
                     return
 
@@ -123,14 +135,14 @@ class DeviceWorker:
         """
         while True:
             with self._cond:
-                if not self._heap or self._heap[0][0] >= self._running[-1].priority:
+                if not self._heap or self._heap[0].priority >= self._running[-1].priority:
                     return
                 job = self._pop()
             self._run(job)
 
-    def _pop(self):
+    def _pop(self) -> Job:
         job = heapq.heappop(self._heap)
-        self._count(Priority(job[0]), -1)
+        self._count(job.priority, -1)
         return job
 
     def _count(self, priority: Priority, change: int) -> None:
@@ -147,18 +159,18 @@ class DeviceWorker:
                 job = self._pop()
             self._run(job)
 
-    def _run(self, job) -> None:
+    def _run(self, job: Job) -> None:
         """Runs a job as the innermost running one: nested in another job, it yields by its own priority."""
         with self._cond:
-            self._running.append(_Running(job[0], job[4]))
+            self._running.append(_Running(job.priority, job.future))
         try:
             self._execute(job)
         finally:
             with self._cond:
                 self._running.pop()
 
-    def _execute(self, job) -> None:
-        _, _, deadline, fn, future, op = job
+    def _execute(self, job: Job) -> None:
+        deadline, fn, future, op = job.deadline, job.fn, job.future, job.op
         loop = future.get_loop()
         if future.cancelled():
             return
