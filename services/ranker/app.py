@@ -16,13 +16,14 @@ from services.common import metrics
 from services.common.contract import RANKER_SERVICE
 from services.common.server import GrpcServer
 from services.ranker.config import RankerConfig
+from services.ranker.dataplane import DataPlane
 from services.ranker.device import TierCopier, select_device
 from services.ranker.model import HSTURanker
 from services.ranker.prefix_cache import Kind, PrefixCache, Source
 from services.ranker.presets import get_preset
-from services.ranker.profile import LatencyCurve, measure
+from services.ranker.profile import LatencyCurve
 from services.ranker.runner import ModelRunner
-from services.ranker.scheduler import Op, Priority, Scheduler
+from services.ranker.scheduler import Op, Scheduler
 from services.ranker.servicer import RankerServicer
 from services.ranker.tiers import POLICIES, Tier
 
@@ -76,24 +77,13 @@ class RankerApp:
             max_pending_pre_infer=config.max_pending_pre_infer,
             max_tombstones=config.max_tombstones,
         )
-        self.servicer = RankerServicer(config, self.runner, self.cache, str(self.device))
+        self.plane = DataPlane(config, self.runner, self.cache, self.worker)
+        self.servicer = RankerServicer(config, self.plane, str(self.device))
         self._sweeper: asyncio.Task | None = None
 
     async def warm_up(self) -> LatencyCurve:
-        """Measures the latency curve on the device thread; the servicer reports it from then on."""
-        config = self.config
-        curve = await self.worker.submit(
-            lambda: measure(
-                self.runner,
-                config.profile_length_list(),
-                config.profile_short_term,
-                config.profile_candidates,
-                config.profile_repeats,
-            ),
-            Priority.RANK,
-            Op.PROFILE,
-        )
-        self.servicer.curve = curve
+        """Measures the data plane's latency curve, then starts the cache's sweeper."""
+        curve = await self.plane.warm_up()
         for point in curve.points:
             log.info(
                 "profile L=%d: full %.2f ms, pre-infer %.2f ms, rank %.2f ms",

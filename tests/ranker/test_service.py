@@ -188,7 +188,7 @@ def test_a_rank_that_cannot_meet_its_deadline_is_shed_before_the_work():
             # The latency curve is the ranker's own measurement; here it says a rank of any length takes
             # 10 s, so a Rank with 2 s left reaches the server and is shed there, before any work.
             slow = LatencyPoint(prefix_length=60, full_ms=20_000.0, pre_infer_ms=10_000.0, rank_ms=10_000.0)
-            r.app.servicer.curve = dataclasses.replace(r.app.servicer.curve, points=(slow,))
+            r.app.plane.curve = dataclasses.replace(r.app.plane.curve, points=(slow,))
             shed = metric("relaygr_shed_requests_total", method="Rank", reason="deadline")
             passes = model_passes()
             with pytest.raises(grpc.aio.AioRpcError) as caught:

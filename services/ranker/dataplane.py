@@ -1,0 +1,127 @@
+"""The ranker's data plane: PreInfer and Rank as plain calls, with no transport in them.
+
+The servicer translates protobuf into these calls and their results back; everything a request does
+happens here, each step once:
+
+    Rank:     shed (queue full, or a deadline shorter than the cheapest rank)
+              -> cache.acquire (the prefix: HBM, DRAM, extended, or none)
+              -> runner.rank / runner.uncached (the scores)
+              -> cache.release, metrics
+    PreInfer: cache.pre_infer (start, join, renew or refuse a production), metrics
+
+The latency curve that shedding reads is the data plane's own: `warm_up` measures it on the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from relaygr.v1 import common_pb2, ranker_pb2
+from services.common import metrics
+from services.common.errors import DeadlineExceeded, ResourceExhausted
+from services.ranker.config import RankerConfig
+from services.ranker.events import Events
+from services.ranker.prefix_cache import PrefixCache, Source
+from services.ranker.profile import LatencyCurve, measure
+from services.ranker.runner import ModelRunner
+from services.ranker.scheduler import Op, Priority, Scheduler
+
+
+@dataclasses.dataclass(frozen=True)
+class PreInferResult:
+    outcome: int  # a ranker_pb2.PreInferOutcome
+    cache_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RankResult:
+    scores: list[float]
+    source: Source
+    miss_reason: int  # a common_pb2.MissReason
+    lossy: bool
+
+
+class DataPlane:
+    def __init__(
+        self, config: RankerConfig, runner: ModelRunner, cache: PrefixCache, scheduler: Scheduler
+    ) -> None:
+        self.config = config
+        self.runner = runner
+        self.cache = cache
+        self.scheduler = scheduler
+        # Measured by `warm_up`, before the service reports SERVING.
+        self.curve: LatencyCurve | None = None
+
+    async def warm_up(self) -> LatencyCurve:
+        """Measures the latency curve on the device thread; shedding and GetProfile use it from then on."""
+        config = self.config
+        self.curve = await self.scheduler.submit(
+            lambda: measure(
+                self.runner,
+                config.profile_length_list(),
+                config.profile_short_term,
+                config.profile_candidates,
+                config.profile_repeats,
+            ),
+            Priority.RANK,
+            Op.PROFILE,
+        )
+        return self.curve
+
+    async def pre_infer(self, user_id: str, events: Events) -> PreInferResult:
+        outcome, nbytes = await self.cache.pre_infer(user_id, events)
+        metrics.PRE_INFER_OUTCOMES.labels(metrics.enum_label(ranker_pb2.PreInferOutcome, outcome)).inc()
+        return PreInferResult(outcome, nbytes)
+
+    async def rank(
+        self,
+        user_id: str,
+        long_term: Events,
+        short_term: Events,
+        candidates: np.ndarray,
+        relay_instance: str,
+        time_remaining_s: float | None,
+        received_at: float | None = None,
+    ) -> RankResult:
+        """Scores `candidates` for the user; `time_remaining_s` is the caller's deadline (None: none).
+        The latency metric counts from `received_at` (`time.perf_counter()`; default: now)."""
+        started = time.perf_counter() if received_at is None else received_at
+        deadline = self._admit(len(long_term), time_remaining_s)
+        acquired = await self.cache.acquire(user_id, long_term, relay_instance, deadline)
+        try:
+            if acquired.entry is None:
+                scores = await self.runner.uncached(long_term, short_term, candidates, deadline)
+            else:
+                scores = await self.runner.rank(acquired.entry.hbm, short_term, candidates, deadline)
+        finally:
+            self.cache.release(acquired)
+        source = acquired.source
+        lossy = acquired.entry is not None and acquired.entry.lossy
+        metrics.RANK_REQUESTS.labels(source.label).inc()
+        if lossy:
+            metrics.RANK_LOSSY.labels(source.label).inc()
+        if source is Source.MISS:
+            metrics.RANK_MISSES.labels(metrics.enum_label(common_pb2.MissReason, acquired.miss_reason)).inc()
+        metrics.RANK_LATENCY.labels(source.label).observe(time.perf_counter() - started)
+        return RankResult(scores, source, acquired.miss_reason, lossy)
+
+    def _admit(self, length: int, time_remaining_s: float | None) -> float | None:
+        """Sheds a Rank before any work when the device queue is full or its deadline cannot be met;
+        otherwise its deadline as a `time.monotonic()` instant (None: no deadline)."""
+        if self.scheduler.queued(Priority.RANK) >= self.config.max_queued_ranks:
+            metrics.SHED_REQUESTS.labels("Rank", "queue_full").inc()
+            raise ResourceExhausted(f"rank queue is full ({self.config.max_queued_ranks} waiting)")
+        if time_remaining_s is None:
+            return None
+        if self.curve is not None:
+            cheapest_ms = self.curve.predict_ms("rank_ms", length)
+            if time_remaining_s * 1000 < cheapest_ms:
+                metrics.SHED_REQUESTS.labels("Rank", "deadline").inc()
+                raise DeadlineExceeded(
+                    f"deadline in {time_remaining_s * 1000:.1f} ms is shorter than the "
+                    f"{cheapest_ms:.1f} ms a rank takes"
+                )
+        return time.monotonic() + time_remaining_s
