@@ -26,15 +26,15 @@ import dataclasses
 import enum
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 
 from relaygr.v1 import common_pb2, ranker_pb2
 from services.common import metrics
 from services.common.errors import DeadlineExceeded
+from services.ranker.cache_index import CacheEntry, Index, Pin, PrefixKey
 from services.ranker.device import TierCopier
 from services.ranker.events import Events
-from services.ranker.model import PrefixKV
+from services.ranker.leases import Leases
 from services.ranker.runner import ModelRunner
 from services.ranker.scheduler import Op, Priority, Scheduler
 from services.ranker.tiers import Tier
@@ -67,37 +67,6 @@ class Kind(enum.Enum):
     EXTEND = "extend"
 
 
-@dataclasses.dataclass(frozen=True)
-class PrefixKey:
-    user_id: str
-    fingerprint: str
-    model_version: str
-
-
-@dataclasses.dataclass
-class Lease:
-    owner: str
-    deadline: float
-
-
-@dataclasses.dataclass(eq=False)
-class CacheEntry:
-    key: PrefixKey
-    events: Events
-    hbm: PrefixKV | None = None
-    dram: PrefixKV | None = None
-    lease: Lease | None = None
-    pins: int = 0
-    demoting: bool = False
-    # Its KV went through a lossy (bf16) DRAM copy, itself or the base it was extended from: its scores
-    # equal a full recomputation only within that copy's epsilon, and every Rank served from it says so.
-    lossy: bool = False
-
-    @property
-    def length(self) -> int:
-        return len(self.events)
-
-
 @dataclasses.dataclass(eq=False)
 class Production:
     kind: Kind
@@ -110,7 +79,11 @@ class Production:
     lease: bool = False
     # Why the Rank that started a compute missed; Ranks that join it share the reason.
     miss_reason: int = Miss.MISS_REASON_UNSPECIFIED
+    # Ranks awaiting it; when it completes, it pins the entry once for each, and each takes its pin.
     waiters: int = 0
+    handed: list[Pin] = dataclasses.field(default_factory=list)
+    # The pin that holds the entry it reloads or extends, until it is done.
+    base_pin: Pin | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +93,7 @@ class Acquired:
     entry: CacheEntry | None
     source: Source
     miss_reason: int = Miss.MISS_REASON_UNSPECIFIED
+    pin: Pin | None = None
 
 
 class PrefixCache:
@@ -142,27 +116,30 @@ class PrefixCache:
         self.copy_worker = copy_worker
         self.hbm = hbm
         self.dram = dram
-        self.lease_ttl_s = lease_ttl_s
+        self.leases = Leases(lease_ttl_s, clock)
         self.dram_ttl_s = dram_ttl_s
-        self.instance = instance
         self.max_pending_pre_infer = max_pending_pre_infer
-        self.max_tombstones = max_tombstones
         self.clock = clock
         self.bytes_per_token = runner.kv_bytes_per_token
         self.dram_bytes_per_token = (
             self.bytes_per_token * copier.dram_dtype.itemsize // copier.compute_dtype.itemsize
         )
-        self.entries: dict[PrefixKey, CacheEntry] = {}
-        self.by_user: dict[str, set[PrefixKey]] = {}
+        self.index = Index(instance, max_tombstones)
         self.productions: dict[PrefixKey, Production] = {}
-        self.leases: dict[PrefixKey, CacheEntry] = {}  # the leased entries, so sweeps skip the rest
-        self.tombstones: OrderedDict[str, int] = OrderedDict()
         self.accepting = True
         metrics.KV_CACHE_CAPACITY_BYTES.labels("hbm").set(hbm.budget_bytes)
         metrics.KV_CACHE_CAPACITY_BYTES.labels("dram").set(dram.budget_bytes)
         self._publish()
 
     # ---- public API ----
+
+    @property
+    def entries(self) -> dict[PrefixKey, CacheEntry]:
+        return self.index.entries
+
+    def pins(self) -> list[Pin]:
+        """Every pin held now, with its owner and age: after traffic has settled, none (a leak if any)."""
+        return [pin for entry in self.index for pin in entry.pins]
 
     def key(self, user_id: str, events: Events) -> PrefixKey:
         return PrefixKey(user_id, events.fingerprint, self.runner.model_version)
@@ -177,7 +154,7 @@ class PrefixCache:
             # Joining: the entry is leased when the shared production completes.
             production.lease = True
             return Outcome.PRE_INFER_OUTCOME_ACCEPTED, nbytes
-        entry = self.entries.get(key)
+        entry = self.index.get(key)
         if entry is not None and entry.hbm is not None:
             self._lease(key, user_id)
             return Outcome.PRE_INFER_OUTCOME_ALREADY_CACHED, nbytes
@@ -192,7 +169,7 @@ class PrefixCache:
             started = self._start(key, events, kind, Priority.PRE_INFER, for_rank=False, base=base)
             outcome = Outcome.PRE_INFER_OUTCOME_ACCEPTED
         if started is None:
-            self._tombstone(user_id, Miss.MISS_REASON_REJECTED_CAPACITY)
+            self.index.tombstone(user_id, Miss.MISS_REASON_REJECTED_CAPACITY)
             return Outcome.PRE_INFER_OUTCOME_REJECTED_CAPACITY, 0
         return outcome, nbytes
 
@@ -205,11 +182,10 @@ class PrefixCache:
         drops the production unstarted, and any joiner computes on its own."""
         self.sweep()
         key = self.key(user_id, events)
-        entry = self.entries.get(key)
+        entry = self.index.get(key)
         if entry is not None and entry.hbm is not None and key not in self.productions:
-            self._end_lease(entry)  # consumed
-            entry.pins += 1
-            return Acquired(entry, Source.HBM)
+            self.leases.end(entry)  # consumed
+            return Acquired(entry, Source.HBM, pin=entry.pin("rank"))
         production = self.productions.get(key)
         if production is not None:
             metrics.PRODUCTION_JOINS.inc()
@@ -232,23 +208,22 @@ class PrefixCache:
         return await self._join(production, key)
 
     def release(self, acquired: Acquired) -> None:
-        entry = acquired.entry
-        if entry is None:
+        if acquired.pin is None:
             return
-        entry.pins -= 1
-        if entry.pins == 0 and entry.lease is None and self.entries.get(entry.key) is entry:
+        entry = acquired.pin.release()
+        if entry is not None and not entry.pinned and entry.lease is None and self.index.holds(entry):
             self._demote(entry, Miss.MISS_REASON_EVICTED_HBM)
         self._publish()
 
     def sweep(self) -> None:
         """Releases expired leases (exactly once each) and DRAM entries idle past their TTL."""
         now = self.clock()
-        for entry in [e for e in self.leases.values() if e.lease.deadline <= now and e.pins == 0]:
-            self._end_lease(entry)
+        for entry in self.leases.expired():
+            self.leases.end(entry)
             metrics.LEASE_EXPIRATIONS.inc()
             self._demote(entry, Miss.MISS_REASON_LEASE_EXPIRED)
         for key in self.dram.idle_keys(older_than=now - self.dram_ttl_s):
-            entry = self.entries.get(key)
+            entry = self.index.get(key)
             if entry is not None and entry.hbm is None and key not in self.productions:
                 self._evict_dram(entry, "ttl")
         self._publish()
@@ -290,17 +265,16 @@ class PrefixCache:
         need = len(events) * self.bytes_per_token
         if kind is Kind.EXTEND and base.hbm is None:
             need += base.length * self.bytes_per_token  # the base's transient device copy
-        if not self._make_room_hbm(need):
+        if not self.hbm.make_room(need, self._demote_victim):
             return None
         self.hbm.reserve(key, need, self.clock())
-        if base is not None:
-            base.pins += 1
+        base_pin = None if base is None else base.pin(f"{kind.value} of {key.user_id}")
         task = asyncio.get_running_loop().create_task(
-            self._produce(key, events, kind, priority, base, deadline)
+            self._produce(key, events, kind, priority, base, base_pin, deadline)
         )
         # Its waiters may all be gone (cancelled) when it fails: mark the failure seen, or asyncio logs it.
         task.add_done_callback(lambda done: done.cancelled() or done.exception())
-        production = Production(kind, for_rank, task, priority, lease=not for_rank)
+        production = Production(kind, for_rank, task, priority, lease=not for_rank, base_pin=base_pin)
         self.productions[key] = production
         metrics.PRODUCTIONS.labels(kind.value).inc()
         self._publish()
@@ -313,6 +287,7 @@ class PrefixCache:
         kind: Kind,
         priority: Priority,
         base: CacheEntry | None,
+        base_pin: Pin | None,
         deadline: float | None,
     ) -> CacheEntry:
         try:
@@ -341,27 +316,27 @@ class PrefixCache:
         except BaseException:
             self.hbm.release(key)
             del self.productions[key]
-            self._unpin_base(base, superseded=False)
+            self._unpin_base(base_pin, superseded=False)
             self._publish()
             raise
         production = self.productions.pop(key)
         if not self.hbm.resize(key, kv.nbytes()):
             log.error("prefix KV of %s is %d bytes, more than reserved; HBM cannot hold it", key, kv.nbytes())
             self.hbm.release(key)
-            self._unpin_base(base, superseded=False)
-            self._tombstone(key.user_id, Miss.MISS_REASON_REJECTED_CAPACITY)
+            self._unpin_base(base_pin, superseded=False)
+            self.index.tombstone(key.user_id, Miss.MISS_REASON_REJECTED_CAPACITY)
             self._publish()
             raise OverBudget(f"{kv.nbytes()} bytes do not fit in the HBM tier")
         entry = base if kind is Kind.RELOAD else CacheEntry(key, events)
         if base is not None:  # reloaded, or extended from a base: lossy if that KV came from a lossy copy
             entry.lossy = base.lossy or (reloaded and self.copier.lossy)
         entry.hbm = kv
-        entry.pins += production.waiters
+        production.handed = [entry.pin("rank") for _ in range(production.waiters)]
         if kind is not Kind.RELOAD:
-            self._insert(entry)
+            self.index.insert(entry)
         if production.lease:
             self._lease(key, key.user_id)
-        self._unpin_base(base, superseded=kind is Kind.EXTEND)
+        self._unpin_base(base_pin, superseded=kind is Kind.EXTEND)
         self._publish()
         return entry
 
@@ -372,11 +347,11 @@ class PrefixCache:
             if production.job is not None:
                 self.runner.worker.promote(production.job, Priority.RANK)
 
-    def _unpin_base(self, base: CacheEntry | None, superseded: bool) -> None:
+    def _unpin_base(self, base_pin: Pin | None, superseded: bool) -> None:
+        base = None if base_pin is None else base_pin.release()
         if base is None:
             return
-        base.pins -= 1
-        if superseded and base.pins == 0 and base.lease is None and self.entries.get(base.key) is base:
+        if superseded and not base.pinned and base.lease is None and self.index.holds(base):
             self._remove(base, "superseded")
 
     async def _join(self, production: Production, key: PrefixKey) -> Acquired:
@@ -390,7 +365,7 @@ class PrefixCache:
         except asyncio.CancelledError:
             task = production.task
             if task.done() and not task.cancelled() and task.exception() is None:
-                self.release(Acquired(task.result(), source))
+                self.release(Acquired(task.result(), source, pin=production.handed.pop()))
             else:
                 production.waiters -= 1
             raise
@@ -401,69 +376,35 @@ class PrefixCache:
         except Exception:  # the shared production failed: this Rank computes on its own
             log.warning("production of %s failed", key, exc_info=True)
             return Acquired(None, Source.MISS, miss_reason or Miss.MISS_REASON_COLD)
-        self._end_lease(entry)  # a pre-infer leased it: this Rank consumes the lease
-        return Acquired(entry, source, miss_reason)
+        self.leases.end(entry)  # a pre-infer leased it: this Rank consumes the lease
+        return Acquired(entry, source, miss_reason, pin=production.handed.pop())
 
     def _lease(self, key: PrefixKey, owner: str) -> None:
-        entry = self.entries.get(key)
+        entry = self.index.get(key)
         if entry is None or entry.hbm is None:
             return
-        entry.lease = Lease(owner, self.clock() + self.lease_ttl_s)
-        self.leases[key] = entry
-        metrics.LEASES_ACTIVE.set(len(self.leases))
+        self.leases.grant(entry, owner)
         self._publish()
-
-    def _end_lease(self, entry: CacheEntry) -> None:
-        """Releases the entry's lease, if any: consumed, expired or removed — exactly once."""
-        if entry.lease is not None:
-            entry.lease = None
-            del self.leases[entry.key]
-            metrics.LEASES_ACTIVE.set(len(self.leases))
 
     # ---- lookups ----
 
     def _extension_base(self, user_id: str, events: Events) -> CacheEntry | None:
         """The longest cached entry of this user whose events are a strict prefix of `events`."""
-        best = None
-        for key in self.by_user.get(user_id, ()):
-            entry = self.entries[key]
-            if key in self.productions or entry.demoting:
-                continue
-            if events.has_prefix(entry.events) and (best is None or entry.length > best.length):
-                best = entry
-        return best
+        return self.index.extension_base(
+            user_id, events, busy=lambda entry: entry.key in self.productions or entry.demoting
+        )
 
     def _miss_reason(self, user_id: str, events: Events, relay_instance: str) -> int:
-        if relay_instance and relay_instance != self.instance:
-            return Miss.MISS_REASON_ROUTED_ELSEWHERE
-        stale = [
-            self.entries[k]
-            for k in self.by_user.get(user_id, ())
-            if not events.has_prefix(self.entries[k].events) and k.fingerprint != events.fingerprint
-        ]
-        if stale:
-            for entry in stale:
-                if entry.pins == 0 and entry.lease is None and entry.key not in self.productions:
-                    self._remove(entry, "stale")
-            return Miss.MISS_REASON_STALE_PREFIX
-        if user_id in self.tombstones:
-            return self.tombstones[user_id]
-        if relay_instance:
-            return Miss.MISS_REASON_COLD
-        return Miss.MISS_REASON_NEVER_PRE_INFERRED
-
-    def _tombstone(self, user_id: str, reason: int) -> None:
-        self.tombstones[user_id] = reason
-        self.tombstones.move_to_end(user_id)
-        while len(self.tombstones) > self.max_tombstones:
-            self.tombstones.popitem(last=False)
+        """Why this Rank found no prefix; stale entries of the user that nothing holds go on the way."""
+        if relay_instance and relay_instance != self.index.instance:
+            return self.index.miss_reason(user_id, relay_instance, stale=False)
+        stale = self.index.stale(user_id, events)
+        for entry in stale:
+            if not entry.pinned and entry.lease is None and entry.key not in self.productions:
+                self._remove(entry, "stale")
+        return self.index.miss_reason(user_id, relay_instance, stale=bool(stale))
 
     # ---- tier moves ----
-
-    def _insert(self, entry: CacheEntry) -> None:
-        self.entries[entry.key] = entry
-        self.by_user.setdefault(entry.key.user_id, set()).add(entry.key)
-        self.tombstones.pop(entry.key.user_id, None)
 
     def _remove(self, entry: CacheEntry, reason: str) -> None:
         key = entry.key
@@ -473,43 +414,23 @@ class PrefixCache:
         if key in self.dram:  # a held copy, or the reservation of a copy in flight
             self.dram.release(key)
             metrics.KV_CACHE_EVICTIONS.labels("dram", reason).inc()
-        self._end_lease(entry)
+        self.leases.end(entry)
         entry.hbm = entry.dram = None
-        del self.entries[key]
-        users = self.by_user[key.user_id]
-        users.discard(key)
-        if not users:
-            del self.by_user[key.user_id]
+        self.index.drop(entry)
 
-    def _make_room_hbm(self, nbytes: int) -> bool:
-        if nbytes > self.hbm.budget_bytes:
-            return False
-        for key in self.hbm.victims():
-            if self.hbm.fits(nbytes):
-                break
-            entry = self.entries.get(key)
-            if (
-                entry is None
-                or entry.pins
-                or entry.lease is not None
-                or entry.demoting
-                or key in self.productions
-            ):
-                continue
+    def _demote_victim(self, key: PrefixKey) -> None:
+        """HBM's eviction: demotes the entry unless it is pinned, leased, moving or being produced."""
+        entry = self.index.get(key)
+        if entry is None or entry.pinned or entry.lease is not None or entry.demoting:
+            return
+        if key not in self.productions:
             self._demote(entry, Miss.MISS_REASON_EVICTED_HBM)
-        return self.hbm.fits(nbytes)
 
-    def _make_room_dram(self, nbytes: int) -> bool:
-        if nbytes > self.dram.budget_bytes:
-            return False
-        for key in self.dram.victims():
-            if self.dram.fits(nbytes):
-                break
-            entry = self.entries.get(key)
-            if entry is None or key in self.productions or entry.pins:
-                continue
+    def _evict_dram_victim(self, key: PrefixKey) -> None:
+        """DRAM's eviction: drops the DRAM copy unless the entry is pinned or being produced."""
+        entry = self.index.get(key)
+        if entry is not None and key not in self.productions and not entry.pinned:
             self._evict_dram(entry, "capacity")
-        return self.dram.fits(nbytes)
 
     def _evict_dram(self, entry: CacheEntry, reason: str) -> None:
         if entry.hbm is not None:  # keep the HBM copy; only the DRAM copy goes
@@ -518,7 +439,7 @@ class PrefixCache:
             metrics.KV_CACHE_EVICTIONS.labels("dram", reason).inc()
             return
         self._remove(entry, reason)
-        self._tombstone(entry.key.user_id, Miss.MISS_REASON_EVICTED_DRAM)
+        self.index.tombstone(entry.key.user_id, Miss.MISS_REASON_EVICTED_DRAM)
 
     def _demote(self, entry: CacheEntry, reason_if_dropped: int) -> None:
         """Moves an unleased, unpinned HBM entry to DRAM; drops it when DRAM cannot hold it."""
@@ -530,11 +451,11 @@ class PrefixCache:
             self.dram.touch(entry.key, self.clock())
             return
         nbytes = entry.length * self.dram_bytes_per_token
-        if not self._make_room_dram(nbytes):
+        if not self.dram.make_room(nbytes, self._evict_dram_victim):
             self._remove(
                 entry, "lease_expired" if reason_if_dropped == Miss.MISS_REASON_LEASE_EXPIRED else "no_dram"
             )
-            self._tombstone(entry.key.user_id, reason_if_dropped)
+            self.index.tombstone(entry.key.user_id, reason_if_dropped)
             return
         self.dram.reserve(entry.key, nbytes, self.clock())
         entry.demoting = True
@@ -546,7 +467,7 @@ class PrefixCache:
 
     def _demoted(self, entry: CacheEntry, future: asyncio.Future) -> None:
         entry.demoting = False
-        if self.entries.get(entry.key) is not entry:  # removed while copying; `_remove` freed its bytes
+        if self.index.get(entry.key) is not entry:  # removed while copying; `_remove` freed its bytes
             return
         if future.cancelled() or future.exception() is not None:
             self.dram.release(entry.key)
@@ -557,13 +478,13 @@ class PrefixCache:
             # Larger than reserved and DRAM cannot hold the difference: drop the copy, never the budget.
             log.error("DRAM copy of %s is %d bytes, more than reserved", entry.key, dram_copy.nbytes())
             self.dram.release(entry.key)
-            if entry.pins == 0 and entry.lease is None and entry.key not in self.productions:
+            if not entry.pinned and entry.lease is None and entry.key not in self.productions:
                 self._remove(entry, "no_dram")
-                self._tombstone(entry.key.user_id, Miss.MISS_REASON_EVICTED_HBM)
+                self.index.tombstone(entry.key.user_id, Miss.MISS_REASON_EVICTED_HBM)
             self._publish()
             return
         entry.dram = dram_copy
-        if entry.pins == 0 and entry.lease is None and entry.key not in self.productions:
+        if not entry.pinned and entry.lease is None and entry.key not in self.productions:
             self.hbm.release(entry.key)
             entry.hbm = None
         self._publish()

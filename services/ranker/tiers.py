@@ -138,5 +138,16 @@ class Tier:
     def victims(self) -> Iterator[K]:
         return self.policy.victims()
 
+    def make_room(self, nbytes: int, evict: Callable[[K], None]) -> bool:
+        """Evicts in the policy's order until `nbytes` fit; True when they do. `evict(key)` frees what it
+        can of a key (it may keep a key that is in use, or free its bytes only later)."""
+        if nbytes > self.budget_bytes:
+            return False
+        for key in self.victims():
+            if self.fits(nbytes):
+                break
+            evict(key)
+        return self.fits(nbytes)
+
     def stats(self) -> TierStats:
         return TierStats(self.used_bytes, len(self._sizes))
