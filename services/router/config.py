@@ -41,6 +41,12 @@ class RouterConfig(ServiceConfig):
         choices=ROUTING_POLICIES,
     )
     health_interval_s: float = setting(1.0, "seconds between gRPC health checks of each member", above=0)
+    health_timeouts: int = setting(
+        3,
+        "consecutive health checks without an answer in time that make a member unhealthy (a busy ranker "
+        "answers late; NOT_SERVING or a refused connection counts at once)",
+        above=0,
+    )
     circuit_failures: int = setting(3, "consecutive failed forwards that open a member's circuit", above=0)
     circuit_open_s: float = setting(5.0, "seconds an open circuit keeps a member off the ring", above=0)
     deadline_margin_ms: int = setting(

@@ -8,8 +8,9 @@ Contract:
   without a PTR record is skipped with a warning: naming a member by its IP would move its arc whenever
   the pod restarts. DNS is re-resolved every `dns_refresh_s`; a failed resolution keeps the members.
 - Each member's gRPC health (service `relaygr.v1.RankerService`) is checked every `health_interval_s`.
-  A member is routable while its last check said SERVING and its circuit is closed. It stays on the
-  ring either way, so it gets its arcs back as soon as it is routable again.
+  A member is routable while its last answered check said SERVING and its circuit is closed; a check
+  that times out counts only after `health_timeouts` in a row (a busy ranker answers late). It stays on
+  the ring either way, so it gets its arcs back as soon as it is routable again.
 - `CircuitBreaker`: `failures` consecutive failed forwards open the circuit for `open_s`; afterwards
   traffic may try again, a success closes it and one more failure re-opens it at once.
 
@@ -183,6 +184,7 @@ class Membership:
         circuit_failures: int,
         circuit_open_s: float,
         refresh_s: float | None = None,
+        health_timeouts: int = 3,
         close_grace_s: float = 0.0,
         clock: Clock = time.monotonic,
     ) -> None:
@@ -190,6 +192,7 @@ class Membership:
         self._discover = discover
         self._connect = connect
         self._health_interval_s = health_interval_s
+        self._health_timeouts = health_timeouts
         self._circuit_failures = circuit_failures
         self._circuit_open_s = circuit_open_s
         self._refresh_s = refresh_s
@@ -222,6 +225,7 @@ class Membership:
                 load_floor=config.load_floor,
             ),
             health_interval_s=config.health_interval_s,
+            health_timeouts=config.health_timeouts,
             circuit_failures=config.circuit_failures,
             circuit_open_s=config.circuit_open_s,
             refresh_s=refresh_s,
@@ -300,12 +304,19 @@ class Membership:
     async def _watch_health(self, member: Member) -> None:
         check = health_pb2_grpc.HealthStub(member.channel).Check
         request = health_pb2.HealthCheckRequest(service=RANKER_SERVICE)
+        timeouts = 0  # consecutive probes that got no answer in time
         while True:
             try:
                 response = await check(request, timeout=self._health_interval_s)
                 healthy = response.status == health_pb2.HealthCheckResponse.SERVING
-            except grpc.aio.AioRpcError:
-                healthy = False
+                timeouts = 0
+            except grpc.aio.AioRpcError as exc:
+                # NOT_SERVING (draining) and a refused connection (dead) take a member off at once. A
+                # probe that only ran out of time is a busy member: it stays as it was until
+                # `health_timeouts` probes in a row time out, so an overload that slows every ranker's
+                # answers does not empty the ring all at once.
+                timeouts = timeouts + 1 if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else 0
+                healthy = member.healthy and 0 < timeouts < self._health_timeouts
             if healthy != member.healthy:
                 log.info("member %s is %s", member.name, "healthy" if healthy else "unhealthy")
                 member.healthy = healthy

@@ -29,13 +29,26 @@ class Received:
     time_remaining: float | None
 
 
+class _Health(health.aio.HealthServicer):
+    """The standard health service, whose Check can be made to answer late."""
+
+    delay_s = 0.0
+    late = 0  # checks answered with a delay
+
+    async def Check(self, request, context):
+        if self.delay_s:
+            self.late += 1
+            await asyncio.sleep(self.delay_s)
+        return await super().Check(request, context)
+
+
 class StubRanker:
     def __init__(self, name: str) -> None:
         self.name = name
         self.received: list[Received] = []
         self.fail_with: grpc.StatusCode | None = None
         self.delay_s = 0.0
-        self.health = health.aio.HealthServicer()
+        self.health = _Health()
         self.server = grpc.aio.server()
         handlers = {
             method: grpc.unary_unary_rpc_method_handler(self._handler(method))

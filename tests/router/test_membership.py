@@ -151,6 +151,35 @@ def test_unhealthy_members_are_not_routable_and_come_back() -> None:
     asyncio.run(scenario())
 
 
+def test_a_member_slow_to_answer_its_health_check_stays_until_several_checks_time_out() -> None:
+    """Overload slows every ranker's answers at once: one late probe must not empty the ring."""
+
+    async def scenario() -> None:
+        async with stub_rankers(1) as (zero,):
+            config = RouterConfig(
+                rankers=f"ranker-0={zero.address}", health_interval_s=0.1, health_timeouts=3
+            )
+            membership = Membership.from_config(config)
+            await membership.start()
+            try:
+                await asyncio.wait_for(membership.wait_until_any_healthy(), 5)
+                zero.health.delay_s = 0.15  # every probe now times out (its timeout is the interval)
+                late_while_routable = 0
+                while membership.routable():
+                    late_while_routable = zero.health.late
+                    await asyncio.sleep(0.005)
+                # It stayed routable through the first timed-out probes and left on the third.
+                assert late_while_routable >= 2 and zero.health.late >= 3
+                zero.health.delay_s = 0.0
+                await eventually(lambda: len(membership.routable()) == 1)
+                await zero.set_serving(False)  # an answered NOT_SERVING counts at once
+                await eventually(lambda: not membership.routable(), timeout_s=0.5)
+            finally:
+                await membership.close()
+
+    asyncio.run(scenario())
+
+
 def test_circuit_opens_after_consecutive_failures_and_closes_after_the_open_time() -> None:
     clock = FakeClock()
     breaker = CircuitBreaker(failures=3, open_s=5.0, clock=clock)
