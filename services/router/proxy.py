@@ -9,11 +9,17 @@ Contract:
 - Forwards get the caller's remaining time minus `deadline_margin_ms` (or `default_timeout_ms` when the
   caller set no deadline). A downstream error keeps its status code: the `AioRpcError` propagates and the
   shared interceptor re-raises it with its own code and details.
+- A request that arrives while the router starts, before the first health check of any member has
+  answered, waits for it (within its deadline) instead of failing: clients redial a restarted router
+  within milliseconds. Once any member has been healthy, no request waits: none routable is UNAVAILABLE.
 - A Rank that fails with UNAVAILABLE is retried once on the failover member; PreInfer is a hint and is
   never retried. Every forward attempt counts one routing decision, so a failed-over Rank counts two.
 """
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -56,11 +62,13 @@ class RankerProxy:
 
     async def pre_infer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         key = routing_key(request)
+        await self._started(context)
         return await self._send(self.policy.choose(key.user_id), "PreInfer", request, context)
 
     async def rank(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         key = routing_key(request)
         validation.instance_name(key.relay_instance)
+        await self._started(context)
         route = self.policy.choose(key.user_id, key.relay_instance)
         try:
             return await self._send(route, "Rank", request, context)
@@ -73,6 +81,7 @@ class RankerProxy:
             return await self._send(retry, "Rank", request, context)
 
     async def get_profile(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await self._started(context)
         answer = await self._forward(self.policy.least_loaded(), "GetProfile", request, context)
         profile = ranker_pb2.GetProfileResponse.FromString(answer)
         profile.fleet_members = len(self.policy.membership.routable())
@@ -101,6 +110,15 @@ class RankerProxy:
             ROUTER_INFLIGHT.labels(member.name).set(member.in_flight)
         member.record_success()
         return response
+
+    async def _started(self, context: grpc.aio.ServicerContext) -> None:
+        """Returns at once after start-up; before any member was healthy, waits for one within the
+        call's time (what is left then goes to the forward)."""
+        membership = self.policy.membership
+        if membership.routable():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(membership.wait_until_any_healthy(), self._timeout(context))
 
     def _timeout(self, context: grpc.aio.ServicerContext) -> float:
         remaining = context.time_remaining()

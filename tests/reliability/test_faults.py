@@ -124,10 +124,11 @@ def test_a_rolling_restart_with_sigterm_costs_no_failed_call(fleet: Fleet) -> No
 
 @pytest.fixture
 def patient_fleet(tmp_path) -> Iterator[Fleet]:
-    """The fleet with a Rank deadline (5 s) longer than the gap of a sole router's restart. That gap is
-    its drain (~0.45 s) plus a new process's start (~0.25 s) plus the stub's redial: at the stub's default
-    1 s deadline a Recommend sent as the drain begins is lost now and then (seen in 1 of 6 runs with
-    --reconnect-backoff-ms, in 3 of 3 without it). Deployments run two routers, as deploy/ does."""
+    """The fleet with a Rank deadline (5 s) longer than the gap of a sole router's restart: its drain
+    (~0.45 s) plus a new process's start (~0.25 s) plus the stub's redial. At the stub's default 1 s, runs
+    lost Recommends to two faults since fixed (gRPC's default redial backoff: --reconnect-backoff-ms; a
+    new router answering before its first health check: it now waits for one), but too few runs have been
+    made since to claim 1 s. Deployments run two routers, as deploy/ does."""
     stub_args = f"{STUB_ARGS} --rank-timeout-ms 5000"
     with Fleet(fleet_config(tmp_path / "logs", slo_ms=1.0, stub_args=stub_args)) as running:
         yield running
