@@ -147,6 +147,7 @@ class Member:
         self.channel = channel
         self.breaker = breaker
         self.healthy = False
+        self.checked = False  # a health check has told whether it serves (answered, refused, or timed out too often)
         self.in_flight = 0
         self._methods: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
 
@@ -202,6 +203,7 @@ class Membership:
         self._watchers: dict[Member, asyncio.Task] = {}
         self._refresher: asyncio.Task | None = None
         self._any_healthy = asyncio.Event()
+        self._checked = asyncio.Event()  # pulsed whenever a health check finishes
 
     @classmethod
     def from_config(cls, config: RouterConfig, lookup: DnsLookup = system_dns_lookup) -> Membership:
@@ -250,6 +252,16 @@ class Membership:
 
     async def wait_until_any_healthy(self) -> None:
         await self._any_healthy.wait()
+
+    def settled(self) -> bool:
+        """Start-up is over: a member is routable, or every member's first health check has finished."""
+        members = self._members.values()
+        return any(m.routable for m in members) or all(m.checked for m in members)
+
+    async def wait_settled(self) -> None:
+        while not self.settled():
+            self._checked.clear()
+            await self._checked.wait()
 
     async def refresh(self) -> None:
         try:
@@ -320,6 +332,9 @@ class Membership:
             if healthy != member.healthy:
                 log.info("member %s is %s", member.name, "healthy" if healthy else "unhealthy")
                 member.healthy = healthy
+            # A first check that only timed out has not told us anything yet, until it is the last allowed.
+            member.checked = member.checked or timeouts == 0 or timeouts >= self._health_timeouts
+            self._checked.set()
             if healthy:
                 self._any_healthy.set()
             ROUTER_MEMBER_HEALTHY.labels(member.name).set(int(member.routable))

@@ -9,9 +9,10 @@ Contract:
 - Forwards get the caller's remaining time minus `deadline_margin_ms` (or `default_timeout_ms` when the
   caller set no deadline). A downstream error keeps its status code: the `AioRpcError` propagates and the
   shared interceptor re-raises it with its own code and details.
-- A request that arrives while the router starts, before the first health check of any member has
-  answered, waits for it (within its deadline) instead of failing: clients redial a restarted router
-  within milliseconds. Once any member has been healthy, no request waits: none routable is UNAVAILABLE.
+- A request that arrives while the router starts, before any member is healthy and while some member's
+  first health check is still out, waits for start-up to settle (within its deadline) instead of failing:
+  clients redial a restarted router within milliseconds. Once settled, no request waits: with no member
+  routable it is UNAVAILABLE at once.
 - A Rank that fails with UNAVAILABLE is retried once on the failover member; PreInfer is a hint and is
   never retried. Every forward attempt counts one routing decision, so a failed-over Rank counts two.
 """
@@ -112,13 +113,13 @@ class RankerProxy:
         return response
 
     async def _started(self, context: grpc.aio.ServicerContext) -> None:
-        """Returns at once after start-up; before any member was healthy, waits for one within the
+        """Returns at once after start-up; during it, waits for the membership to settle within the
         call's time (what is left then goes to the forward)."""
         membership = self.policy.membership
-        if membership.routable():
+        if membership.settled():
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(membership.wait_until_any_healthy(), self._timeout(context))
+            await asyncio.wait_for(membership.wait_settled(), self._timeout(context))
 
     def _timeout(self, context: grpc.aio.ServicerContext) -> float:
         remaining = context.time_remaining()

@@ -250,29 +250,27 @@ def test_the_router_serves_once_a_member_is_healthy_and_is_unavailable_without_o
     asyncio.run(main())
 
 
-def test_a_request_that_comes_while_the_router_starts_waits_for_its_first_healthy_member() -> None:
+def test_a_request_that_comes_while_the_router_starts_waits_for_the_first_health_checks() -> None:
     """Clients redial a restarted router at once: a Rank that arrives before any member's first health
     check has answered is served when one does, not failed with UNAVAILABLE."""
 
     async def main() -> None:
         async with stub_rankers(1) as (stub,):
-            await stub.set_serving(False)  # not yet healthy when the router starts
-            config = router_config([stub])
+            stub.health.delay_s = 0.3  # the first check answers (SERVING) 0.3 s after the router starts
+            config = router_config([stub], health_interval_s=1.0)
             async with running_router(config) as router, grpc.aio.insecure_channel(router.address) as channel:
-                ranking = asyncio.ensure_future(
-                    ranker_pb2_grpc.RankerServiceStub(channel).Rank(rank_request("early"), timeout=5)
-                )
-                await eventually(lambda: len(stub.received) == 0 and not router.membership.routable())
-                await asyncio.sleep(0.2)
-                assert not ranking.done()  # waiting, not failed
-                await stub.set_serving(True)
-                answer = await ranking
+                client = ranker_pb2_grpc.RankerServiceStub(channel)
+                assert not router.membership.settled() and not router.membership.routable()
+                answer = await client.Rank(rank_request("early"), timeout=5)
                 assert answer.instance == "ranker-0"
-                # Once a member has been healthy, nothing waits: all of them away is UNAVAILABLE at once.
+                assert stub.health.late >= 1 and len(stub.received_by("Rank")) == 1
+                # Once settled, nothing waits: every member away is UNAVAILABLE at once.
+                stub.health.delay_s = 0.0
                 await stub.set_serving(False)
                 await eventually(lambda: not router.membership.routable())
+                assert router.membership.settled()
                 with pytest.raises(grpc.aio.AioRpcError) as caught:
-                    await ranker_pb2_grpc.RankerServiceStub(channel).Rank(rank_request("late"), timeout=5)
+                    await client.Rank(rank_request("late"), timeout=5)
                 assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
 
     asyncio.run(main())
