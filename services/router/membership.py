@@ -147,7 +147,8 @@ class Member:
         self.channel = channel
         self.breaker = breaker
         self.healthy = False
-        self.checked = False  # a health check has told whether it serves (answered, refused, or timed out too often)
+        # A health check has told whether it serves: it answered, was refused, or timed out too often.
+        self.checked = False
         self.in_flight = 0
         self._methods: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
 
