@@ -20,7 +20,7 @@ from bench import report
 from bench.config import BenchConfig
 from bench.experiments import Bench
 from services.common.config import load
-from services.common.procs import REPO_ROOT
+from services.launcher.procs import REPO_ROOT
 
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 PACKAGES = ("torch", "numpy", "grpcio", "protobuf", "matplotlib")

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from bench.workload import Universe
 from services.common.contract import RECOMMEND_SERVICE
-from services.common.procs import Processes, ServiceProcess
 from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet, FleetConfig
+from services.launcher.procs import Processes, ServiceProcess
 from services.retrieval_stub.config import RetrievalStubConfig
 
 

@@ -1,7 +1,7 @@
 """Where the time goes: the model's own latency (the physical floor) and the cached Rank through the fleet.
 
 `model_floor` builds the ranker's model and `ModelRunner` in this process, with the rankers' thread count,
-and times the three paths with the ranker's own warm-up profiler (`services.ranker.profile.measure`):
+and times the three paths with the ranker's own warm-up profiler (`services.ranker.latency_curve.measure`):
 a full forward over L + S + C tokens, a pre-inference of L tokens and a cached rank of S + C tokens
 against a ready prefix. The cached rank is the floor of RelayGR's critical path: no serving system can
 rank from a cached prefix faster than the model does.
@@ -28,7 +28,7 @@ from bench.stats import percentile
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.ranker.app import build_model
 from services.ranker.config import RankerConfig
-from services.ranker.profile import LatencyPoint, measure
+from services.ranker.latency_curve import LatencyPoint, measure
 from services.ranker.runner import ModelRunner
 from services.ranker.scheduler import Scheduler
 

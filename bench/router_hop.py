@@ -24,7 +24,7 @@ import numpy as np
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.common.config import load, setting
 from services.common.contract import RANKER_SERVICE
-from services.common.procs import Processes
+from services.launcher.procs import Processes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,8 +15,8 @@ from grpc_health.v1 import health_pb2
 
 from relaygr.v1 import recommend_pb2, recommend_pb2_grpc
 from services.common.contract import RANKER_SERVICE
-from services.common.procs import REPO_ROOT, health_status
 from services.launcher.fleet import STUB, TRIGGER, Fleet, FleetConfig, ServiceExited
+from services.launcher.procs import REPO_ROOT, health_status
 
 TINY_RANKERS = "--profile-lengths 32,128 --profile-repeats 1"
 SMALL_UNIVERSE = "--history-max 256 --num-candidates 16 --rank-timeout-ms 20000"

@@ -27,7 +27,7 @@ import numpy as np
 from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 
-from services.retrieval_stub.universe import Events, UniverseConfig, UserUniverse
+from services.retrieval_stub.universe import EventArrays, UniverseConfig, UserUniverse
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOADTEST_DIR = REPO_ROOT / "deploy" / "loadtest"
@@ -59,7 +59,7 @@ def recommend_requests(rng: np.random.Generator) -> list[dict[str, Any]]:
     return [{"user_id": user_id(int(ids[d])), "top_k": TOP_K} for d in draws]
 
 
-def _sequence(events: Events) -> dict[str, list[int]]:
+def _sequence(events: EventArrays) -> dict[str, list[int]]:
     # int64 fields as JSON numbers, which protojson accepts: what a person writing ghz data would type.
     return {
         "item_ids": events.item_ids.tolist(),

@@ -1,6 +1,7 @@
 """Declarative service configuration: every setting is a flag with a `RELAYGR_…` environment twin.
 
-A service declares its settings as a frozen dataclass whose fields are built with `setting()`. `load()`
+A service declares its settings as a frozen dataclass whose fields are built with `setting()`, deriving
+from `ServiceConfig` (the settings every service shares). `load()`
 turns that dataclass into an argparse parser where each field `foo_bar` becomes `--foo-bar`, whose
 default is read from `RELAYGR_FOO_BAR` when set and from the field's documented default otherwise.
 Precedence: command-line flag > environment variable > default. `markdown_table()` renders the same
@@ -121,7 +122,11 @@ def load(
         parser.set_defaults(**{field.name: value})
     namespace = parser.parse_args(argv)
     config = cls(**vars(namespace))
+    # A `resolved()` method fills in defaults that depend on the host, then `check` and `validate` run.
     try:
+        resolved = getattr(config, "resolved", None)
+        if resolved is not None:
+            config = resolved()
         check(config)
         validate = getattr(config, "validate", None)
         if validate is not None:
@@ -140,3 +145,48 @@ def markdown_table(cls: type) -> str:
             f"| `{flag_name(field.name)}` | `{env_name(field.name)}` | {default} | {field.metadata['help']} |"
         )
     return "\n".join(rows)
+
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the default of --max-message-mb, for clients without a config
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceConfig:
+    """Settings every service shares. Subclasses redeclare `port` and `metrics_port` defaults."""
+
+    host: str = setting("127.0.0.1", "address to bind the gRPC and metrics ports on (0.0.0.0 in containers)")
+    port: int = setting(0, "gRPC port (0 picks a free port)")
+    metrics_port: int = setting(0, "Prometheus metrics port (0 picks a free port; -1 disables)")
+    drain_grace_s: float = setting(10.0, "seconds in-flight RPCs get to finish after SIGTERM")
+    log_level: str = setting("INFO", "logging level (DEBUG, INFO, WARNING, ERROR)")
+    keepalive_ms: int = setting(
+        30_000, "ms between HTTP/2 keepalive pings on channels to peer services (finds dead peers)", above=0
+    )
+    reconnect_backoff_ms: int = setting(
+        100,
+        "first wait before redialling a peer service that went away (growing 1.6x a try, to 10x): a "
+        "restarted peer is found again within a fraction of a second, not gRPC's default 1-120 s",
+        above=0,
+    )
+    reuse_port: bool = setting(
+        False,
+        "let a replacement process bind the same gRPC port (SO_REUSEPORT) and serve before this one drains; "
+        "off, a second process on the port fails to start",
+    )
+    max_message_mb: int = setting(
+        MAX_MESSAGE_BYTES >> 20, "largest gRPC message accepted or sent, in MiB", above=0
+    )
+    tls_cert: str = setting("", "PEM certificate chain; with --tls-key, serves TLS and dials peers over TLS")
+    tls_key: str = setting("", "PEM private key for --tls-cert")
+    tls_ca: str = setting(
+        "", "PEM CA bundle: verifies peers; on a server it also requires client certificates"
+    )
+
+    def validate(self) -> None:
+        check(self)
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("--tls-cert and --tls-key must be given together")
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert)

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -24,49 +23,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from services.common.config import check, load, setting
+from services.common.config import ServiceConfig, load
+from services.common.interceptor import ServerInterceptor
 from services.common.logs import setup_logging
-from services.common.metrics import ServerInterceptor
+from services.common.metrics import SERVING
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-C = TypeVar("C", bound="ServiceConfig")
-
-
-@dataclasses.dataclass(frozen=True)
-class ServiceConfig:
-    """Settings every service shares. Subclasses redeclare `port` and `metrics_port` defaults."""
-
-    host: str = setting("127.0.0.1", "address to bind the gRPC and metrics ports on (0.0.0.0 in containers)")
-    port: int = setting(0, "gRPC port (0 picks a free port)")
-    metrics_port: int = setting(0, "Prometheus metrics port (0 picks a free port; -1 disables)")
-    drain_grace_s: float = setting(10.0, "seconds in-flight RPCs get to finish after SIGTERM")
-    log_level: str = setting("INFO", "logging level (DEBUG, INFO, WARNING, ERROR)")
-    keepalive_ms: int = setting(
-        30_000, "ms between HTTP/2 keepalive pings on channels to peer services (finds dead peers)", above=0
-    )
-    reconnect_backoff_ms: int = setting(
-        100,
-        "first wait before redialling a peer service that went away (growing 1.6x a try, to 10x): a "
-        "restarted peer is found again within a fraction of a second, not gRPC's default 1-120 s",
-        above=0,
-    )
-    max_message_mb: int = setting(64, "largest gRPC message accepted or sent, in MiB", above=0)
-    tls_cert: str = setting("", "PEM certificate chain; with --tls-key, serves TLS and dials peers over TLS")
-    tls_key: str = setting("", "PEM private key for --tls-cert")
-    tls_ca: str = setting(
-        "", "PEM CA bundle: verifies peers; on a server it also requires client certificates"
-    )
-
-    def validate(self) -> None:
-        check(self)
-        if bool(self.tls_cert) != bool(self.tls_key):
-            raise ValueError("--tls-cert and --tls-key must be given together")
-
-    @property
-    def tls(self) -> bool:
-        return bool(self.tls_cert)
+C = TypeVar("C", bound=ServiceConfig)
 
 
 def grpc_options(config: ServiceConfig) -> list[tuple[str, int]]:
@@ -74,7 +38,7 @@ def grpc_options(config: ServiceConfig) -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", size),
         ("grpc.max_send_message_length", size),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(config.reuse_port)),
     ]
 
 
@@ -163,6 +127,7 @@ class GrpcServer:
     async def _set_health(self, status: int) -> None:
         await self.health.set(self.service_name, status)
         await self.health.set("", status)
+        SERVING.set(int(status == health_pb2.HealthCheckResponse.SERVING))
 
     async def set_serving(self) -> None:
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
@@ -198,10 +163,12 @@ def service_main(
     argv: Sequence[str] | None,
     name: str,
     description: str,
+    log_name: Callable[[C], str] | None = None,
 ) -> None:
-    """A service's command line: settings from flags and `RELAYGR_…`, logging, then `serve` on uvloop."""
+    """A service's command line: settings from flags and `RELAYGR_…`, logging (as `log_name(config)`, or
+    `name`), then `serve` on uvloop."""
     config = load(config_class, argv, prog=f"python -m services.{name}", description=description)
-    setup_logging(config.log_level, name)
+    setup_logging(config.log_level, name if log_name is None else log_name(config))
     run(lambda: serve(config))
 
 

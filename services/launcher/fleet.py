@@ -2,10 +2,11 @@
 
 `Fleet` starts the services tier by tier (rankers, router, trigger, retrieval stub), each once the tier
 it calls is healthy, and stops them front door first. Every child runs in its own process group under
-`services.common.procs.Processes`, so `stop()` (and leaving the `with` block, however it is left) ends
+`services.launcher.procs.Processes`, so `stop()` (and leaving the `with` block, however it is left) ends
 them all. `check()` raises `ServiceExited` for a child that died on its own, naming it with its log tail;
 `kill` / `restart` (and `kill_ranker` / `restart_ranker`) take one service down and bring it back on the
-same name and ports.
+same name and ports; `replace` swaps a router or trigger for a new process without a gap, as a rolling
+update with surge does.
 
 Ports, from `base_port` B and `metrics_base_port` M (0: free ports, as tests use):
 
@@ -27,10 +28,10 @@ import shlex
 import signal
 from pathlib import Path
 
-from services.common.config import check, setting
+from services.common.config import ServiceConfig, check, setting
 from services.common.contract import RANKER_SERVICE, RECOMMEND_SERVICE, TRIGGER_SERVICE
-from services.common.procs import Processes, ServiceProcess
-from services.common.server import ServiceConfig, channel_credentials
+from services.common.server import channel_credentials
+from services.launcher.procs import Processes, ServiceProcess
 from services.ranker.config import RankerConfig
 from services.trigger.config import TriggerConfig
 
@@ -43,6 +44,8 @@ RANKER_PORT_OFFSET = 10
 # between; a child that lost its port that way is started again on new ones, this many times at most.
 PORT_CLASH_MARKERS = ("Address already in use", "Failed to bind to address")
 PORT_CLASH_ATTEMPTS = 3
+# Stateless services that `replace` can swap in place: they are started with --reuse-port.
+SURGE_SERVICES = (ROUTER, TRIGGER)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,11 +180,14 @@ class Fleet:
         for name in self.ranker_names:
             self._wait_healthy(name)
         members = ",".join(f"{name}={self.children[name].address}" for name in self.ranker_names)
-        router_args = ["--rankers", members, *shlex.split(c.router_args)]
+        router_args = ["--rankers", members, "--reuse-port", "true", *shlex.split(c.router_args)]
         self._spawn(ROUTER, "services.router", RANKER_SERVICE, router_args)
         self._wait_healthy(ROUTER)
         router = self.address(ROUTER)
-        trigger_args = ["--router", router, "--slo-ms", str(c.slo_ms), *shlex.split(c.trigger_args)]
+        trigger_args = [
+            "--router", router, "--slo-ms", str(c.slo_ms), "--reuse-port", "true",
+            *shlex.split(c.trigger_args),
+        ]  # fmt: skip
         self._spawn(TRIGGER, "services.trigger", TRIGGER_SERVICE, trigger_args)
         self._wait_healthy(TRIGGER)
         stub_args = [
@@ -266,6 +272,23 @@ class Fleet:
         self._respawn(name)
         self._stopped_on_purpose.discard(name)
         self._wait_healthy(name)
+        return self.endpoints()[name]
+
+    def replace(self, name: str) -> Endpoint:
+        """Replaces a running router or trigger without a gap, as a rolling update with surge does: a new
+        process binds the same gRPC port (SO_REUSEPORT) and a new metrics port; once it serves, by its
+        own metrics, the old one gets SIGTERM, drains and exits (its `popen.returncode` tells how)."""
+        if name not in SURGE_SERVICES:
+            raise ValueError(f"only {' and '.join(SURGE_SERVICES)} can be replaced in place, not {name}")
+        old = self.children[name]
+        self._launches[name] = dataclasses.replace(self._launches[name], ports=(old.port, 0))
+        self._respawn(name)
+        new = self.children[name]
+        try:
+            new.wait_healthy(self.config.startup_timeout_s, by_metrics=True)
+        except RuntimeError as exc:  # it exited while starting
+            raise ServiceExited(name, new.popen.returncode, new.log_tail()) from exc
+        old.stop(grace=self.config.startup_timeout_s)
         return self.endpoints()[name]
 
     def stop(self) -> None:

@@ -20,8 +20,7 @@ from typing import Any
 
 import grpc
 
-from services.common.config import load, setting
-from services.common.server import MAX_MESSAGE_BYTES
+from services.common.config import MAX_MESSAGE_BYTES, load, setting
 from services.loadgen.ghz_config import GhzConfig, load_ghz_config
 from services.loadgen.openloop import run_open_loop
 from services.loadgen.report import ghz_report

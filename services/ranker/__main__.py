@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-import socket
 import sys
+from collections.abc import Sequence
 
-from services.common import config as config_lib
-from services.common.logs import setup_logging
-from services.common.server import run
+from services.common.server import service_main
 from services.ranker.app import RankerApp, log
 from services.ranker.config import RankerConfig
 
@@ -27,17 +24,15 @@ async def serve(config: RankerConfig) -> None:
         await app.close()
 
 
-def main(argv: list[str] | None = None) -> None:
-    config = config_lib.load(
-        RankerConfig, argv, prog="python -m services.ranker", description="RelayGR ranker: " + __doc__
+def main(argv: Sequence[str] | None = None) -> None:
+    service_main(
+        RankerConfig,
+        serve,
+        argv,
+        "ranker",
+        "RelayGR ranker: " + __doc__,
+        log_name=lambda config: f"ranker[{config.instance_name}]",
     )
-    config = dataclasses.replace(config, instance_name=config.instance_name or socket.gethostname())
-    try:
-        config.validate()  # the host name, too, must be a name a relay hint can carry
-    except ValueError as exc:
-        sys.exit(f"python -m services.ranker: error: {exc}")
-    setup_logging(config.log_level, f"ranker[{config.instance_name}]")
-    run(lambda: serve(config))
 
 
 if __name__ == "__main__":

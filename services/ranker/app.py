@@ -12,16 +12,18 @@ import logging
 import torch
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
-from services.common import metrics
 from services.common.contract import RANKER_SERVICE
+from services.common.metrics import enum_labels, precreate
 from services.common.server import GrpcServer
+from services.ranker import metrics
 from services.ranker.config import RankerConfig
+from services.ranker.copier import TierCopier
 from services.ranker.dataplane import DataPlane
-from services.ranker.device import TierCopier, select_device
+from services.ranker.device import select_device
+from services.ranker.latency_curve import LatencyCurve
 from services.ranker.model import HSTURanker
 from services.ranker.prefix_cache import Kind, PrefixCache, Source
 from services.ranker.presets import get_preset
-from services.ranker.profile import LatencyCurve
 from services.ranker.runner import ModelRunner
 from services.ranker.scheduler import Op, Scheduler
 from services.ranker.servicer import RankerServicer
@@ -43,13 +45,13 @@ def build_model(config: RankerConfig) -> tuple[HSTURanker, str, torch.device]:
 
 def precreate_metrics() -> None:
     sources = [(source.label,) for source in Source]
-    metrics.precreate(metrics.RANK_REQUESTS, *sources)
-    metrics.precreate(metrics.RANK_LATENCY, *sources)
-    metrics.precreate(metrics.RANK_LOSSY, *sources)
-    metrics.precreate(metrics.RANK_MISSES, *metrics.enum_labels(common_pb2.MissReason))
-    metrics.precreate(metrics.PRE_INFER_OUTCOMES, *metrics.enum_labels(ranker_pb2.PreInferOutcome))
-    metrics.precreate(metrics.PRODUCTIONS, *[(kind.value,) for kind in Kind])
-    metrics.precreate(metrics.MODEL_SECONDS, *[(op.value,) for op in Op])
+    precreate(metrics.RANK_REQUESTS, *sources)
+    precreate(metrics.RANK_LATENCY, *sources)
+    precreate(metrics.RANK_LOSSY, *sources)
+    precreate(metrics.RANK_MISSES, *enum_labels(common_pb2.MissReason))
+    precreate(metrics.PRE_INFER_OUTCOMES, *enum_labels(ranker_pb2.PreInferOutcome))
+    precreate(metrics.PRODUCTIONS, *[(kind.value,) for kind in Kind])
+    precreate(metrics.MODEL_SECONDS, *[(op.value,) for op in Op])
 
 
 class RankerApp:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
 
 from services.common import validation
-from services.common.config import setting
+from services.common.config import ServiceConfig, setting
 from services.common.errors import InvalidArgument
-from services.common.server import ServiceConfig
 from services.ranker.presets import PRESETS, get_preset
 from services.ranker.tiers import POLICIES
 
@@ -78,6 +78,10 @@ class RankerConfig(ServiceConfig):
     profile_repeats: int = setting(
         3, "timed repetitions per point of the latency curve (median kept)", above=0
     )
+
+    def resolved(self) -> RankerConfig:
+        """With `--instance-name` defaulted to the host name (a StatefulSet pod's name)."""
+        return dataclasses.replace(self, instance_name=self.instance_name or socket.gethostname())
 
     def validate(self) -> None:
         super().validate()

@@ -20,12 +20,13 @@ import time
 import numpy as np
 
 from relaygr.v1 import common_pb2, ranker_pb2
-from services.common import metrics
 from services.common.errors import DeadlineExceeded, ResourceExhausted
+from services.common.metrics import enum_label
+from services.ranker import metrics
 from services.ranker.config import RankerConfig
 from services.ranker.events import Events
+from services.ranker.latency_curve import LatencyCurve, measure
 from services.ranker.prefix_cache import PrefixCache, Source
-from services.ranker.profile import LatencyCurve, measure
 from services.ranker.runner import ModelRunner
 from services.ranker.scheduler import Op, Priority, Scheduler
 
@@ -73,7 +74,7 @@ class DataPlane:
 
     async def pre_infer(self, user_id: str, events: Events) -> PreInferResult:
         outcome, nbytes = await self.cache.pre_infer(user_id, events)
-        metrics.PRE_INFER_OUTCOMES.labels(metrics.enum_label(ranker_pb2.PreInferOutcome, outcome)).inc()
+        metrics.PRE_INFER_OUTCOMES.labels(enum_label(ranker_pb2.PreInferOutcome, outcome)).inc()
         return PreInferResult(outcome, nbytes)
 
     async def rank(
@@ -104,7 +105,7 @@ class DataPlane:
         if lossy:
             metrics.RANK_LOSSY.labels(source.label).inc()
         if source is Source.MISS:
-            metrics.RANK_MISSES.labels(metrics.enum_label(common_pb2.MissReason, acquired.miss_reason)).inc()
+            metrics.RANK_MISSES.labels(enum_label(common_pb2.MissReason, acquired.miss_reason)).inc()
         metrics.RANK_LATENCY.labels(source.label).observe(time.perf_counter() - started)
         return RankResult(scores, source, acquired.miss_reason, lossy)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.common import metrics
+from services.ranker import metrics
 from services.ranker.cache_index import CacheEntry, Lease, PrefixKey
 
 

@@ -24,6 +24,10 @@ same model on any device. The code is device-agnostic: move the model with ``.to
 that device. Item ids are int64 (any value), action types lie in [0, num_action_types). Scores are float32
 whatever the compute dtype. The model keeps no state between calls (a `PrefixBuilder` does, and is stepped
 by one thread at a time).
+
+One file on purpose (~540 lines): the contract above binds the attention, the layer, the prefix builder
+and the reference forward together, and exactness is proved across them (`tests/ranker/test_model.py`);
+split, each part would restate the mask and position rules it relies on.
 """
 
 from __future__ import annotations

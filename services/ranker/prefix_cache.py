@@ -14,14 +14,16 @@ reload or an extension); every PreInfer or Rank for that key joins it, and a joi
 cancels the shared work. HBM bytes are reserved before a production starts, so neither budget is ever
 exceeded: when HBM cannot hold a prefix, PreInfer is refused and Rank computes without caching.
 
+The roles each have their file: the index and pins (`cache_index.py`), leases (`leases.py`),
+single-flight productions (`productions.py`), moves between the tiers (`tier_moves.py`), the tiers'
+byte budgets (`tiers.py`); this class decides, for a PreInfer or a Rank, which of them to use.
+
 Not thread-safe by design: every method runs on the ranker's event loop; only model work and copies
 run on their own threads.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import enum
 import logging
@@ -29,14 +31,17 @@ import time
 from collections.abc import Callable
 
 from relaygr.v1 import common_pb2, ranker_pb2
-from services.common import metrics
 from services.common.errors import DeadlineExceeded
+from services.ranker import metrics
 from services.ranker.cache_index import CacheEntry, Index, Pin, PrefixKey
-from services.ranker.device import TierCopier
+from services.ranker.copier import TierCopier
 from services.ranker.events import Events
 from services.ranker.leases import Leases
+from services.ranker.model import PrefixKV
+from services.ranker.productions import Kind, Production, Productions
 from services.ranker.runner import ModelRunner
-from services.ranker.scheduler import Op, Priority, Scheduler
+from services.ranker.scheduler import Priority, Scheduler
+from services.ranker.tier_moves import TierMoves
 from services.ranker.tiers import Tier
 
 log = logging.getLogger(__name__)
@@ -59,31 +64,6 @@ class Source(enum.Enum):
     @property
     def label(self) -> str:
         return self.name.lower()
-
-
-class Kind(enum.Enum):
-    COMPUTE = "compute"
-    RELOAD = "reload"
-    EXTEND = "extend"
-
-
-@dataclasses.dataclass(eq=False)
-class Production:
-    kind: Kind
-    for_rank: bool
-    task: asyncio.Task
-    priority: Priority
-    # The device job computing it, once submitted: a Rank that joins promotes it to rank priority.
-    job: asyncio.Future | None = None
-    # Lease the entry when done: a PreInfer started or joined this production.
-    lease: bool = False
-    # Why the Rank that started a compute missed; Ranks that join it share the reason.
-    miss_reason: int = Miss.MISS_REASON_UNSPECIFIED
-    # Ranks awaiting it; when it completes, it pins the entry once for each, and each takes its pin.
-    waiters: int = 0
-    handed: list[Pin] = dataclasses.field(default_factory=list)
-    # The pin that holds the entry it reloads or extends, until it is done.
-    base_pin: Pin | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,11 +101,12 @@ class PrefixCache:
         self.max_pending_pre_infer = max_pending_pre_infer
         self.clock = clock
         self.bytes_per_token = runner.kv_bytes_per_token
-        self.dram_bytes_per_token = (
-            self.bytes_per_token * copier.dram_dtype.itemsize // copier.compute_dtype.itemsize
-        )
         self.index = Index(instance, max_tombstones)
-        self.productions: dict[PrefixKey, Production] = {}
+        self.productions = Productions(runner, copier, copy_worker)
+        self.moves = TierMoves(
+            hbm, dram, copier, copy_worker, self.index, self.leases, self.productions,
+            bytes_per_token=self.bytes_per_token, clock=clock,
+        )  # fmt: skip
         self.accepting = True
         metrics.KV_CACHE_CAPACITY_BYTES.labels("hbm").set(hbm.budget_bytes)
         metrics.KV_CACHE_CAPACITY_BYTES.labels("dram").set(dram.budget_bytes)
@@ -158,7 +139,7 @@ class PrefixCache:
         if entry is not None and entry.hbm is not None:
             self._lease(key, user_id)
             return Outcome.PRE_INFER_OUTCOME_ALREADY_CACHED, nbytes
-        if not self.accepting or self._pending_pre_infer() >= self.max_pending_pre_infer:
+        if not self.accepting or self.productions.pending_pre_infer() >= self.max_pending_pre_infer:
             return Outcome.PRE_INFER_OUTCOME_REJECTED_OVERLOAD, 0
         if entry is not None:  # in DRAM only: reload, off the ranking's critical path
             started = self._start(key, events, Kind.RELOAD, Priority.RELOAD, for_rank=False, base=entry)
@@ -189,8 +170,8 @@ class PrefixCache:
         production = self.productions.get(key)
         if production is not None:
             metrics.PRODUCTION_JOINS.inc()
-            self._promote(production)
-            return await self._join(production, key)
+            self.productions.promote(production)
+            return await self._join(production)
         miss_reason = self._miss_reason(user_id, events, relay_instance)
         if entry is not None:
             production = self._start(
@@ -205,14 +186,14 @@ class PrefixCache:
         if production is None:
             return Acquired(None, Source.MISS, miss_reason)
         production.miss_reason = miss_reason
-        return await self._join(production, key)
+        return await self._join(production)
 
     def release(self, acquired: Acquired) -> None:
         if acquired.pin is None:
             return
         entry = acquired.pin.release()
         if entry is not None and not entry.pinned and entry.lease is None and self.index.holds(entry):
-            self._demote(entry, Miss.MISS_REASON_EVICTED_HBM)
+            self.moves.demote(entry, Miss.MISS_REASON_EVICTED_HBM)
         self._publish()
 
     def sweep(self) -> None:
@@ -221,27 +202,20 @@ class PrefixCache:
         for entry in self.leases.expired():
             self.leases.end(entry)
             metrics.LEASE_EXPIRATIONS.inc()
-            self._demote(entry, Miss.MISS_REASON_LEASE_EXPIRED)
+            self.moves.demote(entry, Miss.MISS_REASON_LEASE_EXPIRED)
         for key in self.dram.idle_keys(older_than=now - self.dram_ttl_s):
             entry = self.index.get(key)
             if entry is not None and entry.hbm is None and key not in self.productions:
-                self._evict_dram(entry, "ttl")
+                self.moves.evict_dram(entry, "ttl")
         self._publish()
 
     def leased(self) -> int:
         return len(self.leases)
 
     async def close(self) -> None:
-        for production in list(self.productions.values()):
-            production.task.cancel()
-        for production in list(self.productions.values()):
-            with contextlib.suppress(BaseException):
-                await production.task
+        await self.productions.close()
 
     # ---- productions ----
-
-    def _pending_pre_infer(self) -> int:
-        return sum(1 for p in self.productions.values() if not p.for_rank)
 
     @staticmethod
     def _source_of(production: Production) -> Source:
@@ -265,61 +239,26 @@ class PrefixCache:
         need = len(events) * self.bytes_per_token
         if kind is Kind.EXTEND and base.hbm is None:
             need += base.length * self.bytes_per_token  # the base's transient device copy
-        if not self.hbm.make_room(need, self._demote_victim):
+        if not self.hbm.make_room(need, self.moves.demote_victim):
             return None
         self.hbm.reserve(key, need, self.clock())
         base_pin = None if base is None else base.pin(f"{kind.value} of {key.user_id}")
-        task = asyncio.get_running_loop().create_task(
-            self._produce(key, events, kind, priority, base, base_pin, deadline)
-        )
-        # Its waiters may all be gone (cancelled) when it fails: mark the failure seen, or asyncio logs it.
-        task.add_done_callback(lambda done: done.cancelled() or done.exception())
-        production = Production(kind, for_rank, task, priority, lease=not for_rank, base_pin=base_pin)
-        self.productions[key] = production
+        production = self.productions.start(
+            key, events, kind, priority, for_rank=for_rank, base=base, base_pin=base_pin,
+            deadline=deadline, finish=self._finish, fail=self._fail,
+        )  # fmt: skip
         metrics.PRODUCTIONS.labels(kind.value).inc()
         self._publish()
         return production
 
-    async def _produce(
-        self,
-        key: PrefixKey,
-        events: Events,
-        kind: Kind,
-        priority: Priority,
-        base: CacheEntry | None,
-        base_pin: Pin | None,
-        deadline: float | None,
-    ) -> CacheEntry:
-        try:
-            base_kv = None
-            reloaded = False
-            if base is not None:
-                base_kv = base.hbm
-                reloaded = base_kv is None
-                if reloaded:
-                    dram_copy = base.dram
-                    base_kv = await self.copy_worker.submit(
-                        lambda: self.copier.to_hbm(dram_copy), priority, Op.RELOAD, deadline
-                    )
-            if kind is Kind.RELOAD:
-                kv = base_kv
-            elif kind is Kind.EXTEND:
-                production = self.productions[key]
-                production.job = self.runner.extend(
-                    base_kv, events.suffix(base.length), production.priority, deadline
-                )
-                kv = await production.job
-            else:
-                production = self.productions[key]
-                production.job = self.runner.pre_infer(events, production.priority, deadline)
-                kv = await production.job
-        except BaseException:
-            self.hbm.release(key)
-            del self.productions[key]
-            self._unpin_base(base_pin, superseded=False)
-            self._publish()
-            raise
-        production = self.productions.pop(key)
+    def _fail(self, production: Production) -> None:
+        self.hbm.release(production.key)
+        self._unpin_base(production.base_pin, superseded=False)
+        self._publish()
+
+    def _finish(self, production: Production, kv: PrefixKV, reloaded: bool) -> CacheEntry:
+        """Installs a production's KV: into HBM within its reservation, into the index, leased if asked."""
+        key, kind, base_pin = production.key, production.kind, production.base_pin
         if not self.hbm.resize(key, kv.nbytes()):
             log.error("prefix KV of %s is %d bytes, more than reserved; HBM cannot hold it", key, kv.nbytes())
             self.hbm.release(key)
@@ -327,11 +266,12 @@ class PrefixCache:
             self.index.tombstone(key.user_id, Miss.MISS_REASON_REJECTED_CAPACITY)
             self._publish()
             raise OverBudget(f"{kv.nbytes()} bytes do not fit in the HBM tier")
-        entry = base if kind is Kind.RELOAD else CacheEntry(key, events)
+        base = production.base
+        entry = base if kind is Kind.RELOAD else CacheEntry(key, production.events)
         if base is not None:  # reloaded, or extended from a base: lossy if that KV came from a lossy copy
             entry.lossy = base.lossy or (reloaded and self.copier.lossy)
         entry.hbm = kv
-        production.handed = [entry.pin("rank") for _ in range(production.waiters)]
+        production.hand_out(entry)
         if kind is not Kind.RELOAD:
             self.index.insert(entry)
         if production.lease:
@@ -340,44 +280,30 @@ class PrefixCache:
         self._publish()
         return entry
 
-    def _promote(self, production: Production) -> None:
-        """A Rank waits on this production now: it must not wait behind the Ranks that arrive after it."""
-        if production.priority > Priority.RANK:
-            production.priority = Priority.RANK
-            if production.job is not None:
-                self.runner.worker.promote(production.job, Priority.RANK)
-
     def _unpin_base(self, base_pin: Pin | None, superseded: bool) -> None:
         base = None if base_pin is None else base_pin.release()
         if base is None:
             return
         if superseded and not base.pinned and base.lease is None and self.index.holds(base):
-            self._remove(base, "superseded")
+            self.moves.remove(base, "superseded")
 
-    async def _join(self, production: Production, key: PrefixKey) -> Acquired:
-        """Waits for a shared production. The production pins the entry for every waiter when it completes,
-        so nothing can demote it before they resume; a waiter cancelled after that gives its pin back."""
+    async def _join(self, production: Production) -> Acquired:
+        """Waits for a shared production; when it fails, this Rank computes on its own."""
         source = self._source_of(production)
         miss_reason = production.miss_reason if source is Source.MISS else Miss.MISS_REASON_UNSPECIFIED
-        production.waiters += 1
         try:
-            entry = await asyncio.shield(production.task)
-        except asyncio.CancelledError:
-            task = production.task
-            if task.done() and not task.cancelled() and task.exception() is None:
-                self.release(Acquired(task.result(), source, pin=production.handed.pop()))
-            else:
-                production.waiters -= 1
-            raise
+            entry, pin = await self.productions.join(
+                production, on_abandoned=lambda pin: self.release(Acquired(pin.entry, source, pin=pin))
+            )
         except OverBudget:  # produced, but HBM could not hold it: this Rank computes without caching
             return Acquired(None, Source.MISS, Miss.MISS_REASON_REJECTED_CAPACITY)
         except DeadlineExceeded:  # the Rank that started it gave up: this one computes on its own, in time
             return Acquired(None, Source.MISS, miss_reason or Miss.MISS_REASON_COLD)
         except Exception:  # the shared production failed: this Rank computes on its own
-            log.warning("production of %s failed", key, exc_info=True)
+            log.warning("production of %s failed", production.key, exc_info=True)
             return Acquired(None, Source.MISS, miss_reason or Miss.MISS_REASON_COLD)
         self.leases.end(entry)  # a pre-infer leased it: this Rank consumes the lease
-        return Acquired(entry, source, miss_reason, pin=production.handed.pop())
+        return Acquired(entry, source, miss_reason, pin=pin)
 
     def _lease(self, key: PrefixKey, owner: str) -> None:
         entry = self.index.get(key)
@@ -401,96 +327,8 @@ class PrefixCache:
         stale = self.index.stale(user_id, events)
         for entry in stale:
             if not entry.pinned and entry.lease is None and entry.key not in self.productions:
-                self._remove(entry, "stale")
+                self.moves.remove(entry, "stale")
         return self.index.miss_reason(user_id, relay_instance, stale=bool(stale))
 
-    # ---- tier moves ----
-
-    def _remove(self, entry: CacheEntry, reason: str) -> None:
-        key = entry.key
-        if key in self.hbm and key not in self.productions:
-            self.hbm.release(key)
-            metrics.KV_CACHE_EVICTIONS.labels("hbm", reason).inc()
-        if key in self.dram:  # a held copy, or the reservation of a copy in flight
-            self.dram.release(key)
-            metrics.KV_CACHE_EVICTIONS.labels("dram", reason).inc()
-        self.leases.end(entry)
-        entry.hbm = entry.dram = None
-        self.index.drop(entry)
-
-    def _demote_victim(self, key: PrefixKey) -> None:
-        """HBM's eviction: demotes the entry unless it is pinned, leased, moving or being produced."""
-        entry = self.index.get(key)
-        if entry is None or entry.pinned or entry.lease is not None or entry.demoting:
-            return
-        if key not in self.productions:
-            self._demote(entry, Miss.MISS_REASON_EVICTED_HBM)
-
-    def _evict_dram_victim(self, key: PrefixKey) -> None:
-        """DRAM's eviction: drops the DRAM copy unless the entry is pinned or being produced."""
-        entry = self.index.get(key)
-        if entry is not None and key not in self.productions and not entry.pinned:
-            self._evict_dram(entry, "capacity")
-
-    def _evict_dram(self, entry: CacheEntry, reason: str) -> None:
-        if entry.hbm is not None:  # keep the HBM copy; only the DRAM copy goes
-            self.dram.release(entry.key)
-            entry.dram = None
-            metrics.KV_CACHE_EVICTIONS.labels("dram", reason).inc()
-            return
-        self._remove(entry, reason)
-        self.index.tombstone(entry.key.user_id, Miss.MISS_REASON_EVICTED_DRAM)
-
-    def _demote(self, entry: CacheEntry, reason_if_dropped: int) -> None:
-        """Moves an unleased, unpinned HBM entry to DRAM; drops it when DRAM cannot hold it."""
-        if entry.demoting or entry.hbm is None:
-            return
-        if entry.dram is not None:  # reloaded and unchanged: its DRAM copy is still valid, copy nothing
-            self.hbm.release(entry.key)
-            entry.hbm = None
-            self.dram.touch(entry.key, self.clock())
-            return
-        nbytes = entry.length * self.dram_bytes_per_token
-        if not self.dram.make_room(nbytes, self._evict_dram_victim):
-            self._remove(
-                entry, "lease_expired" if reason_if_dropped == Miss.MISS_REASON_LEASE_EXPIRED else "no_dram"
-            )
-            self.index.tombstone(entry.key.user_id, reason_if_dropped)
-            return
-        self.dram.reserve(entry.key, nbytes, self.clock())
-        entry.demoting = True
-        device_copy = entry.hbm
-        future = self.copy_worker.submit(
-            lambda: self.copier.to_dram(device_copy), Priority.PRE_INFER, Op.DEMOTE
-        )
-        future.add_done_callback(lambda f: self._demoted(entry, f))
-
-    def _demoted(self, entry: CacheEntry, future: asyncio.Future) -> None:
-        entry.demoting = False
-        if self.index.get(entry.key) is not entry:  # removed while copying; `_remove` freed its bytes
-            return
-        if future.cancelled() or future.exception() is not None:
-            self.dram.release(entry.key)
-            self._remove(entry, "copy_failed")
-            return
-        dram_copy = future.result()
-        if not self.dram.resize(entry.key, dram_copy.nbytes()):
-            # Larger than reserved and DRAM cannot hold the difference: drop the copy, never the budget.
-            log.error("DRAM copy of %s is %d bytes, more than reserved", entry.key, dram_copy.nbytes())
-            self.dram.release(entry.key)
-            if not entry.pinned and entry.lease is None and entry.key not in self.productions:
-                self._remove(entry, "no_dram")
-                self.index.tombstone(entry.key.user_id, Miss.MISS_REASON_EVICTED_HBM)
-            self._publish()
-            return
-        entry.dram = dram_copy
-        if not entry.pinned and entry.lease is None and entry.key not in self.productions:
-            self.hbm.release(entry.key)
-            entry.hbm = None
-        self._publish()
-
     def _publish(self) -> None:
-        for tier in (self.hbm, self.dram):
-            stats = tier.stats()
-            metrics.KV_CACHE_BYTES.labels(tier.name).set(stats.bytes)
-            metrics.KV_CACHE_ENTRIES.labels(tier.name).set(stats.entries)
+        self.moves.publish()

@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from services.common import metrics
 from services.common.errors import DeadlineExceeded
+from services.ranker import metrics
 
 log = logging.getLogger(__name__)
 

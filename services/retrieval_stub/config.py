@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.common.config import setting
-from services.common.server import ServiceConfig
+from services.common.config import ServiceConfig, setting
 from services.retrieval_stub.universe import UniverseConfig
 
 

@@ -34,8 +34,9 @@ from relaygr.v1 import (
     trigger_pb2,
     trigger_pb2_grpc,
 )
-from services.common import metrics, validation
+from services.common import validation
 from services.common.contract import cache_source_label
+from services.retrieval_stub import metrics
 from services.retrieval_stub.config import RetrievalStubConfig
 from services.retrieval_stub.universe import UserUniverse
 

@@ -107,8 +107,8 @@ class UniverseConfig:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Events:
-    """Behaviour events as parallel arrays, oldest first."""
+class EventArrays:
+    """Behaviour events as parallel numpy arrays, oldest first (the ranker has its own tensor `Events`)."""
 
     item_ids: np.ndarray  # int64
     action_types: np.ndarray  # int32
@@ -117,8 +117,8 @@ class Events:
     def __len__(self) -> int:
         return len(self.item_ids)
 
-    def __getitem__(self, window: slice) -> Events:
-        return Events(self.item_ids[window], self.action_types[window], self.timestamps_ms[window])
+    def __getitem__(self, window: slice) -> EventArrays:
+        return EventArrays(self.item_ids[window], self.action_types[window], self.timestamps_ms[window])
 
     def to_proto(self) -> common_pb2.BehaviorSequence:
         return common_pb2.BehaviorSequence(
@@ -135,8 +135,8 @@ class UserHistory:
     user_id: str
     now_ms: int
     first_index: int
-    long_term: Events
-    short_term: Events
+    long_term: EventArrays
+    short_term: EventArrays
 
     def __len__(self) -> int:
         return len(self.long_term) + len(self.short_term)
@@ -258,7 +258,7 @@ class UserUniverse:
         else:
             timestamps = self.epoch_ms + arrivals[first - base :]
         actions = np.floor(_uniforms(user.keys[_ACTION], indices) * self.config.num_action_types)
-        events = Events(
+        events = EventArrays(
             item_ids=self._items(user.keys[_ITEM], indices),
             action_types=actions.astype(np.int32),
             timestamps_ms=timestamps.astype(np.int64),

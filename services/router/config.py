@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.common.config import setting
-from services.common.server import ServiceConfig
+from services.common.config import ServiceConfig, setting
 from services.router.ring import LOAD_FACTOR, LOAD_FLOOR, VIRTUAL_NODES
 
 ROUTING_POLICIES = ("affinity", "random")

@@ -2,11 +2,8 @@
 
 Contract:
 - Members are named by stable names (StatefulSet pod names), which are what the ring hashes and what a
-  ranker reports as its `instance`. Names come from `--rankers name=host:port,...`, or from DNS for a
-  Kubernetes headless service: the service name resolves to one A/AAAA record per ready pod, and the PTR
-  record of each pod IP is the pod's DNS name, whose first label is the pod name (`ranker-0`). An IP
-  without a PTR record is skipped with a warning: naming a member by its IP would move its arc whenever
-  the pod restarts. DNS is re-resolved every `dns_refresh_s`; a failed resolution keeps the members.
+  ranker reports as its `instance`; they come from a discovery source (`discovery.py`), re-read every
+  `dns_refresh_s` for DNS; a failed discovery keeps the members.
 - Each member's gRPC health (service `relaygr.v1.RankerService`) is checked every `health_interval_s`.
   A member is routable while its last answered check said SERVING and its circuit is closed; a check
   that times out counts only after `health_timeouts` in a row (a busy ranker answers late). It stays on
@@ -21,20 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import ipaddress
 import logging
-import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.contract import RANKER_SERVICE
-from services.common.metrics import ROUTER_FAILURES, ROUTER_INFLIGHT, ROUTER_MEMBER_HEALTHY
 from services.common.server import dial
 from services.router.config import RouterConfig
+from services.router.discovery import Discovery, DnsLookup, dns_discovery, static_discovery, system_dns_lookup
+from services.router.metrics import ROUTER_FAILURES, ROUTER_INFLIGHT, ROUTER_MEMBER_HEALTHY
 from services.router.ring import AffinityRing
 
 log = logging.getLogger(__name__)
@@ -51,65 +46,6 @@ MEMBER_FAULT_CODES = frozenset(
 )
 
 Clock = Callable[[], float]
-
-
-@dataclasses.dataclass(frozen=True)
-class DnsRecord:
-    """One address of a discovered service and the name its PTR record gives it."""
-
-    ip: str
-    hostname: str
-
-
-# Blocking: host -> its records. Injectable so that tests can serve a fixed record set.
-DnsLookup = Callable[[str], list[DnsRecord]]
-
-# Async: the current members as {name: host:port}.
-Discovery = Callable[[], Awaitable[dict[str, str]]]
-
-
-def system_dns_lookup(host: str) -> list[DnsRecord]:
-    """A and AAAA records of `host` (getaddrinfo), each named by the PTR record of its IP."""
-    ips = sorted({info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)})
-    records = []
-    for ip in ips:
-        try:
-            hostname = socket.gethostbyaddr(ip)[0]
-        except OSError as exc:
-            log.warning("skipping %s of %s: no PTR record names it (%s)", ip, host, exc)
-            continue
-        records.append(DnsRecord(ip, hostname))
-    return records
-
-
-def members_from_records(records: list[DnsRecord], port: int) -> dict[str, str]:
-    """{pod name: ip:port}, the pod name being the first label of the PTR name; duplicates resolve alike."""
-    members: dict[str, str] = {}
-    for record in sorted(records, key=lambda r: (r.hostname, r.ip)):
-        name = record.hostname.split(".", 1)[0]
-        if name in members:
-            log.warning("%s also names %s; keeping %s", record.hostname, record.ip, members[name])
-            continue
-        host = f"[{record.ip}]" if ipaddress.ip_address(record.ip).version == 6 else record.ip
-        members[name] = f"{host}:{port}"
-    return members
-
-
-def static_discovery(members: Mapping[str, str]) -> Discovery:
-    fixed = dict(members)
-
-    async def discover() -> dict[str, str]:
-        return dict(fixed)
-
-    return discover
-
-
-def dns_discovery(host: str, port: int, lookup: DnsLookup = system_dns_lookup) -> Discovery:
-    async def discover() -> dict[str, str]:
-        records = await asyncio.get_running_loop().run_in_executor(None, lookup, host)
-        return members_from_records(records, port)
-
-    return discover
 
 
 class CircuitBreaker:

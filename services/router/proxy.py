@@ -29,8 +29,8 @@ from relaygr.v1 import ranker_pb2, routing_pb2
 from services.common import validation
 from services.common.contract import RANKER_SERVICE, method_path
 from services.common.errors import DeadlineExceeded, InvalidArgument
-from services.common.metrics import ROUTER_DECISIONS, ROUTER_INFLIGHT
 from services.router.membership import Member
+from services.router.metrics import ROUTER_DECISIONS, ROUTER_INFLIGHT
 from services.router.routing import Route, RoutingPolicy
 
 

@@ -12,7 +12,7 @@ Order of preference for a request of user `u` carrying relay hint `h` (the `inst
 With `--routing-policy random` (an ablation: relay without affinity) steps 1 and 2 are replaced by a
 uniform draw among the routable members (`random`), which ignores both the hint and the ring.
 
-Each branch is a `Decision`, whose value is the `decision` label of ROUTER_DECISIONS.
+Each branch is a `RoutingDecision`, whose value is the `decision` label of ROUTER_DECISIONS.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from services.router.config import ROUTING_POLICIES
 from services.router.membership import Member, Membership
 
 
-class Decision(enum.StrEnum):
+class RoutingDecision(enum.StrEnum):
     AFFINITY = "affinity"
     HINT = "hint"
     SPILL = "spill"
@@ -38,7 +38,7 @@ class Decision(enum.StrEnum):
 @dataclasses.dataclass(frozen=True)
 class Route:
     member: Member
-    decision: Decision
+    decision: RoutingDecision
 
 
 class RoutingPolicy:
@@ -59,19 +59,19 @@ class RoutingPolicy:
             routable = self.membership.routable()
             if not routable:
                 raise Unavailable(f"no healthy ranker among {len(self.membership.members)} members")
-            return Route(self._rng.choice(routable), Decision.RANDOM)
+            return Route(self._rng.choice(routable), RoutingDecision.RANDOM)
         if hint:
             hinted = self.membership.get(hint)
             if hinted is not None and hinted.routable:
-                return Route(hinted, Decision.HINT)
+                return Route(hinted, RoutingDecision.HINT)
         loads = {member.name: member.in_flight for member in self.membership.routable()}
         placement = self.membership.ring.place(user_id, loads)
         if placement is None:
             raise Unavailable(f"no healthy ranker among {len(self.membership.members)} members")
         if hint:
-            decision = Decision.HINT_UNAVAILABLE
+            decision = RoutingDecision.HINT_UNAVAILABLE
         else:
-            decision = Decision.SPILL if placement.spilled else Decision.AFFINITY
+            decision = RoutingDecision.SPILL if placement.spilled else RoutingDecision.AFFINITY
         return Route(self.membership.members[placement.member], decision)
 
     def failover(self, user_id: str, failed: str) -> Route | None:
@@ -79,7 +79,7 @@ class RoutingPolicy:
         for name in self.membership.ring.walk(user_id):
             member = self.membership.get(name)
             if name != failed and member is not None and member.routable:
-                return Route(member, Decision.FAILOVER)
+                return Route(member, RoutingDecision.FAILOVER)
         return None
 
     def least_loaded(self) -> Member:

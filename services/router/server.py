@@ -13,7 +13,8 @@ import logging
 from services.common.contract import RANKER_SERVICE
 from services.common.server import GrpcServer
 from services.router.config import RouterConfig
-from services.router.membership import DnsLookup, Membership, system_dns_lookup
+from services.router.discovery import DnsLookup, system_dns_lookup
+from services.router.membership import Membership
 from services.router.proxy import RankerProxy
 from services.router.routing import RoutingPolicy
 

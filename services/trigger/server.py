@@ -17,7 +17,7 @@ from relaygr.v1 import ranker_pb2, ranker_pb2_grpc, trigger_pb2_grpc
 from services.common.contract import TRIGGER_SERVICE
 from services.common.server import GrpcServer, dial
 from services.trigger.config import TriggerConfig
-from services.trigger.profile import FleetProfile
+from services.trigger.fleet_profile import FleetProfile
 from services.trigger.servicer import TriggerService, pre_infer_call
 
 log = logging.getLogger(__name__)

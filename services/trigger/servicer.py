@@ -26,16 +26,16 @@ from relaygr.v1 import ranker_pb2, trigger_pb2, trigger_pb2_grpc
 from services.common import validation
 from services.common.contract import RANKER_SERVICE, method_path
 from services.common.errors import InvalidArgument, Unavailable
-from services.common.metrics import (
+from services.trigger.admission import AdmissionLimits, AdmissionPolicy, Decision, Reason
+from services.trigger.config import TriggerConfig
+from services.trigger.fleet_profile import FleetProfile
+from services.trigger.metrics import (
     TRIGGER_DECISIONS,
     TRIGGER_FOOTPRINT_BUDGET_BYTES,
     TRIGGER_FOOTPRINT_BYTES,
     TRIGGER_PREDICTED_SECONDS,
     TRIGGER_TOKENS_AVAILABLE,
 )
-from services.trigger.admission import AdmissionLimits, AdmissionPolicy, Decision, Reason
-from services.trigger.config import TriggerConfig
-from services.trigger.profile import FleetProfile
 
 log = logging.getLogger(__name__)
 

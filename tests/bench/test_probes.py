@@ -8,7 +8,7 @@ import time
 import prometheus_client
 
 from bench.probes import counters_from_text, difference, machine_busy_s, process_cpu_s
-from services.common import metrics
+from services.ranker import metrics
 
 
 def exposition() -> str:

@@ -6,8 +6,7 @@ import dataclasses
 
 import pytest
 
-from services.common.config import env_name, flag_name, load, markdown_table, setting
-from services.common.server import ServiceConfig
+from services.common.config import ServiceConfig, env_name, flag_name, load, markdown_table, setting
 from services.ranker.config import RankerConfig
 
 

@@ -8,8 +8,9 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
+from services.common.config import ServiceConfig
 from services.common.errors import InvalidArgument
-from services.common.server import GrpcServer, ServiceConfig
+from services.common.server import GrpcServer
 
 SERVICE = "test.Echo"
 

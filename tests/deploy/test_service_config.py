@@ -11,8 +11,7 @@ import inspect
 import pytest
 import yaml
 
-from services.common.config import ENV_PREFIX, env_name, load
-from services.common.server import ServiceConfig
+from services.common.config import ENV_PREFIX, ServiceConfig, env_name, load
 from tests.deploy.manifests import (
     DEPLOY,
     NAMESPACE,

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from relaygr.v1 import ranker_pb2, recommend_pb2
-from services.common.procs import REPO_ROOT
+from services.launcher.procs import REPO_ROOT
 from services.loadgen.ghz_config import GhzConfig, load_ghz_config, parse_go_duration
 from services.loadgen.openloop import CallRecord
 from services.loadgen.report import ghz_report, go_code_name

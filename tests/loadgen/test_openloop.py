@@ -13,7 +13,7 @@ import grpc
 from google.protobuf import json_format
 
 from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
-from services.common.procs import REPO_ROOT, Processes
+from services.launcher.procs import REPO_ROOT, Processes
 from services.loadgen.openloop import CallRecord, run_open_loop
 from services.retrieval_stub.universe import UniverseConfig, UserUniverse
 
@@ -112,7 +112,7 @@ def test_the_cli_runs_a_ghz_config_against_a_real_ranker(tmp_path):
         ranker = processes.start(
             "ranker-0", "services.ranker", "relaygr.v1.RankerService",
             ["--instance-name", "ranker-0", "--model-preset", "cpu-tiny", "--profile-lengths", "32,128",
-             "--profile-repeats", "1"],
+             "--profile-repeats", "1", "--torch-threads", "1"],
         )  # fmt: skip
         ranker.wait_healthy(120)
         (tmp_path / "config.json").write_text(json.dumps({

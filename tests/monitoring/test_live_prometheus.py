@@ -32,8 +32,8 @@ import pytest
 import yaml
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
-from services.common.procs import REPO_ROOT, free_port
 from services.launcher.fleet import Endpoint, Fleet, FleetConfig
+from services.launcher.procs import REPO_ROOT, free_port
 from tools.dashboards.generate import RULES_FILE
 from tools.dashboards.queries import all_queries, expand
 

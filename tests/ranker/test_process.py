@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
-from services.common.procs import Processes, health_status
+from services.launcher.procs import Processes, health_status
 from services.ranker.config import RankerConfig
 from tests.ranker.harness import pre_infer_request, rank_request
 

@@ -10,7 +10,7 @@ import pytest
 
 from relaygr.v1 import common_pb2, ranker_pb2
 from services.ranker.events import Events
-from services.ranker.profile import LatencyPoint
+from services.ranker.latency_curve import LatencyPoint
 from tests.exact import assert_scores_equal
 from tests.ranker.harness import (
     events,

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.common.contract import RANKER_SERVICE
-from services.common.procs import Processes, ServiceProcess, health_status
+from services.launcher.procs import Processes, ServiceProcess, health_status
 from tests.reliability.harness import rank_request, scrape, value, wait_for
 
 pytestmark = pytest.mark.slow

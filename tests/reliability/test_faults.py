@@ -122,34 +122,86 @@ def test_a_rolling_restart_with_sigterm_costs_no_failed_call(fleet: Fleet) -> No
     assert {r.response.instance for r in late} == set(fleet.ranker_names)
 
 
-@pytest.fixture
-def patient_fleet(tmp_path) -> Iterator[Fleet]:
-    """The fleet with a Rank deadline (5 s) longer than the gap of a sole router's restart: its drain
-    (~0.45 s) plus a new process's start (~0.25 s) plus the stub's redial. At the stub's default 1 s, runs
-    lost Recommends to two faults since fixed (gRPC's default redial backoff: --reconnect-backoff-ms; a
-    new router answering before its first health check: it now waits for one), but too few runs have been
-    made since to claim 1 s. Deployments run two routers, as deploy/ does."""
-    stub_args = f"{STUB_ARGS} --rank-timeout-ms 5000"
-    with Fleet(fleet_config(tmp_path / "logs", slo_ms=1.0, stub_args=stub_args)) as running:
-        yield running
-
-
 @pytest.mark.parametrize("service", [ROUTER, TRIGGER])
-def test_a_restarted_router_or_trigger_loses_no_recommend(patient_fleet: Fleet, service: str) -> None:
-    fleet = patient_fleet
-    recommends = recommend_load(fleet.address(STUB), RATE, users=USERS, seed=5, timeout_s=10.0).start()
+def test_a_router_or_trigger_replaced_under_load_loses_no_recommend(fleet: Fleet, service: str) -> None:
+    """A rolling update of the sole router or trigger, at the default deadlines (Rank 1 s): the new process
+    serves on the same port (SO_REUSEPORT) before the old one drains, as Kubernetes' surge does."""
+    recommends = recommend_load(fleet.address(STUB), RATE, users=USERS, seed=5).start()
+    old = fleet.children[service]
     try:
         time.sleep(2.0)
-        restarted_at = time.monotonic() - recommends.started_at
-        fleet.kill(service, signal.SIGTERM)
-        fleet.restart(service)
+        replaced_at = time.monotonic() - recommends.started_at
+        fleet.replace(service)
         time.sleep(3.0)
     finally:
         records = recommends.stop()
 
     assert failures(records) == [], codes(records)
     assert len(records) > 4 * RATE
-    # The relay works again after the restart: admitted requests rank against their pre-inferred prefix.
+    new = fleet.children[service]
+    assert new.popen.pid != old.popen.pid and new.alive()
+    assert old.popen.returncode == 0  # it drained and exited by itself
+    # The new process took the traffic over: it answered calls, by its own metrics.
+    method = "Rank" if service == ROUTER else "Admit"
+    answered = total(
+        scrape(new.metrics_port), "grpc_server_handled_total", grpc_method=method, grpc_code="OK"
+    )
+    assert answered > 0
+    # The relay works on after the swap: admitted requests rank against their pre-inferred prefix.
+    after = [r.response for r in records if r.intended_s > replaced_at + 1.0]
+    assert any(a.admitted for a in after)
+    assert any(a.cache_source == common_pb2.CACHE_SOURCE_HBM for a in after)
+
+
+@pytest.fixture
+def patient_fleet(tmp_path) -> Iterator[Fleet]:
+    """The fleet with a Rank deadline (5 s) longer than the gap of a crashed sole router's restart: its
+    drain (~0.45 s) plus a new process's start (~0.25 s) plus the stub's redial (a first retry after
+    --reconnect-backoff-ms, growing). No process listens meanwhile, so a 1 s deadline is ridden out only
+    mostly; a restart without a gap is `replace` (above), which deployments get from two replicas or surge."""
+    stub_args = f"{STUB_ARGS} --rank-timeout-ms 5000"
+    with Fleet(fleet_config(tmp_path / "logs", slo_ms=1.0, stub_args=stub_args)) as running:
+        yield running
+
+
+def test_a_sole_router_stopped_and_started_again_loses_no_recommend(patient_fleet: Fleet) -> None:
+    fleet = patient_fleet
+    recommends = recommend_load(fleet.address(STUB), RATE, users=USERS, seed=5, timeout_s=10.0).start()
+    try:
+        time.sleep(2.0)
+        restarted_at = time.monotonic() - recommends.started_at
+        fleet.kill(ROUTER, signal.SIGTERM)
+        fleet.restart(ROUTER)
+        time.sleep(3.0)
+    finally:
+        records = recommends.stop()
+
+    assert failures(records) == [], codes(records)
+    assert len(records) > 4 * RATE
+    after = [r.response for r in records if r.intended_s > restarted_at + 1.0]
+    assert any(a.admitted for a in after)
+    assert any(a.cache_source == common_pb2.CACHE_SOURCE_HBM for a in after)
+
+
+def test_a_trigger_stopped_and_started_again_costs_no_recommend_only_relay(fleet: Fleet) -> None:
+    """While the trigger is away, Admit fails fast and Recommends rank without relay: misses, not errors."""
+    recommends = recommend_load(fleet.address(STUB), RATE, users=USERS, seed=6).start()
+    try:
+        time.sleep(2.0)
+        fleet.kill(TRIGGER, signal.SIGTERM)
+        killed_at = time.monotonic() - recommends.started_at
+        time.sleep(1.0)
+        fleet.restart(TRIGGER)
+        restarted_at = time.monotonic() - recommends.started_at
+        time.sleep(3.0)
+    finally:
+        records = recommends.stop()
+
+    assert failures(records) == [], codes(records)
+    # Admits failed while it was away (the stub's own count), and those Recommends ranked without relay.
+    assert total(scrape(fleet.children[STUB].metrics_port), "relaygr_recommend_admit_failures_total") > 0
+    away = [r.response for r in records if killed_at + 0.3 < r.intended_s < restarted_at - 0.3]
+    assert away and not any(a.admitted for a in away)
     after = [r.response for r in records if r.intended_s > restarted_at + 1.0]
     assert any(a.admitted for a in after)
     assert any(a.cache_source == common_pb2.CACHE_SOURCE_HBM for a in after)

@@ -17,8 +17,8 @@ import pytest
 
 from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 from services.common.contract import RANKER_SERVICE
-from services.common.procs import Processes, ServiceProcess
 from services.launcher.fleet import STUB, Fleet
+from services.launcher.procs import Processes, ServiceProcess
 from tests.reliability.harness import (
     BackgroundLoad,
     MemoryWatch,

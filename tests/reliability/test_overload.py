@@ -18,8 +18,8 @@ import pytest
 
 from relaygr.v1 import ranker_pb2_grpc, trigger_pb2
 from services.common.contract import RANKER_SERVICE
-from services.common.procs import Processes, ServiceProcess
 from services.launcher.fleet import STUB, Fleet
+from services.launcher.procs import Processes, ServiceProcess
 from services.ranker.scheduler import MODEL_PASSES, Op
 from tests.reliability.harness import (
     BackgroundLoad,

@@ -2,7 +2,7 @@
 
 A fleet's tests and launcher restart services while their own gRPC clients run. A child that ran Python
 between fork and exec (a `preexec_fn`) crashed with SIGSEGV in about one start in four under such load;
-children now ask for their parent-death signal themselves (`services.common.child`).
+children now ask for their parent-death signal themselves (`services.launcher.child`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.common.procs import REPO_ROOT, Processes
+from services.launcher.procs import REPO_ROOT, Processes
 from tests.reliability.harness import wait_for
 
 
@@ -58,7 +58,7 @@ def test_children_start_cleanly_while_the_parents_grpc_threads_are_busy() -> Non
 PARENT = textwrap.dedent(
     """
     import sys, time
-    from services.common.procs import Processes
+    from services.launcher.procs import Processes
     procs = Processes()
     members = ["--rankers", "r=127.0.0.1:9"]
     child = procs.start("router", "services.router", "relaygr.v1.RankerService", members)

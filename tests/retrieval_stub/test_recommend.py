@@ -19,8 +19,8 @@ from relaygr.v1 import (
     trigger_pb2,
 )
 from services.common.contract import RECOMMEND_SERVICE
-from services.common.procs import Processes, free_port
 from services.launcher.fleet import STUB, TRIGGER, Fleet, FleetConfig
+from services.launcher.procs import Processes, free_port
 from services.retrieval_stub.universe import UniverseConfig, UserUniverse
 
 UNIVERSE = UniverseConfig(

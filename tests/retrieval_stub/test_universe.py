@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from services.common.procs import REPO_ROOT
+from services.launcher.procs import REPO_ROOT
 from services.retrieval_stub.universe import UniverseConfig, UserHistory, UserUniverse
 
 EPOCH_MS = 1_750_000_000_000

@@ -10,14 +10,10 @@ import pytest
 from relaygr.v1 import ranker_pb2
 from services.common.config import load
 from services.common.contract import RANKER_SERVICE
-from services.common.metrics import ROUTER_FAILURES, ROUTER_MEMBER_HEALTHY
 from services.router.config import RouterConfig
-from services.router.membership import (
-    CircuitBreaker,
-    DnsRecord,
-    Membership,
-    members_from_records,
-)
+from services.router.discovery import DnsRecord, members_from_records
+from services.router.membership import CircuitBreaker, Membership
+from services.router.metrics import ROUTER_FAILURES, ROUTER_MEMBER_HEALTHY
 from tests.router.harness import eventually, stub_rankers
 
 SERVICE_DNS = "ranker.relaygr.svc.cluster.local"

@@ -11,9 +11,9 @@ from grpc_health.v1 import health_pb2
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.common.contract import RANKER_SERVICE
-from services.common.metrics import ROUTER_DECISIONS, ROUTER_INFLIGHT
-from services.common.procs import health_status
+from services.launcher.procs import health_status
 from services.router.config import RouterConfig
+from services.router.metrics import ROUTER_DECISIONS, ROUTER_INFLIGHT
 from services.router.server import RouterServer
 from tests.router.harness import StubRanker, eventually, router_config, running_router, stub_rankers
 

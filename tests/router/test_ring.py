@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common.procs import REPO_ROOT
+from services.launcher.procs import REPO_ROOT
 from services.router.ring import AffinityRing, Placement, load_bound, stable_hash
 
 USERS = [f"user-{i}" for i in range(20_000)]

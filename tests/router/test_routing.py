@@ -11,7 +11,7 @@ import pytest
 
 from services.common.errors import Unavailable
 from services.router.membership import Membership
-from services.router.routing import Decision, RoutingPolicy
+from services.router.routing import RoutingDecision, RoutingPolicy
 from tests.router.harness import StubRanker, eventually, router_config, stub_rankers
 
 USERS = [f"user-{i}" for i in range(50)]
@@ -40,7 +40,7 @@ def test_without_hint_a_user_goes_to_its_ring_owner() -> None:
         for user in USERS:
             route = policy.choose(user)
             assert route.member.name == policy.membership.ring.owner(user)
-            assert route.decision == Decision.AFFINITY
+            assert route.decision == RoutingDecision.AFFINITY
             assert policy.choose(user).member is route.member  # stable while nothing changes
 
     with_policy(scenario)
@@ -52,16 +52,16 @@ def test_a_hint_wins_over_the_ring_while_its_member_is_routable() -> None:
         for user in USERS[:10]:
             elsewhere = list(ring.walk(user))[-1]
             route = policy.choose(user, hint=elsewhere)
-            assert (route.member.name, route.decision) == (elsewhere, Decision.HINT)
+            assert (route.member.name, route.decision) == (elsewhere, RoutingDecision.HINT)
 
         route = policy.choose("alice", hint="ranker-9")  # not a member
-        assert (route.member.name, route.decision) == (ring.owner("alice"), Decision.HINT_UNAVAILABLE)
+        assert (route.member.name, route.decision) == (ring.owner("alice"), RoutingDecision.HINT_UNAVAILABLE)
 
         hinted = next(stub for stub in stubs if stub.name != ring.owner("alice"))
         await hinted.set_serving(False)
         await eventually(lambda: not policy.membership.get(hinted.name).routable)
         route = policy.choose("alice", hint=hinted.name)
-        assert (route.member.name, route.decision) == (ring.owner("alice"), Decision.HINT_UNAVAILABLE)
+        assert (route.member.name, route.decision) == (ring.owner("alice"), RoutingDecision.HINT_UNAVAILABLE)
 
     with_policy(scenario)
 
@@ -71,12 +71,12 @@ def test_a_loaded_owner_spills_to_the_next_member_clockwise() -> None:
         first, second, _third = policy.membership.ring.walk("alice")
         policy.membership.get(first).in_flight = 4  # bound = ceil(1.25 * 5 / 3) = 3
         route = policy.choose("alice")
-        assert (route.member.name, route.decision) == (second, Decision.SPILL)
+        assert (route.member.name, route.decision) == (second, RoutingDecision.SPILL)
         policy.membership.get(first).in_flight = 2  # bound = ceil(1.25 * 3 / 3) = 2
         assert policy.choose("alice").member.name == second
         policy.membership.get(first).in_flight = 1
         policy.membership.get(second).in_flight = 1  # bound = ceil(1.25 * 3 / 3) = 2
-        assert policy.choose("alice").decision == Decision.AFFINITY
+        assert policy.choose("alice").decision == RoutingDecision.AFFINITY
 
     with_policy(scenario, load_floor=0)
 
@@ -85,11 +85,11 @@ def test_below_the_load_floor_a_member_never_spills() -> None:
     async def scenario(policy: RoutingPolicy, _: list[StubRanker]) -> None:
         first, second, _third = policy.membership.ring.walk("alice")
         policy.membership.get(first).in_flight = 3  # pure bound: ceil(1.25 * 4 / 3) = 2; the floor is 4
-        assert policy.choose("alice").decision == Decision.AFFINITY
+        assert policy.choose("alice").decision == RoutingDecision.AFFINITY
         policy.membership.get(first).in_flight = 4
         assert (policy.choose("alice").member.name, policy.choose("alice").decision) == (
             second,
-            Decision.SPILL,
+            RoutingDecision.SPILL,
         )
 
     with_policy(scenario, load_floor=4)
@@ -99,7 +99,7 @@ def test_failover_takes_the_next_routable_member_after_the_failed_one() -> None:
     async def scenario(policy: RoutingPolicy, stubs: list[StubRanker]) -> None:
         first, second, third = policy.membership.ring.walk("alice")
         route = policy.failover("alice", failed=first)
-        assert (route.member.name, route.decision) == (second, Decision.FAILOVER)
+        assert (route.member.name, route.decision) == (second, RoutingDecision.FAILOVER)
         assert policy.failover("alice", failed=second).member.name == first
 
         await next(stub for stub in stubs if stub.name == second).set_serving(False)
@@ -141,7 +141,7 @@ def test_the_random_policy_ignores_hints_and_the_ring_and_draws_only_routable_me
         drawn = RoutingPolicy(policy.membership, "random", random.Random(0))
         owner = policy.membership.ring.owner("alice")
         routes = [drawn.choose("alice", hint=owner) for _ in range(300)]
-        assert {route.decision for route in routes} == {Decision.RANDOM}
+        assert {route.decision for route in routes} == {RoutingDecision.RANDOM}
         counts = collections.Counter(route.member.name for route in routes)
         assert set(counts) == {"ranker-0", "ranker-1", "ranker-2"} and min(counts.values()) > 60
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from services.common.contract import RANKER_SERVICE
-from services.common.procs import Processes
+from services.launcher.procs import Processes
 from services.ranker.model import HSTURanker
 from services.ranker.presets import get_preset
 

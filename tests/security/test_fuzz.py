@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from relaygr.v1 import common_pb2, ranker_pb2, recommend_pb2, trigger_pb2
 from services.common.contract import RANKER_SERVICE, RECOMMEND_SERVICE, TRIGGER_SERVICE
-from services.common.procs import health_status
 from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet
+from services.launcher.procs import health_status
 from tests.reliability.harness import fleet_config, scrape, total
 
 MAX_MESSAGE_MB = 1

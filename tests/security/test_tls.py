@@ -20,12 +20,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc, recommend_pb2, recommend_pb2_grpc
-from services.common.config import load
+from services.common.config import ServiceConfig, load
 from services.common.contract import RANKER_SERVICE
-from services.common.procs import Processes, ServiceProcess
-from services.common.server import ServiceConfig
 from services.launcher.demo import DemoProgress, LauncherConfig, drive_demo
 from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet
+from services.launcher.procs import Processes, ServiceProcess
 from services.ranker.config import RankerConfig
 from services.retrieval_stub.config import RetrievalStubConfig
 from services.router.config import RouterConfig

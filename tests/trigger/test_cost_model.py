@@ -8,7 +8,7 @@ import pytest
 
 from relaygr.v1 import ranker_pb2
 from services.trigger.cost_model import CostModel, attended_pairs, projected_tokens
-from services.trigger.profile import FleetProfile
+from services.trigger.fleet_profile import FleetProfile
 
 PROFILE_S, PROFILE_C = 16, 128
 LENGTHS = (128, 512, 2048, 8192)

@@ -18,9 +18,9 @@ from prometheus_client import REGISTRY
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc, trigger_pb2, trigger_pb2_grpc
 from services.common.contract import TRIGGER_SERVICE as SERVICE_NAME
-from services.common.procs import Processes, free_port
+from services.launcher.procs import Processes, free_port
 from services.trigger.config import TriggerConfig
-from services.trigger.profile import FleetProfile
+from services.trigger.fleet_profile import FleetProfile
 from services.trigger.server import TriggerServer
 
 INSTANCE = "ranker-a"

@@ -1,6 +1,7 @@
-"""`python -m services.common.child PARENT_PID MODULE [ARGS...]`: MODULE as `__main__`, dying with its parent.
+"""`python -m services.launcher.child PARENT_PID MODULE [ARGS...]`: MODULE as `__main__`, dying with its
+parent.
 
-`services.common.procs` starts every service through this module. On Linux it first asks the kernel to send
+`services.launcher.procs` starts every service through this module. On Linux it first asks the kernel to send
 this process SIGTERM when its parent dies (even by SIGKILL), so no service outlives the launcher or test
 that started it. The request is made here, after exec, rather than in a `preexec_fn`: that would run Python
 between fork and exec, and a child forked while the parent's gRPC threads are busy crashes there (SIGSEGV).

@@ -3,7 +3,7 @@
 Every child runs in its own process group, is stopped with SIGTERM (then SIGKILL after a grace), and
 is stopped by `Processes.close()` however the parent leaves its `with` block; on Linux a child also gets
 SIGTERM when its parent dies without cleaning up (even by SIGKILL), so no orphans remain: children start
-through `services.common.child`, which arranges that.
+through `services.launcher.child`, which arranges that.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -78,18 +79,30 @@ class ServiceProcess:
             self.signal(signal.SIGKILL)
             return self.popen.wait(5)
 
-    def wait_healthy(self, timeout: float) -> None:
+    def wait_healthy(self, timeout: float, by_metrics: bool = False) -> None:
+        """Waits until the service serves: by a health check on its gRPC port, or `by_metrics` on its own
+        metrics port, which only this process answers (another may share its gRPC port: `--reuse-port`)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():
                 raise RuntimeError(f"{self.name} exited with {self.popen.returncode}; {self.log_tail()}")
-            if (
-                health_status(self.address, self.service, timeout=0.5, credentials=self.credentials)
-                == health_pb2.HealthCheckResponse.SERVING
-            ):
+            if self.serving_by_metrics() if by_metrics else self.serving():
                 return
             time.sleep(0.1)
         raise TimeoutError(f"{self.name} not healthy after {timeout:.0f}s; {self.log_tail()}")
+
+    def serving(self) -> bool:
+        status = health_status(self.address, self.service, timeout=0.5, credentials=self.credentials)
+        return status == health_pb2.HealthCheckResponse.SERVING
+
+    def serving_by_metrics(self) -> bool:
+        """This very process says it serves: `relaygr_serving 1` on its own metrics port."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=0.5) as page:
+                text = page.read().decode()
+        except OSError:
+            return False
+        return any(line.split() == ["relaygr_serving", "1.0"] for line in text.splitlines())
 
     def log_tail(self, lines: int = 20) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -132,7 +145,7 @@ class Processes:
             log_path = self.log_dir / f"{name}.log"
             stdout = log_path.open("ab")
         command = [
-            sys.executable, "-m", "services.common.child", str(os.getpid()), module,
+            sys.executable, "-m", "services.launcher.child", str(os.getpid()), module,
             "--port", str(port), "--metrics-port", str(metrics_port), *args,
         ]  # fmt: skip
         popen = subprocess.Popen(

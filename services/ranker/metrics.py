@@ -1,0 +1,63 @@
+"""The ranker's metrics: Ranks by cache source and miss reason, PreInfer outcomes, model time, shedding,
+the KV cache's tiers, leases and productions. Label names follow `services/common/metrics.py`."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.common.metrics import LATENCY_BUCKETS
+
+RANK_REQUESTS = Counter(
+    "relaygr_rank_requests_total", "Ranks served, by prefix cache source.", ["cache_source"]
+)
+RANK_MISSES = Counter(
+    "relaygr_rank_misses_total", "Ranks that computed their whole prefix, by reason.", ["reason"]
+)
+RANK_LATENCY = Histogram(
+    "relaygr_rank_latency_seconds",
+    "Ranker-side Rank latency (queueing and model), by prefix cache source.",
+    ["cache_source"],
+    buckets=LATENCY_BUCKETS,
+)
+RANK_LOSSY = Counter(
+    "relaygr_rank_lossy_total",
+    "Ranks whose prefix came from a lossy (bf16) DRAM copy, by cache source: their scores equal a full "
+    "recomputation only within the copy's epsilon.",
+    ["cache_source"],
+)
+PRE_INFER_OUTCOMES = Counter("relaygr_pre_infer_total", "PreInfer signals by outcome.", ["outcome"])
+MODEL_SECONDS = Histogram(
+    "relaygr_model_seconds",
+    "Time on the ranker's device and copy threads per job, by op: pre_infer, extend, rank, uncached "
+    "(model passes), reload, demote (tier copies), profile (warm-up).",
+    ["op"],
+    buckets=LATENCY_BUCKETS,
+)
+DEVICE_QUEUE_DEPTH = Gauge(
+    "relaygr_device_queue_depth", "Model jobs waiting for the device thread, by priority.", ["priority"]
+)
+SHED_REQUESTS = Counter(
+    "relaygr_shed_requests_total",
+    "Requests refused before any work, by method and reason.",
+    ["method", "reason"],
+)
+KV_CACHE_BYTES = Gauge("relaygr_kv_cache_bytes", "Bytes of prefix KV held, per tier.", ["tier"])
+KV_CACHE_CAPACITY_BYTES = Gauge(
+    "relaygr_kv_cache_capacity_bytes", "Byte budget of each cache tier.", ["tier"]
+)
+KV_CACHE_ENTRIES = Gauge("relaygr_kv_cache_entries", "Prefix KV entries held, per tier.", ["tier"])
+KV_CACHE_EVICTIONS = Counter(
+    "relaygr_kv_cache_evictions_total", "Entries removed from a tier, by reason.", ["tier", "reason"]
+)
+LEASES_ACTIVE = Gauge("relaygr_leases_active", "HBM entries leased and not yet consumed.")
+LEASE_EXPIRATIONS = Counter(
+    "relaygr_lease_expirations_total", "Leases released by their deadline rather than by a consuming Rank."
+)
+PRODUCTIONS = Counter(
+    "relaygr_productions_total",
+    "Prefix productions started (compute, reload, extend); joiners do not count.",
+    ["kind"],
+)
+PRODUCTION_JOINS = Counter(
+    "relaygr_production_joins_total", "Requests that joined an in-flight production instead of starting one."
+)

@@ -1,0 +1,180 @@
+"""Single-flight productions of prefix KV: at most one per key at a time, shared by everyone who wants it.
+
+A production makes one entry's HBM KV in one of three ways (`Kind`): compute the whole prefix, reload a
+DRAM copy, or extend a cached shorter prefix with the events appended since. Every PreInfer or Rank for a
+key that is being produced joins the running production instead of starting another. The work runs as
+its own task: a joiner's cancellation never cancels it, and a Rank that joins a pre-inference promotes
+its device job to rank priority so it does not wait behind later Ranks.
+
+Pins are handed out at completion, not taken by the waiters: when the work is done the production pins
+the entry once per waiter before any of them resumes, so nothing can demote the entry in between; a
+waiter cancelled after that point gets its pin back through `on_abandoned`.
+
+What a finished production does to the cache (tiers, index, leases) is the cache's business: it passes
+`finish` and `fail` callbacks, run on the event loop exactly once per production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+from collections.abc import Callable, Iterator, Mapping
+
+from relaygr.v1 import common_pb2
+from services.ranker.cache_index import CacheEntry, Pin, PrefixKey
+from services.ranker.copier import TierCopier
+from services.ranker.events import Events
+from services.ranker.model import PrefixKV
+from services.ranker.runner import ModelRunner
+from services.ranker.scheduler import Op, Priority, Scheduler
+
+
+class Kind(enum.Enum):
+    COMPUTE = "compute"
+    RELOAD = "reload"
+    EXTEND = "extend"
+
+
+@dataclasses.dataclass(eq=False)
+class Production:
+    key: PrefixKey
+    events: Events
+    kind: Kind
+    for_rank: bool  # started by a Rank (a miss), not by a PreInfer
+    priority: Priority
+    # The entry it reloads or extends, held by `base_pin` until it is done.
+    base: CacheEntry | None = None
+    base_pin: Pin | None = None
+    task: asyncio.Task | None = None
+    # The device job computing it, once submitted: a Rank that joins promotes it to rank priority.
+    job: asyncio.Future | None = None
+    # Lease the entry when done: a PreInfer started or joined this production.
+    lease: bool = False
+    # Why the Rank that started a compute missed; Ranks that join it share the reason.
+    miss_reason: int = common_pb2.MissReason.MISS_REASON_UNSPECIFIED
+    # Ranks awaiting it; when it completes, it pins the entry once for each, and each takes its pin.
+    waiters: int = 0
+    handed: list[Pin] = dataclasses.field(default_factory=list)
+
+    def hand_out(self, entry: CacheEntry) -> None:
+        """Pins `entry` once for every waiter, before any of them resumes."""
+        self.handed = [entry.pin("rank") for _ in range(self.waiters)]
+
+
+Finish = Callable[[Production, PrefixKV, bool], CacheEntry]  # (production, kv, base was reloaded) -> entry
+Fail = Callable[[Production], None]
+
+
+class Productions(Mapping[PrefixKey, Production]):
+    """The running productions by key, and the work each does on the device and copy workers."""
+
+    def __init__(self, runner: ModelRunner, copier: TierCopier, copy_worker: Scheduler) -> None:
+        self.runner = runner
+        self.copier = copier
+        self.copy_worker = copy_worker
+        self._running: dict[PrefixKey, Production] = {}
+
+    def __getitem__(self, key: PrefixKey) -> Production:
+        return self._running[key]
+
+    def __iter__(self) -> Iterator[PrefixKey]:
+        return iter(self._running)
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    def pending_pre_infer(self) -> int:
+        return sum(1 for p in self._running.values() if not p.for_rank)
+
+    def start(
+        self,
+        key: PrefixKey,
+        events: Events,
+        kind: Kind,
+        priority: Priority,
+        *,
+        for_rank: bool,
+        base: CacheEntry | None,
+        base_pin: Pin | None,
+        deadline: float | None,
+        finish: Finish,
+        fail: Fail,
+    ) -> Production:
+        """Starts producing `key`'s KV from `events` (and `base`, held by `base_pin`, for a reload or an
+        extension). `deadline` (`time.monotonic()`) is the starting Rank's: past it, the device drops the
+        work unstarted."""
+        production = Production(
+            key, events, kind, for_rank, priority, base=base, base_pin=base_pin, lease=not for_rank
+        )
+        work = self._run(production, deadline, finish, fail)
+        production.task = asyncio.get_running_loop().create_task(work)
+        # Its waiters may all be gone (cancelled) when it fails: mark the failure seen, or asyncio logs it.
+        production.task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        self._running[key] = production
+        return production
+
+    async def _run(
+        self, production: Production, deadline: float | None, finish: Finish, fail: Fail
+    ) -> CacheEntry:
+        try:
+            kv, reloaded = await self._make(production, deadline)
+        except BaseException:
+            del self._running[production.key]
+            fail(production)
+            raise
+        del self._running[production.key]
+        return finish(production, kv, reloaded)
+
+    async def _make(self, production: Production, deadline: float | None) -> tuple[PrefixKV, bool]:
+        """The KV, and whether the base had to be reloaded from DRAM first."""
+        base, events = production.base, production.events
+        base_kv, reloaded = None, False
+        if base is not None:
+            base_kv = base.hbm
+            reloaded = base_kv is None
+            if reloaded:
+                dram_copy = base.dram
+                base_kv = await self.copy_worker.submit(
+                    lambda: self.copier.to_hbm(dram_copy), production.priority, Op.RELOAD, deadline
+                )
+        if production.kind is Kind.RELOAD:
+            return base_kv, reloaded
+        if production.kind is Kind.EXTEND:
+            suffix = events.suffix(base.length)
+            production.job = self.runner.extend(base_kv, suffix, production.priority, deadline)
+        else:
+            production.job = self.runner.pre_infer(events, production.priority, deadline)
+        return await production.job, reloaded
+
+    def promote(self, production: Production) -> None:
+        """A Rank waits on this production now: it must not wait behind the Ranks that arrive after it."""
+        if production.priority > Priority.RANK:
+            production.priority = Priority.RANK
+            if production.job is not None:
+                self.runner.worker.promote(production.job, Priority.RANK)
+
+    @staticmethod
+    async def join(production: Production, on_abandoned: Callable[[Pin], None]) -> tuple[CacheEntry, Pin]:
+        """Waits for the production: its entry and this waiter's pin. The production's own errors
+        propagate; a waiter cancelled after the entry was pinned for it gives the pin to `on_abandoned`."""
+        production.waiters += 1
+        try:
+            entry = await asyncio.shield(production.task)
+        except asyncio.CancelledError:
+            task = production.task
+            if task.done() and not task.cancelled() and task.exception() is None:
+                on_abandoned(production.handed.pop())
+            else:
+                production.waiters -= 1
+            raise
+        return entry, production.handed.pop()
+
+    async def close(self) -> None:
+        running = list(self._running.values())
+        for production in running:
+            production.task.cancel()
+        for production in running:
+            with contextlib.suppress(BaseException):
+                await production.task

@@ -1,0 +1,144 @@
+"""Moves of prefix KV between the tiers: demotion HBM → DRAM (by a copy off the critical path),
+eviction from either tier, and removal of an entry with every byte it holds.
+
+HBM's eviction demotes; DRAM's eviction drops. Neither touches an entry that is pinned, leased, being
+produced or already moving, so what a Rank holds is never moved under it. An entry reloaded from DRAM
+and unchanged keeps its DRAM copy: demoting it again copies nothing (no redundant reload or copy). Every
+byte is reserved in the target tier before a copy starts, so neither budget is ever exceeded; a copy
+that comes out larger than reserved is dropped, never the budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from relaygr.v1 import common_pb2
+from services.ranker import metrics
+from services.ranker.cache_index import CacheEntry, Index, PrefixKey
+from services.ranker.copier import TierCopier
+from services.ranker.leases import Leases
+from services.ranker.productions import Productions
+from services.ranker.scheduler import Op, Priority, Scheduler
+from services.ranker.tiers import Tier
+
+log = logging.getLogger(__name__)
+
+Miss = common_pb2.MissReason
+
+
+class TierMoves:
+    def __init__(
+        self,
+        hbm: Tier,
+        dram: Tier,
+        copier: TierCopier,
+        copy_worker: Scheduler,
+        index: Index,
+        leases: Leases,
+        productions: Productions,
+        bytes_per_token: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self.hbm = hbm
+        self.dram = dram
+        self.copier = copier
+        self.copy_worker = copy_worker
+        self.index = index
+        self.leases = leases
+        self.productions = productions
+        self.clock = clock
+        self.dram_bytes_per_token = (
+            bytes_per_token * copier.dram_dtype.itemsize // copier.compute_dtype.itemsize
+        )
+
+    def remove(self, entry: CacheEntry, reason: str) -> None:
+        key = entry.key
+        if key in self.hbm and key not in self.productions:
+            self.hbm.release(key)
+            metrics.KV_CACHE_EVICTIONS.labels("hbm", reason).inc()
+        if key in self.dram:  # a held copy, or the reservation of a copy in flight
+            self.dram.release(key)
+            metrics.KV_CACHE_EVICTIONS.labels("dram", reason).inc()
+        self.leases.end(entry)
+        entry.hbm = entry.dram = None
+        self.index.drop(entry)
+
+    def demote_victim(self, key: PrefixKey) -> None:
+        """HBM's eviction: demotes the entry unless it is pinned, leased, moving or being produced."""
+        entry = self.index.get(key)
+        if entry is None or entry.pinned or entry.lease is not None or entry.demoting:
+            return
+        if key not in self.productions:
+            self.demote(entry, Miss.MISS_REASON_EVICTED_HBM)
+
+    def _evict_dram_victim(self, key: PrefixKey) -> None:
+        """DRAM's eviction: drops the DRAM copy unless the entry is pinned or being produced."""
+        entry = self.index.get(key)
+        if entry is not None and key not in self.productions and not entry.pinned:
+            self.evict_dram(entry, "capacity")
+
+    def evict_dram(self, entry: CacheEntry, reason: str) -> None:
+        if entry.hbm is not None:  # keep the HBM copy; only the DRAM copy goes
+            self.dram.release(entry.key)
+            entry.dram = None
+            metrics.KV_CACHE_EVICTIONS.labels("dram", reason).inc()
+            return
+        self.remove(entry, reason)
+        self.index.tombstone(entry.key.user_id, Miss.MISS_REASON_EVICTED_DRAM)
+
+    def demote(self, entry: CacheEntry, reason_if_dropped: int) -> None:
+        """Moves an unleased, unpinned HBM entry to DRAM; drops it when DRAM cannot hold it."""
+        if entry.demoting or entry.hbm is None:
+            return
+        if entry.dram is not None:  # reloaded and unchanged: its DRAM copy is still valid, copy nothing
+            self.hbm.release(entry.key)
+            entry.hbm = None
+            self.dram.touch(entry.key, self.clock())
+            return
+        nbytes = entry.length * self.dram_bytes_per_token
+        if not self.dram.make_room(nbytes, self._evict_dram_victim):
+            self.remove(
+                entry, "lease_expired" if reason_if_dropped == Miss.MISS_REASON_LEASE_EXPIRED else "no_dram"
+            )
+            self.index.tombstone(entry.key.user_id, reason_if_dropped)
+            return
+        self.dram.reserve(entry.key, nbytes, self.clock())
+        entry.demoting = True
+        device_copy = entry.hbm
+        future = self.copy_worker.submit(
+            lambda: self.copier.to_dram(device_copy), Priority.PRE_INFER, Op.DEMOTE
+        )
+        future.add_done_callback(lambda f: self._demoted(entry, f))
+
+    def _demoted(self, entry: CacheEntry, future: asyncio.Future) -> None:
+        entry.demoting = False
+        if self.index.get(entry.key) is not entry:  # removed while copying; `_remove` freed its bytes
+            return
+        if future.cancelled() or future.exception() is not None:
+            self.dram.release(entry.key)
+            self.remove(entry, "copy_failed")
+            return
+        dram_copy = future.result()
+        if not self.dram.resize(entry.key, dram_copy.nbytes()):
+            # Larger than reserved and DRAM cannot hold the difference: drop the copy, never the budget.
+            log.error("DRAM copy of %s is %d bytes, more than reserved", entry.key, dram_copy.nbytes())
+            self.dram.release(entry.key)
+            if not entry.pinned and entry.lease is None and entry.key not in self.productions:
+                self.remove(entry, "no_dram")
+                self.index.tombstone(entry.key.user_id, Miss.MISS_REASON_EVICTED_HBM)
+            self.publish()
+            return
+        entry.dram = dram_copy
+        if not entry.pinned and entry.lease is None and entry.key not in self.productions:
+            self.hbm.release(entry.key)
+            entry.hbm = None
+        self.publish()
+
+    def publish(self) -> None:
+        """The tiers' bytes and entries, as gauges."""
+        for tier in (self.hbm, self.dram):
+            stats = tier.stats()
+            metrics.KV_CACHE_BYTES.labels(tier.name).set(stats.bytes)
+            metrics.KV_CACHE_ENTRIES.labels(tier.name).set(stats.entries)

@@ -1,0 +1,18 @@
+"""The router's metrics: routing decisions, in-flight forwards, member health and failures."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+ROUTER_DECISIONS = Counter(
+    "relaygr_router_decisions_total",
+    "Routing decisions (affinity, hint, spill, failover, hint_unavailable, random), by method.",
+    ["method", "decision"],
+)
+ROUTER_INFLIGHT = Gauge("relaygr_router_inflight", "Requests in flight to each ranker.", ["member"])
+ROUTER_MEMBER_HEALTHY = Gauge("relaygr_router_member_healthy", "1 when the member is routable.", ["member"])
+ROUTER_FAILURES = Counter(
+    "relaygr_router_member_failures_total",
+    "Failed forwards per member, by gRPC code.",
+    ["member", "grpc_code"],
+)
