@@ -90,3 +90,15 @@ def test_choices_come_from_the_registries_they_name():
     routing = {f.name: f for f in dataclasses.fields(RouterConfig)}["routing_policy"]
     assert routing.metadata["choices"] == ROUTING_POLICIES
     assert load(RankerConfig, ["--dram-policy", "size"], {}).dram_policy == "size"
+
+
+def test_host_dependent_defaults_are_resolved_before_validation(monkeypatch, capsys):
+    """A ranker's --instance-name defaults to the host name (the StatefulSet pod's); that name, too, must
+    be one a relay hint can carry, or the ranker refuses to start, naming the flag."""
+    monkeypatch.setattr("socket.gethostname", lambda: "ranker-7")
+    assert load(RankerConfig, [], {}).instance_name == "ranker-7"
+    assert load(RankerConfig, ["--instance-name", "ranker-0"], {}).instance_name == "ranker-0"
+    monkeypatch.setattr("socket.gethostname", lambda: "bad host\nname")
+    with pytest.raises(SystemExit):
+        load(RankerConfig, [], {})
+    assert "--instance-name" in capsys.readouterr().err
