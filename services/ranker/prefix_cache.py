@@ -242,10 +242,9 @@ class PrefixCache:
         if not self.hbm.make_room(need, self.moves.demote_victim):
             return None
         self.hbm.reserve(key, need, self.clock())
-        base_pin = None if base is None else base.pin(f"{kind.value} of {key.user_id}")
         production = self.productions.start(
-            key, events, kind, priority, for_rank=for_rank, base=base, base_pin=base_pin,
-            deadline=deadline, finish=self._finish, fail=self._fail,
+            key, events, kind, priority, for_rank=for_rank, base=base, deadline=deadline,
+            finish=self._finish, fail=self._fail,
         )  # fmt: skip
         metrics.PRODUCTIONS.labels(kind.value).inc()
         self._publish()
@@ -261,10 +260,8 @@ class PrefixCache:
         key, kind, base_pin = production.key, production.kind, production.base_pin
         if not self.hbm.resize(key, kv.nbytes()):
             log.error("prefix KV of %s is %d bytes, more than reserved; HBM cannot hold it", key, kv.nbytes())
-            self.hbm.release(key)
-            self._unpin_base(base_pin, superseded=False)
             self.index.tombstone(key.user_id, Miss.MISS_REASON_REJECTED_CAPACITY)
-            self._publish()
+            self._fail(production)
             raise OverBudget(f"{kv.nbytes()} bytes do not fit in the HBM tier")
         base = production.base
         entry = base if kind is Kind.RELOAD else CacheEntry(key, production.events)

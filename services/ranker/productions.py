@@ -44,8 +44,7 @@ class Production:
     kind: Kind
     for_rank: bool  # started by a Rank (a miss), not by a PreInfer
     priority: Priority
-    # The entry it reloads or extends, held by `base_pin` until it is done.
-    base: CacheEntry | None = None
+    # The pin that holds the entry it reloads or extends, until it is done.
     base_pin: Pin | None = None
     task: asyncio.Task | None = None
     # The device job computing it, once submitted: a Rank that joins promotes it to rank priority.
@@ -57,6 +56,11 @@ class Production:
     # Ranks awaiting it; when it completes, it pins the entry once for each, and each takes its pin.
     waiters: int = 0
     handed: list[Pin] = dataclasses.field(default_factory=list)
+
+    @property
+    def base(self) -> CacheEntry | None:
+        """The entry it reloads or extends (held by `base_pin` until the cache releases it)."""
+        return None if self.base_pin is None else self.base_pin.entry
 
     def hand_out(self, entry: CacheEntry) -> None:
         """Pins `entry` once for every waiter, before any of them resumes."""
@@ -97,17 +101,15 @@ class Productions(Mapping[PrefixKey, Production]):
         *,
         for_rank: bool,
         base: CacheEntry | None,
-        base_pin: Pin | None,
         deadline: float | None,
         finish: Finish,
         fail: Fail,
     ) -> Production:
-        """Starts producing `key`'s KV from `events` (and `base`, held by `base_pin`, for a reload or an
-        extension). `deadline` (`time.monotonic()`) is the starting Rank's: past it, the device drops the
-        work unstarted."""
-        production = Production(
-            key, events, kind, for_rank, priority, base=base, base_pin=base_pin, lease=not for_rank
-        )
+        """Starts producing `key`'s KV from `events` (and `base`, pinned until the cache releases
+        `base_pin`, for a reload or an extension). `deadline` (`time.monotonic()`) is the starting Rank's:
+        past it, the device drops the work unstarted."""
+        base_pin = None if base is None else base.pin(f"{kind.value} of {key.user_id}")
+        production = Production(key, events, kind, for_rank, priority, base_pin=base_pin, lease=not for_rank)
         work = self._run(production, deadline, finish, fail)
         production.task = asyncio.get_running_loop().create_task(work)
         # Its waiters may all be gone (cancelled) when it fails: mark the failure seen, or asyncio logs it.

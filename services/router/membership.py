@@ -139,7 +139,6 @@ class Membership:
         self._members: dict[str, Member] = {}
         self._watchers: dict[Member, asyncio.Task] = {}
         self._refresher: asyncio.Task | None = None
-        self._any_healthy = asyncio.Event()
         self._checked = asyncio.Event()  # pulsed whenever a health check finishes
 
     @classmethod
@@ -188,7 +187,7 @@ class Membership:
             self._refresher = asyncio.create_task(self._refresh_forever(self._refresh_s))
 
     async def wait_until_any_healthy(self) -> None:
-        await self._any_healthy.wait()
+        await self._wait_for(lambda: any(m.healthy for m in self._members.values()))
 
     def settled(self) -> bool:
         """Start-up is over: a member is routable, or every member's first health check has finished."""
@@ -196,7 +195,11 @@ class Membership:
         return any(m.routable for m in members) or all(m.checked for m in members)
 
     async def wait_settled(self) -> None:
-        while not self.settled():
+        await self._wait_for(self.settled)
+
+    async def _wait_for(self, condition: Callable[[], bool]) -> None:
+        """Returns once `condition()` holds, checking it after every health check."""
+        while not condition():
             self._checked.clear()
             await self._checked.wait()
 
@@ -272,8 +275,6 @@ class Membership:
             # A first check that only timed out has not told us anything yet, until it is the last allowed.
             member.checked = member.checked or timeouts == 0 or timeouts >= self._health_timeouts
             self._checked.set()
-            if healthy:
-                self._any_healthy.set()
             ROUTER_MEMBER_HEALTHY.labels(member.name).set(int(member.routable))
             await asyncio.sleep(self._health_interval_s)
 
