@@ -56,7 +56,9 @@ class FleetConfig:
     model_preset: str = setting("cpu-small", "every ranker's model preset: cpu-tiny, cpu-small or gpu-dlrmv3")
     hbm_budget_mb: float = setting(RankerConfig.hbm_budget_mb, "HBM-tier byte budget of each ranker, MiB")
     dram_budget_mb: float = setting(RankerConfig.dram_budget_mb, "DRAM-tier byte budget of each ranker, MiB")
-    slo_ms: float = setting(TriggerConfig.slo_ms, "ranking latency SLO (P99) the trigger admits against, ms")
+    slo_ms: float = setting(
+        TriggerConfig.slo_ms, "ranking latency SLO (P99), ms: what would miss it the trigger never sheds"
+    )
     relay: bool = setting(True, "run the relay; false starts the baseline (retrieval stub without Admit)")
     base_port: int = setting(50050, "gRPC port of the router; the others follow it (0: free ports)")
     metrics_base_port: int = setting(9100, "metrics port of the router; the others follow it (0: free ports)")

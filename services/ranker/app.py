@@ -21,6 +21,7 @@ from services.ranker.copier import TierCopier
 from services.ranker.dataplane import DataPlane
 from services.ranker.device import select_device
 from services.ranker.latency_curve import LatencyCurve
+from services.ranker.load import LoadBook
 from services.ranker.model import HSTURanker
 from services.ranker.prefix_cache import Kind, PrefixCache, Source
 from services.ranker.presets import get_preset
@@ -50,6 +51,7 @@ def precreate_metrics() -> None:
     precreate(metrics.RANK_LOSSY, *sources)
     precreate(metrics.RANK_MISSES, *enum_labels(common_pb2.MissReason))
     precreate(metrics.PRE_INFER_OUTCOMES, *enum_labels(ranker_pb2.PreInferOutcome))
+    precreate(metrics.PRE_INFER_TOKENS, ("consumed",), ("wasted",))
     precreate(metrics.PRODUCTIONS, *[(kind.value,) for kind in Kind])
     precreate(metrics.MODEL_SECONDS, *[(op.value,) for op in Op])
 
@@ -77,6 +79,8 @@ class RankerApp:
             dram_ttl_s=config.dram_ttl_s,
             instance=config.instance_name,
             max_pending_pre_infer=config.max_pending_pre_infer,
+            load=LoadBook(self.worker),
+            max_pre_infer_backlog_ms=config.max_pre_infer_backlog_ms,
             max_tombstones=config.max_tombstones,
         )
         self.plane = DataPlane(config, self.runner, self.cache, self.worker)

@@ -73,6 +73,10 @@ class CacheEntry:
     # Its KV went through a lossy (bf16) DRAM copy, itself or the base it was extended from: its scores
     # equal a full recomputation only within that copy's epsilon, and every Rank served from it says so.
     lossy: bool = False
+    # Tokens a PreInfer computed for it and their estimated device ms, until its lease ends: then they were
+    # consumed by a Rank, or wasted.
+    relay_tokens: int = 0
+    relay_ms: float = 0.0
 
     @property
     def length(self) -> int:

@@ -58,6 +58,12 @@ class RankerConfig(ServiceConfig):
         "pre-infer productions queued beyond this are shed (REJECTED_OVERLOAD)",
         above=0,
     )
+    max_pre_infer_backlog_ms: float = setting(
+        1000.0,
+        "a PreInfer is refused (REJECTED_BACKLOG) when the pre-inference queued on this ranker plus its own "
+        "would take longer than this many ms of device time: it could serve no Rank within a Rank deadline",
+        above=0,
+    )
     max_tombstones: int = setting(
         100_000,
         "users whose last miss reason is remembered (evicted, expired, refused) to explain their next miss",

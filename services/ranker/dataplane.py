@@ -7,9 +7,10 @@ happens here, each step once:
               -> cache.acquire (the prefix: HBM, DRAM, extended, or none)
               -> runner.rank / runner.uncached (the scores)
               -> cache.release, metrics
-    PreInfer: cache.pre_infer (start, join, renew or refuse a production), metrics
+    PreInfer: cache.pre_infer (start, join, renew or refuse a production), metrics, load report
 
-The latency curve that shedding reads is the data plane's own: `warm_up` measures it on the device.
+The latency curve that shedding and the load book read is the data plane's own: `warm_up` measures it on
+the device. `load_report` is what the ranker tells the trigger with every PreInfer answer.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from services.ranker import metrics
 from services.ranker.config import RankerConfig
 from services.ranker.events import Events
 from services.ranker.latency_curve import LatencyCurve, measure
+from services.ranker.load import LoadReport
 from services.ranker.prefix_cache import PrefixCache, Source
 from services.ranker.runner import ModelRunner
 from services.ranker.scheduler import Op, Priority, Scheduler
@@ -70,7 +72,14 @@ class DataPlane:
             Priority.RANK,
             Op.PROFILE,
         )
+        self.cache.load.curve = self.curve
         return self.curve
+
+    def load_report(self) -> LoadReport:
+        cache, config = self.cache, self.config
+        return cache.load.report(
+            config.instance_name, cache.leases.held_bytes(), cache.hbm.budget_bytes, config.lease_ttl_ms
+        )
 
     async def pre_infer(self, user_id: str, events: Events) -> PreInferResult:
         outcome, nbytes = await self.cache.pre_infer(user_id, events)
@@ -91,14 +100,19 @@ class DataPlane:
         The latency metric counts from `received_at` (`time.perf_counter()`; default: now)."""
         started = time.perf_counter() if received_at is None else received_at
         deadline = self._admit(len(long_term), time_remaining_s)
-        acquired = await self.cache.acquire(user_id, long_term, relay_instance, deadline)
+        load, cost_ms = self.cache.load, self.cache.load.cost_ms("rank_ms", len(long_term))
+        load.add_rank(cost_ms)
         try:
-            if acquired.entry is None:
-                scores = await self.runner.uncached(long_term, short_term, candidates, deadline)
-            else:
-                scores = await self.runner.rank(acquired.entry.hbm, short_term, candidates, deadline)
+            acquired = await self.cache.acquire(user_id, long_term, relay_instance, deadline)
+            try:
+                if acquired.entry is None:
+                    scores = await self.runner.uncached(long_term, short_term, candidates, deadline)
+                else:
+                    scores = await self.runner.rank(acquired.entry.hbm, short_term, candidates, deadline)
+            finally:
+                self.cache.release(acquired)
         finally:
-            self.cache.release(acquired)
+            load.add_rank(-cost_ms)
         source = acquired.source
         lossy = acquired.entry is not None and acquired.entry.lossy
         metrics.RANK_REQUESTS.labels(source.label).inc()

@@ -61,3 +61,22 @@ PRODUCTIONS = Counter(
 PRODUCTION_JOINS = Counter(
     "relaygr_production_joins_total", "Requests that joined an in-flight production instead of starting one."
 )
+PRE_INFER_TOKENS = Counter(
+    "relaygr_pre_infer_tokens_total",
+    "Tokens computed by pre-inference, by fate once the prefix's lease ended: consumed by a Rank, or wasted "
+    "(the lease expired or the entry was dropped unconsumed).",
+    ["fate"],
+)
+PRE_INFER_WASTED_SECONDS = Counter(
+    "relaygr_pre_infer_wasted_seconds_total",
+    "Device seconds (estimated from the latency curve) of pre-inference no Rank consumed.",
+)
+PRE_INFER_BACKLOG_SECONDS = Gauge(
+    "relaygr_pre_infer_backlog_seconds",
+    "Device seconds of pre-inference started and not finished (estimated from the latency curve).",
+)
+RANK_BACKLOG_SECONDS = Gauge(
+    "relaygr_rank_backlog_seconds",
+    "Device seconds of the Ranks in flight, their misses' prefix computations included: the queue wait a "
+    "new Rank sees (the per-ranker queue metric to scale on).",
+)

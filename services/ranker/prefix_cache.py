@@ -12,7 +12,10 @@ differ from a cached entry's never uses it, except that an entry whose events ar
 Rank's is *extended* with the appended events. One production per key runs at a time (a compute, a
 reload or an extension); every PreInfer or Rank for that key joins it, and a joiner's cancellation never
 cancels the shared work. HBM bytes are reserved before a production starts, so neither budget is ever
-exceeded: when HBM cannot hold a prefix, PreInfer is refused and Rank computes without caching.
+exceeded: when HBM cannot hold a prefix, PreInfer is refused and Rank computes without caching. A
+PreInfer whose computation would not finish within `max_pre_infer_backlog_ms` of device time (the
+pre-inference already queued plus its own) is refused too: it could serve no Rank in time. Every
+production's cost goes into the load book, which the load report reads.
 
 The roles each have their file: the index and pins (`cache_index.py`), leases (`leases.py`),
 single-flight productions (`productions.py`), moves between the tiers (`tier_moves.py`), the tiers'
@@ -37,6 +40,7 @@ from services.ranker.cache_index import CacheEntry, Index, Pin, PrefixKey
 from services.ranker.copier import TierCopier
 from services.ranker.events import Events
 from services.ranker.leases import Leases
+from services.ranker.load import LoadBook
 from services.ranker.model import PrefixKV
 from services.ranker.productions import Kind, Production, Productions
 from services.ranker.runner import ModelRunner
@@ -88,6 +92,8 @@ class PrefixCache:
         dram_ttl_s: float,
         instance: str,
         max_pending_pre_infer: int,
+        load: LoadBook,
+        max_pre_infer_backlog_ms: float = float("inf"),
         max_tombstones: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -96,9 +102,11 @@ class PrefixCache:
         self.copy_worker = copy_worker
         self.hbm = hbm
         self.dram = dram
-        self.leases = Leases(lease_ttl_s, clock)
+        self.load = load
+        self.leases = Leases(lease_ttl_s, clock, load)
         self.dram_ttl_s = dram_ttl_s
         self.max_pending_pre_infer = max_pending_pre_infer
+        self.max_pre_infer_backlog_ms = max_pre_infer_backlog_ms
         self.clock = clock
         self.bytes_per_token = runner.kv_bytes_per_token
         self.index = Index(instance, max_tombstones)
@@ -147,6 +155,9 @@ class PrefixCache:
         else:
             base = self._extension_base(user_id, events)
             kind = Kind.COMPUTE if base is None else Kind.EXTEND
+            cost_ms = self.load.cost_ms("pre_infer_ms", self._tokens(events, kind, base))
+            if self.load.pre_infer_backlog_ms + cost_ms > self.max_pre_infer_backlog_ms:
+                return Outcome.PRE_INFER_OUTCOME_REJECTED_BACKLOG, 0
             started = self._start(key, events, kind, Priority.PRE_INFER, for_rank=False, base=base)
             outcome = Outcome.PRE_INFER_OUTCOME_ACCEPTED
         if started is None:
@@ -165,7 +176,7 @@ class PrefixCache:
         key = self.key(user_id, events)
         entry = self.index.get(key)
         if entry is not None and entry.hbm is not None and key not in self.productions:
-            self.leases.end(entry)  # consumed
+            self.leases.end(entry, consumed=True)
             return Acquired(entry, Source.HBM, pin=entry.pin("rank"))
         production = self.productions.get(key)
         if production is not None:
@@ -246,11 +257,30 @@ class PrefixCache:
             key, events, kind, priority, for_rank=for_rank, base=base, deadline=deadline,
             finish=self._finish, fail=self._fail,
         )  # fmt: skip
+        production.tokens, production.reserved_bytes = self._tokens(events, kind, base), need
+        production.cost_ms = self.load.cost_ms("pre_infer_ms", production.tokens)
+        self._book(production, +1)
         metrics.PRODUCTIONS.labels(kind.value).inc()
         self._publish()
         return production
 
+    @staticmethod
+    def _tokens(events: Events, kind: Kind, base: CacheEntry | None) -> int:
+        """Tokens a production computes: all of them, the appended ones of an extension, none to reload."""
+        if kind is Kind.RELOAD:
+            return 0
+        return len(events) - (base.length if kind is Kind.EXTEND else 0)
+
+    def _book(self, production: Production, sign: int) -> None:
+        """Adds (+1) or removes (-1) a production's cost: a miss's to the rank backlog (its Rank waits for
+        it), a PreInfer's to the pre-inference backlog with the HBM it reserved."""
+        if production.for_rank:
+            self.load.add_rank(sign * production.cost_ms)
+        else:
+            self.load.add_pre_infer(sign * production.cost_ms, sign * production.reserved_bytes)
+
     def _fail(self, production: Production) -> None:
+        self._book(production, -1)
         self.hbm.release(production.key)
         self._unpin_base(production.base_pin, superseded=False)
         self._publish()
@@ -258,9 +288,11 @@ class PrefixCache:
     def _finish(self, production: Production, kv: PrefixKV, reloaded: bool) -> CacheEntry:
         """Installs a production's KV: into HBM within its reservation, into the index, leased if asked."""
         key, kind, base_pin = production.key, production.kind, production.base_pin
+        self._book(production, -1)
         if not self.hbm.resize(key, kv.nbytes()):
             log.error("prefix KV of %s is %d bytes, more than reserved; HBM cannot hold it", key, kv.nbytes())
             self.index.tombstone(key.user_id, Miss.MISS_REASON_REJECTED_CAPACITY)
+            self._book(production, +1)  # _fail takes it off again
             self._fail(production)
             raise OverBudget(f"{kv.nbytes()} bytes do not fit in the HBM tier")
         base = production.base
@@ -268,6 +300,8 @@ class PrefixCache:
         if base is not None:  # reloaded, or extended from a base: lossy if that KV came from a lossy copy
             entry.lossy = base.lossy or (reloaded and self.copier.lossy)
         entry.hbm = kv
+        if not production.for_rank:
+            entry.relay_tokens, entry.relay_ms = production.tokens, production.cost_ms
         production.hand_out(entry)
         if kind is not Kind.RELOAD:
             self.index.insert(entry)
@@ -299,7 +333,7 @@ class PrefixCache:
         except Exception:  # the shared production failed: this Rank computes on its own
             log.warning("production of %s failed", production.key, exc_info=True)
             return Acquired(None, Source.MISS, miss_reason or Miss.MISS_REASON_COLD)
-        self.leases.end(entry)  # a pre-infer leased it: this Rank consumes the lease
+        self.leases.end(entry, consumed=True)  # a pre-infer leased it: this Rank consumes the lease
         return Acquired(entry, source, miss_reason, pin=pin)
 
     def _lease(self, key: PrefixKey, owner: str) -> None:

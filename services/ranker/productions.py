@@ -56,6 +56,10 @@ class Production:
     # Ranks awaiting it; when it completes, it pins the entry once for each, and each takes its pin.
     waiters: int = 0
     handed: list[Pin] = dataclasses.field(default_factory=list)
+    # Tokens it computes (0 for a reload), their device ms and the HBM reserved, as the load book counts them.
+    tokens: int = 0
+    cost_ms: float = 0.0
+    reserved_bytes: int = 0
 
     @property
     def base(self) -> CacheEntry | None:

@@ -82,6 +82,8 @@ class Scheduler:
         self._depth = {p: 0 for p in Priority}
         # The job on the thread, then each job run nested in it by run_more_urgent, innermost last.
         self._running: list[_Running] = []
+        # Seconds the thread has spent running jobs (nested ones are inside their outer job's time).
+        self.busy_s = 0.0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -157,7 +159,9 @@ class Scheduler:
                 if not self._heap:
                     return
                 job = self._pop()
+            started = time.perf_counter()
             self._run(job)
+            self.busy_s += time.perf_counter() - started
 
     def _run(self, job: Job) -> None:
         """Runs a job as the innermost running one: nested in another job, it yields by its own priority."""

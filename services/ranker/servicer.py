@@ -7,6 +7,7 @@ the shared interceptor.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import grpc
@@ -35,7 +36,10 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
         events = self._events(request.long_term, "long_term", self.config.max_long_term_events, False)
         result = await self.plane.pre_infer(request.user_id, events)
         return ranker_pb2.PreInferResponse(
-            outcome=result.outcome, instance=self.config.instance_name, cache_bytes=result.cache_bytes
+            outcome=result.outcome,
+            instance=self.config.instance_name,
+            cache_bytes=result.cache_bytes,
+            load=ranker_pb2.LoadReport(**dataclasses.asdict(self.plane.load_report())),
         )
 
     async def Rank(
@@ -92,4 +96,5 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
             dram_capacity_bytes=cache.dram.budget_bytes,
             max_long_term_events=self.config.max_long_term_events,
             fleet_members=1,
+            members=[self.config.instance_name],
         )

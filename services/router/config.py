@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from services.common.config import ServiceConfig, setting
-from services.router.ring import LOAD_FACTOR, LOAD_FLOOR, VIRTUAL_NODES
+from services.common.ring import LOAD_FACTOR, LOAD_FLOOR, VIRTUAL_NODES
 
 ROUTING_POLICIES = ("affinity", "random")
 

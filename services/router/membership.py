@@ -26,11 +26,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.contract import RANKER_SERVICE
+from services.common.ring import AffinityRing
 from services.common.server import dial
 from services.router.config import RouterConfig
 from services.router.discovery import Discovery, DnsLookup, dns_discovery, static_discovery, system_dns_lookup
 from services.router.metrics import ROUTER_FAILURES, ROUTER_INFLIGHT, ROUTER_MEMBER_HEALTHY
-from services.router.ring import AffinityRing
 
 log = logging.getLogger(__name__)
 

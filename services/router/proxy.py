@@ -4,7 +4,8 @@ Contract:
 - Handlers are registered without (de)serializers, so requests and responses stay bytes: the router reads
   only `RoutingKey` (user_id, relay_instance) from a PreInfer or Rank request and forwards the original
   bytes, never decoding or re-encoding the long behaviour sequences. Only the small GetProfile answer is
-  re-encoded, to report `fleet_members` = the number of routable members.
+  re-encoded, to report the routable members (`fleet_members`, their names in `members`) and the ring's
+  virtual nodes: with them the trigger places users on the same ring to tell which ranker it loads.
 - An empty or oversized user_id, or bytes that do not parse, are INVALID_ARGUMENT before any forward.
 - Forwards get the caller's remaining time minus `deadline_margin_ms` (or `default_timeout_ms` when the
   caller set no deadline). A downstream error keeps its status code: the `AioRpcError` propagates and the
@@ -85,7 +86,12 @@ class RankerProxy:
         await self._started(context)
         answer = await self._forward(self.policy.least_loaded(), "GetProfile", request, context)
         profile = ranker_pb2.GetProfileResponse.FromString(answer)
-        profile.fleet_members = len(self.policy.membership.routable())
+        membership = self.policy.membership
+        routable = membership.routable()
+        profile.fleet_members = len(routable)
+        del profile.members[:]
+        profile.members.extend(sorted(member.name for member in routable))
+        profile.ring_virtual_nodes = membership.ring.virtual_nodes
         return profile.SerializeToString()
 
     async def _send(

@@ -1,9 +1,10 @@
-"""The sequence-aware trigger: admits a request for pre-inference only when ranking it without relay is
-predicted to miss the SLO, and only within a cache-footprint bound and a pre-inference load bound.
+"""The trigger: relays every request whose relay pays (the miss it avoids costs more than the cached rank
+and the PreInfer round trip), and brakes by the measured cost of relaying when the fleet cannot afford it.
 
-- `cost_model`: latency prediction fitted to the rankers' measured curve (GetProfile).
-- `profile`: what the trigger takes from a GetProfile answer.
-- `admission`: `AdmissionPolicy`, the decision and its reasons; pure logic with an injectable clock.
+- `cost_model`: the three model paths' latency, fitted to the rankers' measured curve (GetProfile).
+- `fleet_profile`: what the trigger takes from a GetProfile answer (cost models, KV size, ring members).
+- `fleet_load`: each ranker's load from the reports on PreInfer answers, aged between them.
+- `admission`: `AdmissionPolicy`, the decision, its brakes and reasons; pure logic with an injectable clock.
 - `servicer`: `TriggerService.Admit`, the gRPC adapter that fires PreInfer through the router.
 - `server`: the process lifecycle (server, router channel, profile refresh).
 """

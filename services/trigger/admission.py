@@ -1,21 +1,33 @@
-"""The trigger's admission policy: which requests get their prefix pre-inferred. Pure logic, no transport.
+"""The trigger's admission policy: relay by default, brake by measured cost. Pure logic, no transport.
 
-`AdmissionPolicy.decide` checks, in this order, and answers with the first that applies:
+A pre-inference that a Rank consumes adds no work to the fleet: the ranker computes the same prefix it
+would compute for the miss, only earlier, off the ranking's critical path. So the policy admits every
+request that relay pays for, and refuses only when the fleet cannot afford it. `AdmissionPolicy.decide`
+answers with the first of these that applies:
 
-1. NOT_AT_RISK: the predicted ranking latency without relay is within the risk threshold; relay would
-   not pay for the cache it occupies and the load it adds.
-2. DUPLICATE: the same prefix key (user and exact long-term sequence) was admitted within the lease
+1. NO_GAIN: the miss relay avoids is predicted to cost no more than the cached rank plus the PreInfer
+   round trip (`relay_overhead_ms`): short histories, where a prefix is cheaper to recompute than to move.
+2. DUPLICATE: the same prefix key (user and exact long-term sequence) was admitted within the duplicate
    window; its PreInfer is in flight or its prefix is leased. The instance that holds it is returned with
    the refusal, so the caller's Rank can still carry the hint (empty while the first PreInfer is unanswered).
-3. FOOTPRINT_LIMIT: the bytes admitted within the lease window plus this prefix's would exceed the budget.
-4. LOAD_LIMIT: the token bucket on pre-inferred tokens cannot pay for this prefix now.
-5. ADMITTED: the prefix's bytes and tokens are reserved.
+3. WASTE_LIMIT: pre-inference that no Rank consumed (abandoned requests, Ranks that went elsewhere) has
+   used the fleet's budget of wasted device time (`waste_budget`, a share of it).
+4. HBM_LIMIT: the target ranker's HBM leased to unconsumed prefixes plus this prefix's bytes would exceed
+   `hbm_lease_fraction` of its HBM budget (bytes as the ranker reports them, not a charge per admission).
+5. BACKLOG_LIMIT: the target ranker's pre-inference backlog plus this prefix would exceed `max_backlog_ms`
+   of device time.
+6. SHED_SHORT: while the brakes press, prefixes shorter than the shedding threshold are shed, unless the
+   request must relay (below).
+7. ADMITTED.
 
-The trigger never sees a Rank consume a prefix, so an admission's bytes count for the whole lease window
-(the ranker's lease on an unconsumed prefix lasts as long); that bounds admitted-but-unconsumed bytes from
-above. A refused request reserves nothing. After the PreInfer answer, `cancel` undoes an admission the
-ranker refused (bytes, tokens and the duplicate record), and `confirm` records where an admitted prefix
-lives, returning its tokens when the ranker did not have to compute it (already cached, or reloaded).
+The shedding threshold adapts: every `adjust_s`, if the highest pressure seen since (each brake's usage
+over its limit, this request included) reached `high_water`, the threshold rises by `step` (from
+`floor_events`); if it stayed at or below `low_water`, it falls by `step` (to 0 below the floor). The
+longest prefixes carry most of the queueing a miss causes, so they keep their relay longest.
+
+A request must relay when the queue wait at its target ranker plus its miss is predicted to exceed the SLO:
+it is exempt from shedding (not from the limits: a budget is never exceeded). `admit_all` (an ablation)
+admits every request that is not a duplicate, with no gain test and no brakes.
 
 Not thread-safe: the trigger calls it from its event loop only. Time comes from the injected clock
 (monotonic seconds), so tests drive it without sleeping.
@@ -29,22 +41,42 @@ import enum
 import time
 from collections.abc import Callable, Hashable
 
+from services.trigger.fleet_load import FleetLoad
+
 
 class Reason(enum.Enum):
     """Why a request was or was not admitted; the names are AdmitReason's without its prefix."""
 
     ADMITTED = enum.auto()
-    NOT_AT_RISK = enum.auto()
-    FOOTPRINT_LIMIT = enum.auto()
-    LOAD_LIMIT = enum.auto()
+    NO_GAIN = enum.auto()
+    HBM_LIMIT = enum.auto()
+    BACKLOG_LIMIT = enum.auto()
     DUPLICATE = enum.auto()
     RANKER_REFUSED = enum.auto()
+    WASTE_LIMIT = enum.auto()
+    SHED_SHORT = enum.auto()
+
+
+class Brake(enum.StrEnum):
+    """The brakes whose pressure the policy reads: the `brake` label of the trigger's pressure gauge."""
+
+    WASTE = "waste"
+    HBM = "hbm"
+    BACKLOG = "backlog"
+
+
+_LIMIT_REASONS = {
+    Brake.WASTE: Reason.WASTE_LIMIT,
+    Brake.HBM: Reason.HBM_LIMIT,
+    Brake.BACKLOG: Reason.BACKLOG_LIMIT,
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
     reason: Reason
     relay_instance: str = ""
+    must_relay: bool = False
 
     @property
     def admitted(self) -> bool:
@@ -52,109 +84,122 @@ class Decision:
 
 
 @dataclasses.dataclass(frozen=True)
-class AdmissionLimits:
-    risk_threshold_ms: float
-    footprint_budget_bytes: int
-    lease_window_s: float
+class Prefix:
+    """One request's prefix as the policy sees it: its key, size and predicted costs."""
+
+    key: Hashable
+    user_id: str
+    length: int
+    nbytes: int
+    miss_ms: float  # ranking without relay
+    cached_ms: float  # ranking against the cached prefix
+    pre_infer_ms: float  # computing the prefix in the background
 
 
-class TokenBucket:
-    """Tokens accrue at `rate` per second up to `burst`; a take either pays in full or takes nothing."""
-
-    def __init__(self, rate: float, burst: float, now: float) -> None:
-        self.rate = rate
-        self.burst = burst
-        self._level = burst
-        self._updated = now
-
-    def level(self, now: float) -> float:
-        self._level = min(self.burst, self._level + self.rate * max(0.0, now - self._updated))
-        self._updated = max(self._updated, now)
-        return self._level
-
-    def take(self, tokens: float, now: float) -> bool:
-        if self.level(now) < tokens:
-            return False
-        self._level -= tokens
-        return True
-
-    def give_back(self, tokens: float, now: float) -> None:
-        self._level = min(self.burst, self.level(now) + tokens)
-
-    def resize(self, rate: float, burst: float, now: float) -> None:
-        """Changes rate and depth keeping the deficit, so a bucket that grows is not refilled for free."""
-        deficit = self.burst - self.level(now)
-        self.rate, self.burst = rate, burst
-        self._level = max(0.0, burst - deficit)
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    slo_ms: float
+    relay_overhead_ms: float
+    duplicate_window_s: float
+    waste_budget: float  # share of the fleet's device time
+    hbm_lease_fraction: float  # share of each ranker's HBM budget
+    max_backlog_ms: float  # pre-inference device ms queued on one ranker
+    high_water: float
+    low_water: float
+    adjust_s: float
+    step: float
+    floor_events: int
+    max_events: int
+    admit_all: bool = False
 
 
 @dataclasses.dataclass
 class _Admission:
     expires_at: float
-    footprint_bytes: int
-    tokens: int
+    target: str
+    pre_infer_ms: float
+    nbytes: int
     relay_instance: str = ""
+    answered: bool = False
 
 
 class AdmissionPolicy:
-    """At-risk rule, footprint bound over the lease window, token bucket and duplicate suppression."""
-
-    def __init__(self, limits: AdmissionLimits, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, limits: Limits, fleet: FleetLoad, clock: Callable[[], float] = time.monotonic) -> None:
         self.limits = limits
+        self.fleet = fleet
         self._clock = clock
-        # No load may be admitted until `set_load_limit` says how much.
-        self._bucket = TokenBucket(rate=0.0, burst=0.0, now=clock())
         # Insertion order is expiry order: every admission lives for the same window.
         self._admissions: collections.OrderedDict[Hashable, _Admission] = collections.OrderedDict()
-        self._footprint_bytes = 0
+        self.threshold_events = 0
+        self.pressure = {brake: 0.0 for brake in Brake}  # at the last decision
+        self._peak = 0.0  # highest pressure since the last adjustment
+        self._adjusted_at = clock()
 
-    def set_load_limit(self, tokens_per_s: float, burst_tokens: float) -> None:
-        self._bucket.resize(tokens_per_s, burst_tokens, self._clock())
-
-    @property
-    def footprint_bytes(self) -> int:
-        """Bytes admitted within the current lease window."""
-        self._expire(self._clock())
-        return self._footprint_bytes
-
-    @property
-    def tokens_available(self) -> float:
-        return self._bucket.level(self._clock())
-
-    def decide(self, key: Hashable, tokens: int, footprint_bytes: int, predicted_ms: float) -> Decision:
-        """Admits (reserving bytes and tokens) or refuses the prefix `key` of `tokens` events."""
+    def decide(self, prefix: Prefix) -> Decision:
+        """Admits `prefix` (reserving its cost on the target ranker) or refuses it, with the reason."""
         now = self._clock()
         self._expire(now)
-        if predicted_ms <= self.limits.risk_threshold_ms:
-            return Decision(Reason.NOT_AT_RISK)
-        earlier = self._admissions.get(key)
+        limits = self.limits
+        if not limits.admit_all and prefix.miss_ms - prefix.cached_ms <= limits.relay_overhead_ms:
+            return Decision(Reason.NO_GAIN)
+        earlier = self._admissions.get(prefix.key)
         if earlier is not None:
             return Decision(Reason.DUPLICATE, earlier.relay_instance)
-        if self._footprint_bytes + footprint_bytes > self.limits.footprint_budget_bytes:
-            return Decision(Reason.FOOTPRINT_LIMIT)
-        if not self._bucket.take(tokens, now):
-            return Decision(Reason.LOAD_LIMIT)
-        self._admissions[key] = _Admission(now + self.limits.lease_window_s, footprint_bytes, tokens)
-        self._footprint_bytes += footprint_bytes
-        return Decision(Reason.ADMITTED)
+        target = self.fleet.target(prefix.user_id)
+        must_relay = self.fleet.rank_wait_ms(target) + prefix.miss_ms > limits.slo_ms
+        if not limits.admit_all:
+            refusal = self._brake(prefix, target, must_relay, now)
+            if refusal is not None:
+                return Decision(refusal, must_relay=must_relay)
+        self._admissions[prefix.key] = _Admission(
+            now + limits.duplicate_window_s, target, prefix.pre_infer_ms, prefix.nbytes
+        )
+        self.fleet.reserve(target, prefix.pre_infer_ms, prefix.nbytes)
+        return Decision(Reason.ADMITTED, must_relay=must_relay)
 
-    def confirm(self, key: Hashable, relay_instance: str, computed: bool) -> None:
-        """Records the instance holding an admitted prefix; `computed=False` returns its tokens."""
+    def _brake(self, prefix: Prefix, target: str, must_relay: bool, now: float) -> Reason | None:
+        limits, fleet = self.limits, self.fleet
+        capacity = fleet.hbm_capacity_bytes(target) * limits.hbm_lease_fraction
+        self.pressure = {
+            Brake.WASTE: fleet.wasted_share() / limits.waste_budget,
+            Brake.HBM: (fleet.leased_bytes(target) + prefix.nbytes) / capacity if capacity else 0.0,
+            Brake.BACKLOG: (fleet.pre_infer_backlog_ms(target) + prefix.pre_infer_ms) / limits.max_backlog_ms,
+        }
+        self._adjust(max(self.pressure.values()), now)
+        for brake, pressure in self.pressure.items():
+            if pressure > 1.0 or (brake is Brake.WASTE and pressure >= 1.0):
+                return _LIMIT_REASONS[brake]
+        if not must_relay and prefix.length < self.threshold_events:
+            return Reason.SHED_SHORT
+        return None
+
+    def _adjust(self, pressure: float, now: float) -> None:
+        limits = self.limits
+        self._peak = max(self._peak, pressure)
+        if now - self._adjusted_at < limits.adjust_s:
+            return
+        if self._peak >= limits.high_water:
+            self.threshold_events = min(
+                limits.max_events + 1, max(limits.floor_events, round(self.threshold_events * limits.step))
+            )
+        elif self._peak <= limits.low_water and self.threshold_events:
+            lowered = round(self.threshold_events / limits.step)
+            self.threshold_events = lowered if lowered >= limits.floor_events else 0
+        self._peak, self._adjusted_at = pressure, now
+
+    def answered(self, key: Hashable, relay_instance: str, held: bool) -> None:
+        """The PreInfer of an admitted prefix answered: the target's report now includes it. `held`: the
+        ranker holds (or produces) the prefix at `relay_instance`; otherwise it refused, and the duplicate
+        record goes so that a later request may try again."""
         admission = self._admissions.get(key)
-        if admission is None:
+        if admission is None or admission.answered:
             return
-        admission.relay_instance = relay_instance
-        if not computed:
-            self._bucket.give_back(admission.tokens, self._clock())
-            admission.tokens = 0
-
-    def cancel(self, key: Hashable) -> None:
-        """Undoes an admission whose PreInfer the ranker refused: its bytes, tokens and duplicate record."""
-        admission = self._admissions.pop(key, None)
-        if admission is None:
-            return
-        self._footprint_bytes -= admission.footprint_bytes
-        self._bucket.give_back(admission.tokens, self._clock())
+        admission.answered = True
+        self.fleet.release(admission.target, admission.pre_infer_ms, admission.nbytes)
+        if held:
+            admission.relay_instance = relay_instance
+        else:
+            del self._admissions[key]
 
     def _expire(self, now: float) -> None:
         while self._admissions:
@@ -162,4 +207,5 @@ class AdmissionPolicy:
             if oldest.expires_at > now:
                 return
             del self._admissions[key]
-            self._footprint_bytes -= oldest.footprint_bytes
+            if not oldest.answered:
+                self.fleet.release(oldest.target, oldest.pre_infer_ms, oldest.nbytes)

@@ -6,48 +6,63 @@ import dataclasses
 
 from services.common.config import ServiceConfig, setting
 
-MIB = 1024 * 1024
-
 
 @dataclasses.dataclass(frozen=True)
 class TriggerConfig(ServiceConfig):
     port: int = setting(50052, "gRPC port (0 picks a free port)")
     metrics_port: int = setting(9102, "Prometheus metrics port (0 picks a free port; -1 disables)")
     router: str = setting("127.0.0.1:50050", "router (or single ranker) address for PreInfer and GetProfile")
-    slo_ms: float = setting(50.0, "ranking latency SLO (P99) in ms", above=0)
-    risk_fraction: float = setting(
-        0.5,
-        "at risk: ranking without relay is predicted to take more than this fraction of the SLO",
+    slo_ms: float = setting(
+        50.0,
+        "ranking latency SLO (P99) in ms: a request whose queue wait plus miss would exceed it must relay "
+        "(it is exempt from shedding)",
         above=0,
     )
-    footprint_budget_mb: float = setting(
-        512.0,
-        "bound on admitted-but-unconsumed prefix KV bytes within the lease window, MiB",
+    admit_all: bool = setting(
+        False, "admit every request that is not a duplicate: no gain test, no brakes (an ablation)"
+    )
+    relay_overhead_ms: float = setting(
+        2.0,
+        "cost of relaying a prefix (the PreInfer round trip), ms: a request is admitted only when the miss "
+        "it avoids costs more than the cached rank plus this",
         minimum=0,
     )
     lease_window_ms: int = setting(
-        3000,
-        "ms an admission's bytes count against the budget and its prefix counts as a duplicate",
+        3000, "ms an admitted prefix counts as a duplicate (the rankers' lease TTL)", above=0
+    )
+    waste_budget: float = setting(
+        0.15,
+        "brake: share of the fleet's device time that pre-inference no Rank consumed may take",
         above=0,
     )
-    pre_infer_tokens_per_s: float = setting(
-        0.0,
-        "pre-inferred tokens per second admitted; 0: --load-fraction of the fleet's capacity",
-        minimum=0,
-    )
-    pre_infer_burst_tokens: float = setting(
-        0.0, "depth of the token bucket; 0: one second of the rate", minimum=0
-    )
-    load_fraction: float = setting(
+    waste_window_s: float = setting(10.0, "seconds over which the wasted share is measured", above=0)
+    hbm_lease_fraction: float = setting(
         0.5,
-        "share of the fleet's measured pre-inference capacity admitted by default",
+        "brake: share of a ranker's HBM budget that pre-inferred, unconsumed prefixes may hold",
         above=0,
+    )
+    max_backlog_ms: float = setting(
+        500.0,
+        "brake: device ms of pre-inference queued on one ranker beyond which no prefix is admitted to it "
+        "(a prefix its Rank arrives before is joined by that Rank and still saves what it computed)",
+        above=0,
+    )
+    shed_high_water: float = setting(
+        0.8, "brake pressure (usage over limit) at which the shedding threshold rises", above=0
+    )
+    shed_low_water: float = setting(
+        0.5, "brake pressure at or below which the shedding threshold falls", minimum=0
+    )
+    shed_adjust_ms: float = setting(100.0, "ms between adjustments of the shedding threshold", above=0)
+    shed_step: float = setting(1.5, "factor by which the shedding threshold rises or falls", above=1)
+    shed_floor_events: int = setting(
+        256, "the shedding threshold's first step; below it, the threshold is 0 (nothing shed)", above=0
     )
     pre_infer_timeout_ms: float = setting(
         50.0, "ms the ranker has to accept or refuse a PreInfer signal", above=0
     )
     profile_refresh_s: float = setting(
-        30.0, "seconds between GetProfile refreshes of the latency curve", above=0
+        10.0, "seconds between GetProfile refreshes of the latency curve and the ring's members", above=0
     )
     profile_retry_s: float = setting(
         1.0, "seconds between GetProfile attempts until a first profile arrives", above=0
@@ -63,11 +78,5 @@ class TriggerConfig(ServiceConfig):
         # A refused PreInfer refunds its admission; the admission must still be in the window to be refunded.
         if self.pre_infer_timeout_ms >= self.lease_window_ms:
             raise ValueError("--pre-infer-timeout-ms must be shorter than --lease-window-ms")
-
-    @property
-    def risk_threshold_ms(self) -> float:
-        return self.risk_fraction * self.slo_ms
-
-    @property
-    def footprint_budget_bytes(self) -> int:
-        return int(self.footprint_budget_mb * MIB)
+        if self.shed_low_water >= self.shed_high_water:
+            raise ValueError("--shed-low-water must be below --shed-high-water")

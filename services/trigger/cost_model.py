@@ -1,4 +1,4 @@
-"""Ranking latency without relay, predicted from the rankers' own measured latency curve.
+"""The latency of the ranker's three model paths, predicted from the rankers' own measured latency curve.
 
 The brief's FLOP model (§4): a full forward over [prefix L | short-term S | candidates C] costs
 F_full = n_l·(P·T + A·Q), with T = L + S + C tokens through the projections and
@@ -17,11 +17,18 @@ flatten the whole curve. At the profile's own S and C, T is linear and Q is quad
 the quadratic fit a + b·L + c·L² of the measured curve with its coefficients tied to the formula; its
 extrapolation to another S and C follows the formula (with P/A as fitted).
 Non-negative coefficients make every prediction monotone in L, S and C.
+
+The same form, with the tokens and pairs each path computes, models the other two paths (`Path`): a
+pre-inference computes the prefix alone (T = L, Q = L(L+1)/2), a cached rank only the short-term events
+and candidates against it (T = S + C, Q = S·L + S(S+1)/2 + C·(L+S+1)); each is fitted on its own column of
+the curve (`pre_infer_ms`, `rank_ms`). What relay saves a request is full - cached, and what it costs the
+ranker in the background is the pre-inference.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import itertools
 from collections.abc import Sequence
 
@@ -41,17 +48,41 @@ def attended_pairs(prefix_length: int, short_term_length: int, num_candidates: i
     return causal + cands * (prefix + short + 1)
 
 
+class Path(enum.Enum):
+    """A model path: ranking without relay, pre-inference of the prefix, a rank against a cached prefix."""
+
+    FULL = "full_ms"
+    PRE_INFER = "pre_infer_ms"
+    CACHED = "rank_ms"
+
+    def features(self, prefix_length: int, short_term_length: int, num_candidates: int) -> tuple[int, int]:
+        """(tokens through the projections, query-key pairs) this path computes."""
+        full_tokens = projected_tokens(prefix_length, short_term_length, num_candidates)
+        full_pairs = attended_pairs(prefix_length, short_term_length, num_candidates)
+        prefix_pairs = prefix_length * (prefix_length + 1) // 2
+        if self is Path.FULL:
+            return full_tokens, full_pairs
+        if self is Path.PRE_INFER:
+            return prefix_length, prefix_pairs
+        return full_tokens - prefix_length, full_pairs - prefix_pairs
+
+
 @dataclasses.dataclass(frozen=True)
 class CostModel:
-    """Predicted full-forward (ranking without relay) latency; all coefficients are non-negative."""
+    """Predicted latency of one path (by default ranking without relay); coefficients are non-negative."""
 
     fixed_ms: float
     per_token_ms: float
     per_pair_ms: float
+    path: Path = Path.FULL
 
     @classmethod
     def fit(
-        cls, points: Sequence[tuple[int, float]], short_term_length: int, num_candidates: int
+        cls,
+        points: Sequence[tuple[int, float]],
+        short_term_length: int,
+        num_candidates: int,
+        path: Path = Path.FULL,
     ) -> CostModel:
         """Fits (prefix_length, full_ms) points measured at one short-term length and candidate count."""
         if not points:
@@ -63,21 +94,14 @@ class CostModel:
             raise ValueError("latency curve points need positive lengths and finite, non-negative latencies")
         latencies = np.minimum.accumulate(latencies[::-1])[::-1]
         features = np.array(
-            [
-                [1.0, projected_tokens(int(n), short_term_length, num_candidates),
-                 attended_pairs(int(n), short_term_length, num_candidates)]
-                for n in lengths
-            ]
-        )  # fmt: skip
+            [[1.0, *path.features(int(n), short_term_length, num_candidates)] for n in lengths]
+        )
         fixed, per_token, per_pair = _nonnegative_least_squares(features, latencies).tolist()
-        return cls(fixed_ms=fixed, per_token_ms=per_token, per_pair_ms=per_pair)
+        return cls(fixed_ms=fixed, per_token_ms=per_token, per_pair_ms=per_pair, path=path)
 
     def predict_ms(self, prefix_length: int, short_term_length: int, num_candidates: int) -> float:
-        return (
-            self.fixed_ms
-            + self.per_token_ms * projected_tokens(prefix_length, short_term_length, num_candidates)
-            + self.per_pair_ms * attended_pairs(prefix_length, short_term_length, num_candidates)
-        )
+        tokens, pairs = self.path.features(prefix_length, short_term_length, num_candidates)
+        return self.fixed_ms + self.per_token_ms * tokens + self.per_pair_ms * pairs
 
 
 def _nonnegative_least_squares(features: np.ndarray, targets: np.ndarray) -> np.ndarray:

@@ -1,20 +1,25 @@
-"""What the trigger takes from the fleet's GetProfile answer: the cost model, the KV size, the capacity."""
+"""What the trigger takes from the fleet's GetProfile answer: the three paths' cost models, the KV size,
+and the members of the router's ring (names and virtual nodes), so it can tell which ranker a user's
+PreInfer and Rank reach."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from relaygr.v1 import ranker_pb2
-from services.trigger.cost_model import CostModel
+from services.common.ring import VIRTUAL_NODES
+from services.trigger.cost_model import CostModel, Path
 
 
 @dataclasses.dataclass(frozen=True)
 class FleetProfile:
-    cost_model: CostModel
+    full: CostModel  # ranking without relay: what a miss costs
+    cached: CostModel  # a rank against a cached prefix
+    pre_infer: CostModel  # computing the prefix in the background
     kv_bytes_per_token: int
-    # Tokens per second the whole fleet pre-infers when it does nothing else, at its longest profiled prefix.
-    pre_infer_capacity_tokens_per_s: float
     model_version: str
+    members: tuple[str, ...] = ()
+    virtual_nodes: int = VIRTUAL_NODES
 
     @classmethod
     def from_response(cls, response: ranker_pb2.GetProfileResponse) -> FleetProfile:
@@ -27,15 +32,19 @@ class FleetProfile:
         longest = curve[-1]
         if longest.pre_infer_ms <= 0:
             raise ValueError(f"the profile's pre_infer_ms at length {longest.prefix_length} is not positive")
-        cost_model = CostModel.fit(
-            [(point.prefix_length, point.full_ms) for point in curve],
-            short_term_length=response.profile_short_term_length,
-            num_candidates=response.profile_num_candidates,
-        )
-        capacity = max(response.fleet_members, 0) * longest.prefix_length / longest.pre_infer_ms * 1000.0
+
+        def fit(path: Path) -> CostModel:
+            points = [(point.prefix_length, getattr(point, path.value)) for point in curve]
+            return CostModel.fit(
+                points, response.profile_short_term_length, response.profile_num_candidates, path
+            )
+
         return cls(
-            cost_model=cost_model,
+            full=fit(Path.FULL),
+            cached=fit(Path.CACHED),
+            pre_infer=fit(Path.PRE_INFER),
             kv_bytes_per_token=response.kv_bytes_per_token,
-            pre_infer_capacity_tokens_per_s=capacity,
             model_version=response.model_version,
+            members=tuple(response.members),
+            virtual_nodes=response.ring_virtual_nodes or VIRTUAL_NODES,
         )

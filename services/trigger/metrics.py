@@ -1,4 +1,4 @@
-"""The trigger's metrics: Admit decisions by reason, the footprint against its budget, the load bucket."""
+"""The trigger's metrics: Admit decisions by reason, the brakes' pressure and the shedding threshold."""
 
 from __future__ import annotations
 
@@ -9,14 +9,24 @@ from services.common.metrics import LATENCY_BUCKETS
 TRIGGER_DECISIONS = Counter(
     "relaygr_trigger_decisions_total", "Admit decisions, by decision and reason.", ["decision", "reason"]
 )
-TRIGGER_FOOTPRINT_BYTES = Gauge(
-    "relaygr_trigger_footprint_bytes", "Admitted-but-unconsumed prefix bytes within the lease window."
+TRIGGER_MUST_RELAY = Counter(
+    "relaygr_trigger_must_relay_total",
+    "Admits whose queue wait plus miss was predicted to exceed the SLO (exempt from shedding), by decision.",
+    ["decision"],
 )
-TRIGGER_FOOTPRINT_BUDGET_BYTES = Gauge(
-    "relaygr_trigger_footprint_budget_bytes", "Bound on admitted-but-unconsumed prefix bytes."
+TRIGGER_BRAKE_PRESSURE = Gauge(
+    "relaygr_trigger_brake_pressure",
+    "Each brake's usage over its limit at the last decision (waste: the fleet's; hbm, backlog: the target "
+    "ranker's, with that request); at 1 the brake binds.",
+    ["brake"],
 )
-TRIGGER_TOKENS_AVAILABLE = Gauge(
-    "relaygr_trigger_tokens_available", "Pre-inference tokens left in the load bucket."
+TRIGGER_SHED_THRESHOLD = Gauge(
+    "relaygr_trigger_shed_threshold_events",
+    "Prefixes shorter than this are shed while the brakes press (0: none is).",
+)
+TRIGGER_WASTED_SHARE = Gauge(
+    "relaygr_trigger_wasted_share",
+    "Share of the fleet's device time spent on pre-inference no Rank consumed, over the waste window.",
 )
 TRIGGER_PREDICTED_SECONDS = Histogram(
     "relaygr_trigger_predicted_rank_seconds",

@@ -1,10 +1,11 @@
 """TriggerService.Admit: validate, predict, decide, fire the PreInfer signal, answer with a reason.
 
-The servicer is a thin adapter: the prediction is `cost_model.CostModel`'s, the decision
-`admission.AdmissionPolicy`'s. An admitted request's PreInfer goes through the router with a short
-deadline (`--pre-infer-timeout-ms`); the ranker answers as soon as it accepts or refuses, so Admit never
-waits for the computation. The answer's `instance` becomes `relay_instance`. A refusal, a failed RPC or a
-missed deadline is RANKER_REFUSED and the admission's bytes and tokens are returned. A DUPLICATE answers
+The servicer is a thin adapter: the predictions are the fleet profile's cost models', the decision
+`admission.AdmissionPolicy`'s, the rankers' load `fleet_load.FleetLoad`'s. An admitted request's PreInfer
+goes through the router with a short deadline (`--pre-infer-timeout-ms`); the ranker answers as soon as it
+accepts or refuses, so Admit never waits for the computation, and its answer carries its load report,
+which the fleet view takes. The answer's `instance` becomes `relay_instance`. A refusal, a failed RPC or a
+missed deadline is RANKER_REFUSED and the admission's reservation is released. A DUPLICATE answers
 admitted=false with the instance remembered from the first admission, so the caller's Rank keeps its hint.
 
 The PreInfer payload is the Admit request itself: AdmitRequest shares field numbers 1 (user_id) and
@@ -26,15 +27,17 @@ from relaygr.v1 import ranker_pb2, trigger_pb2, trigger_pb2_grpc
 from services.common import validation
 from services.common.contract import RANKER_SERVICE, method_path
 from services.common.errors import InvalidArgument, Unavailable
-from services.trigger.admission import AdmissionLimits, AdmissionPolicy, Decision, Reason
+from services.trigger.admission import AdmissionPolicy, Brake, Decision, Limits, Prefix, Reason
 from services.trigger.config import TriggerConfig
+from services.trigger.fleet_load import FleetLoad
 from services.trigger.fleet_profile import FleetProfile
 from services.trigger.metrics import (
+    TRIGGER_BRAKE_PRESSURE,
     TRIGGER_DECISIONS,
-    TRIGGER_FOOTPRINT_BUDGET_BYTES,
-    TRIGGER_FOOTPRINT_BYTES,
+    TRIGGER_MUST_RELAY,
     TRIGGER_PREDICTED_SECONDS,
-    TRIGGER_TOKENS_AVAILABLE,
+    TRIGGER_SHED_THRESHOLD,
+    TRIGGER_WASTED_SHARE,
 )
 
 log = logging.getLogger(__name__)
@@ -46,12 +49,14 @@ ANY_ACTION_TYPE = 2**31
 
 _PROTO_REASONS = {reason: trigger_pb2.AdmitReason.Value(f"ADMIT_REASON_{reason.name}") for reason in Reason}
 
-# Outcomes after which the prefix is (or will be) in HBM, and whether the ranker computes it.
-_HELD_OUTCOMES = {
-    ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED: True,
-    ranker_pb2.PRE_INFER_OUTCOME_ALREADY_CACHED: False,
-    ranker_pb2.PRE_INFER_OUTCOME_RELOADED: False,
-}
+# Outcomes after which the prefix is (or will be) in HBM.
+_HELD_OUTCOMES = frozenset(
+    {
+        ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED,
+        ranker_pb2.PRE_INFER_OUTCOME_ALREADY_CACHED,
+        ranker_pb2.PRE_INFER_OUTCOME_RELOADED,
+    }
+)
 
 PreInferCall = Callable[..., Awaitable[ranker_pb2.PreInferResponse]]
 
@@ -64,27 +69,39 @@ def pre_infer_call(channel: grpc.aio.Channel) -> PreInferCall:
 class TriggerService(trigger_pb2_grpc.TriggerServiceServicer):
     def __init__(self, config: TriggerConfig, pre_infer: PreInferCall) -> None:
         self.config = config
+        self.fleet = FleetLoad(config.waste_window_s)
         self.policy = AdmissionPolicy(
-            AdmissionLimits(
-                risk_threshold_ms=config.risk_threshold_ms,
-                footprint_budget_bytes=config.footprint_budget_bytes,
-                lease_window_s=config.lease_window_ms / 1000.0,
-            )
+            Limits(
+                slo_ms=config.slo_ms,
+                relay_overhead_ms=config.relay_overhead_ms,
+                duplicate_window_s=config.lease_window_ms / 1000.0,
+                waste_budget=config.waste_budget,
+                hbm_lease_fraction=config.hbm_lease_fraction,
+                max_backlog_ms=config.max_backlog_ms,
+                high_water=config.shed_high_water,
+                low_water=config.shed_low_water,
+                adjust_s=config.shed_adjust_ms / 1000.0,
+                step=config.shed_step,
+                floor_events=config.shed_floor_events,
+                max_events=config.max_long_term_events,
+                admit_all=config.admit_all,
+            ),
+            self.fleet,
         )
         self._pre_infer = pre_infer
         self._profile: FleetProfile | None = None
-        TRIGGER_FOOTPRINT_BUDGET_BYTES.set(config.footprint_budget_bytes)
         for reason in Reason:
             verdict = "admit" if reason is Reason.ADMITTED else "reject"
             TRIGGER_DECISIONS.labels(verdict, reason.name.lower())
+        for verdict in ("admit", "reject"):
+            TRIGGER_MUST_RELAY.labels(verdict)
+        for brake in Brake:
+            TRIGGER_BRAKE_PRESSURE.labels(brake.value)
 
     def use_profile(self, profile: FleetProfile) -> None:
-        """Calibrates predictions and, unless configured, the load bound from a fresh fleet profile."""
+        """Calibrates predictions from a fresh fleet profile and places users on its members' ring."""
         self._profile = profile
-        default_rate = self.config.load_fraction * profile.pre_infer_capacity_tokens_per_s
-        rate = self.config.pre_infer_tokens_per_s or default_rate
-        self.policy.set_load_limit(rate, self.config.pre_infer_burst_tokens or rate)
-        TRIGGER_TOKENS_AVAILABLE.set(self.policy.tokens_available)
+        self.fleet.set_members(profile.members, profile.virtual_nodes)
 
     async def Admit(
         self, request: trigger_pb2.AdmitRequest, context: grpc.aio.ServicerContext
@@ -93,19 +110,25 @@ class TriggerService(trigger_pb2_grpc.TriggerServiceServicer):
         if profile is None:
             raise Unavailable("no latency profile from the router yet")
         length = self._validate(request)
-        predicted_ms = profile.cost_model.predict_ms(
-            length, request.short_term_length, request.num_candidates
-        )
-        TRIGGER_PREDICTED_SECONDS.observe(predicted_ms / 1000.0)
+        short, candidates = request.short_term_length, request.num_candidates
+        miss_ms = profile.full.predict_ms(length, short, candidates)
+        TRIGGER_PREDICTED_SECONDS.observe(miss_ms / 1000.0)
         request.ClearField("num_candidates")
         request.ClearField("short_term_length")
         payload = request.SerializeToString()
         key = hashlib.blake2b(payload, digest_size=16).digest()
-        decision = self.policy.decide(
-            key, tokens=length, footprint_bytes=length * profile.kv_bytes_per_token, predicted_ms=predicted_ms
+        prefix = Prefix(
+            key=key,
+            user_id=request.user_id,
+            length=length,
+            nbytes=length * profile.kv_bytes_per_token,
+            miss_ms=miss_ms,
+            cached_ms=profile.cached.predict_ms(length, short, candidates),
+            pre_infer_ms=profile.pre_infer.predict_ms(length, 0, 0),
         )
+        decision = self.policy.decide(prefix)
         if decision.admitted:
-            decision = await self._fire(key, payload, request.user_id)
+            decision = await self._fire(key, payload, request.user_id, decision)
         return self._answer(decision)
 
     def _validate(self, request: trigger_pb2.AdmitRequest) -> int:
@@ -127,25 +150,29 @@ class TriggerService(trigger_pb2_grpc.TriggerServiceServicer):
             )
         return length
 
-    async def _fire(self, key: bytes, payload: bytes, user_id: str) -> Decision:
+    async def _fire(self, key: bytes, payload: bytes, user_id: str, decision: Decision) -> Decision:
         try:
             answer = await self._pre_infer(payload, timeout=self.config.pre_infer_timeout_ms / 1000.0)
         except grpc.aio.AioRpcError as exc:
             log.warning("PreInfer for user %s failed: %s %s", user_id, exc.code().name, exc.details())
-            self.policy.cancel(key)
-            return Decision(Reason.RANKER_REFUSED)
-        computed = _HELD_OUTCOMES.get(answer.outcome)
-        if computed is None:
-            self.policy.cancel(key)
-            return Decision(Reason.RANKER_REFUSED)
-        self.policy.confirm(key, answer.instance, computed=computed)
-        return Decision(Reason.ADMITTED, answer.instance)
+            self.policy.answered(key, "", held=False)
+            return Decision(Reason.RANKER_REFUSED, must_relay=decision.must_relay)
+        self.fleet.observe(answer.load)
+        held = answer.outcome in _HELD_OUTCOMES
+        self.policy.answered(key, answer.instance, held=held)
+        if not held:
+            return Decision(Reason.RANKER_REFUSED, must_relay=decision.must_relay)
+        return Decision(Reason.ADMITTED, answer.instance, must_relay=decision.must_relay)
 
     def _answer(self, decision: Decision) -> trigger_pb2.AdmitResponse:
         verdict = "admit" if decision.admitted else "reject"
         TRIGGER_DECISIONS.labels(verdict, decision.reason.name.lower()).inc()
-        TRIGGER_FOOTPRINT_BYTES.set(self.policy.footprint_bytes)
-        TRIGGER_TOKENS_AVAILABLE.set(self.policy.tokens_available)
+        if decision.must_relay:
+            TRIGGER_MUST_RELAY.labels(verdict).inc()
+        for brake, pressure in self.policy.pressure.items():
+            TRIGGER_BRAKE_PRESSURE.labels(brake.value).set(pressure)
+        TRIGGER_SHED_THRESHOLD.set(self.policy.threshold_events)
+        TRIGGER_WASTED_SHARE.set(self.fleet.wasted_share())
         return trigger_pb2.AdmitResponse(
             admitted=decision.admitted,
             reason=_PROTO_REASONS[decision.reason],

@@ -140,15 +140,13 @@ def test_ranker_drain_outlasts_its_leases(overlay):
 
 
 def test_trigger_budgets_fit_the_fleet(overlay):
-    """The trigger counts admitted bytes for as long as the rankers lease them, and all trigger
-    replicas together never admit more than the rankers' HBM tiers hold."""
-    manifests = objects(f"overlays/{overlay}")
+    """A prefix counts as a duplicate for as long as the rankers lease it, and the trigger's HBM brake is a
+    share of each ranker's budget as that ranker measures its leased bytes (every trigger replica's
+    admissions included), so replicas share one bound that fits in the tier."""
     configs = loaded_configs(overlay)
     ranker, trigger = configs["ranker"], configs["trigger"]
     assert trigger.lease_window_ms == ranker.lease_ttl_ms
-    rankers = named(manifests, "StatefulSet", "ranker")["spec"]["replicas"]
-    triggers = named(manifests, "Deployment", "trigger")["spec"]["replicas"]
-    assert triggers * trigger.footprint_budget_mb <= rankers * ranker.hbm_budget_mb
+    assert 0 < trigger.hbm_lease_fraction <= 1
 
 
 def test_ranker_memory_holds_its_host_memory_tiers(overlay):

@@ -31,7 +31,9 @@ RANKER_ARGS = (
     "--drain-grace-s 4 --drain-min-s 0.6 --lease-ttl-ms 1000"
 )
 ROUTER_ARGS = "--health-interval-s 0.2 --circuit-open-s 1 --drain-grace-s 2"
-TRIGGER_ARGS = "--profile-retry-s 0.2 --drain-grace-s 2"
+# cpu-tiny's short histories save less than the default relay overhead: relay them all, so every request
+# runs the whole relay (Admit, PreInfer, the hint).
+TRIGGER_ARGS = "--profile-retry-s 0.2 --drain-grace-s 2 --relay-overhead-ms 0"
 # Short histories and few candidates keep each Recommend cheap. The Rank deadline is the stub's default
 # (--rank-timeout-ms 1000): the fault tests hold with the deadlines users run.
 STUB_ARGS = (

@@ -20,6 +20,7 @@ from services.common.contract import RANKER_SERVICE
 from services.launcher.fleet import STUB, Fleet
 from services.launcher.procs import Processes, ServiceProcess
 from tests.reliability.harness import (
+    TRIGGER_ARGS,
     BackgroundLoad,
     MemoryWatch,
     codes,
@@ -117,10 +118,10 @@ def test_a_soak_keeps_memory_flat_and_leaks_no_lease(tmp_path: Path) -> None:
     config = fleet_config(
         tmp_path / "logs",
         rankers=2,
-        slo_ms=1.0,  # every request at risk: the whole relay runs
+        slo_ms=1.0,  # every request must relay: none is shed
         ranker_args="--torch-threads 1 --profile-lengths 32,128,512 --profile-repeats 1 --hbm-budget-mb 4 "
         f"--dram-budget-mb 8 --dram-ttl-s 10 --lease-ttl-ms {int(LEASE_TTL_S * 1000)}",
-        trigger_args=f"--profile-retry-s 0.2 --lease-window-ms {int(LEASE_TTL_S * 1000)}",
+        trigger_args=f"{TRIGGER_ARGS} --lease-window-ms {int(LEASE_TTL_S * 1000)}",
     )
     with Fleet(config) as fleet:
         rankers = [fleet.children[name] for name in fleet.ranker_names]

@@ -140,7 +140,7 @@ def mtls_fleet(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
     config = fleet_config(
         tmp_path_factory.mktemp("logs"),
         rankers=2,
-        slo_ms=1.0,  # every request at risk: Admit and PreInfer travel too
+        slo_ms=1.0,  # every request must relay: Admit and PreInfer travel too
         ranker_args=RANKER_ARGS + debug,
         router_args=ROUTER_ARGS + debug,
         trigger_args=TRIGGER_ARGS + debug,

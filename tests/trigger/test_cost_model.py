@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
 
 from relaygr.v1 import ranker_pb2
-from services.trigger.cost_model import CostModel, attended_pairs, projected_tokens
+from services.trigger.cost_model import CostModel, Path, attended_pairs, projected_tokens
 from services.trigger.fleet_profile import FleetProfile
 
 PROFILE_S, PROFILE_C = 16, 128
@@ -81,22 +82,45 @@ def test_fit_rejects_an_empty_or_broken_curve():
         CostModel.fit([(128, float("nan"))], PROFILE_S, PROFILE_C)
 
 
-def test_fleet_profile_capacity_comes_from_the_longest_point():
+def test_each_path_is_fitted_on_its_own_column_with_its_own_work():
+    # One true model of the device, three paths: each column of the curve is what that path computes.
+    true = CostModel(fixed_ms=0.5, per_token_ms=2e-3, per_pair_ms=3e-6)
+    lengths = (128, 512, 2048, 8192)
+
+    def measured(path: Path, n: int) -> float:
+        return dataclasses.replace(true, path=path).predict_ms(n, PROFILE_S, PROFILE_C)
+
     response = ranker_pb2.GetProfileResponse(
         kv_bytes_per_token=512,
         profile_short_term_length=PROFILE_S,
         profile_num_candidates=PROFILE_C,
-        fleet_members=3,
+        members=["ranker-b", "ranker-a"],
+        ring_virtual_nodes=40,
         latency_curve=[
-            ranker_pb2.LatencyPoint(prefix_length=2048, full_ms=10.0, pre_infer_ms=8.0, rank_ms=2.0),
-            ranker_pb2.LatencyPoint(prefix_length=128, full_ms=1.0, pre_infer_ms=0.5, rank_ms=0.6),
-            ranker_pb2.LatencyPoint(prefix_length=512, full_ms=3.0, pre_infer_ms=2.0, rank_ms=1.0),
+            ranker_pb2.LatencyPoint(
+                prefix_length=n,
+                full_ms=measured(Path.FULL, n),
+                pre_infer_ms=measured(Path.PRE_INFER, n),
+                rank_ms=measured(Path.CACHED, n),
+            )
+            for n in reversed(lengths)
         ],
     )
     profile = FleetProfile.from_response(response)
-    assert profile.pre_infer_capacity_tokens_per_s == pytest.approx(3 * 2048 / 8.0 * 1000)
-    assert profile.kv_bytes_per_token == 512
-    assert profile.cost_model.predict_ms(2048, PROFILE_S, PROFILE_C) == pytest.approx(10.0, rel=0.05)
+    for path, model in ((Path.FULL, profile.full), (Path.PRE_INFER, profile.pre_infer),
+                        (Path.CACHED, profile.cached)):  # fmt: skip
+        assert model.path is path
+        for n in (300, 4096):
+            assert model.predict_ms(n, PROFILE_S, PROFILE_C) == pytest.approx(measured(path, n), rel=1e-6)
+    # What relay saves is the prefix's own work (its projections and causal pairs), and nothing else.
+    n = 4096
+    saved = profile.full.predict_ms(n, PROFILE_S, PROFILE_C) - profile.cached.predict_ms(
+        n, PROFILE_S, PROFILE_C
+    )
+    assert saved == pytest.approx(true.per_token_ms * n + true.per_pair_ms * n * (n + 1) / 2, rel=1e-6)
+    assert (profile.members, profile.virtual_nodes, profile.kv_bytes_per_token) == (
+        ("ranker-b", "ranker-a"), 40, 512,
+    )  # fmt: skip
 
 
 def test_fleet_profile_refuses_a_profile_without_curve():

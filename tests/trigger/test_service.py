@@ -1,8 +1,8 @@
 """TriggerService over real gRPC: a cpu-tiny ranker and the router in front of it as processes, the trigger
 in-process with `--router` at the router.
 
-The SLO is calibrated from the ranker's own measured curve so that the long history is at risk and the
-short one is not, whatever the speed of the machine running the tests.
+The relay overhead is calibrated from the ranker's own measured curve so that relay pays for the long
+history and not for the short one, whatever the speed of the machine running the tests.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ KV_BYTES_512 = 512 * 512  # cpu-tiny: 512 KV bytes per token
 @dataclasses.dataclass(frozen=True)
 class Fleet:
     router: str
-    slo_ms: float  # between the predictions for SHORT and LONG, at the default risk fraction 0.5
+    overhead_ms: float  # between what relay saves SHORT and what it saves LONG
+    long_pre_infer_ms: float  # the predicted pre-inference of LONG
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +56,21 @@ def fleet(tmp_path_factory) -> Fleet:
         router.wait_healthy(60)
         with grpc.insecure_channel(router.address) as channel:
             profile = ranker_pb2_grpc.RankerServiceStub(channel).GetProfile(ranker_pb2.GetProfileRequest())
-        model = FleetProfile.from_response(profile).cost_model
-        short_ms = model.predict_ms(SHORT, SHORT_TERM, CANDIDATES)
-        long_ms = model.predict_ms(LONG, SHORT_TERM, CANDIDATES)
-        assert long_ms > short_ms, f"the measured curve does not grow with length: {profile.latency_curve}"
-        yield Fleet(router.address, slo_ms=short_ms + long_ms)
+        fitted = FleetProfile.from_response(profile)
+
+        def saved_ms(length: int) -> float:
+            full = fitted.full.predict_ms(length, SHORT_TERM, CANDIDATES)
+            return full - fitted.cached.predict_ms(length, SHORT_TERM, CANDIDATES)
+
+        assert saved_ms(LONG) > saved_ms(SHORT), (
+            f"relay saves nothing more at {LONG}: {profile.latency_curve}"
+        )
+        assert fitted.members == (INSTANCE,)
+        yield Fleet(
+            router.address,
+            overhead_ms=(saved_ms(SHORT) + saved_ms(LONG)) / 2,
+            long_pre_infer_ms=fitted.pre_infer.predict_ms(LONG, 0, 0),
+        )
 
 
 def events(length: int, seed: int) -> common_pb2.BehaviorSequence:
@@ -107,15 +118,15 @@ async def wait_serving(health: health_pb2_grpc.HealthStub) -> None:
     raise TimeoutError("trigger never became SERVING")
 
 
-def test_long_history_is_admitted_and_its_rank_hits_hbm_short_is_not_at_risk(fleet):
+def test_long_history_is_admitted_and_its_rank_hits_hbm_short_gains_nothing(fleet):
     async def scenario():
-        async with trigger(fleet.router, slo_ms=fleet.slo_ms) as (_, stub, health):
+        async with trigger(fleet.router, relay_overhead_ms=fleet.overhead_ms) as (_, stub, health):
             await wait_serving(health)
-            before = {r: decisions(r) for r in ("admitted", "not_at_risk", "duplicate")}
+            before = {r: decisions(r) for r in ("admitted", "no_gain", "duplicate")}
 
             short = await stub.Admit(admit_request("user-short", SHORT))
             assert (short.admitted, short.reason, short.relay_instance) == (
-                False, trigger_pb2.ADMIT_REASON_NOT_AT_RISK, "",
+                False, trigger_pb2.ADMIT_REASON_NO_GAIN, "",
             )  # fmt: skip
 
             request = admit_request("user-long", LONG, seed=1)
@@ -144,58 +155,63 @@ def test_long_history_is_admitted_and_its_rank_hits_hbm_short_is_not_at_risk(fle
             assert ranked.instance == INSTANCE
             assert len(ranked.scores) == CANDIDATES
             assert {r: decisions(r) - before[r] for r in before} == {
-                "admitted": 1, "not_at_risk": 1, "duplicate": 1,
+                "admitted": 1, "no_gain": 1, "duplicate": 1,
             }  # fmt: skip
 
     asyncio.run(scenario())
 
 
-def test_footprint_bound_refuses_over_a_real_ranker(fleet):
+def test_the_hbm_brake_reads_the_bytes_the_ranker_reports(fleet):
     async def scenario():
-        # Room for one 512-event prefix of cpu-tiny (256 KiB), not for two.
-        settings = {"slo_ms": fleet.slo_ms, "footprint_budget_mb": 0.3}
+        # A share of the ranker's 2 MiB that holds one 512-event prefix of cpu-tiny (256 KiB), not two.
+        settings = {"relay_overhead_ms": fleet.overhead_ms, "hbm_lease_fraction": 0.2}
         async with trigger(fleet.router, **settings) as (server, stub, health):
             await wait_serving(health)
             first = await stub.Admit(admit_request("user-f1", LONG, seed=3))
+            assert first.reason == trigger_pb2.ADMIT_REASON_ADMITTED
+            # The answer carried the ranker's report: its budget, and the prefix's bytes held for it.
+            fleet_load = server.service.fleet
+            assert fleet_load.hbm_capacity_bytes(INSTANCE) == HBM_BUDGET_MB * 1024 * 1024
+            assert KV_BYTES_512 * 0.9 <= fleet_load.leased_bytes(INSTANCE) <= KV_BYTES_512
             second = await stub.Admit(admit_request("user-f2", LONG, seed=4))
-            assert first.reason == trigger_pb2.ADMIT_REASON_ADMITTED
-            assert (second.admitted, second.reason) == (False, trigger_pb2.ADMIT_REASON_FOOTPRINT_LIMIT)
-            assert server.service.policy.footprint_bytes == KV_BYTES_512
-            assert REGISTRY.get_sample_value("relaygr_trigger_footprint_bytes") == KV_BYTES_512
+            assert (second.admitted, second.reason) == (False, trigger_pb2.ADMIT_REASON_HBM_LIMIT)
+            pressure = REGISTRY.get_sample_value("relaygr_trigger_brake_pressure", {"brake": "hbm"})
+            assert pressure == pytest.approx(2 * KV_BYTES_512 / (0.2 * HBM_BUDGET_MB * 1024 * 1024), rel=0.1)
 
     asyncio.run(scenario())
 
 
-def test_load_bound_refuses_over_a_real_ranker(fleet):
+def test_the_backlog_brake_refuses_a_prefix_longer_than_the_bound(fleet):
     async def scenario():
-        # One burst of 600 tokens, refilled at 10 per second: one 512-event prefix, then none for ~40 s.
-        settings = {"slo_ms": fleet.slo_ms, "pre_infer_tokens_per_s": 10.0, "pre_infer_burst_tokens": 600.0}
+        settings = {"relay_overhead_ms": fleet.overhead_ms, "max_backlog_ms": fleet.long_pre_infer_ms / 2}
         async with trigger(fleet.router, **settings) as (server, stub, health):
             await wait_serving(health)
-            first = await stub.Admit(admit_request("user-l1", LONG, seed=5))
-            second = await stub.Admit(admit_request("user-l2", LONG, seed=6))
-            assert first.reason == trigger_pb2.ADMIT_REASON_ADMITTED
-            assert (second.admitted, second.reason) == (False, trigger_pb2.ADMIT_REASON_LOAD_LIMIT)
-            assert server.service.policy.footprint_bytes == KV_BYTES_512  # the refused one reserved nothing
+            refused = await stub.Admit(admit_request("user-b1", LONG, seed=5))
+            assert (refused.admitted, refused.reason) == (False, trigger_pb2.ADMIT_REASON_BACKLOG_LIMIT)
+            assert server.service.fleet.pre_infer_backlog_ms(INSTANCE) == 0.0  # it reserved nothing
 
     asyncio.run(scenario())
 
 
-def test_a_ranker_refusal_is_reported_and_refunded(fleet):
+def test_a_ranker_refusal_is_reported_and_released(fleet):
     async def scenario():
-        # A load bound that can pay for the 8192 events, so that only the ranker can refuse them.
-        settings = {"slo_ms": fleet.slo_ms, "pre_infer_tokens_per_s": 10_000.0}
-        async with trigger(fleet.router, **settings) as (server, stub, health):
+        async with trigger(fleet.router, relay_overhead_ms=fleet.overhead_ms) as (server, stub, health):
             await wait_serving(health)
-            policy = server.service.policy
-            tokens = policy.tokens_available
-            # 8192 events of cpu-tiny are 4 MiB of KV: more than the ranker's whole HBM budget.
+            fleet_load = server.service.fleet
+            # 8192 events of cpu-tiny are 4 MiB of KV: more than the ranker's whole HBM budget. Before any
+            # report the trigger does not know that budget, and the ranker refuses.
             refused = await stub.Admit(admit_request("user-huge", 8192, seed=7))
             assert (refused.admitted, refused.reason, refused.relay_instance) == (
                 False, trigger_pb2.ADMIT_REASON_RANKER_REFUSED, "",
             )  # fmt: skip
-            assert policy.footprint_bytes == 0
-            assert policy.tokens_available == pytest.approx(tokens, abs=1.0)
+            # The refusal's report told the trigger the budget: the same prefix is not a duplicate now (a
+            # refusal leaves no record), and the trigger's own brake refuses it before any PreInfer.
+            again = await stub.Admit(admit_request("user-huge", 8192, seed=7))
+            assert (again.admitted, again.reason) == (False, trigger_pb2.ADMIT_REASON_HBM_LIMIT)
+            assert fleet_load.hbm_capacity_bytes(INSTANCE) == HBM_BUDGET_MB * 1024 * 1024
+            # The refusal's report says the ranker holds nothing for it, and nothing is left reserved.
+            assert fleet_load.leased_bytes(INSTANCE) < KV_BYTES_512
+            assert fleet_load.pre_infer_backlog_ms(INSTANCE) < fleet.long_pre_infer_ms
 
     asyncio.run(scenario())
 
@@ -221,7 +237,7 @@ def drop_an_action_type(request: trigger_pb2.AdmitRequest) -> None:
 )
 def test_invalid_requests_name_the_field(fleet, spoil, field):
     async def scenario():
-        async with trigger(fleet.router, slo_ms=fleet.slo_ms) as (_, stub, health):
+        async with trigger(fleet.router) as (_, stub, health):
             await wait_serving(health)
             request = admit_request("user-bad", SHORT)
             spoil(request)
@@ -235,7 +251,8 @@ def test_invalid_requests_name_the_field(fleet, spoil, field):
 
 def test_the_trigger_runs_as_a_process_and_stops_cleanly(fleet, tmp_path):
     with Processes(log_dir=tmp_path) as procs:
-        flags = ["--router", fleet.router, "--slo-ms", str(fleet.slo_ms), "--pre-infer-timeout-ms", "2000"]
+        flags = ["--router", fleet.router, "--relay-overhead-ms", str(fleet.overhead_ms),
+                 "--pre-infer-timeout-ms", "2000"]  # fmt: skip
         child = procs.start("trigger", "services.trigger", SERVICE_NAME, flags)
         child.wait_healthy(30)
         with grpc.insecure_channel(child.address) as channel:

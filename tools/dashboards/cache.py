@@ -127,6 +127,21 @@ def build() -> dashboard.Dashboard:
                 ],
             ),
             timeseries_panel(
+                "Backlog and wasted pre-inference",
+                "Device seconds of Ranks in flight (the wait a new Rank sees) and of pre-inference not yet "
+                "finished, per ranker; and the device seconds per second spent on pre-inference no Rank "
+                "consumed (what the trigger's waste brake budgets).",
+                "s",
+                [
+                    Target(f"sum by (pod) (relaygr_rank_backlog_seconds{RANKER})", "{{pod}} rank backlog"),
+                    Target(
+                        f"sum by (pod) (relaygr_pre_infer_backlog_seconds{RANKER})",
+                        "{{pod}} pre-infer backlog",
+                    ),
+                    Target(summed_rate("relaygr_pre_infer_wasted_seconds_total", RANKER), "wasted per s"),
+                ],
+            ),
+            timeseries_panel(
                 "Model time P99 by operation",
                 "P99 of the device time per model operation.",
                 "s",

@@ -36,8 +36,8 @@ def build() -> dashboard.Dashboard:
         [
             timeseries_panel(
                 "Admit decisions by reason",
-                "Admit calls per second by decision and reason: admitted, not at risk, footprint limit, "
-                "load limit, duplicate, or refused by the ranker.",
+                "Admit calls per second by decision and reason: admitted, no gain, a brake (waste, hbm or "
+                "backlog limit), shed short, duplicate, or refused by the ranker.",
                 "reqps",
                 [
                     Target(
@@ -54,27 +54,34 @@ def build() -> dashboard.Dashboard:
                 [Target(ADMISSION_RATIO, "admitted")],
             ),
             timeseries_panel(
-                "Footprint against budget",
-                "Admitted-but-unconsumed prefix bytes within the lease window (solid), and their bound.",
-                "bytes",
+                "Brake pressure",
+                "Each brake's usage over its limit at the last decision: waste (the fleet's unconsumed "
+                "pre-inference against its budget), hbm and backlog (the target ranker's). At 1 it binds; "
+                "above the high water (0.8) the shedding threshold rises.",
+                "short",
                 [
-                    Target(f"sum by (pod) (relaygr_trigger_footprint_bytes{TRIGGER})", "{{pod}}"),
                     Target(
-                        f"sum by (pod) (relaygr_trigger_footprint_budget_bytes{TRIGGER})", "{{pod}} budget"
-                    ),
+                        f"max by (brake) (relaygr_trigger_brake_pressure{TRIGGER})",
+                        "{{brake}}",
+                    )
                 ],
-                dashed="budget$",
             ),
             timeseries_panel(
-                "Pre-inference tokens available",
-                "Tokens left in each trigger's load bucket: at zero, admissions are refused for load.",
+                "Shedding threshold and wasted share",
+                "Prefixes shorter than the threshold (events) are shed while the brakes press; the share "
+                "of the fleet's device time that pre-inference no Rank consumed took.",
                 "short",
-                [Target(f"sum by (pod) (relaygr_trigger_tokens_available{TRIGGER})", "{{pod}}")],
+                [
+                    Target(
+                        f"max by (pod) (relaygr_trigger_shed_threshold_events{TRIGGER})", "{{pod}} threshold"
+                    ),
+                    Target(f"max by (pod) (relaygr_trigger_wasted_share{TRIGGER})", "{{pod}} wasted share"),
+                ],
             ),
             latency_against_slo_panel(
                 "Predicted ranking latency without relay",
-                "P50 and P99 of the trigger's prediction, from the rankers' measured latency curve; "
-                "requests predicted over a share of the SLO are at risk.",
+                "P50 and P99 of the trigger's prediction, from the rankers' measured latency curve; a "
+                "request whose queue wait plus this exceeds the SLO must relay (it is never shed).",
                 "relaygr_trigger_predicted_rank_seconds",
                 TRIGGER,
             ),
