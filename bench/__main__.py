@@ -1,7 +1,8 @@
 """`python -m bench --profile quick|full`: run the benchmark and write bench/results/<name>/.
 
 Writes results.json, report.md and the plots there; the services' logs go to its `tmp/` folder (not
-committed). Prints one line per step and, at the end, the two headline ratios.
+committed). Prints one line per step and, at the end, the headline ratios: length, throughput on each
+mix, and throughput at each abandonment share.
 """
 
 from __future__ import annotations
@@ -67,26 +68,52 @@ def main(argv: Sequence[str] | None = None) -> None:
     bench = Bench(config, out_dir / "tmp" / "logs", log=lambda line: print(line, flush=True))
     measured = bench.run()
     host["load_average_at_end"] = os.getloadavg()
-    results = {
+    results = assemble(config, measured, started_at.isoformat(), time.monotonic() - started, host, versions())
+    report.write(results, out_dir)
+    print(f"{summary(results)}; SLO P99 {config.slo_ms:g} ms; report: {out_dir / 'report.md'}", flush=True)
+
+
+def assemble(
+    config: BenchConfig,
+    measured: dict[str, Any],
+    started_at: str,
+    duration_s: float,
+    host: dict[str, Any],
+    package_versions: dict[str, str],
+) -> dict[str, Any]:
+    """results.json's dictionary: the headline ratios first, then the run's context, then what
+    `Bench.run` measured."""
+    measured = dict(measured)
+    return {
         "name": config.results_name,
         "throughput_ratio": measured.pop("throughput_ratio"),
+        "throughput_ratios": measured.pop("throughput_ratios"),
         "length_ratio": measured.pop("length_ratio"),
-        "started_at": started_at.isoformat(),
-        "duration_s": round(time.monotonic() - started, 1),
+        "started_at": started_at,
+        "duration_s": round(duration_s, 1),
         "machine": host,
-        "versions": versions(),
+        "versions": package_versions,
         "configuration": dataclasses.asdict(config),
         "profile": dataclasses.asdict(config.settings),
         **measured,
     }
-    report.write(results, out_dir)
-    length, load_sweep = results["length_sweep"], results["throughput_sweep"]
-    print(
+
+
+def summary(results: dict[str, Any]) -> str:
+    """The headline ratios in one line: length (with its relay window), each mix, each abandonment share."""
+    length = results["length_sweep"]
+    window = results["configuration"]["preprocess_delay_ms"]
+    mixes = ", ".join(
+        f"{label} {mix['ratio']} ({mix['relay']['best']} vs {mix['baseline']['best']} req/s)"
+        for label, mix in results["throughput_sweeps"].items()
+    )
+    abandoned = ", ".join(
+        f"{entry['fraction']:.0%} {entry['ratio']}" for entry in results["abandonment"]["fractions"].values()
+    )
+    return (
         f"length ratio {results['length_ratio']} ({length['relay']['best']} vs {length['baseline']['best']} "
-        f"events at {length['rate']:g} req/s), throughput ratio {results['throughput_ratio']} "
-        f"({load_sweep['relay']['best']} vs {load_sweep['baseline']['best']} req/s on "
-        f"{load_sweep['universe']}), SLO P99 {config.slo_ms:g} ms; report: {out_dir / 'report.md'}",
-        flush=True,
+        f"events at {length['rate']:g} req/s, relay window {window:g} ms); throughput ratios {mixes}; "
+        f"throughput ratios with requests abandoned {abandoned or 'not measured'}"
     )
 
 

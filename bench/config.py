@@ -2,7 +2,23 @@
 
 `--profile quick` (`make bench`) and `--profile full` (`make bench-full`) run the same experiments on the
 same workload with the same grids; they differ only in how much they measure (`Profile`): requests per
-point, repeats of the in-process floor, and the relay-window sensitivity sweep (full only).
+point, repeats of the in-process floor, the relay-window sensitivity sweep, the refinement of each load
+sweep between grid values and the repeats of the throughput sweeps' verdict points with other load
+seeds (the last three in full only).
+
+How long a run takes. A point costs its warm-up (5 s), its measured requests at its rate, a 1 s settle
+and the probes' half second; a failing point stops about half way. Both profiles measure the length
+sweep (2 points a mode when the floor's guess is right, at 8 calls/s), the throughput sweep on both
+mixes, both modes' load sweeps at the two non-zero abandonment shares and one load sweep per ablation
+(5); each load sweep takes 2-4 points, and 2 more with refinement. Counted with the searches' own code
+for limits near the last measured ones (both modes 16-23 calls/s on the first mix, 6-10 on the second,
+whose points are the long ones), plus the floor, six fleet starts and a lease's wait after each pair of
+sweeps:
+
+- quick: about 40-50 points of 200 requests, about 15 minutes on 2 cores (4 of them on the second mix);
+- full: about 90-100 points of 1000 requests (13 load sweeps refined: up to 26 points; three seeds: 16;
+  two more relay windows: 4), about 1.5 hours (85-100 minutes): a point of 1000 requests at 6 calls/s
+  alone takes 3 minutes.
 
 Why these defaults, for cpu-small on a 2-core machine shared by every process of the fleet:
 
@@ -26,6 +42,17 @@ Why these defaults, for cpu-small on a 2-core machine shared by every process of
   shorter mix both modes are bound by CPU rather than by the SLO and relay has nothing to take off the
   critical path (measured, cap 2048 with median 512: both near 64-90 calls/s); with a longer cap the
   baseline meets the SLO at hardly any load (cap 3072: it failed at 4 calls/s).
+- The second mix (median 1536, cap 4096, the same sigma) asks whether relay's gain holds where the
+  baseline's critical path is longer: a third of its users are longer than the first mix's cap, a
+  tenth sit at its own. Its baseline may meet the SLO at no load of the grid (then its ratio is n/a):
+  lower `--loads` if so.
+- Abandonment 0, 10 % and 30 %: between retrieval and ranking production filters a share of requests
+  (coarse ranking, business rules, a user who left); their Admit has already fired, so relay may
+  pre-infer prefixes that no Rank consumes. 0 is the throughput sweep itself; the others cost both
+  modes a load sweep each, on the first mix.
+- Load sweeps are refined by 2 bisections in the full profile: the grid steps by about 1.4x, so the
+  answer is then within about 10 %; each verdict point is measured with 3 load seeds there, which says
+  whether a verdict was decided by the draw of users and arrivals.
 - Rankers pre-infer in chunks of 512 tokens, in both modes (a miss computes its prefix the same way):
   in process, 8192 events take 253 ms in chunks of 512 against 401 ms in the ranker's default 1024.
 """
@@ -47,12 +74,26 @@ class Profile:
     floor_repeats: int  # timed repeats per length of the in-process floor (median kept)
     cached_rank_iterations: int  # Ranks per length through the router
     window_delays_ms: tuple[float, ...]  # extra relay windows of the length sweep
+    refine_steps: int  # loads measured between a load sweep's best grid value and the next one
+    seeds: int  # load seeds of each throughput sweep's verdict points (1: no repeats)
 
 
 PROFILE_SETTINGS = {
-    "quick": Profile(measured=200, floor_repeats=3, cached_rank_iterations=20, window_delays_ms=()),
+    "quick": Profile(
+        measured=200,
+        floor_repeats=3,
+        cached_rank_iterations=20,
+        window_delays_ms=(),
+        refine_steps=0,
+        seeds=1,
+    ),
     "full": Profile(
-        measured=1000, floor_repeats=7, cached_rank_iterations=100, window_delays_ms=(30.0, 200.0)
+        measured=1000,
+        floor_repeats=7,
+        cached_rank_iterations=100,
+        window_delays_ms=(30.0, 200.0),
+        refine_steps=2,
+        seeds=3,
     ),
 }
 
@@ -64,10 +105,22 @@ def _numbers(text: str, kind: type) -> list:
     return values
 
 
+def _fractions(text: str) -> list[float]:
+    """Distinct shares in [0, 1), increasing; 0 (no abandonment) is allowed."""
+    values = [float(part) for part in text.split(",") if part.strip()]
+    if not values or sorted(values) != values or len(set(values)) != len(values):
+        raise ValueError(f"{text!r} must list distinct numbers in increasing order")
+    if not all(0 <= value < 1 for value in values):
+        raise ValueError(f"{text!r} must list numbers in [0, 1)")
+    return values
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
     profile: str = setting(
-        "quick", "quick (make bench: 5-6 minutes on 2 cores) or full (make bench-full: 30-40 minutes)"
+        "quick",
+        "quick (make bench: about 15 minutes on 2 cores, 200 requests a point) or full (make bench-full: "
+        "about 1.5 hours, 1000 requests a point, refined loads, 3 load seeds at each verdict)",
     )
     name: str = setting("", "results go to bench/results/<name>/ (empty: the profile's name)")
     slo_ms: float = setting(100.0, "ranking-latency P99 SLO (Rank through the router, as the stub sees it)")
@@ -93,6 +146,13 @@ class BenchConfig:
     mix_median: int = setting(1024, "median long-term length of the throughput sweep's lognormal mix")
     mix_sigma: float = setting(0.75, "sigma of the log length of the mix")
     mix_max: int = setting(2048, "longest long-term history of the mix (a cap, as production has)")
+    mix2_median: int = setting(1536, "median long-term length of the second, longer mix (same sigma)")
+    mix2_max: int = setting(4096, "longest long-term history of the second mix")
+    abandon_fractions: str = setting(
+        "0,0.1,0.3",
+        "shares of requests abandoned after retrieval (Admit sent, no Rank) at which both modes' load "
+        "sweeps run on the first mix; 0 is the throughput sweep itself",
+    )
     growth_headroom: int = setting(256, "events a fixed-length history may grow by before it slides")
     revisit_probability: float = setting(0.5, "share of requests from a user seen within --revisit-window-s")
     revisit_window_s: float = setting(5.0, "a revisit repeats the user of a request of the last this many s")
@@ -106,8 +166,9 @@ class BenchConfig:
         if self.profile not in PROFILES:
             raise ValueError(f"--profile must be one of {', '.join(PROFILES)}")
         for name in ("slo_ms", "rankers", "torch_threads", "pre_infer_chunk_tokens", "length_rate",
-                     "mix_median", "mix_max", "mix_sigma", "short_term", "revisit_window_s",
-                     "rank_timeout_ms", "startup_timeout_s", "hbm_budget_mb"):  # fmt: skip
+                     "mix_median", "mix_max", "mix2_median", "mix2_max", "mix_sigma", "short_term",
+                     "revisit_window_s", "rank_timeout_ms", "startup_timeout_s",
+                     "hbm_budget_mb"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
         for name in ("preprocess_delay_ms", "dram_budget_mb", "growth_headroom", "warmup_s"):
@@ -119,9 +180,19 @@ class BenchConfig:
             raise ValueError("--max-error-fraction must be in (0, 1]")
         if self.mix_median >= self.mix_max:
             raise ValueError("--mix-median must be below --mix-max")
-        self.length_grid()
-        self.load_grid()
-        _numbers(self.ranker_profile_lengths, int)
+        if self.mix2_median >= self.mix2_max:
+            raise ValueError("--mix2-median must be below --mix2-max")
+        grids = {
+            "lengths": self.length_grid,
+            "loads": self.load_grid,
+            "abandon_fractions": self.abandon_grid,
+            "ranker_profile_lengths": lambda: _numbers(self.ranker_profile_lengths, int),
+        }
+        for name, parse in grids.items():
+            try:
+                parse()
+            except ValueError as exc:
+                raise ValueError(f"--{name.replace('_', '-')}: {exc}") from exc
 
     @property
     def settings(self) -> Profile:
@@ -137,7 +208,10 @@ class BenchConfig:
     def load_grid(self) -> list[float]:
         return _numbers(self.loads, float)
 
+    def abandon_grid(self) -> list[float]:
+        return _fractions(self.abandon_fractions)
+
     @property
     def longest_long_term(self) -> int:
         """The longest long-term history any universe of the run serves (growth included)."""
-        return max(self.length_grid()[-1] + self.growth_headroom, self.mix_max)
+        return max(self.length_grid()[-1] + self.growth_headroom, self.mix_max, self.mix2_max)

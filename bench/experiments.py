@@ -1,32 +1,46 @@
-"""The four experiments of the benchmark, baseline and RelayGR side by side, as one JSON-able result.
+"""The experiments of the benchmark, baseline and RelayGR side by side, as one JSON-able result.
 
 Order of a run:
 
 1. the in-process floor (experiment 3, model side), before any fleet exists;
 2. the RelayGR fleet, then the baseline fleet, both kept running: the cached Rank through RelayGR's
-   router (experiment 3, serving side); the length sweep (experiment 1) and the throughput sweep
-   (experiment 2) of both modes, one point of each mode in turn;
-3. the baseline fleet stops; (full profile) RelayGR's length sweep at other relay windows;
-4. the ablations (experiment 4): RelayGR and one fresh fleet per ablation, one point each at RelayGR's
-   SLO-compliant load on the mix, all with the same users, new to every fleet.
+   router (experiment 3, serving side); the length sweep (experiment 1); the throughput sweep
+   (experiment 2) on the first length mix, then on the second, longer one, each followed by its verdict
+   points re-measured with other load seeds (`Profile.seeds`); then, on the first mix, both modes' load
+   sweeps at each non-zero abandonment share (a share of requests is filtered after retrieval: their
+   Admit is sent, their Rank never comes). Every pair of sweeps runs one point of each mode in turn;
+3. the baseline fleet stops; (full profile) RelayGR's length sweep at other relay windows; the
+   ablations that run on RelayGR's own fleet (`no-revisit`, a workload variant);
+4. the other ablations (experiment 4), one fresh fleet each, one load sweep each on the first mix.
+   Every ablation's sweep starts at the grid load at or below RelayGR's best, which RelayGR measured
+   too: there the modes' hit rates by tier are compared.
 
-A sweep finds the largest grid value that meets the SLO (`bench.stats.largest_passing`), assuming that
-a longer sequence or a higher load never makes the P99 better. Its first guess comes from the floor
-(lengths) or from the length sweep's rate (loads); a wrong guess costs measurements, never the answer.
-Running the two modes' sweeps in turn matters on a shared machine: other users' load drifts over
-minutes, and a mode measured entirely in a busy spell would be judged by it. Points use users named
-after the universe, rate and window, so both modes see exactly the same users and no point inherits
-another point's cache.
+A sweep finds the largest grid value that meets the SLO (`bench.stats.largest_passing_value`), assuming
+that a longer sequence or a higher load never makes the P99 better, and then refines a load between
+that value and the failing one above it (`Profile.refine_steps`). Its first guess comes from the floor
+(lengths), from the length sweep's rate (loads on the first mix), from the first mix's answers (the
+second mix and the abandonment sweeps) or from RelayGR's answer (the ablations); a wrong guess costs
+measurements, never the answer. Running the two modes' sweeps in turn matters on a shared machine:
+other users' load drifts over minutes, and a mode measured entirely in a busy spell would be judged by
+it. Points use users named after the universe, rate, window, abandonment share, revisit variant and
+load seed (`users`), so both modes and every ablation's fresh fleet see exactly the same users and no
+point inherits another point's cache.
+
+Wasted pre-inference (prefixes computed that no Rank consumed, e.g. for abandoned requests) is read
+from RelayGR's rankers over each whole pair of sweeps, after waiting out the rankers' lease so that the
+last points' unconsumed prefixes are counted too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import itertools
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -35,21 +49,27 @@ from bench.config import BenchConfig
 from bench.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet, FleetShape, Mode
 from bench.floor import cached_rank_through_router, model_floor
 from bench.points import PointResult, PointSpec, run_point
-from bench.stats import interleave, largest_passing
+from bench.stats import interleave, largest_passing_value
 from bench.workload import RevisitSampler, Universe, fixed_length_universe, mix_universe
+from services.ranker.config import RankerConfig
 
 SETTLE_S = 1.0  # pause between points: lets the last answers and background pre-inference finish
+# Before reading wasted pre-inference: a leased prefix no Rank consumes is counted when its lease expires.
+LEASE_SETTLE_S = RankerConfig.lease_ttl_ms / 1000 + SETTLE_S
 NUM_CANDIDATES = 128  # the stub's default retrieval size, also the rankers' profiled candidate count
-ABLATION_USERS = "ablations"  # new to every fleet of the ablations
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """One mode's sweep to run: its fleet, the grid index it measures first, and the relay window."""
+    """One mode's sweep to run: its fleet, the grid index it measures first, the relay window, the share
+    of requests abandoned after retrieval, and whether requests revisit users (False: `no-revisit`)."""
 
     fleet: BenchFleet
     first: int
     delay_ms: float
+    abandon_fraction: float = 0.0
+    revisits: bool = True
 
 
 @dataclasses.dataclass
@@ -59,6 +79,10 @@ class Sweep:
     points: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     best: float | None = None
     at_grid_top: bool = False  # the best is the grid's last value: the true limit may be higher
+    refined: list[float] = dataclasses.field(default_factory=list)  # values measured between grid values
+    # The verdict points (the best, the first failure above it) measured again with other load seeds.
+    repeats: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    seeds_agree: bool | None = None  # every seed gave every repeated point its verdict (None: no repeats)
 
 
 class Bench:
@@ -85,7 +109,11 @@ class Bench:
             stub_args=f"--rank-timeout-ms {c.rank_timeout_ms} --num-candidates {NUM_CANDIDATES}",
             startup_timeout_s=c.startup_timeout_s,
         )
-        self.mix = mix_universe(c.mix_median, c.mix_sigma, c.mix_max, c.short_term, c.universe_seed)
+        self.mixes = [
+            mix_universe(median, c.mix_sigma, maximum, c.short_term, c.universe_seed)
+            for median, maximum in ((c.mix_median, c.mix_max), (c.mix2_median, c.mix2_max))
+        ]
+        self.mix = self.mixes[0]
 
     def log(self, text: str) -> None:
         self._log(f"[{time.monotonic() - self._started:6.0f}s] {text}")
@@ -96,75 +124,110 @@ class Bench:
 
     # ---- running points ----
 
-    def point(
-        self, fleet: BenchFleet, universe: Universe, rate: float, delay_ms: float, users: str = ""
-    ) -> dict[str, Any]:
-        """One point's result as JSON, with what it cost the fleet (`cost`, warm-up included). Its users
-        are named after `users`, or after the universe, rate and window."""
+    def point(self, plan: Plan, universe: Universe, rate: float, seed_index: int = 0) -> dict[str, Any]:
+        """One point's result as JSON, with its load seed and what it cost the fleet (`cost`, warm-up
+        included). Its users are named by `users`."""
         c = self.config
-        address = fleet.stub(universe, delay_ms)
-        namespace = users or f"{universe.label}-r{rate:g}-d{delay_ms:g}"
-        sampler = RevisitSampler(namespace, rate, c.revisit_probability, c.revisit_window_s, c.load_seed)
+        fleet = plan.fleet
+        address = fleet.stub(universe, plan.delay_ms, plan.abandon_fraction)
+        namespace = users(universe, rate, plan, seed_index)
+        seed = c.load_seed + seed_index
+        revisit = c.revisit_probability if plan.revisits else 0.0
+        sampler = RevisitSampler(namespace, rate, revisit, c.revisit_window_s, seed)
         spec = PointSpec(
             rate=rate,
             warmup=round(rate * c.warmup_s),
             measured=c.settings.measured,
-            timeout_s=(delay_ms + c.rank_timeout_ms) / 1000 + 1.0,
+            timeout_s=(plan.delay_ms + c.rank_timeout_ms) / 1000 + 1.0,
             slo_ms=c.slo_ms,
             max_error_fraction=c.max_error_fraction,
-            seed=c.load_seed,
+            seed=seed,
         )
         before = probes.snapshot(fleet.pids(), fleet.ranker_metrics())
         result = asyncio.run(run_point(address, sampler, spec))
         cost = probes.difference(before, probes.snapshot(fleet.pids(), fleet.ranker_metrics()))
         time.sleep(SETTLE_S)
-        self.log(
-            f"{fleet.mode.name:<15} {universe.label:<22} {rate:>6g}/s d={delay_ms:g}: {describe(result)}"
-        )
-        self.log(f"{'':<15} cost: {describe_cost(cost)}")
-        return {**result.as_json(), "cost": cost}
+        self.log(f"{fleet.mode.name:<11} {namespace:<36} {rate:>6g}/s: {describe(result)}")
+        self.log(f"{'':<11} cost: {describe_cost(cost)}")
+        return {**result.as_json(), "seed": seed, "cost": cost}
 
     def length_sweeps(self, plans: list[Plan]) -> list[Sweep]:
         """Experiment 1 for each plan: every user at one length, at the length sweep's rate."""
 
-        def measure(fleet: BenchFleet, length: float, delay_ms: float) -> dict[str, Any]:
-            point = self.point(fleet, self.universe(int(length)), self.config.length_rate, delay_ms)
-            return {"long_term": int(length), "delay_ms": delay_ms, **point}
+        def measure(plan: Plan, length: float) -> dict[str, Any]:
+            point = self.point(plan, self.universe(int(length)), self.config.length_rate)
+            return {"long_term": int(length), "delay_ms": plan.delay_ms, **point}
 
-        return self._sweeps(self.config.length_grid(), plans, measure)
+        return self._sweeps(self.config.length_grid(), plans, measure, refine_steps=0)
 
-    def load_sweeps(self, plans: list[Plan]) -> list[Sweep]:
-        """Experiment 2 for each plan: the length mix at one offered load."""
+    def load_sweeps(self, universe: Universe, plans: list[Plan]) -> list[Sweep]:
+        """Experiment 2 for each plan: a length mix at one offered load, refined between grid values."""
 
-        def measure(fleet: BenchFleet, rate: float, delay_ms: float) -> dict[str, Any]:
-            return self.point(fleet, self.mix, rate, delay_ms)
+        def measure(plan: Plan, rate: float) -> dict[str, Any]:
+            return self.point(plan, universe, rate)
 
-        return self._sweeps(self.config.load_grid(), plans, measure)
+        return self._sweeps(self.config.load_grid(), plans, measure, self.config.settings.refine_steps)
 
     def _sweeps(
         self,
         grid: list[float],
         plans: list[Plan],
-        measure: Callable[[BenchFleet, float, float], dict[str, Any]],
+        measure: Callable[[Plan, float], dict[str, Any]],
+        refine_steps: int,
     ) -> list[Sweep]:
-        """One sweep per plan over `grid`, one point of each in turn."""
+        """One sweep per plan over `grid`, one point of each in turn (refinements included)."""
         sweeps = [Sweep() for _ in plans]
 
-        def verdicts(plan: Plan, sweep: Sweep) -> Callable[[int], bool]:
-            def passes(index: int) -> bool:
-                sweep.points.append(measure(plan.fleet, grid[index], plan.delay_ms))
+        def verdicts(plan: Plan, sweep: Sweep) -> Callable[[float], bool]:
+            def passes(value: float) -> bool:
+                sweep.points.append(measure(plan, value))
+                if value not in grid:
+                    sweep.refined.append(value)
                 return sweep.points[-1]["meets_slo"]
 
             return passes
 
         searches = [
-            (largest_passing(len(grid), plan.first), verdicts(plan, sweep))
+            (largest_passing_value(grid, plan.first, refine_steps), verdicts(plan, sweep))
             for plan, sweep in zip(plans, sweeps, strict=True)
         ]
         for sweep, best in zip(sweeps, interleave(searches), strict=True):
-            sweep.best = None if best is None else grid[best]
-            sweep.at_grid_top = best == len(grid) - 1
+            sweep.best = best
+            sweep.at_grid_top = best == grid[-1]
         return sweeps
+
+    def throughput_sweeps(self, universe: Universe, plans: list[Plan]) -> list[Sweep]:
+        """Experiment 2 on one mix: the plans' load sweeps in turn, then their verdicts repeated."""
+        sweeps = self.load_sweeps(universe, plans)
+        self.repeat_verdicts(universe, list(zip(plans, sweeps, strict=True)))
+        return sweeps
+
+    def repeat_verdicts(self, universe: Universe, swept: list[tuple[Plan, Sweep]]) -> None:
+        """Measures each sweep's verdict points (its best, and the first failing load above it) again with
+        load seeds 1 … seeds-1 (their own users), one point of each sweep in turn, and records per seed
+        the P99 and the verdict (`Sweep.repeats`) and whether every seed agreed (`Sweep.seeds_agree`)."""
+        seeds = self.config.settings.seeds
+        if seeds < 2:
+            return
+        queues = []
+        for plan, sweep in swept:
+            sweep.repeats = [repeat_record(point, role) for role, point in verdict_points(sweep, "rate")]
+            queues.append([(plan, record, k) for record in sweep.repeats for k in range(1, seeds)])
+        for job in itertools.chain.from_iterable(itertools.zip_longest(*queues)):
+            if job is not None:
+                plan, record, k = job
+                add_seed(record, self.point(plan, universe, record["rate"], seed_index=k))
+        for _, sweep in swept:
+            sweep.seeds_agree = all(record["agree"] for record in sweep.repeats)
+
+    def ranker_counters(self, fleet: BenchFleet, work: Callable[[], T]) -> tuple[T, dict[str, Any]]:
+        """`work()`'s result and the change of the fleet's ranker counters over it, read after the
+        rankers' lease has run out, so that every prefix no Rank consumed is counted as wasted."""
+        before = probes.snapshot({}, fleet.ranker_metrics())
+        result = work()
+        time.sleep(LEASE_SETTLE_S)
+        after = probes.snapshot({}, fleet.ranker_metrics())
+        return result, probes.difference(before, after)["rankers"]
 
     def fleet(self, mode: Mode) -> BenchFleet:
         self.log(f"starting the {mode.name} fleet: {mode.description}")
@@ -192,8 +255,14 @@ class Bench:
         def length_guess(window_ms: float) -> int:
             return last_within(no_relay_ms, window_ms + c.slo_ms / 2)
 
+        def load_guess(best: float | None, fallback: int) -> int:
+            return fallback if best is None else last_within(loads, best)
+
         # The length sweep's rate is a first guess of the baseline's load: there it ranked long sequences.
-        load_guess = last_within(loads, c.length_rate)
+        first_base = first_relay = last_within(loads, c.length_rate)
+        first_relay += 2
+        throughput: dict[str, dict[str, Any]] = {}
+        abandonment: dict[str, dict[str, Any]] = {}
         with self.fleet(RELAY) as relay:
             with self.fleet(BASELINE) as baseline:
                 self.log("cached Rank through the router, idle fleet")
@@ -206,19 +275,38 @@ class Bench:
                 base_length, relay_length = self.length_sweeps(
                     [Plan(baseline, length_guess(0.0), window), Plan(relay, length_guess(window), window)]
                 )
-                base_load, relay_load = self.load_sweeps(
-                    [Plan(baseline, load_guess, window), Plan(relay, load_guess + 2, window)]
-                )
+                for mix in self.mixes:
+                    plans = [Plan(baseline, first_base, window), Plan(relay, first_relay, window)]
+                    work = functools.partial(self.throughput_sweeps, mix, plans)
+                    (base_load, relay_load), counters = self.ranker_counters(relay, work)
+                    throughput[mix.label] = mix_result(mix, base_load, relay_load, counters)
+                    # The next mix is longer: one grid step below this one's answers.
+                    first_base = max(load_guess(base_load.best, first_base) - 1, 0)
+                    first_relay = max(load_guess(relay_load.best, first_relay) - 1, 0)
+                first_mix = throughput[self.mix.label]
+                for fraction in c.abandon_grid():
+                    abandonment[f"{fraction:g}"] = self.abandonment(fraction, baseline, relay, first_mix)
             delays = c.settings.window_delays_ms
             windows = self.length_sweeps([Plan(relay, length_guess(delay), delay) for delay in delays])
-            ablation_rate = relay_load.best or loads[0]
-            ablations = {RELAY.name: self.point(relay, self.mix, ablation_rate, window, ABLATION_USERS)}
+            # The ablations start from the grid load at or below RelayGR's best: RelayGR measured it too.
+            first = last_within(loads, first_mix["relay"]["best"] or loads[0])
+            ablation_rate = loads[first]
+            shared = [mode for mode in ABLATIONS if mode.fleet == RELAY.fleet]
+            plans = [Plan(relay, first, window, revisits=mode.revisits) for mode in shared]
+            ablations = {
+                mode.name: dataclasses.asdict(sweep)
+                for mode, sweep in zip(shared, self.load_sweeps(self.mix, plans), strict=True)
+            }
         for mode in ABLATIONS:
+            if mode in shared:
+                continue
             with self.fleet(mode) as fleet:
-                ablations[mode.name] = self.point(fleet, self.mix, ablation_rate, window, ABLATION_USERS)
+                (sweep,) = self.load_sweeps(self.mix, [Plan(fleet, first, window, revisits=mode.revisits)])
+            ablations[mode.name] = dataclasses.asdict(sweep)
         return {
             "length_ratio": ratio(relay_length.best, base_length.best),
-            "throughput_ratio": ratio(relay_load.best, base_load.best),
+            "throughput_ratio": first_mix["ratio"],
+            "throughput_ratios": {label: result["ratio"] for label, result in throughput.items()},
             "floor": [dataclasses.asdict(p) for p in floor],
             "cached_rank": [dataclasses.asdict(p) for p in cached],
             "length_sweep": {
@@ -226,19 +314,117 @@ class Bench:
                 "baseline": dataclasses.asdict(base_length),
                 "relay": dataclasses.asdict(relay_length),
             },
-            "throughput_sweep": {
-                "universe": self.mix.label,
-                "baseline": dataclasses.asdict(base_load),
-                "relay": dataclasses.asdict(relay_load),
-            },
+            "throughput_sweeps": throughput,
+            "abandonment": {"universe": self.mix.label, "fractions": abandonment},
             "window_sensitivity": {
                 f"{delay:g}": dataclasses.asdict(sweep) for delay, sweep in zip(delays, windows, strict=True)
             },
-            "ablations": {"rate": ablation_rate, "points": ablations},
+            "ablations": {"universe": self.mix.label, "rate": ablation_rate, "sweeps": ablations},
             "modes": {m.name: dataclasses.asdict(m) for m in (BASELINE, RELAY, *ABLATIONS)},
             "fleet": dataclasses.asdict(self.shape),
-            "mix_universe": dataclasses.asdict(self.mix),
+            "mix_universes": [dataclasses.asdict(mix) for mix in self.mixes],
         }
+
+    def abandonment(
+        self, fraction: float, baseline: BenchFleet, relay: BenchFleet, first_mix: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Both modes' load sweeps on the first mix with `fraction` of requests abandoned after retrieval,
+        and RelayGR's wasted pre-inference over them; share 0 is the first mix's throughput sweep."""
+        if fraction == 0:
+            return {
+                "fraction": 0.0,
+                "sweeps": None,  # the throughput sweep of the first mix
+                "baseline_best": first_mix["baseline"]["best"],
+                "relay_best": first_mix["relay"]["best"],
+                "ratio": first_mix["ratio"],
+                **{key: first_mix[key] for key in WASTE_KEYS},
+            }
+        loads = self.config.load_grid()
+        window = self.config.preprocess_delay_ms
+        plans = [
+            Plan(fleet, last_within(loads, first_mix[mode]["best"] or loads[0]), window, fraction)
+            for fleet, mode in ((baseline, "baseline"), (relay, "relay"))
+        ]
+        (base, rel), counters = self.ranker_counters(relay, lambda: self.load_sweeps(self.mix, plans))
+        return {
+            "fraction": fraction,
+            "sweeps": {"baseline": dataclasses.asdict(base), "relay": dataclasses.asdict(rel)},
+            "baseline_best": base.best,
+            "relay_best": rel.best,
+            "ratio": ratio(rel.best, base.best),
+            **waste(counters),
+        }
+
+
+WASTE_KEYS = ("wasted_pre_infer_s", "device_s", "wasted_share", "pre_infer_tokens")
+
+
+def waste(counters: dict[str, Any]) -> dict[str, Any]:
+    """RelayGR's rankers' wasted pre-inference (device seconds of prefixes no Rank consumed), their
+    device-thread seconds, the wasted share of them, and pre-inferred tokens by fate (0 when the rankers
+    do not export these counters)."""
+    device_s = sum(counters.get("device_s", {}).values())
+    wasted_s = counters.get("pre_infer_wasted_s", 0.0)
+    return {
+        "wasted_pre_infer_s": round(wasted_s, 3),
+        "device_s": round(device_s, 3),
+        "wasted_share": round(wasted_s / device_s, 4) if device_s else None,
+        "pre_infer_tokens": counters.get("pre_infer_tokens", {}),
+    }
+
+
+def mix_result(mix: Universe, baseline: Sweep, relay: Sweep, counters: dict[str, Any]) -> dict[str, Any]:
+    """One mix's throughput sweeps, their ratio, and RelayGR's wasted pre-inference over them."""
+    return {
+        "universe": mix.label,
+        "max_long_term": mix.max_long_term,
+        "baseline": dataclasses.asdict(baseline),
+        "relay": dataclasses.asdict(relay),
+        "ratio": ratio(relay.best, baseline.best),
+        **waste(counters),
+    }
+
+
+def users(universe: Universe, rate: float, plan: Plan, seed_index: int) -> str:
+    """The users' namespace of a point: equal for every mode measuring the same thing, new otherwise."""
+    name = f"{universe.label}-r{rate:g}-d{plan.delay_ms:g}"
+    if plan.abandon_fraction:
+        name += f"-a{plan.abandon_fraction:g}"
+    if not plan.revisits:
+        name += "-p0"
+    if seed_index:
+        name += f"-s{seed_index}"
+    return name
+
+
+def verdict_points(sweep: Sweep, key: str) -> list[tuple[str, dict[str, Any]]]:
+    """The points that decided a sweep: its best (when one passed) and the lowest failure above it."""
+    chosen = []
+    if sweep.best is not None:
+        chosen.append(("best", next(p for p in sweep.points if p[key] == sweep.best)))
+    above = [p for p in sweep.points if not p["meets_slo"] and (sweep.best is None or p[key] > sweep.best)]
+    if above:
+        chosen.append(("first_failure", min(above, key=lambda p: p[key])))
+    return chosen
+
+
+def repeat_record(point: dict[str, Any], role: str) -> dict[str, Any]:
+    """The per-seed record of a verdict point, starting with the sweep's own measurement."""
+    record = {"role": role, "rate": point["rate"], "seeds": [], "rank_p99_ms": [], "rank_p99_ci_ms": [],
+              "meets_slo": [], "agree": True, "points": []}  # fmt: skip
+    add_seed(record, point, keep=False)
+    return record
+
+
+def add_seed(record: dict[str, Any], point: dict[str, Any], keep: bool = True) -> None:
+    """Adds one seed's measurement of the record's load (`keep`: store the whole point with it)."""
+    record["seeds"].append(point["seed"])
+    record["rank_p99_ms"].append(point["rank_ms"]["p99"])
+    record["rank_p99_ci_ms"].append(point["rank_p99_ci_ms"])
+    record["meets_slo"].append(point["meets_slo"])
+    record["agree"] = len(set(record["meets_slo"])) == 1
+    if keep:
+        record["points"].append(point)
 
 
 def last_within(values: list[float], bound: float) -> int:
@@ -258,9 +444,11 @@ def describe(result: PointResult) -> str:
     total = sum(result.cache_sources.values()) or 1
     sources = " ".join(f"{k} {v / total:.0%}" for k, v in sorted(result.cache_sources.items()))
     verdict = "meets SLO" if result.meets_slo else ("FAILS (stopped early)" if result.aborted else "FAILS")
+    low, high = result.rank_p99_ci_ms
+    dropped = f", {result.abandoned} abandoned" if result.abandoned else ""
     return (
-        f"rank P50 {rank['p50']} P99 {rank['p99']} ms | e2e P99 {e2e['p99']} ms | "
-        f"{result.measured} req, {result.errors} err | {sources} | {verdict}"
+        f"rank P50 {rank['p50']} P99 {rank['p99']} [{low}, {high}] ms | e2e P99 {e2e['p99']} ms | "
+        f"{result.measured} req{dropped}, {result.errors} err | {sources} | {verdict}"
     )
 
 
@@ -271,5 +459,5 @@ def describe_cost(cost: dict[str, Any]) -> str:
     return (
         f"cores used: {cores}, not ours {cost['foreign_cores']:.2f} | "
         f"productions {rankers.get('productions', {})} | pre_infer {rankers.get('pre_infer', {})} | "
-        f"joins {rankers.get('joins', 0):g}"
+        f"joins {rankers.get('joins', 0):g} | wasted pre-infer {rankers.get('pre_infer_wasted_s', 0):g} s"
     )

@@ -7,13 +7,22 @@ names differs:
 - `baseline`: the stub sends no Admit and no hint, and the rankers keep no DRAM tier, so every Rank
   computes the whole sequence (ranking without relay).
 - `relay`: RelayGR as shipped: trigger, affinity router with relay hints, HBM and DRAM tiers.
-- `no-selectivity`: the trigger admits every request (no at-risk test, no footprint or load bound).
+- `admit-all`: the trigger admits every request but duplicates (`--admit-all true`: no gain test, no
+  brakes): what the trigger's selectivity is worth.
+- `dram-only`: no Admit and no hint (the stub's `--relay false`), but the rankers keep their DRAM tier,
+  so a revisit may reload or extend the prefix its last Rank computed: the expander's share of the gain,
+  without the relay.
 - `no-affinity`: the router draws a member at random for every PreInfer and Rank, ignoring hints.
 - `no-dram`: the rankers keep no DRAM tier.
+- `no-revisit`: a workload variant, not another fleet: RelayGR's own fleet on the same mix with revisit
+  probability 0, so every request is a new user and neither the DRAM tier nor extension can help.
 
-`BenchFleet` also serves other user universes and relay windows than the fleet's own stub: it runs one
-extra retrieval stub next to the fleet (replaced whenever another universe or window is asked for),
-wired to the fleet's router and trigger exactly like the fleet's stub.
+`Mode.fleet` is what a mode's processes are started with; modes with equal ones share a fleet
+(`no-revisit` runs on RelayGR's).
+
+`BenchFleet` also serves other user universes, relay windows and abandonment shares than the fleet's own
+stub: it runs one extra retrieval stub next to the fleet (replaced whenever another universe, window or
+share is asked for), wired to the fleet's router and trigger exactly like the fleet's stub.
 """
 
 from __future__ import annotations
@@ -33,10 +42,16 @@ from services.retrieval_stub.config import RetrievalStubConfig
 class Mode:
     name: str
     description: str
-    relay: bool = True
-    dram: bool = True
+    relay: bool = True  # the stub sends Admit and the relay hint
+    dram: bool = True  # the rankers keep a DRAM tier
     router_args: str = ""
     trigger_args: str = ""
+    revisits: bool = True  # False: a workload variant where no request revisits a user
+
+    @property
+    def fleet(self) -> tuple[bool, bool, str, str]:
+        """What the mode's processes are started with: modes with equal ones can share a fleet."""
+        return self.relay, self.dram, self.router_args, self.trigger_args
 
 
 BASELINE = Mode(
@@ -45,9 +60,14 @@ BASELINE = Mode(
 RELAY = Mode("relay", "RelayGR: trigger, affinity router with relay hints, HBM and DRAM tiers")
 ABLATIONS = (
     Mode(
-        "no-selectivity",
-        "RelayGR whose trigger admits every request (no at-risk test, footprint or load bound)",
-        trigger_args="--risk-fraction 1e-9 --footprint-budget-mb 1e9 --pre-infer-tokens-per-s 1e12",
+        "admit-all",
+        "RelayGR whose trigger admits every request (--admit-all): no selectivity, no brakes",
+        trigger_args="--admit-all true",
+    ),
+    Mode(
+        "dram-only",
+        "no Admit and no hint, but the rankers keep their DRAM tier: the expander's share without relay",
+        relay=False,
     ),
     Mode(
         "no-affinity",
@@ -55,6 +75,11 @@ ABLATIONS = (
         router_args="--routing-policy random",
     ),
     Mode("no-dram", "RelayGR without the DRAM tier", dram=False),
+    Mode(
+        "no-revisit",
+        "RelayGR's fleet on the same mix with revisit probability 0: neither DRAM nor extension can help",
+        revisits=False,
+    ),
 )
 
 
@@ -96,19 +121,20 @@ class BenchFleet:
             ranker_args=f"{shape.ranker_args} {limit}",
             router_args=mode.router_args,
             trigger_args=f"{mode.trigger_args} {limit}",
-            stub_args=shlex.join(self._stub_flags(universe, delay_ms)),
+            stub_args=shlex.join(self._stub_flags(universe, delay_ms, 0.0)),
         )
         self.fleet = Fleet(self.config)
-        self._own = (universe, delay_ms)
+        self._own = (universe, delay_ms, 0.0)
         self._extra_processes = Processes(log_dir=log_dir)
-        self._extra: tuple[tuple[Universe, float], ServiceProcess] | None = None
+        self._extra: tuple[tuple[Universe, float, float], ServiceProcess] | None = None
 
-    def _stub_flags(self, universe: Universe, delay_ms: float) -> list[str]:
+    def _stub_flags(self, universe: Universe, delay_ms: float, abandon_fraction: float) -> list[str]:
         # Admit runs during pre-processing, so it may take the whole window without delaying the Rank.
         admit_timeout_ms = max(delay_ms, RetrievalStubConfig.admit_timeout_ms)
         return [
             *shlex.split(self.shape.stub_args), "--preprocess-delay-ms", str(delay_ms),
-            "--admit-timeout-ms", str(admit_timeout_ms), *universe.stub_args,
+            "--admit-timeout-ms", str(admit_timeout_ms), "--abandon-fraction", str(abandon_fraction),
+            *universe.stub_args,
         ]  # fmt: skip
 
     def __enter__(self) -> BenchFleet:
@@ -119,10 +145,11 @@ class BenchFleet:
         self._extra_processes.close()
         self.fleet.stop()
 
-    def stub(self, universe: Universe, delay_ms: float) -> str:
-        """The address of a retrieval stub serving `universe` with relay window `delay_ms`."""
+    def stub(self, universe: Universe, delay_ms: float, abandon_fraction: float = 0.0) -> str:
+        """The address of a retrieval stub serving `universe` with relay window `delay_ms`, abandoning
+        `abandon_fraction` of its requests after retrieval."""
         self.fleet.check()
-        wanted = (universe, delay_ms)
+        wanted = (universe, delay_ms, abandon_fraction)
         if wanted == self._own:
             return self.fleet.address(STUB)
         if self._extra is not None and self._extra[0] == wanted:
@@ -130,9 +157,9 @@ class BenchFleet:
         self._extra_processes.close()
         args = [
             "--router", self.fleet.address(ROUTER), "--trigger", self.fleet.address(TRIGGER),
-            "--relay", str(self.mode.relay).lower(), *self._stub_flags(universe, delay_ms),
+            "--relay", str(self.mode.relay).lower(), *self._stub_flags(*wanted),
         ]  # fmt: skip
-        name = f"{STUB}-{universe.label}-d{delay_ms:g}"
+        name = f"{STUB}-{universe.label}-d{delay_ms:g}-a{abandon_fraction:g}"
         child = self._extra_processes.start(name, "services.retrieval_stub", RECOMMEND_SERVICE, args)
         child.wait_healthy(self.shape.startup_timeout_s)
         self._extra = (wanted, child)

@@ -4,10 +4,15 @@ A point sends `warmup + measured` Recommend calls at Poisson arrivals (`services
 latency from each call's intended send time). The first `warmup` calls fill caches and queues and are
 not counted. Of the measured ones, the ranking latency is the stub's own `rank_latency_ms` (Rank through
 the router, as the stub saw it) and the end-to-end latency is the Recommend's; a failed call counts as an
-infinitely slow one in both. As soon as more measured calls have missed the SLO than a passing P99 allows
-(or have failed more often than the error bound allows), the point has failed for certain and sending
-stops: an overloaded fleet is not driven further into overload for nothing, and the result says so
-(`aborted`).
+infinitely slow one in both. The P99 comes with its bootstrap confidence interval (`rank_p99_ci_ms`).
+
+A call the stub abandoned (filtered after retrieval, `RecommendResponse.abandoned`) had no Rank: it is
+counted (`abandoned`, and `abandoned_admitted` for those whose Admit fired a pre-inference) and left out
+of the latency samples and the verdict, which are over the Ranks that happened. As soon as more measured
+calls have missed the SLO than a passing P99 allows (or have failed more often than the error bound
+allows) among as many ranked calls as the point can still have (its plan less the calls abandoned so
+far), the point has failed for certain and sending stops: an overloaded fleet is not driven further into
+overload for nothing, and the result says so (`aborted`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 import grpc
 
-from bench.stats import meets_slo, percentile, violation_budget
+from bench.stats import bootstrap_ci, meets_slo, percentile, violation_budget
 from bench.workload import RevisitSampler
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
 from services.common.contract import cache_source_label
@@ -49,13 +54,16 @@ class PointResult:
     """What one point measured. Latency percentiles are None when they fall on a failed request."""
 
     rate: float
-    measured: int  # measured requests sent (fewer than planned when aborted)
+    measured: int  # measured requests sent (fewer than planned when aborted), abandoned ones included
     planned: int
     aborted: bool
+    abandoned: int  # measured requests the stub abandoned after retrieval: no Rank, not in the verdict
+    abandoned_admitted: int  # of those, the ones whose Admit fired a pre-inference no Rank will consume
     errors: int
     error_codes: dict[str, int]
     violations: int
     rank_ms: dict[str, float | None]  # p50, p90, p99 of the ranking latency
+    rank_p99_ci_ms: list[float | None]  # bootstrap 95% interval of the P99 (None: an infinite bound)
     e2e_ms: dict[str, float | None]  # p50, p90, p99 of the Recommend latency
     hbm_hit_rank_p50_ms: float | None  # median ranking latency of the Ranks served from HBM
     cache_sources: dict[str, int]  # hbm, dram, extended, miss
@@ -88,12 +96,14 @@ def _percentiles(samples: list[float]) -> dict[str, float | None]:
 def summarize(records: list[CallRecord], spec: PointSpec, aborted: bool, wall_s: float) -> PointResult:
     """The result of a point from its call records (warm-up calls included; they are skipped here)."""
     measured = [record for record in records if record.index >= spec.warmup]
+    dropped = [record for record in measured if record.ok and record.response.abandoned]
+    ranked = [record for record in measured if not (record.ok and record.response.abandoned)]
     rank_ms, e2e_ms, hbm_ms, lengths = [], [], [], []
     sources: collections.Counter[str] = collections.Counter()
     misses: collections.Counter[str] = collections.Counter()
     admits: collections.Counter[str] = collections.Counter()
     codes: collections.Counter[str] = collections.Counter()
-    for record in measured:
+    for record in ranked:
         if not record.ok:
             codes[record.code.name] += 1
             rank_ms.append(math.inf)
@@ -118,10 +128,13 @@ def summarize(records: list[CallRecord], spec: PointSpec, aborted: bool, wall_s:
         measured=len(measured),
         planned=spec.measured,
         aborted=aborted,
+        abandoned=len(dropped),
+        abandoned_admitted=sum(1 for record in dropped if record.response.admitted),
         errors=errors,
         error_codes=dict(codes),
         violations=sum(1 for ms in rank_ms if ms > spec.slo_ms),
         rank_ms=p,
+        rank_p99_ci_ms=[_finite_or_none(bound) for bound in bootstrap_ci(rank_ms, 99, seed=spec.seed)],
         e2e_ms=_percentiles(e2e_ms),
         hbm_hit_rank_p50_ms=_finite_or_none(percentile(hbm_ms, 50)),
         cache_sources=dict(sources),
@@ -130,24 +143,32 @@ def summarize(records: list[CallRecord], spec: PointSpec, aborted: bool, wall_s:
         mean_long_term=round(sum(lengths) / len(lengths), 1) if lengths else 0.0,
         send_lag_p99_ms=round(percentile([r.send_lag_s * 1000 for r in records], 99), 3) if records else 0.0,
         wall_s=round(wall_s, 2),
-        meets_slo=not aborted and meets_slo(p99, errors, len(measured), spec.slo_ms, spec.max_error_fraction),
+        meets_slo=not aborted and meets_slo(p99, errors, len(ranked), spec.slo_ms, spec.max_error_fraction),
     )
+
+
+def failed_for_certain(violations: int, errors: int, most_ranked: int, max_error_fraction: float) -> bool:
+    """Whether a point has failed whatever its remaining calls do, when at most `most_ranked` of its
+    measured calls can end up ranked: the budgets only grow with the ranked count, so this bounds them."""
+    error_budget = max(math.ceil(max_error_fraction * most_ranked), 1)  # this many errors fail the point
+    return violations > violation_budget(most_ranked) or errors >= error_budget
 
 
 async def run_point(address: str, sampler: RevisitSampler, spec: PointSpec) -> PointResult:
     """Drives one point against the retrieval stub at `address` and summarizes it."""
-    budget = violation_budget(spec.measured)
-    error_budget = math.ceil(spec.max_error_fraction * spec.measured)  # this many errors fail the point
     stop = asyncio.Event()
-    violations = errors = 0
+    violations = errors = abandoned = 0
 
     def watch(record: CallRecord) -> None:
-        nonlocal violations, errors
+        nonlocal violations, errors, abandoned
         if record.index < spec.warmup:
             return
-        errors += not record.ok
-        violations += not record.ok or record.response.rank_latency_ms > spec.slo_ms
-        if violations > budget or errors >= error_budget:
+        if record.ok and record.response.abandoned:
+            abandoned += 1
+        else:
+            errors += not record.ok
+            violations += not record.ok or record.response.rank_latency_ms > spec.slo_ms
+        if failed_for_certain(violations, errors, spec.measured - abandoned, spec.max_error_fraction):
             stop.set()
 
     def request(index: int) -> recommend_pb2.RecommendRequest:

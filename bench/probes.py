@@ -3,7 +3,9 @@
 `snapshot` reads the machine's busy CPU time (/proc/stat), for every process of a fleet its CPU time
 (user + system, from /proc/<pid>/stat) and, from every
 ranker's Prometheus endpoint, the prefix productions by kind (compute, reload, extend), the PreInfer
-outcomes, the joins of in-flight productions and the device-thread seconds by operation. `difference`
+outcomes, the joins of in-flight productions, the device-thread seconds by operation, and the tokens
+pre-inferred by fate (consumed by a Rank, or wasted: the lease expired or the entry was dropped first)
+with the wasted ones' device seconds. A counter a ranker does not export reads as 0. `difference`
 of two snapshots taken around a point says where that point's CPU went: how much the rankers spent on
 pre-inference against ranking, how much the router, trigger, stub and load generator took, and how much
 went to processes that are not ours (`foreign_cores`: other users of a shared machine, the noise).
@@ -30,6 +32,8 @@ RANKER_FAMILIES = {
     "relaygr_pre_infer": ("pre_infer", "outcome", "_total"),
     "relaygr_production_joins": ("joins", None, "_total"),
     "relaygr_model_seconds": ("device_s", "op", "_sum"),
+    "relaygr_pre_infer_tokens": ("pre_infer_tokens", "fate", "_total"),
+    "relaygr_pre_infer_wasted_seconds": ("pre_infer_wasted_s", None, "_total"),
 }
 
 

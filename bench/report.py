@@ -1,9 +1,10 @@
 """The benchmark's outputs: results.json, report.md and the PNG plots, all from the results dictionary.
 
-`results.json` holds everything measured (every point, with its cost), the two headline ratios under
-`throughput_ratio` and `length_ratio`, the machine, the versions and the configuration. `report.md` and
-the plots are rendered from it alone (`render_markdown`, `plot_all`), so a results file can always be
-rendered again.
+`results.json` holds everything measured (every point, with its cost), the headline ratios under
+`length_ratio`, `throughput_ratio` (the first mix) and `throughput_ratios` (every mix), the machine, the
+versions and the configuration. `report.md` and the plots are rendered from it alone (`render_markdown`,
+`plot_all`), so a results file can always be rendered again; `check` refuses one that lacks a key they
+read.
 """
 
 from __future__ import annotations
@@ -25,7 +26,16 @@ from services.common.contract import CACHE_SOURCES
 PAPER_LENGTH_RATIO = 1.5
 PAPER_THROUGHPUT_RATIO = 3.6
 SOURCE_COLOURS = {"hbm": "#2b8a3e", "dram": "#1c7ed6", "extended": "#f59f00", "miss": "#c92a2a"}
-MODE_STYLE = {"baseline": ("#495057", "s"), "relay": ("#1c7ed6", "o")}
+MODE_STYLE = {
+    "baseline": ("#495057", "s"),
+    "relay": ("#1c7ed6", "o"),
+    "admit-all": ("#f59f00", "^"),
+    "dram-only": ("#0ca678", "v"),
+    "no-affinity": ("#7048e8", "D"),
+    "no-dram": ("#c92a2a", "X"),
+    "no-revisit": ("#a0522d", "P"),
+}
+OTHER_MODE_STYLE = ("#868e96", ".")
 PLOTS = {
     "length": "p99_vs_length.png",
     "load": "p99_vs_load.png",
@@ -34,18 +44,25 @@ PLOTS = {
 }
 # What every results.json has, at the top and in every measured point (`check` enforces it).
 TOP_LEVEL_KEYS = (
-    "name", "throughput_ratio", "length_ratio", "started_at", "duration_s", "machine", "versions",
-    "configuration", "profile", "floor", "cached_rank", "length_sweep", "throughput_sweep",
-    "window_sensitivity", "ablations", "modes", "fleet", "mix_universe",
+    "name", "throughput_ratio", "throughput_ratios", "length_ratio", "started_at", "duration_s", "machine",
+    "versions", "configuration", "profile", "floor", "cached_rank", "length_sweep", "throughput_sweeps",
+    "abandonment", "window_sensitivity", "ablations", "modes", "fleet", "mix_universes",
 )  # fmt: skip
 MACHINE_KEYS = ("cores", "cpu_model", "memory_gib", "platform", "python")
 VERSION_KEYS = ("torch", "git_commit")
+SWEEP_KEYS = ("points", "best", "at_grid_top", "refined", "repeats", "seeds_agree")
+MIX_KEYS = ("universe", "baseline", "relay", "ratio", "wasted_pre_infer_s", "device_s", "wasted_share")
+FRACTION_KEYS = (
+    "fraction", "sweeps", "baseline_best", "relay_best", "ratio", "wasted_pre_infer_s", "device_s",
+    "wasted_share",
+)  # fmt: skip
+REPEAT_KEYS = ("role", "rate", "seeds", "rank_p99_ms", "meets_slo", "agree", "points")
 POINT_KEYS = (
-    "rate", "measured", "planned", "aborted", "errors", "violations", "rank_ms", "e2e_ms", "cache_sources",
-    "meets_slo", "cost",
+    "rate", "measured", "planned", "aborted", "abandoned", "errors", "violations", "rank_ms",
+    "rank_p99_ci_ms", "e2e_ms", "cache_sources", "meets_slo", "cost",
 )  # fmt: skip
 POINT_HEADER = (
-    "measured/planned", "rank P50 ms", "rank P99 ms", "e2e P99 ms", "errors",
+    "measured/planned", "rank P50 ms", "rank P99 ms (95% CI)", "e2e P99 ms", "errors",
     "HBM / DRAM / ext / miss", "ranker cores", "foreign cores", "SLO",
 )  # fmt: skip
 
@@ -57,6 +74,19 @@ def write(results: dict[str, Any], out_dir: Path) -> None:
     (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     plot_all(results, out_dir)
     (out_dir / "report.md").write_text(render_markdown(results))
+
+
+def all_sweeps(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every sweep of a results dictionary by a name that says where it is."""
+    sweeps = {f"length_sweep.{mode}": results["length_sweep"][mode] for mode in ("baseline", "relay")}
+    for label, mix in results["throughput_sweeps"].items():
+        sweeps |= {f"throughput_sweeps.{label}.{mode}": mix[mode] for mode in ("baseline", "relay")}
+    for share, entry in results["abandonment"]["fractions"].items():
+        for mode, sweep in (entry["sweeps"] or {}).items():
+            sweeps[f"abandonment.{share}.{mode}"] = sweep
+    sweeps |= {f"window_sensitivity.{w}": sweep for w, sweep in results["window_sensitivity"].items()}
+    sweeps |= {f"ablations.{name}": sweep for name, sweep in results["ablations"]["sweeps"].items()}
+    return sweeps
 
 
 def check(results: dict[str, Any]) -> None:
@@ -71,19 +101,24 @@ def check(results: dict[str, Any]) -> None:
     need("machine", results["machine"], MACHINE_KEYS)
     need("versions", results["versions"], VERSION_KEYS)
     need("length_sweep", results["length_sweep"], ("rate", "baseline", "relay"))
-    need("throughput_sweep", results["throughput_sweep"], ("universe", "baseline", "relay"))
-    sweeps = {f"{name}.{mode}": results[name][mode] for name in ("length_sweep", "throughput_sweep")
-              for mode in ("baseline", "relay")}  # fmt: skip
-    sweeps |= {
-        f"window_sensitivity.{window}": sweep for window, sweep in results["window_sensitivity"].items()
-    }
-    for name, sweep in sweeps.items():
-        need(name, sweep, ("points", "best", "at_grid_top"))
+    if not results["throughput_sweeps"]:
+        raise ValueError("results: throughput_sweeps has no mix")
+    for label, mix in results["throughput_sweeps"].items():
+        need(f"throughput_sweeps.{label}", mix, MIX_KEYS)
+    need("abandonment", results["abandonment"], ("universe", "fractions"))
+    for share, entry in results["abandonment"]["fractions"].items():
+        need(f"abandonment.{share}", entry, FRACTION_KEYS)
+        if entry["sweeps"] is not None:
+            need(f"abandonment.{share}.sweeps", entry["sweeps"], ("baseline", "relay"))
+    need("ablations", results["ablations"], ("universe", "rate", "sweeps"))
+    for name, sweep in all_sweeps(results).items():
+        need(name, sweep, SWEEP_KEYS)
         for point in sweep["points"]:
             need(f"a point of {name}", point, POINT_KEYS)
-    need("ablations", results["ablations"], ("rate", "points"))
-    for name, point in results["ablations"]["points"].items():
-        need(f"ablation {name}", point, POINT_KEYS)
+        for repeat in sweep["repeats"]:
+            need(f"a repeat of {name}", repeat, REPEAT_KEYS)
+            for point in repeat["points"]:
+                need(f"a repeated point of {name}", point, POINT_KEYS)
 
 
 # ---- reading the results ----
@@ -95,6 +130,16 @@ def ms(value: float | None) -> str:
 
 def times(value: float | None) -> str:
     return "n/a" if value is None else f"x{value:.2f}"
+
+
+def bound_ms(value: float | None) -> str:
+    """A confidence bound: None stands for an infinite one (failed requests decide it)."""
+    return "∞" if value is None else f"{value:.1f}"
+
+
+def p99_with_ci(point: dict[str, Any]) -> str:
+    low, high = point["rank_p99_ci_ms"]
+    return f"{ms(point['rank_ms']['p99'])} [{bound_ms(low)}, {bound_ms(high)}]"
 
 
 def shares(counts: dict[str, int]) -> dict[str, float]:
@@ -115,6 +160,11 @@ def cores(point: dict[str, Any], rankers: bool) -> float:
     return used / cost["wall_s"]
 
 
+def point_at(sweep: dict[str, Any], key: str, value: float | None) -> dict[str, Any] | None:
+    """The sweep's point measured at `value` (None when it measured none there)."""
+    return next((p for p in sweep["points"] if value is not None and p[key] == value), None)
+
+
 def first_failure(sweep: dict[str, Any], key: str) -> dict[str, Any] | None:
     """The failing point just above the best one (what stopped the sweep)."""
     best = sweep["best"]
@@ -130,11 +180,14 @@ def table(header: Sequence[Any], rows: Iterable[Sequence[Any]]) -> str:
 
 def point_row(point: dict[str, Any], first: Any) -> list[Any]:
     share = shares(point["cache_sources"])
+    sent = f"{point['measured']}/{point['planned']}"
+    if point["abandoned"]:
+        sent += f" ({point['abandoned']} abandoned)"
     return [
         first,
-        f"{point['measured']}/{point['planned']}",
+        sent,
         ms(point["rank_ms"]["p50"]),
-        ms(point["rank_ms"]["p99"]),
+        p99_with_ci(point),
         ms(point["e2e_ms"]["p99"]),
         point["errors"],
         " / ".join(f"{share[s]:.0%}" for s in CACHE_SOURCES),
@@ -144,9 +197,19 @@ def point_row(point: dict[str, Any], first: Any) -> list[Any]:
     ]
 
 
-def sweep_table(points: list[dict[str, Any]], key: str, title: str) -> str:
-    rows = [point_row(p, p[key]) for p in sorted(points, key=lambda p: p[key])]
+def sweep_table(sweep: dict[str, Any], key: str, title: str) -> str:
+    refined = set(sweep.get("refined", ()))
+    rows = [
+        point_row(p, f"{p[key]:g} (refined)" if p[key] in refined else f"{p[key]:g}")
+        for p in sorted(sweep["points"], key=lambda p: p[key])
+    ]
     return table((title, *POINT_HEADER), rows)
+
+
+def load_modes(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The first mix's load sweep of every mode: the baseline, RelayGR and each ablation."""
+    first = next(iter(results["throughput_sweeps"].values()))
+    return {"baseline": first["baseline"], "relay": first["relay"], **results["ablations"]["sweeps"]}
 
 
 # ---- markdown ----
@@ -159,6 +222,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         _limits(results),
         _length_section(results),
         _throughput_section(results),
+        _abandonment(results),
         _where_time_goes(results),
         _ablations(results),
         _windows(results),
@@ -175,8 +239,8 @@ def _introduction(results: dict[str, Any]) -> str:
         f"({machine['cpu_model']}), torch {versions['torch']}, preset `{c['model_preset']}`, "
         f"{c['rankers']} rankers with {c['torch_threads']} thread(s) each, "
         f"commit `{versions['git_commit']}`.\n\n"
-        "**This ran on a CPU shared with other work: only the ratios between the two modes are "
-        "meaningful, not the absolute latencies or loads.** Both modes ran the same fleet processes, "
+        "**This ran on a CPU shared with other work: only the ratios between the modes are "
+        "meaningful, not the absolute latencies or loads.** Every mode ran the same fleet processes, "
         "model, user universe, seeds and load; the `foreign cores` columns show how much CPU other users "
         "of the machine took during each point."
     )
@@ -184,7 +248,7 @@ def _introduction(results: dict[str, Any]) -> str:
 
 def _headline(results: dict[str, Any]) -> str:
     c = results["configuration"]
-    length, load = results["length_sweep"], results["throughput_sweep"]
+    length = results["length_sweep"]
     slo, measured = c["slo_ms"], results["profile"]["measured"]
 
     def bound(sweep: dict[str, Any]) -> str:
@@ -199,15 +263,18 @@ def _headline(results: dict[str, Any]) -> str:
             length["relay"]["best"],
             times(results["length_ratio"]) + bound(length),
             f"x{PAPER_LENGTH_RATIO}",
-        ),
+        )
+    ]
+    rows += [
         (
             f"highest load (req/s) with ranking P99 ≤ {slo:g} ms and < {c['max_error_fraction']:.1%} errors "
-            f"on the length mix",
-            load["baseline"]["best"],
-            load["relay"]["best"],
-            times(results["throughput_ratio"]) + bound(load),
+            f"on the mix `{label}`",
+            mix["baseline"]["best"],
+            mix["relay"]["best"],
+            times(mix["ratio"]) + bound(mix),
             f"x{PAPER_THROUGHPUT_RATIO}",
-        ),
+        )
+        for label, mix in results["throughput_sweeps"].items()
     ]
     violations = measured - math.ceil(0.99 * measured)
     return (
@@ -216,15 +283,17 @@ def _headline(results: dict[str, Any]) -> str:
         f"a failed request counts as a violation. Relay window (the stub's pre-processing delay): "
         f"{c['preprocess_delay_ms']:g} ms. Each point: {measured} measured requests after "
         f"{c['warmup_s']:g} s of warm-up, open-loop Poisson arrivals, latency from the intended send "
-        f"time; the P99 is nearest-rank, so a point meets the SLO with at most {violations} of them over it. "
+        f"time; the P99 is nearest-rank, so a point meets the SLO with at most {violations} of them over it, "
+        "and comes with its bootstrap 95% confidence interval. "
         f"Users: {c['revisit_probability']:.0%} of requests revisit a user seen in the last "
         f"{c['revisit_window_s']:g} s, the others are new users. Grids: lengths {c['lengths']}; loads "
-        f"{c['loads']} req/s; each mode's value is the largest grid value that met the SLO."
+        f"{c['loads']} req/s; each mode's value is the largest value that met the SLO, loads refined by "
+        f"{results['profile']['refine_steps']} bisection(s) between grid values."
     )
 
 
 def _limit_line(results: dict[str, Any], sweep: dict[str, Any], mode: str, key: str, title: str) -> str:
-    failure = first_failure(sweep[mode], key)
+    failure = first_failure(sweep, key)
     if failure is None:
         return f"- {title}, {mode}: no point above its best failed; the grid ends there."
     counters = failure["cost"]["rankers"]
@@ -259,11 +328,10 @@ def _limit_line(results: dict[str, Any], sweep: dict[str, Any], mode: str, key: 
 
 def _limits(results: dict[str, Any]) -> str:
     lines = ["## What stopped each mode (measured at the first failing point)", ""]
-    for key, title, sweep in (
-        ("long_term", "Length", results["length_sweep"]),
-        ("rate", "Throughput", results["throughput_sweep"]),
-    ):
-        lines += [_limit_line(results, sweep, mode, key, title) for mode in ("baseline", "relay")]
+    pairs = [("long_term", "Length", results["length_sweep"])]
+    pairs += [("rate", f"Throughput on `{name}`", mix) for name, mix in results["throughput_sweeps"].items()]
+    for key, title, sweeps in pairs:
+        lines += [_limit_line(results, sweeps[mode], mode, key, title) for mode in ("baseline", "relay")]
     return "\n".join(lines)
 
 
@@ -276,21 +344,109 @@ def _length_section(results: dict[str, Any]) -> str:
         f"![P99 against length]({PLOTS['length']})",
     ]
     for mode in ("baseline", "relay"):
-        parts += [f"**{mode}**", sweep_table(sweep[mode]["points"], "long_term", "long-term length")]
+        parts += [f"**{mode}**", sweep_table(sweep[mode], "long_term", "long-term length")]
     return "\n\n".join(parts)
 
 
+def _results_table(results: dict[str, Any], sweeps: dict[str, dict[str, Any]]) -> str:
+    """Each mode's best load, its P99 there with the CI, the failure above it and the seeds' agreement."""
+    baseline = sweeps["baseline"]["best"]
+    rows = []
+    for mode, sweep in sweeps.items():
+        best, failure = point_at(sweep, "rate", sweep["best"]), first_failure(sweep, "rate")
+        agree = {None: "", True: "yes", False: "**no**"}[sweep["seeds_agree"]]
+        rows.append([
+            mode,
+            "none" if sweep["best"] is None else f"{sweep['best']:g}" + ("+" if sweep["at_grid_top"] else ""),
+            times(sweep["best"] / baseline if sweep["best"] is not None and baseline else None),
+            p99_with_ci(best) if best else "",
+            f"{failure['rate']:g}" if failure else "",
+            p99_with_ci(failure) if failure else "",
+            agree,
+        ])  # fmt: skip
+    header = (
+        "mode", "best load req/s", "to the baseline", "rank P99 at best ms (95% CI)", "first failing load",
+        "its rank P99 ms (95% CI)", "every seed agrees",
+    )  # fmt: skip
+    return table(header, rows)
+
+
+def _repeats_table(sweeps: dict[str, dict[str, Any]]) -> str:
+    rows = []
+    for mode, sweep in sweeps.items():
+        for repeat in sweep["repeats"]:
+            rows.append([
+                mode, repeat["role"].replace("_", " "), f"{repeat['rate']:g}",
+                ", ".join(str(seed) for seed in repeat["seeds"]),
+                ", ".join(ms(p99) for p99 in repeat["rank_p99_ms"]),
+                ", ".join("meets" if ok else "fails" for ok in repeat["meets_slo"]),
+                "yes" if repeat["agree"] else "**no**",
+            ])  # fmt: skip
+    if not rows:
+        return ""
+    header = ("mode", "point", "load req/s", "load seeds", "rank P99 ms per seed", "verdicts", "agree")
+    return "Verdict points measured again with other load seeds (other users and arrivals):\n\n" + table(
+        header, rows
+    )
+
+
 def _throughput_section(results: dict[str, Any]) -> str:
-    c, sweep = results["configuration"], results["throughput_sweep"]
+    c = results["configuration"]
     parts = [
         "## Experiment 2: SLO-compliant throughput",
-        f"Length mix `{sweep['universe']}`: long-term lengths lognormal (median {c['mix_median']}, sigma "
-        f"{c['mix_sigma']:g}), capped at {c['mix_max']} as production caps sequences to fit ranking's "
-        "budget.",
-        f"![P99 against load]({PLOTS['load']})",
+        f"Length mixes: long-term lengths lognormal (sigma {c['mix_sigma']:g}), capped as production caps "
+        "sequences to fit ranking's budget. `+`: the best is the grid's last value (a lower bound). "
+        "The ablations (experiment 4) ran on the first mix only.",
     ]
-    for mode in ("baseline", "relay"):
-        parts += [f"**{mode}**", sweep_table(sweep[mode]["points"], "rate", "load req/s")]
+    for number, (label, mix) in enumerate(results["throughput_sweeps"].items()):
+        sweeps = {"baseline": mix["baseline"], "relay": mix["relay"]}
+        if number == 0:
+            sweeps |= results["ablations"]["sweeps"]
+        parts += [f"### Mix `{label}`", _results_table(results, sweeps)]
+        if number == 0:
+            parts.append(f"![P99 against load]({PLOTS['load']})")
+        repeats = _repeats_table({"baseline": mix["baseline"], "relay": mix["relay"]})
+        if repeats:
+            parts.append(repeats)
+        for mode in ("baseline", "relay"):
+            parts += [f"**{mode}**", sweep_table(mix[mode], "rate", "load req/s")]
+    return "\n\n".join(parts)
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def _abandonment(results: dict[str, Any]) -> str:
+    abandonment = results["abandonment"]
+    fractions = abandonment["fractions"]
+    if not fractions:
+        return ""
+    rows = []
+    for entry in fractions.values():
+        rows.append([
+            f"{entry['fraction']:.0%}", entry["baseline_best"], entry["relay_best"], times(entry["ratio"]),
+            f"{entry['wasted_pre_infer_s']:.1f}", _share(entry["wasted_share"]),
+        ])  # fmt: skip
+    header = (
+        "abandoned", "baseline best req/s", "RelayGR best req/s", "ratio", "wasted pre-infer device s",
+        "share of the rankers' device time",
+    )  # fmt: skip
+    parts = [
+        "## Abandonment: pre-inference that no Rank consumes",
+        f"On the mix `{abandonment['universe']}`, a share of the requests is filtered upstream after "
+        "retrieval: the stub still runs retrieval and, with the relay, the Admit (so the trigger may "
+        "pre-infer a prefix), but sends no Rank. Which requests are abandoned is a hash of (universe seed, "
+        "user, request time). Loads count every Recommend; a point's verdict is over the Ranks that "
+        "happened. Wasted pre-infer device seconds: RelayGR's rankers' device time on prefixes no Rank "
+        "consumed, over the whole pair of sweeps (at 0%: the first mix's throughput sweeps, their repeats "
+        "included), read after the rankers' lease ran out; the share is of the rankers' device-thread "
+        "seconds over the same time.",
+        table(header, rows),
+    ]
+    for share, entry in fractions.items():
+        for mode, sweep in (entry["sweeps"] or {}).items():
+            parts += [f"**{mode}, {float(share):.0%} abandoned**", sweep_table(sweep, "rate", "load req/s")]
     return "\n\n".join(parts)
 
 
@@ -325,25 +481,38 @@ def _where_time_goes(results: dict[str, Any]) -> str:
     ])  # fmt: skip
 
 
-def _ablations(results: dict[str, Any]) -> str:
+def hit_rate_points(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """RelayGR's point and each ablation's at the ablations' rate (the grid load at or below RelayGR's
+    best on the first mix, where every one of their sweeps starts)."""
     rate = results["ablations"]["rate"]
+    modes = {name: sweep for name, sweep in load_modes(results).items() if name != "baseline"}
+    found = {name: point_at(sweep, "rate", rate) for name, sweep in modes.items()}
+    return {name: point for name, point in found.items() if point is not None}
+
+
+def _ablations(results: dict[str, Any]) -> str:
+    ablations = results["ablations"]
     rows = []
-    for name, point in results["ablations"]["points"].items():
+    for name, point in hit_rate_points(results).items():
         productions = point["cost"]["rankers"].get("productions", {})
         answered = sum(point["admit_reasons"].values()) or 1
         made = " / ".join(f"{productions.get(kind, 0):g}" for kind in ("compute", "reload", "extend"))
         admitted = point["admit_reasons"].get("admitted", 0) / answered
         rows.append([*point_row(point, name)[:7], f"{admitted:.0%}", made, verdict(point)])
     header = (
-        "mode", "measured/planned", "rank P50 ms", "rank P99 ms", "e2e P99 ms", "errors",
+        "mode", "measured/planned", "rank P50 ms", "rank P99 ms (95% CI)", "e2e P99 ms", "errors",
         "HBM / DRAM / ext / miss", "admitted", "compute / reload / extend", "SLO",
     )  # fmt: skip
     modes = "; ".join(f"`{m['name']}`: {m['description']}" for m in results["modes"].values())
-    return "\n\n".join([
+    parts = [
         "## Experiment 4: ablations and hit rates by tier",
-        "RelayGR (its own fleet) and RelayGR with one technique taken away (a fresh fleet each), at "
-        f"{rate:g} req/s (RelayGR's SLO-compliant throughput) on the mix, with the same users, new to every "
-        "fleet. `HBM / DRAM / ext / miss`: where "
+        f"RelayGR with one technique taken away, each swept over load on the mix `{ablations['universe']}` "
+        "(a fresh fleet each, except `no-revisit`, which is RelayGR's own fleet with a workload whose "
+        "requests never revisit a user), starting from RelayGR's best load; their best loads are in "
+        "experiment 2's table of that mix. Below, every mode's point at "
+        f"{ablations['rate']:g} req/s (the grid load at or below RelayGR's best, where every ablation's "
+        "sweep starts), with the same users "
+        "(`no-revisit` aside). `HBM / DRAM / ext / miss`: where "
         "each Rank's prefix came from (HBM: leased there by a PreInfer, computed or reloaded from DRAM; "
         "DRAM: reloaded on the Rank's own path; ext: a cached prefix extended with the events appended "
         "since; miss: computed on the Rank's path). `compute / reload / extend`: the rankers' prefix "
@@ -351,7 +520,10 @@ def _ablations(results: dict[str, Any]) -> str:
         f"![Hit rates by tier]({PLOTS['hits']})",
         table(header, rows),
         f"Modes: {modes}.",
-    ])  # fmt: skip
+    ]
+    for name, sweep in ablations["sweeps"].items():
+        parts += [f"**{name}**", sweep_table(sweep, "rate", "load req/s")]
+    return "\n\n".join(parts)
 
 
 def _windows(results: dict[str, Any]) -> str:
@@ -384,38 +556,46 @@ def _machine(results: dict[str, Any]) -> str:
 
 
 def plot_all(results: dict[str, Any], out_dir: Path) -> None:
-    length, load = results["length_sweep"], results["throughput_sweep"]
+    length = results["length_sweep"]
     length_title = f"Ranking P99 against length at {length['rate']:g} req/s"
-    _plot_sweep(
-        results, length, "long_term", "long-term length (events)", length_title, out_dir / PLOTS["length"]
+    modes = {mode: length[mode] for mode in ("baseline", "relay")}
+    _plot_sweeps(
+        results, modes, "long_term", "long-term length (events)", length_title, out_dir / PLOTS["length"]
     )
-    load_title = f"Ranking P99 against load, mix {load['universe']}"
-    _plot_sweep(
-        results, load, "rate", "offered load (Recommend calls/s)", load_title, out_dir / PLOTS["load"]
-    )
+    load_title = f"Ranking P99 against load, mix {next(iter(results['throughput_sweeps']))}"
+    _plot_sweeps(
+        results, load_modes(results), "rate", "offered load (Recommend calls/s)", load_title,
+        out_dir / PLOTS["load"],
+    )  # fmt: skip
     _plot_hit_rates(results, out_dir / PLOTS["hits"])
     _plot_floor(results, out_dir / PLOTS["floor"])
 
 
-def _plot_sweep(
-    results: dict[str, Any], sweep: dict[str, Any], key: str, xlabel: str, title: str, path: Path
+def _plot_sweeps(
+    results: dict[str, Any],
+    sweeps: dict[str, dict[str, Any]],
+    key: str,
+    xlabel: str,
+    title: str,
+    path: Path,
 ) -> None:
     slo = results["configuration"]["slo_ms"]
     cap = 5 * slo  # failed requests and far misses are drawn at the cap
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for mode in ("baseline", "relay"):
-        colour, marker = MODE_STYLE[mode]
-        points = sorted(sweep[mode]["points"], key=lambda p: p[key])
+    for mode, sweep in sweeps.items():
+        colour, marker = MODE_STYLE.get(mode, OTHER_MODE_STYLE)
+        points = sorted(sweep["points"], key=lambda p: p[key])
         xs = [p[key] for p in points]
         ys = [min(cap if p["rank_ms"]["p99"] is None else p["rank_ms"]["p99"], cap) for p in points]
-        ax.plot(xs, ys, color=colour, marker=marker, label=f"{mode} (best {sweep[mode]['best']})")
+        ax.plot(xs, ys, color=colour, marker=marker, label=f"{mode} (best {sweep['best']})")
         stopped = [(x, y) for x, y, p in zip(xs, ys, points, strict=True) if p["aborted"]]
         if stopped:
             ax.scatter(*zip(*stopped, strict=True), facecolors="white", edgecolors=colour, zorder=3, s=60)
     ax.axhline(slo, color="#c92a2a", linestyle="--", label=f"SLO {slo:g} ms")
     ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="ranking P99 (ms, capped)")
     ax.set_ylim(top=cap * 1.1)
-    _plain_ticks(ax, sorted({p[key] for mode in ("baseline", "relay") for p in sweep[mode]["points"]}))
+    on_grid = {p[key] for sweep in sweeps.values() for p in sweep["points"] if p[key] not in sweep["refined"]}
+    _plain_ticks(ax, sorted(on_grid))
     ax.set_title(
         f"{title}\nhollow: stopped early (P99 of the requests sent); CPU: compare ratios only", fontsize=9
     )
@@ -436,7 +616,7 @@ def _plain_ticks(ax: plt.Axes, xs: Sequence[float]) -> None:
 
 
 def _plot_hit_rates(results: dict[str, Any], path: Path) -> None:
-    points = results["ablations"]["points"]
+    points = hit_rate_points(results)
     names = list(points)
     fig, ax = plt.subplots(figsize=(8, 4))
     bottoms = [0.0] * len(names)

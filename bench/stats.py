@@ -1,4 +1,5 @@
-"""Pure statistics of the benchmark: percentiles with failures counted, the SLO verdict, the grid search.
+"""Pure statistics of the benchmark: percentiles with failures counted, their bootstrap confidence
+intervals, the SLO verdict, the grid search and its refinement.
 
 Percentiles are nearest-rank (the value below which at least q% of the samples lie, ghz's definition),
 over every measured request: a failed request counts as an infinitely slow one, so errors are SLO
@@ -6,18 +7,31 @@ violations. A point meets the SLO when its ranking-latency P99 is within the SLO
 `max_error_fraction` of its requests failed. `violation_budget(n)` is how many of n requests may miss
 the SLO with the P99 still met, which lets a run stop a point as soon as it has failed for certain.
 
+`bootstrap_ci` says how far a point's P99 could move with other requests of the same load: the
+percentile bootstrap, 2000 resamples by default (on 1000 exponential samples the ends then move by
+about 1 % of the interval's width from one bootstrap seed to another), vectorised with numpy (2000
+resamples of 1000 samples take under 0.1 s). A P99 rests on the few slowest requests, so the interval
+is honest only with enough of them: on exponential latencies its 95 % interval holds the true P99
+about 93 % of the time with 1000 samples (the full profile), 84 % with 200 (the quick profile).
+
 `largest_passing` finds the largest grid value that passes a monotone test (passes up to some value,
 fails above) from a starting guess: it gallops away from the guess until the verdict flips and bisects
 the rest. With a right guess it needs two measurements, with a wrong one a few more (logarithmically
 many); it never measures a value twice. It is a coroutine so that `interleave` can run the baseline's
 and RelayGR's searches one measurement each in turn: on a shared machine whose background load drifts,
-both modes then see the same conditions. `search_largest` runs one search on its own.
+both modes then see the same conditions. `largest_passing_value` runs the same search over grid values
+and then refines its answer: between the best value and the failing one above it, it measures up to
+`refine_steps` geometric midpoints (rounded to `resolution`), keeping the largest that passes, so a
+coarse grid (steps of about 1.4x) still gives a close limit.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+import numpy as np
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -28,6 +42,37 @@ def percentile(samples: Sequence[float], q: float) -> float:
         return math.nan
     ordered = sorted(samples)
     return ordered[max(math.ceil(q / 100 * len(ordered)) - 1, 0)]
+
+
+def bootstrap_ci(
+    samples: Sequence[float],
+    q: float = 99.0,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile-bootstrap interval (low, high) of the nearest-rank q-th percentile of `samples`: the
+    (1 - confidence)/2 and (1 + confidence)/2 quantiles, nearest-rank, of the percentile of `resamples`
+    resamples with replacement. Infinite samples (failed requests) may make a bound infinite; (NaN, NaN)
+    when there are no samples."""
+    if not 0 < q <= 100:
+        raise ValueError("q must be in (0, 100]")
+    if not 0 < confidence < 1:
+        raise ValueError("confidence must be in (0, 1)")
+    if resamples < 1:
+        raise ValueError("resamples must be at least 1")
+    if not len(samples):
+        return math.nan, math.nan
+    ordered = np.sort(np.asarray(samples, dtype=np.float64))
+    count = len(ordered)
+    rank = max(math.ceil(q / 100 * count) - 1, 0)
+    # Resample positions in the sorted samples: the rank-th smallest position is the rank-th smallest value.
+    positions = np.random.default_rng(seed).integers(0, count, size=(resamples, count))
+    estimates = np.sort(ordered[np.partition(positions, rank, axis=1)[:, rank]])
+    tail = (1 - confidence) / 2
+    low = estimates[max(math.ceil(tail * resamples) - 1, 0)]
+    high = estimates[max(math.ceil((1 - tail) * resamples) - 1, 0)]
+    return float(low), float(high)
 
 
 def violation_budget(count: int, q: float = 99.0) -> int:
@@ -73,13 +118,47 @@ def largest_passing(size: int, first: int) -> Generator[int, bool, int | None]:
     return low if low >= 0 else None
 
 
-Search = tuple[Generator[int, bool, int | None], Callable[[int], bool]]
+def largest_passing_value(
+    grid: Sequence[float], first: int, refine_steps: int = 0, resolution: float = 0.1
+) -> Generator[float, bool, float | None]:
+    """`largest_passing` over the values of the increasing `grid` (yields values, not indices), then up
+    to `refine_steps` bisections between the best value and the next grid value, which failed: each
+    measures the geometric midpoint rounded to a multiple of `resolution`, and stops early when rounding
+    leaves no value strictly between. Returns the largest passing value measured (None when none passed)."""
+    if refine_steps < 0:
+        raise ValueError("refine_steps must not be negative")
+    search = largest_passing(len(grid), first)
+    index = next(search)
+    try:
+        while True:
+            index = search.send((yield grid[index]))
+    except StopIteration as done:
+        best: int | None = done.value
+    if best is None:
+        return None
+    low = grid[best]
+    if best + 1 == len(grid):
+        return low
+    high = grid[best + 1]  # failed: the search ends between a pass and a fail
+    for _ in range(refine_steps):
+        middle = round(round(math.sqrt(low * high) / resolution) * resolution, 10)
+        if not low < middle < high:
+            break
+        if (yield middle):
+            low = middle
+        else:
+            high = middle
+    return low
 
 
-def interleave(searches: Sequence[Search]) -> list[int | None]:
-    """Runs searches (each a `largest_passing` coroutine and the measurement of a grid index) one
-    measurement of each in turn, so that they share the machine's changing load; their results in order."""
-    results: list[int | None] = [None] * len(searches)
+Search = tuple[Generator[Any, bool, Any], Callable[[Any], bool]]
+
+
+def interleave(searches: Sequence[Search]) -> list[Any]:
+    """Runs searches (each a coroutine such as `largest_passing` and the measurement of what it yields)
+    one measurement of each in turn, so that they share the machine's changing load; their results in
+    order."""
+    results: list[Any] = [None] * len(searches)
     pending = {number: search.send(None) for number, (search, _) in enumerate(searches)}
     while pending:
         for number in list(pending):

@@ -1,7 +1,8 @@
 """Retrieval stub settings: each is a flag with a `RELAYGR_…` environment twin (see services.common.config).
 
 The universe's settings (`UniverseConfig`) are part of them, so a stub's users are reproducible from its
-flags alone.
+flags alone. `--abandon-fraction` defaults to 0: every request is ranked unless a benchmark asks for
+requests that are filtered between retrieval and ranking.
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ class RetrievalStubConfig(UniverseConfig, ServiceConfig):
         30.0, "pre-processing time before ranking: the relay window", minimum=0
     )
     rank_timeout_ms: float = setting(1000.0, "deadline of the Rank call", above=0)
+    abandon_fraction: float = setting(
+        0.0,
+        "share of requests whose Rank never comes: filtered upstream after retrieval (their Admit is still "
+        "sent); chosen by a hash of (universe seed, user, request time), so the same in every mode",
+        minimum=0,
+    )
 
     def validate(self) -> None:
         ServiceConfig.validate(self)
@@ -32,3 +39,5 @@ class RetrievalStubConfig(UniverseConfig, ServiceConfig):
             raise ValueError("--router must not be empty")
         if self.relay and not self.trigger:
             raise ValueError("--trigger must not be empty when --relay is on")
+        if not self.abandon_fraction < 1:
+            raise ValueError("--abandon-fraction must be in [0, 1)")

@@ -8,9 +8,14 @@ One Recommend:
 3. with the relay on, calls `TriggerService.Admit` while pre-processing runs (`preprocess_delay_ms`, the
    relay window); an Admit that fails or misses its deadline only means no relay hint, never a failed
    Recommend. With the relay off (the baseline) no Admit is sent;
-4. ranks the candidates through the router, passing the Admit answer's `relay_instance` as the hint
+4. with `abandon_fraction` > 0, a share of requests is filtered upstream during pre-processing: such a
+   request still did its retrieval and its Admit (so the trigger may have pre-inferred a prefix that no
+   Rank will consume) and answers OK with `abandoned` set and nothing ranked. Which requests are abandoned
+   is a hash of (universe seed, user, request time) (`abandoned`), not a process's random state, so the
+   relay and the baseline abandon the same requests;
+5. ranks the candidates through the router, passing the Admit answer's `relay_instance` as the hint
    (waiting for the router within the Rank deadline when it is not reachable, e.g. while it restarts);
-5. answers the top-k candidates by score, best first, with where the ranking's prefix came from.
+6. answers the top-k candidates by score, best first, with where the ranking's prefix came from.
 
 A failed Rank fails the Recommend with the Rank's own status code.
 """
@@ -18,6 +23,7 @@ A failed Rank fails the Recommend with the Rank's own status code.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 import uuid
@@ -46,6 +52,16 @@ log = logging.getLogger(__name__)
 def top_k_order(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k highest scores, best first; equal scores keep candidate order."""
     return np.argsort(-scores, kind="stable")[:k]
+
+
+def abandoned(universe_seed: int, user_id: str, request_time_ms: int, fraction: float) -> bool:
+    """Whether the request of `user_id` at `request_time_ms` is filtered before ranking: a uniform draw
+    from a blake2b digest of (seed, user, time), below `fraction`. The same in every process and mode."""
+    if fraction <= 0:
+        return False
+    key = f"{universe_seed}\x00{user_id}\x00{request_time_ms}".encode()
+    word = int.from_bytes(hashlib.blake2b(key, digest_size=8, person=b"abandon").digest(), "little")
+    return word / 2**64 < fraction
 
 
 class RecommendService(recommend_pb2_grpc.RecommendServiceServicer):
@@ -81,6 +97,15 @@ class RecommendService(recommend_pb2_grpc.RecommendServiceServicer):
             self._admit(user_id, long_term, len(candidates)),
             asyncio.sleep(self.config.preprocess_delay_ms / 1000),
         )
+        if abandoned(self.universe.config.universe_seed, user_id, now_ms, self.config.abandon_fraction):
+            metrics.RECOMMEND_ABANDONED.inc()
+            return recommend_pb2.RecommendResponse(
+                abandoned=True,
+                admitted=admit.admitted,
+                admit_reason=admit.reason,
+                long_term_length=len(history.long_term),
+                request_time_ms=now_ms,
+            )
 
         rank_started = time.perf_counter()
         ranked = await self.ranker.Rank(

@@ -1,11 +1,17 @@
-"""A point's summary: warm-up excluded, failures counted as violations, prefix sources and reasons."""
+"""A point's summary: warm-up excluded, failures counted as violations, abandoned calls left out, the
+P99's interval, prefix sources and reasons; and a point driven over loopback stops once it has failed."""
 
 from __future__ import annotations
 
-import grpc
+import asyncio
+import dataclasses
 
-from bench.points import PointSpec, summarize
-from relaygr.v1 import common_pb2, recommend_pb2, trigger_pb2
+import grpc
+import pytest
+
+from bench.points import PointSpec, failed_for_certain, run_point, summarize
+from bench.workload import RevisitSampler
+from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
 from services.loadgen.openloop import CallRecord
 
 SPEC = PointSpec(rate=10, warmup=5, measured=100, timeout_s=2, slo_ms=50, max_error_fraction=0.001, seed=0)
@@ -16,6 +22,12 @@ def ok(index: int, rank_ms: float, source: int = common_pb2.CACHE_SOURCE_HBM, **
         rank_latency_ms=rank_ms, cache_source=source, long_term_length=1000, **fields
     )
     return CallRecord(index, index / 10, index / 10, (rank_ms + 40) / 1000, grpc.StatusCode.OK, "", response)
+
+
+def dropped(index: int, admitted: bool = True) -> CallRecord:
+    """An abandoned call; its made-up rank latency would fail the SLO if it were counted."""
+    response = recommend_pb2.RecommendResponse(abandoned=True, admitted=admitted, rank_latency_ms=900.0)
+    return CallRecord(index, index / 10, index / 10, 0.1, grpc.StatusCode.OK, "", response)
 
 
 def failed(index: int) -> CallRecord:
@@ -36,6 +48,9 @@ def test_warm_up_calls_are_not_counted_and_a_clean_point_meets_the_slo():
     assert result.measured == 100 and result.violations == 0 and result.meets_slo
     assert result.rank_ms["p99"] == 19.8 and result.e2e_ms["p99"] == 59.8
     assert result.cache_sources == {"hbm": 100} and result.hbm_hit_rank_p50_ms == 14.9
+    low, high = result.rank_p99_ci_ms
+    assert 19.0 <= low <= 19.8 <= high <= 19.9  # within the few slowest of 10.0 … 19.9 ms
+    assert result.abandoned == 0
 
 
 def test_one_slow_call_in_a_hundred_is_tolerated_two_are_not():
@@ -71,3 +86,73 @@ def test_sources_miss_reasons_and_admit_reasons_are_counted_by_label():
     assert result.miss_reasons == {"cold": 1}
     assert result.admit_reasons == {"admitted": 1, "duplicate": 1, "no_answer": 1}
     assert result.mean_long_term == 1000.0
+
+
+def test_abandoned_calls_are_counted_but_left_out_of_the_latencies_and_the_verdict():
+    calls = records(slow=1)
+    calls += [dropped(SPEC.warmup + 100 + i, admitted=i % 2 == 0) for i in range(30)]
+    spec = dataclasses.replace(SPEC, measured=130)
+    result = summarize(calls, spec, aborted=False, wall_s=14.0)
+    assert result.measured == 130 and result.abandoned == 30 and result.abandoned_admitted == 15
+    assert result.meets_slo and result.violations == 1  # 1 slow Rank of the 100 that happened
+    assert result.rank_ms["p99"] == 19.8 and result.cache_sources == {"hbm": 100}
+    assert result.admit_reasons == {"no_answer": 100}  # the abandoned calls' Admits are not among them
+
+
+def test_a_point_with_every_call_abandoned_has_no_p99_and_fails():
+    spec = dataclasses.replace(SPEC, warmup=0, measured=10)
+    result = summarize([dropped(i) for i in range(10)], spec, aborted=False, wall_s=1.0)
+    assert result.abandoned == 10 and not result.meets_slo
+    assert result.rank_ms["p99"] is None and result.rank_p99_ci_ms == [None, None]
+
+
+@pytest.mark.parametrize(
+    ("violations", "errors", "most_ranked", "failed"),
+    [
+        (1, 0, 100, False),  # one slow call in a hundred is within a P99
+        (2, 0, 100, True),
+        (1, 0, 99, True),  # 99 calls left to rank: no slow one allowed
+        (0, 1, 1000, True),  # 0.1% errors is the bound itself
+        (0, 1, 1001, False),
+        (0, 0, 0, False),  # nothing can be ranked: nothing has failed yet
+    ],
+)
+def test_a_point_has_failed_for_certain_only_once_no_outcome_of_the_rest_can_save_it(
+    violations, errors, most_ranked, failed
+):
+    assert failed_for_certain(violations, errors, most_ranked, 0.001) is failed
+
+
+class ScriptedStub(recommend_pb2_grpc.RecommendServiceServicer):
+    """Abandons every user whose number is a multiple of 3 (with a huge made-up rank latency); ranks the
+    others in 5 ms, or in 500 ms for users of the namespace "slow"."""
+
+    async def Recommend(self, request, context):
+        namespace, number = request.user_id.rsplit("-", 1)
+        if int(number) % 3 == 0:
+            return recommend_pb2.RecommendResponse(abandoned=True, rank_latency_ms=10_000.0)
+        latency_ms = 500.0 if namespace == "slow" else 5.0
+        return recommend_pb2.RecommendResponse(
+            item_ids=[1], scores=[1.0], cache_source=common_pb2.CACHE_SOURCE_HBM, rank_latency_ms=latency_ms
+        )
+
+
+async def drive(namespace: str, spec: PointSpec):
+    server = grpc.aio.server()
+    recommend_pb2_grpc.add_RecommendServiceServicer_to_server(ScriptedStub(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        sampler = RevisitSampler(namespace, spec.rate, 0.0, 1.0, spec.seed)
+        return await run_point(f"127.0.0.1:{port}", sampler, spec)
+    finally:
+        await server.stop(0)
+
+
+def test_abandoned_calls_neither_fail_a_point_nor_stop_it_early_and_slow_ranks_stop_it_at_once():
+    spec = PointSpec(rate=400, warmup=6, measured=90, timeout_s=2, slo_ms=50, max_error_fraction=0.01, seed=0)
+    result = asyncio.run(drive("fast", spec))
+    assert not result.aborted and result.meets_slo and result.measured == 90
+    assert result.abandoned == 30 and result.violations == 0  # users 7 … 96: 30 multiples of 3
+    slow = asyncio.run(drive("slow", spec))
+    assert slow.aborted and not slow.meets_slo and slow.measured < 90

@@ -46,3 +46,17 @@ def test_cpu_time_is_read_from_proc():
     assert process_cpu_s(os.getpid()) - start_self >= 0.2
     assert machine_busy_s() - start_busy >= 0.2
     assert process_cpu_s(2**22 + 1) == 0.0  # no such process
+
+
+def test_pre_inference_by_fate_and_its_wasted_seconds_are_read_and_zero_where_not_exported():
+    before = counters_from_text(exposition())
+    metrics.PRE_INFER_TOKENS.labels("consumed").inc(6144)
+    metrics.PRE_INFER_TOKENS.labels("wasted").inc(2048)
+    metrics.PRE_INFER_WASTED_SECONDS.inc(1.5)
+    after = counters_from_text(exposition())
+    start = {"at": 0.0, "machine_busy_s": 0.0, "cpu_s": {}, "rankers": before}
+    delta = difference(start, {**start, "at": 1.0, "rankers": after})["rankers"]
+    assert delta["pre_infer_tokens"] == {"consumed": 6144.0, "wasted": 2048.0}
+    assert delta["pre_infer_wasted_s"] == 1.5
+    absent = counters_from_text("")  # a ranker that predates these counters
+    assert absent["pre_infer_tokens"] == {} and absent["pre_infer_wasted_s"] == 0.0

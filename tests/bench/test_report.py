@@ -4,80 +4,88 @@ from __future__ import annotations
 
 import json
 
-import grpc
 import pytest
 
 from bench import report
-from bench.points import PointSpec, summarize
-from relaygr.v1 import common_pb2, recommend_pb2
-from services.loadgen.openloop import CallRecord
+from relaygr.v1 import common_pb2
+from tests.bench.synthetic import SLO_MS, point, sweep
 
-SLO_MS = 100.0
+HBM, MISS = common_pb2.CACHE_SOURCE_HBM, common_pb2.CACHE_SOURCE_MISS
+MIX1, MIX2 = "mix-m512-s1-max2048", "mix-m1536-s1-max4096"
 
 
-def point(rate: float, rank_ms: float, source: int, **extra: object) -> dict:
-    """A summarized point of 100 calls that all took `rank_ms`, with a made-up cost."""
-    spec = PointSpec(
-        rate, warmup=0, measured=100, timeout_s=1, slo_ms=SLO_MS, max_error_fraction=0.001, seed=0
-    )
-    answer = recommend_pb2.RecommendResponse(rank_latency_ms=rank_ms, cache_source=source, long_term_length=8)
-    calls = [
-        CallRecord(i, i / rate, i / rate, rank_ms / 1000, grpc.StatusCode.OK, "", answer) for i in range(100)
-    ]
-    cost = {
-        "cpu_s": {"ranker-0": 3.0, "ranker-1": 2.0, "router": 1.0},
-        "rankers": {"productions": {"compute": 50}, "joins": 4},
-        "wall_s": 10.0,
-        "foreign_cores": 0.25,
+def waste(wasted_s: float, device_s: float) -> dict:
+    share = round(wasted_s / device_s, 4) if device_s else None
+    tokens = {"consumed": 1000.0, "wasted": 100.0}
+    return {
+        "wasted_pre_infer_s": wasted_s,
+        "device_s": device_s,
+        "wasted_share": share,
+        "pre_infer_tokens": tokens,
     }
-    return {**summarize(calls, spec, aborted=False, wall_s=10.0).as_json(), "cost": cost, **extra}
 
 
-def sweep(points: list[dict], best: float | None) -> dict:
-    return {"points": points, "best": best, "at_grid_top": False}
+def repeat(role: str, rate: float, p99s: list[float], verdicts: list[bool]) -> dict:
+    """A verdict point measured at seeds 0, 1 and 2 (the points of the two repeats kept)."""
+    return {
+        "role": role,
+        "rate": rate,
+        "seeds": [0, 1, 2],
+        "rank_p99_ms": p99s,
+        "rank_p99_ci_ms": [[p - 1, p + 1] for p in p99s],
+        "meets_slo": verdicts,
+        "agree": len(set(verdicts)) == 1,
+        "points": [point(rate, p99s[seed], HBM, seed=seed) for seed in (1, 2)],
+    }
+
+
+CONFIGURATION = dict(
+    profile="full", model_preset="cpu-small", rankers=2, torch_threads=1, slo_ms=SLO_MS,
+    preprocess_delay_ms=100.0, warmup_s=5.0, revisit_probability=0.5, revisit_window_s=5.0,
+    lengths="1024,2048,4096", loads="4,8,16,32", max_error_fraction=0.001, short_term=16, mix_median=512,
+    mix_sigma=1.0, mix_max=2048, mix2_median=1536, mix2_max=4096,
+)  # fmt: skip
+MACHINE = {"cores": 2, "cpu_model": "test CPU", "memory_gib": 8.0, "platform": "Linux", "python": "3"}
+
+
+def fraction(share, sweeps, baseline_best, relay_best, ratio, wasted) -> dict:
+    return {
+        "fraction": share,
+        "sweeps": sweeps,
+        "baseline_best": baseline_best,
+        "relay_best": relay_best,
+        "ratio": ratio,
+        **wasted,
+    }
 
 
 def results() -> dict:
-    hbm, miss = common_pb2.CACHE_SOURCE_HBM, common_pb2.CACHE_SOURCE_MISS
     floor = [
         {"prefix_length": n, "full_ms": n / 10, "pre_infer_ms": n / 20, "rank_ms": 2.0}
         for n in (1024, 2048, 4096)
     ]
-    base_length = [point(8, 50, miss, long_term=1024), point(8, 150, miss, long_term=2048)]
-    relay_length = [point(8, 20, hbm, long_term=2048), point(8, 300, hbm, long_term=4096)]
+    base_length = [point(8, 50, MISS, long_term=1024), point(8, 150, MISS, long_term=2048)]
+    relay_length = [point(8, 20, HBM, long_term=2048), point(8, 300, HBM, long_term=4096)]
+    relay_mix1 = sweep(
+        [point(16, 30, HBM), point(32, 130, HBM), point(22.6, 60, HBM)],
+        22.6,
+        refined=[22.6],
+        repeats=[repeat("best", 22.6, [60, 70, 120], [True, True, False])],
+        seeds_agree=False,
+    )
+    abandoned_relay = sweep([point(16, 40, HBM, abandoned=30), point(23, 150, HBM, abandoned=30)], 16)
+    abandoned_base = sweep([point(4, 50, MISS, abandoned=30), point(6, 150, MISS, abandoned=30)], 4)
     return {
         "name": "unit",
-        "throughput_ratio": 4.0,
+        "throughput_ratio": 5.65,
+        "throughput_ratios": {MIX1: 5.65, MIX2: 2.0},
         "length_ratio": 2.0,
         "started_at": "2026-01-01T00:00:00+00:00",
         "duration_s": 300.0,
-        "machine": {
-            "cores": 2,
-            "cpu_model": "test CPU",
-            "memory_gib": 8.0,
-            "platform": "Linux",
-            "python": "3",
-        },
+        "machine": MACHINE,
         "versions": {"torch": "2.x", "git_commit": "abc1234"},
-        "configuration": {
-            "profile": "quick",
-            "model_preset": "cpu-small",
-            "rankers": 2,
-            "torch_threads": 1,
-            "slo_ms": SLO_MS,
-            "preprocess_delay_ms": 100.0,
-            "warmup_s": 5.0,
-            "revisit_probability": 0.5,
-            "revisit_window_s": 5.0,
-            "lengths": "1024,2048,4096",
-            "loads": "4,8,16",
-            "max_error_fraction": 0.001,
-            "short_term": 16,
-            "mix_median": 512,
-            "mix_sigma": 1.0,
-            "mix_max": 2048,
-        },
-        "profile": {"measured": 100},
+        "configuration": CONFIGURATION,
+        "profile": {"measured": 100, "refine_steps": 2, "seeds": 3},
         "floor": floor,
         "cached_rank": [{"prefix_length": 2048, "rank_ms_p50": 6.0, "rank_ms_p99": 9.0, "request_kib": 40.0}],
         "length_sweep": {
@@ -85,44 +93,127 @@ def results() -> dict:
             "baseline": sweep(base_length, 1024),
             "relay": sweep(relay_length, 2048),
         },
-        "throughput_sweep": {
-            "universe": "mix",
-            "baseline": sweep([point(4, 40, miss), point(8, 120, miss)], 4),
-            "relay": sweep([point(16, 30, hbm), point(32, 130, hbm)], 16),
+        "throughput_sweeps": {
+            MIX1: {
+                "universe": MIX1,
+                "max_long_term": 2048,
+                "baseline": sweep([point(4, 40, MISS), point(8, 120, MISS)], 4, seeds_agree=True),
+                "relay": relay_mix1,
+                "ratio": 5.65,
+                **waste(2.0, 100.0),
+            },
+            MIX2: {
+                "universe": MIX2,
+                "max_long_term": 4096,
+                "baseline": sweep([point(2, 40, MISS), point(4, 120, MISS)], 2),
+                "relay": sweep([point(4, 30, HBM), point(8, 130, HBM)], 4),
+                "ratio": 2.0,
+                **waste(1.0, 50.0),
+            },
         },
-        "window_sensitivity": {"200": sweep([point(8, 60, hbm, long_term=4096)], 4096)},
-        "ablations": {"rate": 16, "points": {"relay": point(16, 30, hbm), "no-dram": point(16, 140, miss)}},
-        "modes": {"relay": {"name": "relay", "description": "RelayGR"}},
+        "abandonment": {
+            "universe": MIX1,
+            "fractions": {
+                "0": fraction(0.0, None, 4, 22.6, 5.65, waste(2.0, 100.0)),
+                "0.3": fraction(
+                    0.3, {"baseline": abandoned_base, "relay": abandoned_relay}, 4, 16, 4.0, waste(12.5, 50.0)
+                ),
+            },
+        },
+        "window_sensitivity": {"200": sweep([point(8, 60, HBM, long_term=4096)], 4096)},
+        "ablations": {
+            "universe": MIX1,
+            "rate": 22.6,
+            "sweeps": {
+                "admit-all": sweep([point(22.6, 20, HBM), point(32, 90, HBM)], 32),
+                "no-dram": sweep([point(22.6, 140, MISS), point(16, 60, MISS)], 16),
+                "no-revisit": sweep([point(22.6, 110, MISS), point(16, 140, MISS)], None),
+            },
+        },
+        "modes": {
+            "relay": {"name": "relay", "description": "RelayGR"},
+            "no-revisit": {"name": "no-revisit", "description": "no request revisits a user"},
+        },
         "fleet": {},
-        "mix_universe": {},
+        "mix_universes": [{}, {}],
     }
+
+
+def section(markdown: str, title: str) -> str:
+    return markdown.split(f"## {title}")[1].split("\n## ")[0]
 
 
 def test_results_json_holds_the_ratios_machine_and_points_and_the_report_and_plots_are_written(tmp_path):
     report.write(results(), tmp_path)
     written = json.loads((tmp_path / "results.json").read_text())
-    assert written["throughput_ratio"] == 4.0 and written["length_ratio"] == 2.0
+    assert written["throughput_ratio"] == 5.65 and written["throughput_ratios"][MIX2] == 2.0
     assert written["machine"]["cpu_model"] == "test CPU"
     assert written["length_sweep"]["relay"]["points"][0]["rank_ms"]["p99"] == 20.0
     markdown = (tmp_path / "report.md").read_text()
-    assert "only the ratios between the two modes are meaningful" in markdown
-    headline = markdown.split("## Headline")[1].split("##")[0]
-    assert "| 1024 | 2048 | x2.00 |" in headline and "| 4 | 16 | x4.00 |" in headline
+    assert "only the ratios between the modes are meaningful" in markdown
+    headline = section(markdown, "Headline")
+    assert "| 1024 | 2048 | x2.00 |" in headline
+    assert f"on the mix `{MIX1}` | 4 | 22.6 | x5.65 |" in headline
+    assert f"on the mix `{MIX2}` | 2 | 4 | x2.00 |" in headline
     # What stopped RelayGR's length sweep is named from its first failing point, against the floor.
     assert "- Length, relay: at 4096 events the ranking P99 was 300.0 ms" in markdown
     assert "pre-inferring 4096 events takes 205 ms, against a relay window of 100 ms" in markdown
+    assert f"- Throughput on `{MIX2}`, relay: at 8 req/s the ranking P99 was 130.0 ms" in markdown
     assert "| 200 | 4096 | x4.00 |" in markdown  # the window sensitivity table
     for name in report.PLOTS.values():
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
 
 
+def test_each_mix_has_a_results_table_with_every_mode_its_best_and_its_p99_interval():
+    markdown = report.render_markdown(results())
+    first = markdown.split(f"### Mix `{MIX1}`")[1].split("### Mix")[0]
+    # Every point's 100 calls took the same time: the interval is that time at both ends.
+    assert "| relay | 22.6 | x5.65 | 60.0 [60.0, 60.0] | 32 | 130.0 [130.0, 130.0] | **no** |" in first
+    assert "| baseline | 4 | x1.00 | 40.0 [40.0, 40.0] | 8 | 120.0 [120.0, 120.0] | yes |" in first
+    assert "| admit-all | 32 | x8.00 | 90.0 [90.0, 90.0] |  |  |  |" in first
+    assert "| no-revisit | none | n/a |  | 16 | 140.0 [140.0, 140.0] |  |" in first
+    assert "| 22.6 (refined) | 100/100 |" in first  # RelayGR's refined point in its sweep table
+    assert "| relay | best | 22.6 | 0, 1, 2 | 60.0, 70.0, 120.0 | meets, meets, fails | **no** |" in first
+    second = markdown.split(f"### Mix `{MIX2}`")[1].split("\n## ")[0]
+    assert "| relay | 4 | x2.00 |" in second and "admit-all" not in second
+
+
+def test_the_abandonment_table_has_both_bests_the_ratio_and_the_wasted_device_time():
+    markdown = report.render_markdown(results())
+    abandonment = section(markdown, "Abandonment: pre-inference that no Rank consumes")
+    assert "| 0% | 4 | 22.6 | x5.65 | 2.0 | 2.0% |" in abandonment
+    assert "| 30% | 4 | 16 | x4.00 | 12.5 | 25.0% |" in abandonment
+    assert "**relay, 30% abandoned**" in abandonment
+    assert "| 16 | 130/130 (30 abandoned) | 40.0 | 40.0 [40.0, 40.0] |" in abandonment
+
+
+def test_the_ablations_compare_every_mode_measured_at_relays_best_load():
+    ablations = section(report.render_markdown(results()), "Experiment 4: ablations and hit rates by tier")
+    rows = [line for line in ablations.splitlines() if line.startswith(("| relay ", "| admit-all", "| no-"))]
+    assert [row.split(" | ")[0] for row in rows] == ["| relay", "| admit-all", "| no-dram", "| no-revisit"]
+    assert "`no-revisit`: no request revisits a user" in ablations
+    assert set(report.hit_rate_points(results())) == {"relay", "admit-all", "no-dram", "no-revisit"}
+
+
 def test_a_result_without_a_headline_ratio_or_a_point_field_is_refused(tmp_path):
     incomplete = results()
-    del incomplete["throughput_ratio"]
-    with pytest.raises(ValueError, match="throughput_ratio"):
+    del incomplete["throughput_ratios"]
+    with pytest.raises(ValueError, match="throughput_ratios"):
         report.write(incomplete, tmp_path)
     broken = results()
-    del broken["throughput_sweep"]["relay"]["points"][0]["cost"]
-    with pytest.raises(ValueError, match=r"throughput_sweep\.relay lacks cost"):
+    del broken["throughput_sweeps"][MIX1]["relay"]["points"][0]["cost"]
+    with pytest.raises(ValueError, match=rf"throughput_sweeps\.{MIX1}\.relay lacks cost"):
         report.check(broken)
+    no_interval = results()
+    del no_interval["abandonment"]["fractions"]["0.3"]["sweeps"]["relay"]["points"][1]["rank_p99_ci_ms"]
+    with pytest.raises(ValueError, match=r"abandonment\.0\.3\.relay lacks rank_p99_ci_ms"):
+        report.check(no_interval)
+    repeat_point = results()
+    del repeat_point["throughput_sweeps"][MIX1]["relay"]["repeats"][0]["points"][0]["abandoned"]
+    with pytest.raises(ValueError, match=r"a repeated point of .* lacks abandoned"):
+        report.check(repeat_point)
+    no_waste = results()
+    del no_waste["abandonment"]["fractions"]["0"]["wasted_share"]
+    with pytest.raises(ValueError, match=r"abandonment\.0 lacks wasted_share"):
+        report.check(no_waste)
     assert not (tmp_path / "results.json").exists()

@@ -1,13 +1,26 @@
-"""The benchmark's statistics: nearest-rank percentiles, the SLO verdict and the grid search."""
+"""The benchmark's statistics: nearest-rank percentiles and their bootstrap intervals, the SLO verdict,
+the grid search and its refinement."""
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from bench.stats import interleave, largest_passing, meets_slo, percentile, violation_budget
+from bench.stats import (
+    bootstrap_ci,
+    interleave,
+    largest_passing,
+    largest_passing_value,
+    meets_slo,
+    percentile,
+    violation_budget,
+)
 
 
 def test_percentiles_are_nearest_rank_and_count_failures_as_infinitely_slow():
@@ -108,3 +121,118 @@ def test_interleaved_searches_take_turns_and_find_what_each_finds_alone():
     baseline_turns = order.count("baseline")
     assert order[: 2 * baseline_turns] == ["baseline", "relay"] * baseline_turns  # in turn while both run
     assert set(order[2 * baseline_turns :]) <= {"relay"}
+
+
+def test_the_bootstrap_interval_of_a_p99_holds_the_true_p99_about_as_often_as_it_says():
+    true_p99 = math.log(100)  # of the unit exponential
+    trials = 200
+    covered = 0
+    widths = []
+    for trial in range(trials):
+        samples = np.random.default_rng(10_000 + trial).exponential(size=1000)
+        low, high = bootstrap_ci(samples, 99, confidence=0.95, seed=trial)
+        covered += low <= true_p99 <= high
+        widths.append(high - low)
+    # Nominal 95%; the percentile bootstrap of a tail quantile of 1000 samples gives about 93%.
+    assert 0.88 <= covered / trials <= 0.99
+    assert 0.5 < np.median(widths) < 2.5  # informative: the P99's standard error here is about 0.3
+
+
+def test_the_bootstrap_of_2000_resamples_of_1000_samples_takes_well_under_a_second():
+    samples = np.random.default_rng(0).exponential(size=1000)
+    started = time.perf_counter()
+    bootstrap_ci(samples, resamples=2000)
+    assert time.perf_counter() - started < 0.5
+
+
+def test_bootstrap_edge_cases():
+    assert all(math.isnan(bound) for bound in bootstrap_ci([]))
+    assert bootstrap_ci([7.0]) == (7.0, 7.0)
+    assert bootstrap_ci([3.0] * 50) == (3.0, 3.0)
+    # With failures beyond what a P99 tolerates, the interval's top is infinite, and with many, all of it.
+    assert bootstrap_ci([*range(1, 96), *[math.inf] * 5])[1] == math.inf
+    assert bootstrap_ci([1.0] * 50 + [math.inf] * 50) == (math.inf, math.inf)
+    assert bootstrap_ci(list(range(100)), seed=3) == bootstrap_ci(list(range(100)), seed=3)
+    for bad in ({"q": 0}, {"confidence": 1.0}, {"confidence": 0.0}, {"resamples": 0}):
+        with pytest.raises(ValueError):
+            bootstrap_ci([1.0, 2.0], **bad)
+
+
+latencies = st.lists(
+    st.one_of(st.floats(0, 1e4, allow_nan=False), st.just(math.inf)), min_size=1, max_size=300
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(latencies, st.floats(0.5, 0.99), st.integers(0, 2**32 - 1))
+def test_the_interval_is_ordered_made_of_samples_and_nested_in_the_confidence(samples, confidence, seed):
+    low, high = bootstrap_ci(samples, 99, confidence, resamples=200, seed=seed)
+    assert low <= high and low in samples and high in samples
+    wider_low, wider_high = bootstrap_ci(samples, 99, 0.995, resamples=200, seed=seed)
+    assert wider_low <= low and high <= wider_high  # the same resamples, a wider share of them
+
+
+def run_search(grid: list[float], first: int, steps: int, passes: Callable[[float], bool]) -> tuple:
+    """One refined search on its own: its answer and the values it measured, in order."""
+    measured: list[float] = []
+
+    def measure(value: float) -> bool:
+        measured.append(value)
+        return passes(value)
+
+    (best,) = interleave([(largest_passing_value(grid, first, steps), measure)])
+    return best, measured
+
+
+def test_refinement_bisects_geometrically_between_the_best_and_the_first_failure():
+    grid = [2.0, 4.0, 8.0, 16.0]
+    best, measured = run_search(grid, 0, 2, lambda rate: rate <= 11)
+    assert measured == [2.0, 4.0, 16.0, 8.0, 11.3, 9.5] and best == 9.5  # sqrt(8·16), then sqrt(8·11.3)
+    best, measured = run_search(grid, 2, 2, lambda rate: rate <= 14)
+    assert measured == [8.0, 16.0, 11.3, 13.4] and best == 13.4  # sqrt(11.3·16)
+    assert run_search(grid, 2, 0, lambda rate: rate <= 14) == (8.0, [8.0, 16.0])
+
+
+def test_refinement_stops_where_rounding_leaves_nothing_between_and_at_the_grid_ends():
+    assert run_search([1.0, 1.1], 0, 3, lambda rate: rate <= 1.05) == (1.0, [1.0, 1.1])
+    assert run_search([2.0, 3.0], 0, 5, lambda rate: rate < 2.5) == (2.4, [2.0, 3.0, 2.4, 2.7, 2.5])
+    assert run_search([2.0, 4.0], 1, 2, lambda rate: True) == (4.0, [4.0])  # the grid's top passed
+    assert run_search([2.0, 4.0], 1, 2, lambda rate: False) == (None, [4.0, 2.0])  # nothing passed
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(1, 2000), min_size=1, max_size=12, unique=True).map(sorted),
+    st.floats(0.5, 2500),
+    st.integers(-1, 12),
+    st.integers(0, 4),
+)
+def test_the_refined_answer_is_the_largest_measured_pass_below_every_failure(grid, limit, first, steps):
+    values = [v / 10 for v in grid]
+    best, measured = run_search(values, first, steps, lambda rate: rate <= limit)
+    assert len(measured) == len(set(measured))
+    passed = [v for v in measured if v <= limit]
+    assert best == (max(passed) if passed else None)
+    assert all(best is None or best < v for v in measured if v > limit)
+    on_grid = [v for v in values if v <= limit]
+    assert best == (on_grid[-1] if on_grid else None) or best > on_grid[-1]
+    assert len([v for v in measured if v not in values]) <= steps
+
+
+def test_refinements_of_several_sweeps_take_turns():
+    order: list[str] = []
+
+    def measure(name: str, limit: float) -> Callable[[float], bool]:
+        def run(value: float) -> bool:
+            order.append(name)
+            return value <= limit
+
+        return run
+
+    grid = [2.0, 4.0, 8.0, 16.0]
+    searches = [
+        (largest_passing_value(grid, 2, 2), measure("baseline", 10)),
+        (largest_passing_value(grid, 2, 2), measure("relay", 14)),
+    ]
+    assert interleave(searches) == [9.5, 13.4]
+    assert order == ["baseline", "relay"] * 4

@@ -19,7 +19,7 @@ from relaygr.v1 import (
     trigger_pb2,
 )
 from services.common.contract import RECOMMEND_SERVICE
-from services.launcher.fleet import STUB, TRIGGER, Fleet, FleetConfig
+from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet, FleetConfig
 from services.launcher.procs import Processes, free_port
 from services.retrieval_stub.universe import UniverseConfig, UserUniverse
 
@@ -177,3 +177,27 @@ def test_a_failed_admit_only_costs_the_relay_hint(fleet):
     assert len(response.item_ids) == TOP_K
     assert not response.admitted and response.admit_reason == trigger_pb2.ADMIT_REASON_UNSPECIFIED
     assert failures == 1
+
+
+def test_an_abandoning_stub_sends_every_admit_and_ranks_only_the_requests_it_keeps(fleet):
+    router_metrics = fleet.endpoints()[ROUTER].metrics_url
+    with Processes(log_dir=fleet.log_dir) as processes:
+        stub = processes.start(
+            "abandoning-stub", "services.retrieval_stub", RECOMMEND_SERVICE,
+            ["--router", fleet.address(ROUTER), "--trigger", fleet.address(TRIGGER),
+             "--abandon-fraction", "0.5", *STUB_ARGS],
+        )  # fmt: skip
+        stub.wait_healthy(60)
+        admits_before = admit_calls(fleet)
+        ranks_before = scrape(router_metrics, "grpc_server_started_total", grpc_method="Rank")
+        responses = [recommend(stub.address, f"abandoned-user-{i}") for i in range(20)]
+        ranks = scrape(router_metrics, "grpc_server_started_total", grpc_method="Rank") - ranks_before
+        counted = scrape(f"http://127.0.0.1:{stub.metrics_port}/metrics", "relaygr_recommend_abandoned_total")
+        assert admit_calls(fleet) - admits_before == len(responses)
+    dropped = [response for response in responses if response.abandoned]
+    assert 0 < len(dropped) < len(responses)  # P(all or none of 20 at one half) = 2e-6
+    assert ranks == len(responses) - len(dropped) and counted == len(dropped)
+    for response in dropped:
+        assert not response.item_ids and response.cache_source == common_pb2.CACHE_SOURCE_UNSPECIFIED
+        assert response.admit_reason != trigger_pb2.ADMIT_REASON_UNSPECIFIED  # the trigger answered
+    assert all(len(response.item_ids) == TOP_K for response in responses if not response.abandoned)
