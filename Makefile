@@ -53,7 +53,7 @@ test-fast: lint system-tools
 run: install
 	$(PY) -m services.launcher
 
-# The benchmark: baseline, RelayGR and its ablations side by side (quick: about 15 minutes on 2 cores, full: about 1.5 hours).
+# The benchmark: baseline, RelayGR and its ablations side by side (quick: about 20 minutes on 2 cores, full: about 1.5 hours).
 bench: install
 	$(PY) -m bench --profile quick
 

@@ -15,7 +15,8 @@ for limits near the last measured ones (both modes 16-23 calls/s on the first mi
 whose points are the long ones), plus the floor, six fleet starts and a lease's wait after each pair of
 sweeps:
 
-- quick: about 40-50 points of 200 requests, about 15 minutes on 2 cores (4 of them on the second mix);
+- quick: about 40-50 points of 200 requests, 15-20 minutes on 2 cores (4 of them on the second mix; 18.8
+  minutes measured in bench/results/quick-relay);
 - full: about 90-100 points of 1000 requests (13 load sweeps refined: up to 26 points; three seeds: 16;
   two more relay windows: 4), about 1.5 hours (85-100 minutes): a point of 1000 requests at 6 calls/s
   alone takes 3 minutes.
@@ -119,7 +120,7 @@ def _fractions(text: str) -> list[float]:
 class BenchConfig:
     profile: str = setting(
         "quick",
-        "quick (make bench: about 15 minutes on 2 cores, 200 requests a point) or full (make bench-full: "
+        "quick (make bench: about 20 minutes on 2 cores, 200 requests a point) or full (make bench-full: "
         "about 1.5 hours, 1000 requests a point, refined loads, 3 load seeds at each verdict)",
     )
     name: str = setting("", "results go to bench/results/<name>/ (empty: the profile's name)")
