@@ -11,7 +11,8 @@ device), so they are comparable with each other and with a relay window:
 - consumed and wasted pre-inference: tokens a PreInfer computed whose prefix a Rank then used, or did not
   (its lease expired, or the entry was dropped), and the wasted ones' device ms: the relay's only true
   waste, which the trigger budgets;
-- busy fraction: the device thread's share of the last second spent on jobs.
+- busy fraction: the device thread's share of about the last second spent on jobs (of the time since the
+  previous report, when reports are rarer).
 
 Before warm-up has measured the curve every cost is 0 (nothing is served then). Not thread-safe: the
 event loop updates it; the device thread's busy time is read from the scheduler.
