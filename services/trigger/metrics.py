@@ -24,10 +24,6 @@ TRIGGER_SHED_THRESHOLD = Gauge(
     "relaygr_trigger_shed_threshold_events",
     "Prefixes shorter than this are shed while the brakes press (0: none is).",
 )
-TRIGGER_WASTED_SHARE = Gauge(
-    "relaygr_trigger_wasted_share",
-    "Share of the fleet's device time spent on pre-inference no Rank consumed, over the waste window.",
-)
 TRIGGER_PREDICTED_SECONDS = Histogram(
     "relaygr_trigger_predicted_rank_seconds",
     "Predicted ranking latency without relay, per Admit.",

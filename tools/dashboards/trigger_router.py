@@ -67,16 +67,10 @@ def build() -> dashboard.Dashboard:
                 ],
             ),
             timeseries_panel(
-                "Shedding threshold and wasted share",
-                "Prefixes shorter than the threshold (events) are shed while the brakes press; the share "
-                "of the fleet's device time that pre-inference no Rank consumed took.",
+                "Shedding threshold",
+                "Prefixes shorter than this many events are shed while the brakes press (0: none is).",
                 "short",
-                [
-                    Target(
-                        f"max by (pod) (relaygr_trigger_shed_threshold_events{TRIGGER})", "{{pod}} threshold"
-                    ),
-                    Target(f"max by (pod) (relaygr_trigger_wasted_share{TRIGGER})", "{{pod}} wasted share"),
-                ],
+                [Target(f"max by (pod) (relaygr_trigger_shed_threshold_events{TRIGGER})", "{{pod}}")],
             ),
             latency_against_slo_panel(
                 "Predicted ranking latency without relay",
