@@ -61,6 +61,9 @@ POINT_KEYS = (
     "rate", "measured", "planned", "aborted", "abandoned", "errors", "violations", "rank_ms",
     "rank_p99_ci_ms", "e2e_ms", "cache_sources", "meets_slo", "cost",
 )  # fmt: skip
+ADMIT_ALL_HEADER = (
+    "load req/s", "admit-all rank P99 ms (95% CI)", "RelayGR rank P99 ms (95% CI)", "RelayGR", "within noise",
+)  # fmt: skip
 POINT_HEADER = (
     "measured/planned", "rank P50 ms", "rank P99 ms (95% CI)", "e2e P99 ms", "errors",
     "HBM / DRAM / ext / miss", "ranker cores", "foreign cores", "SLO",
@@ -219,6 +222,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     sections = [
         _introduction(results),
         _headline(results),
+        _against_no_relay_and_admit_all(results),
         _limits(results),
         _length_section(results),
         _throughput_section(results),
@@ -251,17 +255,12 @@ def _headline(results: dict[str, Any]) -> str:
     length = results["length_sweep"]
     slo, measured = c["slo_ms"], results["profile"]["measured"]
 
-    def bound(sweep: dict[str, Any]) -> str:
-        return (
-            " (lower bound: RelayGR met the SLO at the grid's end)" if sweep["relay"]["at_grid_top"] else ""
-        )
-
     rows = [
         (
             f"longest long-term length with ranking P99 ≤ {slo:g} ms at {length['rate']:g} req/s",
-            length["baseline"]["best"],
-            length["relay"]["best"],
-            times(results["length_ratio"]) + bound(length),
+            best_cell(length["baseline"]),
+            best_cell(length["relay"]),
+            ratio_cell(results["length_ratio"], length, "long_term", "events"),
             f"x{PAPER_LENGTH_RATIO}",
         )
     ]
@@ -269,9 +268,9 @@ def _headline(results: dict[str, Any]) -> str:
         (
             f"highest load (req/s) with ranking P99 ≤ {slo:g} ms and < {c['max_error_fraction']:.1%} errors "
             f"on the mix `{label}`",
-            mix["baseline"]["best"],
-            mix["relay"]["best"],
-            times(mix["ratio"]) + bound(mix),
+            best_cell(mix["baseline"]),
+            best_cell(mix["relay"]),
+            ratio_cell(mix["ratio"], mix, "rate", "req/s"),
             f"x{PAPER_THROUGHPUT_RATIO}",
         )
         for label, mix in results["throughput_sweeps"].items()
@@ -290,6 +289,76 @@ def _headline(results: dict[str, Any]) -> str:
         f"{c['loads']} req/s; each mode's value is the largest value that met the SLO, loads refined by "
         f"{results['profile']['refine_steps']} bisection(s) between grid values."
     )
+
+
+def best_cell(sweep: dict[str, Any]) -> str:
+    return "none" if sweep["best"] is None else f"{sweep['best']:g}"
+
+
+def ratio_cell(ratio: float | None, pair: dict[str, Any], key: str, unit: str) -> str:
+    """A headline ratio, said as the bound it is where a sweep ran off its grid: RelayGR met the SLO at
+    the grid's end (the ratio is at least this), or the baseline met it nowhere (at least RelayGR's best
+    over the lowest value the baseline failed at)."""
+    relay, baseline = pair["relay"], pair["baseline"]
+    if ratio is None and baseline["best"] is None and relay["best"] is not None and baseline["points"]:
+        lowest = min(p[key] for p in baseline["points"])
+        return (
+            f"> x{relay['best'] / lowest:.2f} (the baseline met the SLO nowhere; it failed even at "
+            f"{lowest:g} {unit})"
+        )
+    at_top = " (lower bound: RelayGR met the SLO at the grid's end)" if relay["at_grid_top"] else ""
+    return times(ratio) + at_top
+
+
+def within_noise(relay: dict[str, Any] | None, other: dict[str, Any]) -> bool:
+    """Whether RelayGR's point is as good as another mode's passing one within the measurement's noise:
+    it meets the SLO too, or its P99's 95% interval reaches into the other's."""
+    if relay is None:
+        return False
+    if relay["meets_slo"]:
+        return True
+    low, _ = relay["rank_p99_ci_ms"]
+    _, other_high = other["rank_p99_ci_ms"]
+    return low is not None and (other_high is None or low <= other_high)
+
+
+def _against_no_relay_and_admit_all(results: dict[str, Any]) -> str:
+    """RelayGR on the first mix against the strongest no-relay serving (`dram-only`) and against admitting
+    every request (`admit-all`), the two comparisons the trigger is judged by."""
+    label, mix = next(iter(results["throughput_sweeps"].items()))
+    relay, sweeps = mix["relay"], results["ablations"]["sweeps"]
+    parts = ["## RelayGR against the strongest no-relay serving and against admitting everything"]
+    dram_only = sweeps.get("dram-only")
+    if dram_only is not None:
+        ratio = relay["best"] / dram_only["best"] if relay["best"] and dram_only["best"] else None
+        pair = {"relay": relay, "baseline": dram_only}
+        parts.append(
+            "`baseline` computes every Rank's whole sequence on its critical path. The strongest serving "
+            "without relay that this code can do is `dram-only`: the rankers keep their DRAM tier, so a "
+            "revisit reloads or extends the prefix its last Rank computed, and only new users' prefixes "
+            f"are computed on the Rank's path. On the mix `{label}` it met the SLO up to "
+            f"{'no load' if dram_only['best'] is None else format(dram_only['best'], 'g') + ' req/s'}, "
+            f"RelayGR up to {relay['best']:g} req/s: {ratio_cell(ratio, pair, 'rate', 'req/s')}."
+        )
+    admit_all = sweeps.get("admit-all")
+    if admit_all is not None:
+        rows = []
+        for point in sorted((p for p in admit_all["points"] if p["meets_slo"]), key=lambda p: p["rate"]):
+            mine = point_at(relay, "rate", point["rate"])
+            if mine is None and relay["best"] is not None and point["rate"] <= relay["best"]:
+                cells, noise = ["not measured", f"meets (it met the SLO at {relay['best']:g})"], "yes"
+            else:
+                found = mine is not None
+                cells = [p99_with_ci(mine) if found else "not measured", verdict(mine) if found else ""]
+                noise = "yes" if within_noise(mine, point) else "**no**"
+            rows.append([f"{point['rate']:g}", p99_with_ci(point), *cells, noise])
+        parts += [
+            "Against `admit-all` (the trigger admits every request: no gain test, no brakes), at every "
+            "load where admit-all met the SLO: RelayGR is within noise there when it meets the SLO too or "
+            "its P99's 95% interval reaches into admit-all's.",
+            table(ADMIT_ALL_HEADER, rows),
+        ]
+    return "\n\n".join(parts) if len(parts) > 1 else ""
 
 
 def _limit_line(results: dict[str, Any], sweep: dict[str, Any], mode: str, key: str, title: str) -> str:

@@ -217,3 +217,36 @@ def test_a_result_without_a_headline_ratio_or_a_point_field_is_refused(tmp_path)
     with pytest.raises(ValueError, match=r"abandonment\.0 lacks wasted_share"):
         report.check(no_waste)
     assert not (tmp_path / "results.json").exists()
+
+
+def test_a_baseline_that_met_the_slo_nowhere_gives_a_lower_bound_not_a_missing_ratio():
+    measured = results()
+    mix2 = measured["throughput_sweeps"][MIX2]
+    mix2["baseline"] = sweep([point(1, 150, MISS), point(2, 160, MISS)], None)
+    mix2["ratio"] = measured["throughput_ratios"][MIX2] = None
+    headline = section(report.render_markdown(measured), "Headline")
+    assert (
+        f"on the mix `{MIX2}` | none | 4 | > x4.00 (the baseline met the SLO nowhere; it failed even at 1 "
+        "req/s) |" in headline
+    )
+
+
+def test_relay_is_set_against_dram_only_and_against_admit_all_at_every_load_admit_all_met_the_slo():
+    measured = results()
+    measured["ablations"]["sweeps"]["dram-only"] = sweep(
+        [point(22.6, 140, MISS), point(16, 110, MISS), point(11.3, 80, MISS)], 11.3
+    )
+    text = section(
+        report.render_markdown(measured),
+        "RelayGR against the strongest no-relay serving and against admitting",
+    )
+    assert "met the SLO up to 11.3 req/s, RelayGR up to 22.6 req/s: x2.00." in text
+    # admit-all met the SLO at 22.6 and 32: RelayGR meets at 22.6, and fails at 32 outside admit-all's
+    # interval.
+    assert "| 22.6 | 20.0 [20.0, 20.0] | 60.0 [60.0, 60.0] | meets | yes |" in text
+    assert "| 32 | 90.0 [90.0, 90.0] | 130.0 [130.0, 130.0] | fails | **no** |" in text
+    # A RelayGR failure whose interval reaches into admit-all's is noise, not a loss.
+    relay_32 = report.point_at(measured["throughput_sweeps"][MIX1]["relay"], "rate", 32)
+    relay_32["rank_p99_ci_ms"] = [85.0, 140.0]
+    text = section(report.render_markdown(measured), "RelayGR against the strongest no-relay serving")
+    assert "| 32 | 90.0 [90.0, 90.0] | 130.0 [85.0, 140.0] | fails | yes |" in text
