@@ -15,7 +15,7 @@ install: $(VENV)/.installed $(STUBS)
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,cpu]'
 	touch $@
 
 # Stubs are generated, never edited or committed; the stamp makes `make install` idempotent.
