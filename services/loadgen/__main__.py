@@ -1,7 +1,8 @@
 """`python -m services.loadgen --config deploy/loadtest/<x>.json`: run a ghz config open-loop, print ghz JSON.
 
-The report goes to `--output` (or standard output); a one-line summary goes to standard error. Ctrl-C
-stops sending, waits for the requests in flight and still writes the report (endReason "cancel").
+Run it from the repository root: the config's paths are taken from the working directory, as ghz takes
+them. The report goes to `--output` (or standard output); a one-line summary goes to standard error.
+Ctrl-C stops sending, waits for the requests in flight and still writes the report (endReason "cancel").
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from services.loadgen.report import ghz_report
 
 @dataclasses.dataclass(frozen=True)
 class LoadgenConfig:
-    config: str = setting("", "ghz config file (JSON) describing the load test")
+    config: str = setting(
+        "", "ghz config file (JSON) describing the load test; its paths are taken from the working directory"
+    )
     target: str = setting("", "host:port to load, overriding the config's host")
     output: str = setting("", "file for the JSON report (empty: standard output)")
     arrival_seed: int = setting(-1, "seed of the Poisson arrival times (-1: a fresh one each run)")
@@ -46,10 +49,11 @@ def open_channel(ghz: GhzConfig, target: str) -> grpc.aio.Channel:
     ]
     if ghz.insecure:
         return grpc.aio.insecure_channel(target, options=options)
+    files = {key: path.read_bytes() for key, path in ghz.paths.items() if key in ("cacert", "key", "cert")}
     credentials = grpc.ssl_channel_credentials(
-        root_certificates=Path(ghz.cacert).read_bytes() if ghz.cacert else None,
-        private_key=Path(ghz.key).read_bytes() if ghz.key else None,
-        certificate_chain=Path(ghz.cert).read_bytes() if ghz.cert else None,
+        root_certificates=files.get("cacert"),
+        private_key=files.get("key"),
+        certificate_chain=files.get("cert"),
     )
     return grpc.aio.secure_channel(target, credentials, options=options)
 
@@ -88,7 +92,8 @@ async def run(config: LoadgenConfig) -> dict[str, Any]:
             await channel.close()
     options = {**ghz.options, "host": config.target or ghz.host}
     reason = end_reason(ghz, len(records), stop.is_set())
-    return ghz_report(records, time.perf_counter() - began, started_at, options, reason, ghz.skip_first)
+    elapsed_s = time.perf_counter() - began
+    return ghz_report(records, elapsed_s, started_at, options, reason, ghz.skip_first, ghz.name, ghz.tags)
 
 
 def end_reason(ghz: GhzConfig, sent: int, cancelled: bool) -> str:

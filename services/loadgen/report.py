@@ -1,10 +1,13 @@
 """ghz's JSON report, computed from open-loop call records, so ghz tooling can read our runs.
 
-Shape and rules follow ghz's reporter: durations are integer nanoseconds; `average` is over every result,
-`fastest`, `slowest`, `latencyDistribution` and `histogram` over the successful ones; percentiles are
-ghz's nearest-rank ones at 10, 25, 50, 75, 90, 95, 99; the histogram has ten equal buckets between the
-fastest and the slowest plus one at the slowest, marks in seconds; status codes use Go's names and errors
-ghz's "rpc error: code = … desc = …" text. One addition, `sendLag`, tells how late the generator itself
+Shape, types and rules follow ghz's reporter (runner/reporter.go, v0.120), so that ghz's own Go types
+(and ghz-web, which decodes into them) read it: durations are integer nanoseconds (time.Duration), in
+`options` too (`ghz_config.ghz_options`); `date` and each detail's `timestamp` are RFC 3339; `average` is
+over every result, `fastest`, `slowest`, `latencyDistribution` and `histogram` over the successful ones;
+percentiles are ghz's nearest-rank ones at 10, 25, 50, 75, 90, 95, 99; the histogram has ten equal
+buckets between the fastest and the slowest plus one at the slowest, marks in seconds; status codes use
+Go's names and errors ghz's "rpc error: code = … desc = …" text; `name` and `tags` are top-level. One
+addition, `sendLag` (which Go's decoder skips as an unknown field), tells how late the generator itself
 sent requests (already included in every latency, since latencies count from the intended send time).
 """
 
@@ -62,6 +65,12 @@ def histogram(sorted_latencies_s: Sequence[float]) -> list[dict[str, float]]:
     ]
 
 
+def rfc3339(moment: datetime.datetime, fraction: bool = True) -> str:
+    """`moment` as Go writes a time.Time in JSON (RFC 3339, "Z" for UTC); whole seconds for ghz's `date`."""
+    text = moment.astimezone(datetime.UTC).isoformat(timespec="microseconds" if fraction else "seconds")
+    return text.replace("+00:00", "Z")
+
+
 def _error_text(record: CallRecord) -> str:
     return f"rpc error: code = {go_code_name(record.code)} desc = {record.details}"
 
@@ -73,12 +82,15 @@ def ghz_report(
     options: Mapping[str, Any],
     end_reason: str = "normal",
     skip_first: int = 0,
+    name: str = "",
+    tags: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The ghz JSON report of a run that began at `started_at` and lasted `total_s` seconds."""
+    """The ghz JSON report of a run that began at `started_at` and lasted `total_s` seconds; `options` are
+    ghz's (`ghz_config.ghz_options`), `name` and `tags` the config's."""
     kept = sorted(records, key=lambda record: record.index)[skip_first:]
     ok_latencies = sorted(record.latency_s for record in kept if record.ok)
     report: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "date": rfc3339(datetime.datetime.now(datetime.UTC), fraction=False),
         "endReason": end_reason,
         "options": dict(options),
         "count": len(kept),
@@ -93,7 +105,7 @@ def ghz_report(
         "histogram": histogram(ok_latencies) if ok_latencies else None,
         "details": [
             {
-                "timestamp": (started_at + datetime.timedelta(seconds=record.intended_s)).isoformat(),
+                "timestamp": rfc3339(started_at + datetime.timedelta(seconds=record.intended_s)),
                 "latency": _ns(record.latency_s),
                 "error": "" if record.ok else _error_text(record),
                 "status": go_code_name(record.code),
@@ -108,8 +120,8 @@ def ghz_report(
             "p99": _ns(float(np.percentile(lags, 99))),
             "max": _ns(float(lags.max())),
         }
-    if "name" in options:
-        report["name"] = options["name"]
-    if "tags" in options:
-        report["tags"] = options["tags"]
+    if name:
+        report["name"] = name
+    if tags:
+        report["tags"] = dict(tags)
     return report

@@ -1,10 +1,12 @@
 """deploy/loadtest: every ghz config uses ghz's own keys and names a real method, every data entry parses
 into the real request message (ghz reads call data as protojson), the data is what tools/ghz_data.py
-generates, and the in-cluster Job sees the folder as ghz run from it would."""
+generates, every path in a config resolves from the repository root (ghz takes paths from its working
+directory), and the in-cluster Job's working directory and mount make the same paths exist."""
 
 from __future__ import annotations
 
 import json
+import posixpath
 from collections import Counter
 from pathlib import Path
 from statistics import median
@@ -15,10 +17,10 @@ from google.protobuf import descriptor_pb2, descriptor_pool, json_format, messag
 import tools.ghz_data
 from relaygr.v1 import ranker_pb2, recommend_pb2, trigger_pb2  # noqa: F401 - registers the descriptors
 from services.common import validation
-from services.loadgen.ghz_config import load_ghz_config
+from services.loadgen.ghz_config import PATH_KEYS, load_ghz_config
 from services.ranker.config import RankerConfig
 from services.ranker.presets import get_preset
-from tests.deploy.manifests import DEPLOY, containers, named, objects, of_kind, pod_spec
+from tests.deploy.manifests import DEPLOY, REPO_ROOT, containers, named, objects, of_kind, pod_spec
 
 LOADTEST = DEPLOY / "loadtest"
 CONFIGS = sorted(LOADTEST.glob("*.json"))
@@ -56,13 +58,13 @@ def test_config_uses_ghz_keys_and_every_data_entry_parses_into_the_request(path:
     config = json.loads(path.read_text())
     assert set(config) <= GHZ_KEYS
     assert config["insecure"] is True
-    protoset = descriptor_pb2.FileDescriptorSet.FromString((LOADTEST / config["protoset"]).read_bytes())
+    protoset = descriptor_pb2.FileDescriptorSet.FromString((REPO_ROOT / config["protoset"]).read_bytes())
     service, _, method = config["call"].rpartition(".")
     methods = {
         f"{file.package}.{s.name}.{m.name}" for file in protoset.file for s in file.service for m in s.method
     }
     assert config["call"] in methods, f"{method} of {service} is not in the protoset"
-    entries = json.loads((LOADTEST / config["data-file"]).read_text())
+    entries = json.loads((REPO_ROOT / config["data-file"]).read_text())
     assert isinstance(entries, list) and entries
     cls = request_class(config["call"])
     for entry in entries:
@@ -76,9 +78,22 @@ def test_config_uses_ghz_keys_and_every_data_entry_parses_into_the_request(path:
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_path_in_a_config_resolves_from_the_repository_root(path: Path, monkeypatch):
+    config = json.loads(path.read_text())
+    named_paths = {key: config[key] for key in PATH_KEYS if config.get(key)}
+    assert set(named_paths) == {"data-file", "protoset"}
+    for value in named_paths.values():
+        assert (REPO_ROOT / value).is_file() and (REPO_ROOT / value).resolve().is_relative_to(LOADTEST)
+    # The project's load generator, run from the repository root as the docs say, finds them there.
+    monkeypatch.chdir(REPO_ROOT)
+    loaded = load_ghz_config(path.relative_to(REPO_ROOT))
+    assert loaded.paths == {key: REPO_ROOT / value for key, value in named_paths.items()}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_the_local_load_generator_reads_the_same_config(path: Path):
-    loaded = load_ghz_config(path)
-    data = json.loads((LOADTEST / json.loads(path.read_text())["data-file"]).read_text())
+    loaded = load_ghz_config(path, base_dir=REPO_ROOT)
+    data = json.loads((REPO_ROOT / json.loads(path.read_text())["data-file"]).read_text())
     assert len(loaded.requests) == len(data)
     assert loaded.requests[0] == json_format.ParseDict(data[0], loaded.method.request_class())
 
@@ -105,26 +120,36 @@ def test_data_is_a_realistic_user_mix():
     assert [(p.user_id, p.long_term) for p in pre_infers] == [(r.user_id, r.long_term) for r in ranks]
 
 
-def test_job_runs_ghz_in_a_copy_of_the_loadtest_folder():
+def test_job_runs_ghz_where_the_configs_paths_resolve_as_from_the_repository_root():
     manifests = objects("loadtest")
     job = named(manifests, "Job", "ghz")
     (container,) = containers(job)
     assert container["image"] == GHZ_IMAGE
     (mount,) = container["volumeMounts"]
-    assert container["workingDir"] == mount["mountPath"] and mount["readOnly"] is True
+    assert mount["readOnly"] is True
+    working_dir = container["workingDir"]
+    # The folder sits below the working directory where it sits below the repository root.
+    assert mount["mountPath"] == posixpath.join(working_dir, str(LOADTEST.relative_to(REPO_ROOT)))
     (volume,) = (v for v in pod_spec(job)["volumes"] if v["name"] == mount["name"])
     (config_map,) = of_kind(manifests, "ConfigMap")
     assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    # The files the pod sees, by their path from its working directory.
     mounted = {}
     for item in volume["configMap"]["items"]:
         content = config_map.get("data", {}).get(item["key"]) or config_map["binaryData"][item["key"]]
-        mounted[item["path"]] = content
+        seen = posixpath.relpath(posixpath.join(mount["mountPath"], item["path"]), working_dir)
+        mounted[seen] = content
     shipped = {
-        str(p.relative_to(LOADTEST)) for p in LOADTEST.rglob("*") if p.is_file() and p.suffix != ".yaml"
+        str(p.relative_to(REPO_ROOT)) for p in LOADTEST.rglob("*") if p.is_file() and p.suffix != ".yaml"
     }
     assert set(mounted) == shipped
-    for path in ("rank.json", "pre-infer.json", "recommend.json"):
-        assert json.loads(mounted[path]) == json.loads((LOADTEST / path).read_text())
+    for path in CONFIGS:
+        seen = str(path.relative_to(REPO_ROOT))
+        config = json.loads(mounted[seen])
+        assert config == json.loads(path.read_text())
+        for key in PATH_KEYS:
+            if config.get(key):
+                assert config[key] in mounted, f"{seen}: {key} {config[key]} is not in the pod"
     (config_arg,) = container["args"]
     assert config_arg.removeprefix("--config=") in mounted
     assert job["spec"]["backoffLimit"] == 0 and pod_spec(job)["restartPolicy"] == "Never"

@@ -1,19 +1,28 @@
-"""ghz config files parse into real protobuf requests; reports have ghz's shape and arithmetic."""
+"""ghz config files parse into real protobuf requests, their paths taken from the working directory as ghz
+takes them; reports have ghz's shape and arithmetic, and decode into ghz's own Go types."""
 
 from __future__ import annotations
 
 import datetime
 import json
+from pathlib import Path
 
 import grpc
 import pytest
 
 from relaygr.v1 import ranker_pb2, recommend_pb2
 from services.launcher.procs import REPO_ROOT
-from services.loadgen.ghz_config import GhzConfig, load_ghz_config, parse_go_duration
+from services.loadgen.ghz_config import (
+    GHZ_DURATION_TOTAL,
+    GhzConfig,
+    go_duration_ns,
+    load_ghz_config,
+    parse_go_duration,
+)
 from services.loadgen.openloop import CallRecord
 from services.loadgen.report import ghz_report, go_code_name
 from services.loadgen.schedule import RateSchedule
+from tests.loadgen import ghz_types
 
 # The top-level keys of a ghz JSON report (runner/reporter.go), and the keys of its nested entries.
 GHZ_REPORT_KEYS = {
@@ -38,6 +47,9 @@ def test_go_durations_parse_like_go():
     for bad in ("10", "ten seconds", "10s junk", ""):
         with pytest.raises(ValueError, match="d"):
             parse_go_duration(bad, "d")
+    # time.Duration's unit, exactly: no float rounding on the way.
+    assert go_duration_ns("1m30.5s", "d") == 90_500_000_000
+    assert go_duration_ns("1.000000001s", "d") == 1_000_000_001
 
 
 def test_a_rank_config_with_a_data_file_parses_into_rank_requests(tmp_path):
@@ -48,7 +60,7 @@ def test_a_rank_config_with_a_data_file_parses_into_rank_requests(tmp_path):
         "duration": "2s", "total": 999, "concurrency": 50, "timeout": "500ms", "data-file": "rank.json",
         "metadata": {"X-Tenant": "demo"},
     }))  # fmt: skip
-    config = load_ghz_config(config_path)
+    config = load_ghz_config(config_path, base_dir=tmp_path)
     assert config.method.path == "/relaygr.v1.RankerService/Rank"
     assert config.method.request_class is ranker_pb2.RankRequest
     first, second = config.requests
@@ -72,6 +84,23 @@ def test_a_step_schedule_and_inline_data_with_field_names_parse():
     assert (config.total, config.duration_s, config.insecure) == (10, None, False)
 
 
+def test_relative_paths_are_taken_from_the_working_directory_as_ghz_takes_them(tmp_path, monkeypatch):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "rank.json").write_text(json.dumps([RANK_ENTRY]))
+    config_path = tmp_path / "data" / "config.json"
+    config_path.write_text(json.dumps({
+        "call": "relaygr.v1.RankerService.Rank", "host": "h:1", "rps": 5, "data-file": "data/rank.json",
+    }))  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    config = load_ghz_config("data/config.json")
+    assert config.paths == {"data-file": tmp_path / "data" / "rank.json"}
+    assert config.requests[0].user_id == "user-1"
+    # From the config's own folder the same path names nothing: ghz would fail there too.
+    monkeypatch.chdir(tmp_path / "data")
+    with pytest.raises(ValueError, match=r"data-file: no file data/rank.json in .*working directory"):
+        load_ghz_config("config.json")
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -81,6 +110,14 @@ def test_a_step_schedule_and_inline_data_with_field_names_parse():
         ({"data": []}, "non-empty array"),
         ({"rps": 0}, "needs a rate"),
         ({"timeout": "20"}, "timeout"),
+        # ghz reads these into Go integers, booleans and strings, and refuses the config otherwise.
+        ({"rps": 2.5}, "rps: ghz takes a whole number"),
+        ({"connections": "2"}, "connections: ghz takes a whole number"),
+        ({"concurrency": -1}, "concurrency: must be at least 0"),
+        ({"insecure": "true"}, "insecure: ghz takes true or false"),
+        ({"keepalive": 30}, "keepalive"),
+        ({"tags": {"run": 1}}, "tags"),
+        ({"protoset": "no/such.protoset"}, "protoset: no file no/such.protoset"),
     ],
 )
 def test_mistakes_in_a_config_are_reported_by_key(change, message):
@@ -119,8 +156,9 @@ def test_the_report_has_ghz_keys_nanoseconds_and_ghz_percentiles():
     assert len(buckets) == 11 and sum(bucket["count"] for bucket in buckets) == 100
     assert buckets[0]["mark"] == pytest.approx(0.001) and buckets[-1]["mark"] == pytest.approx(0.1)
     assert report["details"][0] == {
-        "timestamp": started.isoformat(), "latency": 1_000_000, "error": "", "status": "OK",
+        "timestamp": "2026-01-02T03:04:05.000000Z", "latency": 1_000_000, "error": "", "status": "OK",
     }  # fmt: skip
+    assert ghz_types.decode(report, ghz_types.REPORT) == ([], ["report.sendLag"])
 
 
 def test_skip_first_leaves_warm_up_out_of_the_report():
@@ -140,8 +178,61 @@ SHIPPED_CONFIGS = sorted((REPO_ROOT / "deploy" / "loadtest").glob("*.json"))
 
 @pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=[path.name for path in SHIPPED_CONFIGS])
 def test_every_shipped_ghz_config_and_data_entry_parses_into_real_messages(path):
-    config = load_ghz_config(path)
+    config = load_ghz_config(path, base_dir=REPO_ROOT)
     raw = json.loads(path.read_text())
-    entries = json.loads((path.parent / raw["data-file"]).read_text()) if "data-file" in raw else raw["data"]
+    entries = json.loads((REPO_ROOT / raw["data-file"]).read_text()) if "data-file" in raw else raw["data"]
     assert len(config.requests) == (len(entries) if isinstance(entries, list) else 1)
     assert all(isinstance(request, config.method.request_class) for request in config.requests)
+
+
+def shipped_report(path: Path, host: str = "127.0.0.1:50050") -> tuple[dict, dict, GhzConfig]:
+    """The report the CLI writes for a run of the shipped config at `path` (one success, one failure)."""
+    config = load_ghz_config(path, base_dir=REPO_ROOT)
+    records = [record(0, 0.004), record(1, 0.5, grpc.StatusCode.UNAVAILABLE)]
+    started = datetime.datetime(2026, 1, 2, 3, 4, 5, 250_000, tzinfo=datetime.UTC)
+    options = {**config.options, "host": host}
+    report = ghz_report(
+        records, 1.0, started, options, "timeout", config.skip_first, config.name, config.tags
+    )
+    return json.loads(json.dumps(report)), json.loads(path.read_text()), config
+
+
+@pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=[path.name for path in SHIPPED_CONFIGS])
+def test_a_report_of_every_shipped_config_decodes_into_ghz_go_types(path):
+    report, raw, config = shipped_report(path)
+    assert ghz_types.decode(report, ghz_types.REPORT) == ([], ["report.sendLag"])
+    options = report["options"]
+    # Exactly runner.Options' JSON names, and every field Go always writes.
+    assert ghz_types.OPTIONS_ALWAYS <= set(options) <= set(ghz_types.OPTIONS)
+    # Durations in time.Duration's nanoseconds, as ghz reads them from the config.
+    assert options["duration"] == go_duration_ns(raw["duration"], "duration")
+    assert options["timeout"] == go_duration_ns(raw["timeout"], "timeout")
+    assert options["dial-timeout"] == 10 * 10**9  # ghz's default connect-timeout
+    if "load-step-duration" in raw:
+        assert options["load-step-duration"] == go_duration_ns(raw["load-step-duration"], "s")
+        assert options["load-max-duration"] == go_duration_ns(raw["load-max-duration"], "m")
+    assert options["total"] == GHZ_DURATION_TOTAL  # what ghz sets when a duration bounds the run
+    assert (options["call"], options["host"], options["protoset"]) == (
+        raw["call"], "127.0.0.1:50050", raw["protoset"],
+    )  # fmt: skip
+    assert (options["connections"], options["concurrency"]) == (raw["connections"], raw["concurrency"])
+    # The call data itself, which ghz reads a data-file into; name and tags at the top, as ghz puts them.
+    assert options["data"] == json.loads((REPO_ROOT / raw["data-file"]).read_text())
+    assert (report["name"], report["tags"]) == (raw["name"], raw["tags"]) == (config.name, config.tags)
+    assert report["date"].endswith("Z") and report["details"][0]["timestamp"] == "2026-01-02T03:04:05.250000Z"
+
+
+def test_the_go_types_refuse_what_ghz_refuses():
+    """The check above is not vacuous: a Go duration string, a fraction where Go has an integer, or a
+    date that is not RFC 3339 is refused, as Go's decoder refuses it."""
+    report, _, _ = shipped_report(SHIPPED_CONFIGS[0])
+    spoiled = {
+        **report,
+        "options": {**report["options"], "duration": "60s", "rps": 20.5},
+        "count": 2.0,
+        "date": "2026-01-02 03:04:05",
+    }
+    errors, _ = ghz_types.decode(spoiled, ghz_types.REPORT)
+    assert [error.split(":")[0] for error in errors] == [
+        "report.date", "report.options.rps", "report.options.duration", "report.count",
+    ]  # fmt: skip

@@ -16,6 +16,7 @@ from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 from services.launcher.procs import REPO_ROOT, Processes
 from services.loadgen.openloop import CallRecord, run_open_loop
 from services.retrieval_stub.universe import UniverseConfig, UserUniverse
+from tests.loadgen import ghz_types
 
 SERVICE_DELAY_S = 0.005
 
@@ -117,7 +118,8 @@ def test_the_cli_runs_a_ghz_config_against_a_real_ranker(tmp_path):
         ranker.wait_healthy(120)
         (tmp_path / "config.json").write_text(json.dumps({
             "call": "relaygr.v1.RankerService.Rank", "host": ranker.address, "insecure": True, "rps": 20,
-            "total": 30, "concurrency": 8, "timeout": "5s", "data-file": "data.json", "name": "rank-smoke",
+            "total": 30, "concurrency": 8, "timeout": "5s", "data-file": str(tmp_path / "data.json"),
+            "name": "rank-smoke",
         }))  # fmt: skip
         done = subprocess.run(
             [sys.executable, "-m", "services.loadgen", "--config", str(tmp_path / "config.json"),
@@ -130,3 +132,6 @@ def test_the_cli_runs_a_ghz_config_against_a_real_ranker(tmp_path):
     assert 0 < report["fastest"] <= report["slowest"] and report["rps"] > 0
     assert len(report["details"]) == 30
     assert "30 requests" in done.stderr
+    # ghz's own Go types read the report: durations in nanoseconds, in the options too.
+    assert ghz_types.decode(report, ghz_types.REPORT) == ([], ["report.sendLag"])
+    assert (report["options"]["timeout"], report["options"]["total"]) == (5 * 10**9, 30)
