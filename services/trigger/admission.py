@@ -13,7 +13,9 @@ answers with the first of these that applies:
 3. WASTE_LIMIT: pre-inference that no Rank consumed (abandoned requests, Ranks that went elsewhere) has
    used the fleet's budget of wasted device time (`waste_budget`, a share of it).
 4. HBM_LIMIT: the target ranker's HBM leased to unconsumed prefixes plus this prefix's bytes would exceed
-   `hbm_lease_fraction` of its HBM budget (bytes as the ranker reports them, not a charge per admission).
+   `hbm_lease_fraction` of its HBM budget (bytes as the ranker reports them, not a charge per admission);
+   or, with `replicas` triggers admitting to the same rankers, what this trigger's own admissions may
+   hold there plus this prefix would exceed its part of that share, 1/`replicas` (below).
 5. BACKLOG_LIMIT: the target ranker's pre-inference backlog plus this prefix would exceed `max_backlog_ms`
    of device time.
 6. SHED_SHORT: while the brakes press, prefixes shorter than the shedding threshold are shed, unless the
@@ -24,6 +26,16 @@ The shedding threshold adapts: every `adjust_s`, if the highest pressure seen si
 over its limit, this request included) reached `high_water`, the threshold rises by `step` (from
 `floor_events`); if it stayed at or below `low_water`, it falls by `step` (to 0 below the floor). The
 longest prefixes carry most of the queueing a miss causes, so they keep their relay longest.
+
+Replicas. A ranker's report includes every trigger's admissions, but only as of its last answer to this
+trigger: what other triggers admitted since (at the same moment, or while this one admitted nothing) is
+not in it, so N triggers each braking on reports alone could together lease N shares. With `replicas`
+N > 1 each trigger also keeps what its own admissions may hold on a ranker within 1/N of the share, which
+bounds the sum strictly. Its own holding is counted from its admissions, each until its duplicate window
+plus `max_backlog_ms` have passed (its lease starts when its production ends and lasts the rankers'
+lease TTL, which the window equals), and is never more than the ranker's last report to it plus its
+admissions not yet answered (that report includes every own admission answered before it, so leases
+consumed since an answer stop counting at the next one).
 
 A request must relay when the queue wait at its target ranker plus its miss is predicted to exceed the SLO:
 it is exempt from shedding (not from the limits: a budget is never exceeded). `admit_all` (an ablation)
@@ -111,6 +123,7 @@ class Limits:
     floor_events: int
     max_events: int
     admit_all: bool = False
+    replicas: int = 1  # triggers admitting to the same rankers; each keeps within 1/replicas of a share
 
 
 @dataclasses.dataclass
@@ -121,6 +134,8 @@ class _Admission:
     nbytes: int
     relay_instance: str = ""
     answered: bool = False
+    holds_until: float = 0.0  # counted in this trigger's holding on `target` until then (replicas > 1)
+    holding: int = 0  # the bytes counted; 0 once the ranker refused it
 
 
 class AdmissionPolicy:
@@ -130,6 +145,10 @@ class AdmissionPolicy:
         self._clock = clock
         # Insertion order is expiry order: every admission lives for the same window.
         self._admissions: collections.OrderedDict[Hashable, _Admission] = collections.OrderedDict()
+        # Admissions that may still hold HBM, oldest first (they all hold for the same span), and their bytes
+        # per target: this trigger's own holding, for the replicas' split.
+        self._holding: collections.deque[_Admission] = collections.deque()
+        self._held_bytes: collections.Counter[str] = collections.Counter()
         self.threshold_events = 0
         self.pressure = {brake: 0.0 for brake in Brake}  # at the last decision
         self._peak = 0.0  # highest pressure since the last adjustment
@@ -151,18 +170,24 @@ class AdmissionPolicy:
             refusal = self._brake(prefix, target, must_relay, now)
             if refusal is not None:
                 return Decision(refusal, must_relay=must_relay)
-        self._admissions[prefix.key] = _Admission(
-            now + limits.duplicate_window_s, target, prefix.pre_infer_ms, prefix.nbytes
-        )
+        admission = _Admission(now + limits.duplicate_window_s, target, prefix.pre_infer_ms, prefix.nbytes)
+        admission.holds_until = admission.expires_at + limits.max_backlog_ms / 1000
+        admission.holding = prefix.nbytes
+        self._admissions[prefix.key] = admission
+        self._holding.append(admission)
+        self._held_bytes[target] += prefix.nbytes
         self.fleet.reserve(target, prefix.pre_infer_ms, prefix.nbytes)
         return Decision(Reason.ADMITTED, must_relay=must_relay)
 
     def _brake(self, prefix: Prefix, target: str, must_relay: bool, now: float) -> Reason | None:
         limits, fleet = self.limits, self.fleet
         capacity = fleet.hbm_capacity_bytes(target) * limits.hbm_lease_fraction
+        hbm = (fleet.leased_bytes(target) + prefix.nbytes) / capacity if capacity else 0.0
+        if limits.replicas > 1 and capacity:
+            hbm = max(hbm, (self.own_holding(target) + prefix.nbytes) * limits.replicas / capacity)
         self.pressure = {
             Brake.WASTE: fleet.wasted_share() / limits.waste_budget,
-            Brake.HBM: (fleet.leased_bytes(target) + prefix.nbytes) / capacity if capacity else 0.0,
+            Brake.HBM: hbm,
             Brake.BACKLOG: (fleet.pre_infer_backlog_ms(target) + prefix.pre_infer_ms) / limits.max_backlog_ms,
         }
         self._adjust(max(self.pressure.values()), now)
@@ -172,6 +197,11 @@ class AdmissionPolicy:
         if not must_relay and prefix.length < self.threshold_events:
             return Reason.SHED_SHORT
         return None
+
+    def own_holding(self, target: str) -> int:
+        """HBM bytes this trigger's own admissions may still hold on `target` (an upper bound)."""
+        reported = self.fleet.reported_leased_bytes(target) + self.fleet.unanswered_bytes(target)
+        return min(self._held_bytes[target], reported)
 
     def _adjust(self, pressure: float, now: float) -> None:
         limits = self.limits
@@ -200,8 +230,15 @@ class AdmissionPolicy:
             admission.relay_instance = relay_instance
         else:
             del self._admissions[key]
+            self._held_bytes[admission.target] -= admission.holding
+            admission.holding = 0
 
     def _expire(self, now: float) -> None:
+        while self._holding and self._holding[0].holds_until <= now:
+            gone = self._holding.popleft()
+            self._held_bytes[gone.target] -= gone.holding
+            if self._held_bytes[gone.target] <= 0:
+                del self._held_bytes[gone.target]
         while self._admissions:
             key, oldest = next(iter(self._admissions.items()))
             if oldest.expires_at > now:

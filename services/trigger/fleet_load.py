@@ -112,6 +112,15 @@ class FleetLoad:
             reported = round(report.leased_bytes * remaining)
         return reported + self._unanswered_bytes[name]
 
+    def reported_leased_bytes(self, name: str) -> int:
+        """The member's leased bytes as its last report stated them, not aged; 0 with no report."""
+        report, _ = self._aged(name)
+        return 0 if report is None else report.leased_bytes
+
+    def unanswered_bytes(self, name: str) -> int:
+        """Bytes of this trigger's admissions to `name` whose PreInfer has not answered yet."""
+        return self._unanswered_bytes[name]
+
     def hbm_capacity_bytes(self, name: str) -> int:
         """The member's HBM budget as it last reported it; 0 when unknown."""
         report, _ = self._aged(name)

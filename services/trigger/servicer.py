@@ -86,6 +86,7 @@ class TriggerService(trigger_pb2_grpc.TriggerServiceServicer):
                 floor_events=config.shed_floor_events,
                 max_events=config.max_long_term_events,
                 admit_all=config.admit_all,
+                replicas=config.replicas,
             ),
             self.fleet,
         )
