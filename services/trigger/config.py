@@ -41,16 +41,16 @@ class TriggerConfig(ServiceConfig):
         "brake: share of a ranker's HBM budget that pre-inferred, unconsumed prefixes may hold",
         above=0,
     )
-    max_backlog_ms: float = setting(
-        500.0,
-        "brake: device ms of pre-inference queued on one ranker beyond which no prefix is admitted to it "
-        "(a prefix its Rank arrives before is joined by that Rank and still saves what it computed)",
     replicas: int = setting(
         1,
         "trigger replicas admitting to the same rankers (with an autoscaler, its maximum): each keeps what "
         "its own admissions may hold on a ranker within 1/replicas of the --hbm-lease-fraction share",
         above=0,
     )
+    max_backlog_ms: float = setting(
+        500.0,
+        "brake: device ms of pre-inference queued on one ranker beyond which no prefix is admitted to it "
+        "(a prefix its Rank arrives before is joined by that Rank and still saves what it computed)",
         above=0,
     )
     shed_high_water: float = setting(
