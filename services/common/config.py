@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 import types
 from collections.abc import Iterable, Mapping, Sequence
@@ -149,6 +150,46 @@ def markdown_table(cls: type) -> str:
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the default of --max-message-mb, for clients without a config
 
+# Client-side load-balancing policies of gRPC that --lb-policy may name.
+LB_POLICIES = ("round_robin", "pick_first")
+
+
+def split_host_port(address: str, flag: str) -> tuple[str, int]:
+    """`host:port` (IPv6 hosts in brackets) as (host, port); ValueError naming `flag` otherwise."""
+    host, sep, port = address.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{flag}: {address!r} is not host:port")
+    return host, int(port)
+
+
+def check_target(target: str, flag: str) -> None:
+    """Raises ValueError naming `flag` unless `target` is a gRPC target a service may dial.
+
+    Accepted: `host:port`; `dns:///host:port` (or `dns://resolver/host:port`), whose every address is a
+    backend balanced by --lb-policy and re-resolved when connections drop; `ipv4:a.b.c.d:port,...` and
+    `ipv6:[addr]:port,...`, fixed address lists. A port is required: gRPC would silently pick 443.
+    """
+    scheme, sep, rest = target.partition(":")
+    if not sep or scheme not in ("dns", "ipv4", "ipv6"):
+        split_host_port(target, flag)
+        return
+    if scheme == "dns":
+        if rest.startswith("//"):
+            rest = rest[2:].partition("/")[2]
+        split_host_port(rest, flag)
+        return
+    version = 4 if scheme == "ipv4" else 6
+    for address in rest.split(","):
+        host, _ = split_host_port(address, flag)
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            ip = None
+        if ip is None or ip.version != version or (version == 6 and not address.startswith("[")):
+            example = "1.2.3.4:50050" if version == 4 else "[fd00::1]:50050"
+            raise ValueError(f"{flag}: {address!r} in {target!r} is not an {scheme} address:port ({example})")
+
 
 @dataclasses.dataclass(frozen=True)
 class ServiceConfig:
@@ -181,11 +222,35 @@ class ServiceConfig:
     tls_ca: str = setting(
         "", "PEM CA bundle: verifies peers; on a server it also requires client certificates"
     )
+    health_port: int = setting(
+        -1,
+        "plaintext port serving only the gRPC health service, with the main port's SERVING state, for "
+        "kubelet probes (which cannot present a client certificate); -1 disables, 0 picks a free port",
+    )
+    lb_policy: str = setting(
+        "round_robin",
+        "load balancing over the addresses of a peer target (dns:///name:port lists every replica): "
+        "round_robin spreads calls, pick_first keeps one connection",
+        choices=LB_POLICIES,
+    )
+    max_connection_age_s: float = setting(
+        30.0,
+        "seconds after which the server asks a client to reconnect (GOAWAY), so clients re-resolve "
+        "and new replicas get traffic (0: never)",
+        minimum=0,
+    )
+    max_connection_age_grace_s: float = setting(
+        10.0, "seconds the calls in flight on such a connection get to finish before it closes", minimum=0
+    )
 
     def validate(self) -> None:
         check(self)
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("--tls-cert and --tls-key must be given together")
+        if not -1 <= self.health_port < 65536:
+            raise ValueError("--health-port must be a port number, 0 (a free port) or -1 (off)")
+        if self.health_port > 0 and self.health_port in (self.port, self.metrics_port):
+            raise ValueError("--health-port must differ from --port and --metrics-port")
 
     @property
     def tls(self) -> bool:

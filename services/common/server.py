@@ -2,16 +2,27 @@
 
 `GrpcServer` owns the server's options and its lifecycle:
 
-1. `start()` binds the gRPC port and the Prometheus metrics port (port 0 picks a free one; the bound
-   ports are exposed), with health NOT_SERVING for the service's full name;
+1. `start()` binds the gRPC port, the health-only port when `--health-port` asks for one, and the
+   Prometheus metrics port (port 0 picks a free one; the bound ports are exposed), with health
+   NOT_SERVING for the service's full name;
 2. the caller warms up, then calls `set_serving()`;
 3. `wait()` serves until SIGTERM or SIGINT (or `stop()`), then drains: health goes NOT_SERVING at once
    so load balancers stop sending, the `on_drain` hook runs, and in-flight RPCs get `drain_grace_s`.
+
+The health-only port is a second server sharing the main server's `HealthServicer`, so both always
+answer the same status. It is plaintext even when the main port requires mutual TLS: kubelet's native
+gRPC probes present no client certificate. It serves nothing but `grpc.health.v1.Health`.
+
+Connections are balanced the gRPC way: `dial()` gives every channel the `--lb-policy` through its
+service config (a `dns:///name:port` target lists every replica), and the server sends GOAWAY to a
+connection older than `--max-connection-age-s`, so long-lived clients reconnect, re-resolve, and
+spread onto replicas that started after them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -33,13 +44,26 @@ log = logging.getLogger(__name__)
 C = TypeVar("C", bound=ServiceConfig)
 
 
-def grpc_options(config: ServiceConfig) -> list[tuple[str, int]]:
+def message_options(config: ServiceConfig) -> list[tuple[str, int]]:
+    """Message size limits, the same for servers and channels."""
     size = config.max_message_mb * 1024 * 1024
-    return [
-        ("grpc.max_receive_message_length", size),
-        ("grpc.max_send_message_length", size),
-        ("grpc.so_reuseport", int(config.reuse_port)),
-    ]
+    return [("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)]
+
+
+def grpc_options(config: ServiceConfig) -> list[tuple[str, int]]:
+    """Options of a service's gRPC server: message limits, port reuse and the connection age limit."""
+    options = [*message_options(config), ("grpc.so_reuseport", int(config.reuse_port))]
+    if config.max_connection_age_s > 0:
+        options += [
+            ("grpc.max_connection_age_ms", round(config.max_connection_age_s * 1000)),
+            ("grpc.max_connection_age_grace_ms", round(config.max_connection_age_grace_s * 1000)),
+        ]
+    return options
+
+
+def service_config(lb_policy: str) -> str:
+    """A channel's gRPC service config (JSON) choosing its load-balancing policy."""
+    return json.dumps({"loadBalancingConfig": [{lb_policy: {}}]})
 
 
 def _read(path: str) -> bytes:
@@ -66,12 +90,22 @@ def channel_credentials(config: ServiceConfig) -> grpc.ChannelCredentials:
 def dial(
     target: str, config: ServiceConfig, extra_options: Iterable[tuple[str, object]] = ()
 ) -> grpc.aio.Channel:
-    """An aio channel to a peer service, over TLS when this service is configured for it."""
+    """An aio channel to a peer service, over TLS when this service is configured for it.
+
+    `target` is any gRPC target (`host:port`, `dns:///name:port`, `ipv4:a:p,b:q`); calls are spread over
+    its addresses by `--lb-policy`. The policy is fixed here, not taken from DNS TXT records. A name is
+    re-resolved whenever a connection drops (a GOAWAY from the server's connection age included), at
+    most once per longest reconnect wait, rather than gRPC's default 30 s, so replaced replicas are
+    found as fast as they are redialled.
+    """
     defaults = [
-        *grpc_options(config)[:2],
+        *message_options(config),
         ("grpc.keepalive_time_ms", config.keepalive_ms),
         ("grpc.initial_reconnect_backoff_ms", config.reconnect_backoff_ms),
         ("grpc.max_reconnect_backoff_ms", 10 * config.reconnect_backoff_ms),
+        ("grpc.service_config", service_config(config.lb_policy)),
+        ("grpc.service_config_disable_resolution", 1),
+        ("grpc.dns_min_time_between_resolutions_ms", 10 * config.reconnect_backoff_ms),
     ]
     options = list({**dict(defaults), **dict(extra_options)}.items())  # the caller's options win
     if config.tls:
@@ -80,7 +114,8 @@ def dial(
 
 
 class GrpcServer:
-    """One service's gRPC server with health, reflection, metrics and graceful drain."""
+    """One service's gRPC server with health (also on a plaintext health-only port), reflection, metrics
+    and graceful drain."""
 
     def __init__(
         self,
@@ -98,10 +133,16 @@ class GrpcServer:
         reflection.enable_server_reflection(
             (service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
+        self.health_server: grpc.aio.Server | None = None
+        if config.health_port >= 0:
+            # Port reuse as on the main port, so a replacement process can bind both.
+            self.health_server = grpc.aio.server(options=[("grpc.so_reuseport", int(config.reuse_port))])
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
         self._on_drain = on_drain
         self._stop = asyncio.Event()
         self._metrics_http = None
         self.port = 0
+        self.health_port = -1
         self.metrics_port = -1
 
     @property
@@ -114,14 +155,19 @@ class GrpcServer:
             self.port = self.server.add_secure_port(bind, server_credentials(self.config))
         else:
             self.port = self.server.add_insecure_port(bind)
+        if self.health_server is not None:
+            health_bind = f"{self.config.host}:{self.config.health_port}"
+            self.health_port = self.health_server.add_insecure_port(health_bind)
         if self.config.metrics_port >= 0:
             self._metrics_http, _ = start_http_server(self.config.metrics_port, addr=self.config.host)
             self.metrics_port = self._metrics_http.server_port
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
+        if self.health_server is not None:
+            await self.health_server.start()
         log.info(
-            "%s listening on %s (metrics on %s:%s)",
-            self.service_name, self.address, self.config.host, self.metrics_port,
+            "%s listening on %s (health-only port %s, metrics on %s:%s)",
+            self.service_name, self.address, self.health_port, self.config.host, self.metrics_port,
         )  # fmt: skip
 
     async def _set_health(self, status: int) -> None:
@@ -151,6 +197,8 @@ class GrpcServer:
         if self._on_drain is not None:
             await self._on_drain()
         await self.server.stop(self.config.drain_grace_s)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.common.config import ServiceConfig, setting
+from services.common.config import ServiceConfig, check_target, setting
 from services.retrieval_stub.universe import UniverseConfig
 
 
@@ -17,8 +17,15 @@ from services.retrieval_stub.universe import UniverseConfig
 class RetrievalStubConfig(UniverseConfig, ServiceConfig):
     port: int = setting(50053, "gRPC port (0 picks a free port)")
     metrics_port: int = setting(9103, "Prometheus metrics port (0 picks a free port; -1 disables)")
-    router: str = setting("127.0.0.1:50050", "address of the router (or of one ranker): Rank goes there")
-    trigger: str = setting("127.0.0.1:50052", "address of the trigger: Admit goes there when --relay is on")
+    router: str = setting(
+        "127.0.0.1:50050",
+        "gRPC target of the routers (or of one ranker), host:port, dns:///name:port (every address, "
+        "balanced by --lb-policy) or ipv4:a:p,b:q: Rank goes there",
+    )
+    trigger: str = setting(
+        "127.0.0.1:50052",
+        "gRPC target of the triggers, like --router: Admit goes there when --relay is on",
+    )
     relay: bool = setting(True, "run the relay (Admit, then Rank with its hint); false runs the baseline")
     admit_timeout_ms: float = setting(20.0, "Admit deadline; a late or failed Admit means no relay", above=0)
     preprocess_delay_ms: float = setting(
@@ -37,7 +44,10 @@ class RetrievalStubConfig(UniverseConfig, ServiceConfig):
         UniverseConfig.validate(self)
         if not self.router:
             raise ValueError("--router must not be empty")
+        check_target(self.router, "--router")
         if self.relay and not self.trigger:
             raise ValueError("--trigger must not be empty when --relay is on")
+        if self.relay:
+            check_target(self.trigger, "--trigger")
         if not self.abandon_fraction < 1:
             raise ValueError("--abandon-fraction must be in [0, 1)")

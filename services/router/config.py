@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
-from services.common.config import ServiceConfig, setting
+from services.common.config import ServiceConfig, setting, split_host_port
 from services.common.ring import LOAD_FACTOR, LOAD_FLOOR, VIRTUAL_NODES
 
 ROUTING_POLICIES = ("affinity", "random")
+
+# One label of a DNS name as SRV record names use them: letters, digits, hyphens, and the leading
+# underscore of `_grpc._tcp`; at most 63 characters.
+_DNS_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,11 +23,13 @@ class RouterConfig(ServiceConfig):
         "ranker-0=127.0.0.1:50051",
         "static members as name=host:port,...; each name must equal that ranker's --instance-name",
     )
-    rankers_dns: str = setting(
+    rankers_srv: str = setting(
         "",
-        "host:port of a headless service whose DNS records (PTR names) list the members; overrides --rankers",
+        "SRV record name listing the members, in Kubernetes that of the headless Service's port named grpc "
+        "(_grpc._tcp.ranker-headless.relaygr.svc.cluster.local): each target is a member named by its "
+        "first label (the pod name) and dialled by its DNS name and port; overrides --rankers",
     )
-    dns_refresh_s: float = setting(10.0, "seconds between DNS re-resolutions of --rankers-dns", above=0)
+    dns_refresh_s: float = setting(10.0, "seconds between DNS re-resolutions of --rankers-srv", above=0)
     virtual_nodes: int = setting(VIRTUAL_NODES, "points per member on the hash ring", above=0)
     load_factor: float = setting(
         LOAD_FACTOR,
@@ -55,12 +62,12 @@ class RouterConfig(ServiceConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not self.rankers_dns and not self.rankers:
-            raise ValueError("give --rankers or --rankers-dns")
+        if not self.rankers_srv and not self.rankers:
+            raise ValueError("give --rankers or --rankers-srv")
         if self.load_factor < 1.0:
             raise ValueError("--load-factor must be at least 1.0 (below 1 no member may be under the bound)")
-        if self.rankers_dns:
-            self.dns_target()
+        if self.rankers_srv:
+            self.srv_name()
         else:
             self.static_members()
 
@@ -80,14 +87,13 @@ class RouterConfig(ServiceConfig):
             raise ValueError("--rankers lists no member")
         return members
 
-    def dns_target(self) -> tuple[str, int]:
-        """`--rankers-dns` as (host, port)."""
-        return split_host_port(self.rankers_dns, "--rankers-dns")
-
-
-def split_host_port(address: str, flag: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{flag}: {address!r} is not host:port")
-    return host, int(port)
+    def srv_name(self) -> str:
+        """`--rankers-srv`, checked to be a DNS name (without the port an SRV record carries itself)."""
+        name = self.rankers_srv.strip().removesuffix(".")
+        labels = name.split(".")
+        if len(name) > 253 or not all(_DNS_LABEL.fullmatch(label) for label in labels):
+            raise ValueError(
+                f"--rankers-srv: {self.rankers_srv!r} is no DNS name; give the SRV record name, such as "
+                "_grpc._tcp.ranker-headless.relaygr.svc.cluster.local (its records carry the port)"
+            )
+        return name

@@ -1,62 +1,83 @@
-"""Where the router's members come from: a fixed list, or DNS for a Kubernetes headless service.
+"""Where the router's members come from: a fixed list, or the SRV records of a Kubernetes headless Service.
 
-From `--rankers name=host:port,...` the names are given. From DNS, the service name resolves to one A/AAAA
-record per ready pod, and the PTR record of each pod IP is the pod's DNS name, whose first label is the pod
-name (`ranker-0`). An IP without a PTR record is skipped with a warning: naming a member by its IP would
-move its arc whenever the pod restarts.
+From `--rankers name=host:port,...` the names are given. From DNS, `--rankers-srv` names an SRV record
+(`_grpc._tcp.ranker-headless.relaygr.svc.cluster.local`: the headless Service's port named `grpc`), which
+Kubernetes answers with one record per ready pod of the StatefulSet: target
+`ranker-0.ranker-headless.relaygr.svc.cluster.local.`, port 50051. Each target is a member, named by the
+target's first label (the pod name, `ranker-0`, which is also the ranker's `--instance-name`) and dialled
+by the target's DNS name, so the name is stable across pod restarts, TLS verifies a DNS SAN, and no reverse
+zone is needed.
+
+Lookups go through dnspython with the system resolver configuration (`/etc/resolv.conf`, read afresh for
+each lookup; under `ip netns exec NS` that is `/etc/netns/NS/resolv.conf`). A name that does not exist
+(NXDOMAIN) or has no SRV records means there are no members; any other failure (no server answered, a
+SERVFAIL, a timeout) raises `DiscoveryFailed`, and the router keeps the members it has.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import ipaddress
 import logging
-import socket
 from collections.abc import Awaitable, Callable, Mapping
+
+import dns.exception
+import dns.resolver
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class DnsRecord:
-    """One address of a discovered service and the name its PTR record gives it."""
+class SrvRecord:
+    """One SRV record of the members' name: the target host name and the port to dial it on."""
 
-    ip: str
-    hostname: str
+    target: str
+    port: int
 
 
-# Blocking: host -> its records. Injectable so that tests can serve a fixed record set.
-DnsLookup = Callable[[str], list[DnsRecord]]
+class DiscoveryFailed(OSError):
+    """The lookup got no usable answer: the members cannot be known this time (not: there are none)."""
+
+
+# Blocking: SRV record name -> its records, or DiscoveryFailed. Injectable so that tests can serve records.
+DnsLookup = Callable[[str], list[SrvRecord]]
 
 # Async: the current members as {name: host:port}.
 Discovery = Callable[[], Awaitable[dict[str, str]]]
 
 
-def system_dns_lookup(host: str) -> list[DnsRecord]:
-    """A and AAAA records of `host` (getaddrinfo), each named by the PTR record of its IP."""
-    ips = sorted({info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)})
-    records = []
-    for ip in ips:
-        try:
-            hostname = socket.gethostbyaddr(ip)[0]
-        except OSError as exc:
-            log.warning("skipping %s of %s: no PTR record names it (%s)", ip, host, exc)
-            continue
-        records.append(DnsRecord(ip, hostname))
-    return records
+def srv_lookup(name: str, resolver: dns.resolver.Resolver | None = None) -> list[SrvRecord]:
+    """The SRV records of `name`, from `resolver` or one configured from the system's resolv.conf.
+
+    The name is taken as absolute: the pod's search domains (and ndots) do not multiply the queries.
+    """
+    try:
+        resolver = resolver or dns.resolver.Resolver()
+        answer = resolver.resolve(name, "SRV", search=False)
+    except dns.resolver.NXDOMAIN:
+        log.warning("SRV %s does not exist (NXDOMAIN): no members", name)
+        return []
+    except dns.resolver.NoAnswer:
+        log.warning("SRV %s has no records: no members", name)
+        return []
+    except dns.exception.DNSException as exc:
+        raise DiscoveryFailed(f"SRV lookup of {name} failed: {exc}") from exc
+    return [SrvRecord(record.target.to_text(), record.port) for record in answer]
 
 
-def members_from_records(records: list[DnsRecord], port: int) -> dict[str, str]:
-    """{pod name: ip:port}, the pod name being the first label of the PTR name; duplicates resolve alike."""
+def members_from_srv(records: list[SrvRecord]) -> dict[str, str]:
+    """{first label of the target: target:port}; targets sharing a first label resolve alike (the first in
+    sorted order wins), and the root target "." (RFC 2782: no service) is no member."""
     members: dict[str, str] = {}
-    for record in sorted(records, key=lambda r: (r.hostname, r.ip)):
-        name = record.hostname.split(".", 1)[0]
-        if name in members:
-            log.warning("%s also names %s; keeping %s", record.hostname, record.ip, members[name])
+    for record in sorted(records, key=lambda r: (r.target, r.port)):
+        host = record.target.removesuffix(".")
+        if not host:
             continue
-        host = f"[{record.ip}]" if ipaddress.ip_address(record.ip).version == 6 else record.ip
-        members[name] = f"{host}:{port}"
+        name = host.split(".", 1)[0]
+        if name in members:
+            log.warning("SRV target %s also names %s; keeping %s", record.target, name, members[name])
+            continue
+        members[name] = f"{host}:{record.port}"
     return members
 
 
@@ -69,9 +90,11 @@ def static_discovery(members: Mapping[str, str]) -> Discovery:
     return discover
 
 
-def dns_discovery(host: str, port: int, lookup: DnsLookup = system_dns_lookup) -> Discovery:
+def srv_discovery(name: str, lookup: DnsLookup = srv_lookup) -> Discovery:
+    """Discovery from the SRV records of `name`; the blocking lookup runs in the loop's executor."""
+
     async def discover() -> dict[str, str]:
-        records = await asyncio.get_running_loop().run_in_executor(None, lookup, host)
-        return members_from_records(records, port)
+        records = await asyncio.get_running_loop().run_in_executor(None, lookup, name)
+        return members_from_srv(records)
 
     return discover

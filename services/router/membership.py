@@ -3,7 +3,7 @@
 Contract:
 - Members are named by stable names (StatefulSet pod names), which are what the ring hashes and what a
   ranker reports as its `instance`; they come from a discovery source (`discovery.py`), re-read every
-  `dns_refresh_s` for DNS; a failed discovery keeps the members.
+  `dns_refresh_s` for DNS SRV records; a failed discovery keeps the members, an empty answer removes them.
 - Each member's gRPC health (service `relaygr.v1.RankerService`) is checked every `health_interval_s`.
   A member is routable while its last answered check said SERVING and its circuit is closed; a check
   that times out counts only after `health_timeouts` in a row (a busy ranker answers late). It stays on
@@ -29,7 +29,7 @@ from services.common.contract import RANKER_SERVICE
 from services.common.ring import AffinityRing
 from services.common.server import dial
 from services.router.config import RouterConfig
-from services.router.discovery import Discovery, DnsLookup, dns_discovery, static_discovery, system_dns_lookup
+from services.router.discovery import Discovery, DnsLookup, srv_discovery, srv_lookup, static_discovery
 from services.router.metrics import ROUTER_FAILURES, ROUTER_INFLIGHT, ROUTER_MEMBER_HEALTHY
 
 log = logging.getLogger(__name__)
@@ -142,10 +142,9 @@ class Membership:
         self._checked = asyncio.Event()  # pulsed whenever a health check finishes
 
     @classmethod
-    def from_config(cls, config: RouterConfig, lookup: DnsLookup = system_dns_lookup) -> Membership:
-        if config.rankers_dns:
-            host, port = config.dns_target()
-            discover, refresh_s = dns_discovery(host, port, lookup), config.dns_refresh_s
+    def from_config(cls, config: RouterConfig, lookup: DnsLookup = srv_lookup) -> Membership:
+        if config.rankers_srv:
+            discover, refresh_s = srv_discovery(config.srv_name(), lookup), config.dns_refresh_s
         else:
             discover, refresh_s = static_discovery(config.static_members()), None
         # Reconnect no slower than health is checked, so a restarted ranker is seen within an interval.

@@ -13,7 +13,7 @@ import logging
 from services.common.contract import RANKER_SERVICE
 from services.common.server import GrpcServer
 from services.router.config import RouterConfig
-from services.router.discovery import DnsLookup, system_dns_lookup
+from services.router.discovery import DnsLookup, srv_lookup
 from services.router.membership import Membership
 from services.router.proxy import RankerProxy
 from services.router.routing import RoutingPolicy
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 class RouterServer:
     """One router: its members, its routing policy, and the gRPC server that proxies to them."""
 
-    def __init__(self, config: RouterConfig, lookup: DnsLookup = system_dns_lookup) -> None:
+    def __init__(self, config: RouterConfig, lookup: DnsLookup = srv_lookup) -> None:
         self.config = config
         self.membership = Membership.from_config(config, lookup)
         self.policy = RoutingPolicy(self.membership, config.routing_policy)

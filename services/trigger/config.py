@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.common.config import ServiceConfig, setting
+from services.common.config import ServiceConfig, check_target, setting
 
 
 @dataclasses.dataclass(frozen=True)
 class TriggerConfig(ServiceConfig):
     port: int = setting(50052, "gRPC port (0 picks a free port)")
     metrics_port: int = setting(9102, "Prometheus metrics port (0 picks a free port; -1 disables)")
-    router: str = setting("127.0.0.1:50050", "router (or single ranker) address for PreInfer and GetProfile")
+    router: str = setting(
+        "127.0.0.1:50050",
+        "gRPC target of the routers (or of one ranker) for PreInfer and GetProfile: host:port, "
+        "dns:///name:port (every address, balanced by --lb-policy) or ipv4:a:p,b:q",
+    )
     slo_ms: float = setting(
         50.0,
         "ranking latency SLO (P99) in ms: a request whose queue wait plus miss would exceed it must relay "
@@ -81,6 +85,7 @@ class TriggerConfig(ServiceConfig):
         super().validate()
         if not self.router:
             raise ValueError("--router must not be empty")
+        check_target(self.router, "--router")
         # A refused PreInfer refunds its admission; the admission must still be in the window to be refunded.
         if self.pre_infer_timeout_ms >= self.lease_window_ms:
             raise ValueError("--pre-infer-timeout-ms must be shorter than --lease-window-ms")

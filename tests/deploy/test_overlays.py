@@ -45,6 +45,9 @@ HEALTH_SERVICE = {
     "trigger": "relaygr.v1.TriggerService",
     "retrieval-stub": "relaygr.v1.RecommendService",
 }
+# (ClusterIP, headless) Services of each workload: the rankers are reached by their pods' names only,
+# the retrieval stub by no fleet client.
+SERVICES = {"ranker": (0, 1), "router": (1, 1), "trigger": (1, 1), "retrieval-stub": (1, 0)}
 CONFIG_MAP_LIMIT_BYTES = 1024 * 1024
 TREES = [*(f"overlays/{overlay}" for overlay in OVERLAYS), "loadtest"]
 
@@ -143,11 +146,12 @@ def test_every_container_has_requests_within_limits(tree):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_probes_use_native_grpc_health_of_the_named_service(overlay):
+    """On the plaintext health-only port, which works when the gRPC port requires mutual TLS."""
     for name, workload in fleet_workloads(f"overlays/{overlay}").items():
         (container,) = containers(workload)
-        grpc_port = container_ports(container)["grpc"]
+        health_port = container_ports(container)["health"]
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert container[probe]["grpc"] == {"port": grpc_port, "service": HEALTH_SERVICE[name]}, (
+            assert container[probe]["grpc"] == {"port": health_port, "service": HEALTH_SERVICE[name]}, (
                 name,
                 probe,
             )
@@ -189,11 +193,16 @@ def test_services_expose_named_ports_and_rankers_are_headless(overlay):
             for service in of_kind(manifests, "Service")
             if selects({"matchLabels": service["spec"]["selector"]}, pod_labels(workload))
         ]
-        assert len(services) == 1, name
-        ports = {p["name"]: p for p in services[0]["spec"]["ports"]}
-        assert ports.keys() == container_ports(container).keys() == {"grpc", "metrics"}, name
-        assert all(p["targetPort"] == port_name for port_name, p in ports.items()), name
-        assert ports["grpc"]["appProtocol"] == "grpc", name
+        # A ClusterIP Service (port-forward, ghz) and a headless one whose pod records clients dial.
+        headless_count = sum(service["spec"].get("clusterIP") == "None" for service in services)
+        assert (len(services) - headless_count, headless_count) == SERVICES[name], name
+        assert container_ports(container).keys() == {"grpc", "metrics", "health"}, name
+        for service in services:
+            ports = {p["name"]: p for p in service["spec"]["ports"]}
+            assert "grpc" in ports and ports.keys() <= {"grpc", "metrics"}, name  # no Service for health
+            assert all(p["targetPort"] == port_name for port_name, p in ports.items()), name
+            assert ports["grpc"]["appProtocol"] == "grpc", name
+        assert any(p["name"] == "metrics" for service in services for p in service["spec"]["ports"]), name
     ranker = named(manifests, "StatefulSet", "ranker")
     headless = named(manifests, "Service", ranker["spec"]["serviceName"])
     assert headless["spec"]["clusterIP"] == "None"

@@ -91,25 +91,32 @@ def test_every_service_listens_where_its_pod_and_probes_say(overlay):
         ports = container_ports(container)
         assert config.host == "0.0.0.0", name
         assert (config.port, config.metrics_port) == (ports["grpc"], ports["metrics"]), name
-        assert container["readinessProbe"]["grpc"]["port"] == config.port, name
+        assert config.health_port == ports["health"] not in (config.port, config.metrics_port), name
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"]["port"] == config.health_port, (name, probe)
 
 
 def test_every_address_a_service_dials_is_a_fleet_service_port(overlay):
+    """Clients dial `dns:///<headless Service>.<namespace>.svc.cluster.local:<port>`; the router finds the
+    rankers by the SRV records of their headless Service's `grpc` port (test_balancing.py says more)."""
     manifests = objects(f"overlays/{overlay}")
     configs = loaded_configs(overlay)
     targets = {
         "trigger": [configs["trigger"].router],
         "retrieval-stub": [configs["retrieval-stub"].router, configs["retrieval-stub"].trigger],
     }
+    suffix = f".{NAMESPACE}.svc.cluster.local"
     for caller, addresses in targets.items():
         for address in addresses:
-            host, _, port = address.rpartition(":")
-            service = named(manifests, "Service", host)
+            host, _, port = address.removeprefix("dns:///").rpartition(":")
+            assert address.startswith("dns:///") and host.endswith(suffix), (caller, address)
+            service = named(manifests, "Service", host.removesuffix(suffix))
             assert int(port) in {p["port"] for p in service["spec"]["ports"]}, (caller, address)
     ranker = named(manifests, "StatefulSet", "ranker")
-    host, port = configs["router"].dns_target()
-    assert host == f"{ranker['spec']['serviceName']}.{NAMESPACE}.svc.cluster.local"
-    assert port == configs["ranker"].port
+    assert configs["router"].srv_name() == f"_grpc._tcp.{ranker['spec']['serviceName']}{suffix}"
+    headless = named(manifests, "Service", ranker["spec"]["serviceName"])
+    (grpc_port,) = [p["port"] for p in headless["spec"]["ports"] if p["name"] == "grpc"]
+    assert grpc_port == configs["ranker"].port
 
 
 def test_rankers_run_the_overlays_model_on_its_device(overlay):

@@ -1,4 +1,4 @@
-"""Membership: static and DNS members (names from records), refresh, health watching, circuit breaking."""
+"""Membership: static and DNS SRV members (names from records), refresh, health watching, circuit breaking."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from relaygr.v1 import ranker_pb2
 from services.common.config import load
 from services.common.contract import RANKER_SERVICE
 from services.router.config import RouterConfig
-from services.router.discovery import DnsRecord, members_from_records
+from services.router.discovery import DiscoveryFailed, SrvRecord, members_from_srv
 from services.router.membership import CircuitBreaker, Membership
 from services.router.metrics import ROUTER_FAILURES, ROUTER_MEMBER_HEALTHY
 from tests.router.harness import eventually, stub_rankers
 
-SERVICE_DNS = "ranker.relaygr.svc.cluster.local"
+SRV_NAME = "_grpc._tcp.ranker-headless.relaygr.svc.cluster.local"
 
 
 def gauge(metric, *labels: str) -> float:
@@ -32,23 +32,28 @@ class FakeClock:
 
 
 class FixedDns:
-    """An injected DNS: the records of the headless service, changed by the test between refreshes."""
+    """An injected DNS: the SRV records of the headless service, changed by the test between refreshes."""
 
-    def __init__(self, records: list[DnsRecord]) -> None:
+    def __init__(self, records: list[SrvRecord]) -> None:
         self.records = records
         self.failure: OSError | None = None
         self.lookups = 0
 
-    def __call__(self, host: str) -> list[DnsRecord]:
-        assert host == SERVICE_DNS
+    def __call__(self, name: str) -> list[SrvRecord]:
+        assert name == SRV_NAME
         self.lookups += 1
         if self.failure is not None:
             raise self.failure
         return list(self.records)
 
 
-def pod(name: str, ip: str) -> DnsRecord:
-    return DnsRecord(ip, f"{name}.ranker.relaygr.svc.cluster.local")
+def pod(name: str, port: int = 50051, subdomain: str = "ranker-headless") -> SrvRecord:
+    """The SRV record Kubernetes publishes for a ready StatefulSet pod behind its headless Service."""
+    return SrvRecord(f"{name}.{subdomain}.relaygr.svc.cluster.local.", port)
+
+
+def dialled(name: str, port: int = 50051) -> str:
+    return f"{name}.ranker-headless.relaygr.svc.cluster.local:{port}"
 
 
 def test_defaults_make_a_local_fleet_work_without_flags() -> None:
@@ -66,54 +71,73 @@ def test_static_members_parse_and_reject_malformed_lists() -> None:
         with pytest.raises(ValueError, match="--rankers"):
             RouterConfig(rankers=bad).static_members()
     with pytest.raises(SystemExit):
-        load(RouterConfig, ["--rankers-dns", "no-port"], environ={})
-    with pytest.raises(SystemExit):
         load(RouterConfig, ["--load-factor", "0.9"], environ={})
 
 
-def test_member_names_come_from_ptr_records_not_ips() -> None:
-    records = [
-        pod("ranker-1", "10.1.0.7"),
-        pod("ranker-0", "10.1.0.9"),
-        DnsRecord("fd00::5", "ranker-2.ranker.relaygr.svc.cluster.local"),
-    ]
-    assert members_from_records(records, 50051) == {
-        "ranker-0": "10.1.0.9:50051",
-        "ranker-1": "10.1.0.7:50051",
-        "ranker-2": "[fd00::5]:50051",
+def test_the_srv_name_is_checked_and_errors_name_the_flag(capsys) -> None:
+    config = load(RouterConfig, [], environ={"RELAYGR_RANKERS_SRV": SRV_NAME + "."})
+    assert config.srv_name() == SRV_NAME
+    for bad in ("ranker-headless:50051", "_grpc._tcp..svc", "bad name.svc", "-lead.svc", "x" * 64 + ".svc"):
+        with pytest.raises(SystemExit):
+            load(RouterConfig, [f"--rankers-srv={bad}"], environ={})
+        assert "error: --rankers-srv: " in capsys.readouterr().err.strip().splitlines()[-1], bad
+    # With neither source there are no members to route to.
+    with pytest.raises(SystemExit):
+        load(RouterConfig, ["--rankers", ""], environ={})
+    assert "give --rankers or --rankers-srv" in capsys.readouterr().err
+
+
+def test_members_are_named_by_the_srv_targets_first_label_and_dialled_by_the_target_name() -> None:
+    records = [pod("ranker-1"), pod("ranker-0", port=50061), pod("ranker-2", subdomain="other")]
+    assert members_from_srv(records) == {
+        "ranker-0": dialled("ranker-0", 50061),
+        "ranker-1": dialled("ranker-1"),
+        "ranker-2": "ranker-2.other.relaygr.svc.cluster.local:50051",
     }
-    # Two IPs claiming one name (an old pod lingering): the same one wins whatever the record order.
-    twice = [pod("ranker-0", "10.1.0.9"), pod("ranker-0", "10.1.0.3")]
-    assert members_from_records(twice, 1) == {"ranker-0": "10.1.0.3:1"}
-    assert members_from_records(twice[::-1], 1) == {"ranker-0": "10.1.0.3:1"}
+    # Two targets claiming one name: the same one wins whatever the record order.
+    twice = [pod("ranker-0", subdomain="b"), pod("ranker-0", subdomain="a")]
+    expected = {"ranker-0": "ranker-0.a.relaygr.svc.cluster.local:50051"}
+    assert members_from_srv(twice) == members_from_srv(twice[::-1]) == expected
+    # The root target says "no service here" (RFC 2782): no member.
+    assert members_from_srv([SrvRecord(".", 50051)]) == {}
 
 
-def test_dns_discovery_adds_removes_and_redials_members() -> None:
+def test_srv_discovery_adds_removes_keeps_and_clears_members() -> None:
     async def scenario() -> None:
-        dns = FixedDns([pod("ranker-0", "127.0.0.11"), pod("ranker-1", "127.0.0.12")])
-        config = RouterConfig(rankers_dns=f"{SERVICE_DNS}:50051", dns_refresh_s=0.05, health_interval_s=30)
+        dns = FixedDns([pod("ranker-0"), pod("ranker-1")])
+        config = RouterConfig(rankers_srv=SRV_NAME, dns_refresh_s=0.05, health_interval_s=30)
         membership = Membership.from_config(config, lookup=dns)
         await membership.start()
         try:
             assert {n: m.address for n, m in membership.members.items()} == {
-                "ranker-0": "127.0.0.11:50051",
-                "ranker-1": "127.0.0.12:50051",
+                "ranker-0": dialled("ranker-0"),
+                "ranker-1": dialled("ranker-1"),
             }
             assert membership.ring.members == {"ranker-0", "ranker-1"}
             first = membership.get("ranker-0")
 
-            # The periodic refresh picks up a scale-up, a scale-down and a restarted pod with a new IP.
-            dns.records = [pod("ranker-0", "127.0.0.21"), pod("ranker-2", "127.0.0.13")]
+            # The periodic refresh picks up a scale-up and a scale-down (or an unready pod, whose record
+            # Kubernetes withdraws); a restarted pod keeps its name and so its channel, which redials it.
+            dns.records = [pod("ranker-0"), pod("ranker-2")]
             await eventually(lambda: set(membership.members) == {"ranker-0", "ranker-2"})
-            await eventually(lambda: membership.get("ranker-0").address == "127.0.0.21:50051")
-            assert membership.get("ranker-0") is not first
+            assert membership.get("ranker-0") is first
+            assert membership.get("ranker-2").address == dialled("ranker-2")
             assert membership.ring.members == {"ranker-0", "ranker-2"}
+            # A member answering on another port is redialled.
+            dns.records = [pod("ranker-0", port=50052), pod("ranker-2")]
+            await eventually(lambda: membership.get("ranker-0").address == dialled("ranker-0", 50052))
+            assert membership.get("ranker-0") is not first
 
-            # A failed resolution keeps the members it had.
-            dns.failure = OSError("SERVFAIL")
+            # A failed lookup keeps the members it had.
+            dns.failure = DiscoveryFailed("SERVFAIL")
             lookups = dns.lookups
             await eventually(lambda: dns.lookups > lookups + 1)
             assert set(membership.members) == {"ranker-0", "ranker-2"}
+
+            # An empty answer (NXDOMAIN: no ready ranker) leaves no member.
+            dns.failure, dns.records = None, []
+            await eventually(lambda: not membership.members)
+            assert not membership.ring.members
         finally:
             await membership.close()
         assert not membership.members and not membership.ring.members

@@ -1,0 +1,121 @@
+"""Balancing and discovery as deployed, in every rendered overlay: the headless Services clients resolve,
+the `dns:///` targets they dial with round_robin and a server connection age, the rankers' SRV records
+the router discovers members from, and the plaintext health-only port the probes use (and nothing else
+reaches)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.deploy.manifests import (
+    NAMESPACE,
+    OVERLAYS,
+    Manifest,
+    container_ports,
+    containers,
+    environment,
+    named,
+    objects,
+    of_kind,
+    pod_labels,
+    pod_name,
+    selects,
+    workloads,
+)
+from tests.deploy.network_policy import Pod, allowed
+from tests.deploy.test_service_config import loaded_configs, workload_kind
+
+DOMAIN = f"{NAMESPACE}.svc.cluster.local"
+# workload -> its headless Service, whose records name its ready pods.
+HEADLESS = {"ranker": "ranker-headless", "router": "router-headless", "trigger": "trigger-headless"}
+PROMETHEUS = Pod("prometheus-0", "monitoring", {"app.kubernetes.io/name": "prometheus"})
+
+
+@pytest.fixture(params=OVERLAYS)
+def overlay(request) -> str:
+    return request.param
+
+
+def headless_service(manifests: list[Manifest], workload: str) -> Manifest:
+    service = named(manifests, "Service", HEADLESS[workload])
+    pods = pod_labels(named(manifests, workload_kind(workload), workload))
+    assert selects({"matchLabels": service["spec"]["selector"]}, pods), workload
+    return service
+
+
+def grpc_port(service: Manifest) -> dict:
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == "grpc"]
+    return port
+
+
+def test_routers_triggers_and_rankers_have_headless_services_listing_only_ready_pods(overlay):
+    manifests = objects(f"overlays/{overlay}")
+    configs = loaded_configs(overlay)
+    for workload in HEADLESS:
+        service = headless_service(manifests, workload)
+        assert service["spec"]["clusterIP"] == "None", workload
+        assert service["spec"]["publishNotReadyAddresses"] is False, workload
+        port = grpc_port(service)
+        assert (port["port"], port["targetPort"], port["appProtocol"]) == (
+            configs[workload].port,
+            "grpc",
+            "grpc",
+        ), workload
+    # ClusterIP Services stay for port-forward and ghz.
+    for workload in ("router", "trigger", "retrieval-stub"):
+        assert named(manifests, "Service", workload)["spec"].get("clusterIP") != "None", workload
+
+
+def test_clients_dial_every_replica_by_dns_with_round_robin(overlay):
+    manifests = objects(f"overlays/{overlay}")
+    configs = loaded_configs(overlay)
+    dialled = {
+        ("trigger", "router"): configs["trigger"].router,
+        ("retrieval-stub", "router"): configs["retrieval-stub"].router,
+        ("retrieval-stub", "trigger"): configs["retrieval-stub"].trigger,
+    }
+    for (caller, callee), target in dialled.items():
+        service = headless_service(manifests, callee)
+        expected = f"dns:///{service['metadata']['name']}.{DOMAIN}:{grpc_port(service)['port']}"
+        assert target == expected, (caller, callee)
+        assert configs[caller].lb_policy == "round_robin", caller
+    # Every server sends long-lived connections away, so clients re-resolve and find new replicas; the
+    # grace outlasts the longest call a caller makes (the stub's Rank deadline).
+    for name, config in configs.items():
+        assert config.max_connection_age_s > 0, name
+        assert config.max_connection_age_grace_s * 1000 >= configs["retrieval-stub"].rank_timeout_ms, name
+
+
+def test_the_router_finds_rankers_by_the_srv_records_of_their_pods_stable_names(overlay):
+    """Kubernetes answers `_grpc._tcp.<serviceName>.<namespace>.svc.<domain>` with one record per ready
+    ranker whose target is `<pod>.<serviceName>.…`: the member is named by that first label, which must be
+    the name the ranker reports (its --instance-name), and dialled by that name."""
+    manifests = objects(f"overlays/{overlay}")
+    configs = loaded_configs(overlay)
+    ranker = named(manifests, "StatefulSet", "ranker")
+    service = headless_service(manifests, "ranker")
+    assert ranker["spec"]["serviceName"] == service["metadata"]["name"]
+    assert configs["router"].srv_name() == f"_grpc._tcp.{service['metadata']['name']}.{DOMAIN}"
+    assert grpc_port(service)["port"] == configs["ranker"].port
+    (container,) = containers(ranker)
+    assert environment(manifests, ranker, container)["RELAYGR_INSTANCE_NAME"] == pod_name(ranker)
+
+
+def test_probes_use_the_plaintext_health_port_that_no_pod_can_reach(overlay):
+    manifests = objects(f"overlays/{overlay}")
+    configs = loaded_configs(overlay)
+    policies = of_kind(manifests, "NetworkPolicy")
+    pods = {
+        w["metadata"]["name"]: Pod(w["metadata"]["name"], w["metadata"]["namespace"], pod_labels(w))
+        for w in workloads(manifests)
+    }
+    for name, config in configs.items():
+        (container,) = containers(named(manifests, workload_kind(name), name))
+        ports = container_ports(container)
+        assert config.health_port == ports["health"] not in (ports["grpc"], ports["metrics"]), name
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"]["port"] == ports["health"], (name, probe)
+        # Kubelet probes from the node, which policies always allow; the health port is plaintext, so
+        # neither another pod nor Prometheus may open it.
+        for source in [*pods.values(), PROMETHEUS]:
+            assert not allowed(policies, source, pods[name], ports["health"]), (source.name, name)
