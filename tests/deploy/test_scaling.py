@@ -24,6 +24,7 @@ from tests.deploy.manifests import (
     NAMESPACE,
     OVERLAYS,
     containers,
+    environment,
     named,
     objects,
     of_kind,
@@ -99,10 +100,34 @@ def test_autoscaling_leaves_the_rankers_and_the_retrieval_stub_alone():
     scaled = {w["metadata"]["name"]: w for w in workloads(composed("overlays/cpu", "autoscaling"))}
     for name in plain.keys() - HPA_TARGETS:
         assert scaled[name] == plain[name], name
+    # Only the replica count goes: the router's pods are the same, the trigger's differ only in the
+    # ConfigMap that tells them the most replicas there may be (test below).
+    assert scaled["router"]["spec"]["template"] == plain["router"]["spec"]["template"]
     for name in HPA_TARGETS:
-        # Only the replica count goes: the pods are the same.
-        assert scaled[name]["spec"]["template"] == plain[name]["spec"]["template"], name
         assert plain[name]["spec"]["replicas"] >= 2
+
+
+def trigger_replicas_setting(manifests: list) -> int:
+    trigger = named(manifests, "Deployment", "trigger")
+    (container,) = containers(trigger)
+    return int(environment(manifests, trigger, container)["RELAYGR_REPLICAS"])
+
+
+def test_each_trigger_knows_the_most_replicas_that_split_a_rankers_lease_share():
+    """A trigger keeps its admissions within 1/RELAYGR_REPLICAS of a ranker's HBM lease share: that must
+    be the Deployment's replica count, or under the autoscaler its maximum, or the replicas together
+    lease more than one share."""
+    for overlay in OVERLAYS:
+        plain = objects(f"overlays/{overlay}")
+        replicas = named(plain, "Deployment", "trigger")["spec"]["replicas"]
+        assert trigger_replicas_setting(plain) == replicas == 2, overlay
+        scaled = composed(f"overlays/{overlay}", "autoscaling")
+        hpa = next(
+            h
+            for h in of_kind(scaled, "HorizontalPodAutoscaler")
+            if h["spec"]["scaleTargetRef"]["name"] == "trigger"
+        )
+        assert trigger_replicas_setting(scaled) == hpa["spec"]["maxReplicas"] == 6, overlay
 
 
 # --- KEDA ScaledObject for the rankers --------------------------------------------------------------------
