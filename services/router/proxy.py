@@ -16,6 +16,13 @@ Contract:
   routable it is UNAVAILABLE at once.
 - A Rank that fails with UNAVAILABLE is retried once on the failover member; PreInfer is a hint and is
   never retried. Every forward attempt counts one routing decision, so a failed-over Rank counts two.
+- A Rank still unanswered after half its time (`HEDGE_AT` of the forward timeout) is hedged: sent also
+  to the failover member, and the first answer wins (the other attempt is cancelled); when both fail,
+  the caller gets the failover attempt's error. A member cut off the network (packets dropped, no reset)
+  fails nothing: it takes its health checks `--health-timeouts` intervals to leave the ring, and without
+  the hedge every Rank sent to it meanwhile, and every one in flight when it went, would wait out its
+  whole deadline. A healthy member answers far within half the time, so hedges are rare there; the
+  hedge is one failover-decision forward, and each Rank is sent twice at most.
 """
 
 from __future__ import annotations
@@ -33,6 +40,10 @@ from services.common.errors import DeadlineExceeded, InvalidArgument
 from services.router.membership import Member
 from services.router.metrics import ROUTER_DECISIONS, ROUTER_INFLIGHT
 from services.router.routing import Route, RoutingPolicy
+
+# A Rank without an answer after this share of its forward timeout is hedged on the failover member,
+# which then has the other share: each attempt gets half.
+HEDGE_AT = 0.5
 
 
 def routing_key(request: bytes) -> routing_pb2.RoutingKey:
@@ -72,15 +83,21 @@ class RankerProxy:
         validation.instance_name(key.relay_instance)
         await self._started(context)
         route = self.policy.choose(key.user_id, key.relay_instance)
+        hedge_after = self._timeout(context) * HEDGE_AT
+        attempts = [asyncio.ensure_future(self._send(route, "Rank", request, context))]
         try:
-            return await self._send(route, "Rank", request, context)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                raise
+            await asyncio.wait(attempts, timeout=hedge_after)
+            first = attempts[0]
+            if first.done() and not _unavailable(first):
+                return first.result()  # the answer, or an error that another member would repeat
+            # UNAVAILABLE, or no answer in half the time: the failover member gets the Rank too.
             retry = self.policy.failover(key.user_id, failed=route.member.name)
             if retry is None:
-                raise
-            return await self._send(retry, "Rank", request, context)
+                return await first
+            attempts.append(asyncio.ensure_future(self._send(retry, "Rank", request, context)))
+            return await _first_answer(attempts)
+        finally:
+            _settle(attempts)
 
     async def get_profile(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         await self._started(context)
@@ -135,3 +152,29 @@ class RankerProxy:
         if timeout <= 0:
             raise DeadlineExceeded(f"{remaining * 1000:.1f} ms left, within the forwarding margin")
         return timeout
+
+
+def _unavailable(attempt: asyncio.Future) -> bool:
+    """The finished forward failed with UNAVAILABLE: its member, not the request, is at fault."""
+    error = attempt.exception()
+    return isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def _first_answer(attempts: list[asyncio.Future]) -> bytes:
+    """The answer of the first attempt to succeed; when none does, the last attempt's error."""
+    pending = set(attempts)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for attempt in done:
+            if attempt.exception() is None:
+                return attempt.result()
+    return attempts[-1].result()
+
+
+def _settle(attempts: list[asyncio.Future]) -> None:
+    """Cancels the attempts still running; a finished one's error is marked seen (the Rank had its answer
+    or error already, and asyncio would log an error nobody looked at)."""
+    for attempt in attempts:
+        if attempt.done() and not attempt.cancelled():
+            attempt.exception()
+        attempt.cancel()

@@ -1,0 +1,272 @@
+"""The fleet across hosts: rankers on two test hosts, router, trigger and retrieval stub on a third, found
+by DNS as in Kubernetes; affinity through the router, a host dropping off the network, and its return.
+
+The hosts are network namespaces on one switch (tests/hosts/netns.py), each with its own private address
+and ports; a fourth runs the cluster DNS (dnsmasq) with the records a headless Service gets: an A record
+per pod (`ranker-0.ranker-headless.relaygr.svc.cluster.local`) and the SRV record of the port named
+`grpc`. Every service is started as a deployment starts it, with the names the manifests use: the router
+knows its rankers only by `--rankers-srv`, the trigger and the stub know the router and the trigger only
+by `dns:///…-headless…` targets. The router runs with its default settings throughout.
+
+From inside h3, a driver (tests/hosts/driver.py) sends open-loop Recommend load to the retrieval stub and
+reads the services' metrics, while the test:
+1. checks discovery: the SRV record lists both rankers, and the router has them as members named by it;
+2. checks affinity: pre-inferred users are ranked from HBM, through the router's relay hints;
+3. cuts h2 off the switch while the load runs (packets dropped, no reset: harder than a killed process):
+   no Recommend fails (a failed Rank fails its Recommend), the router takes ranker-1 off the ring after
+   its health checks time out, Ranks caught on ranker-1 meanwhile were hedged onto ranker-0, and
+   ranker-1's users are ranked on ranker-0, by the responses and by ranker-0's own count;
+4. plugs h2 in again: ranker-1 is a member again and ranks its users again, from HBM.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import shlex
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from services.common.contract import RANKER_SERVICE, RECOMMEND_SERVICE, TRIGGER_SERVICE
+from services.common.ring import AffinityRing
+from tests.hosts import netns
+from tests.hosts.driver import Driver, Samples
+from tests.hosts.netns import HostedService, HostNetwork
+from tests.reliability.harness import RANKER_ARGS, STUB_ARGS, TRIGGER_ARGS
+
+pytestmark = pytest.mark.slow
+
+CLUSTER_DOMAIN = "cluster.local"
+ZONE = f"relaygr.svc.{CLUSTER_DOMAIN}"
+SEARCH = (ZONE, f"svc.{CLUSTER_DOMAIN}", CLUSTER_DOMAIN)  # a pod's in namespace relaygr
+RANKER_SRV = f"_grpc._tcp.ranker-headless.{ZONE}"
+ROUTER_TARGET = f"dns:///router-headless.{ZONE}:50050"
+TRIGGER_TARGET = f"dns:///trigger-headless.{ZONE}:50052"
+RANKER_HOSTS = {"ranker-0": "h1", "ranker-1": "h2"}
+RANKERS = sorted(RANKER_HOSTS)
+FRONT = "h3"  # router, trigger, retrieval stub, and the driver
+DNS = "dns"
+# The manifests' ports: each host has ports of its own, as each pod has.
+RANKER_PORT, ROUTER_PORT, TRIGGER_PORT, STUB_PORT = 50051, 50050, 50052, 50053
+RANKER_METRICS, ROUTER_METRICS, TRIGGER_METRICS, STUB_METRICS = 9101, 9100, 9102, 9103
+STARTUP_TIMEOUT_S = 120.0
+
+RATE = 20.0  # Recommends per second: well within two cpu-tiny rankers' capacity
+USERS = 60
+AFFINITY_S = 4.0  # load before the cut
+AWAY_S = 3.0  # load after the router took ranker-1 off, before h2 is plugged in again
+BACK_S = 4.0  # load after the router took ranker-1 back
+
+
+def pod(name: str, service: str) -> str:
+    """A pod's DNS name under its headless Service."""
+    return f"{name}.{service}.{ZONE}"
+
+
+@dataclasses.dataclass
+class AcrossHosts:
+    network: HostNetwork
+    driver: Driver
+    services: dict[str, HostedService]
+
+    def scrape(self, name: str) -> Samples:
+        return self.driver.scrape(self.services[name].metrics_url)
+
+
+@pytest.fixture
+def across(tmp_path) -> Iterator[AcrossHosts]:
+    missing = netns.unavailable()
+    if missing:
+        pytest.skip(f"the across-hosts test needs {missing}")
+    network = HostNetwork(["h1", "h2", FRONT, DNS], tmp_path / "logs")
+    with network:
+        address = {name: host.address for name, host in network.hosts.items()}
+        network.start_dns(
+            DNS,
+            SEARCH,
+            a_records={
+                **{pod(name, "ranker-headless"): [address[host]] for name, host in RANKER_HOSTS.items()},
+                f"ranker-headless.{ZONE}": [address[host] for host in RANKER_HOSTS.values()],
+                f"router-headless.{ZONE}": [address[FRONT]],
+                f"trigger-headless.{ZONE}": [address[FRONT]],
+            },
+            srv_records={RANKER_SRV: [(pod(name, "ranker-headless"), RANKER_PORT) for name in RANKERS]},
+        )
+        driver = Driver(network.start_client(FRONT, "tests.hosts.driver", "driver"))
+        yield AcrossHosts(network, driver, start_fleet(network, driver))
+    assert network.leftovers() == []
+
+
+def start_fleet(network: HostNetwork, driver: Driver) -> dict[str, HostedService]:
+    """Rankers on h1 and h2, then router, trigger and retrieval stub on h3, each once the tier it calls
+    serves (as seen from h3, across the switch)."""
+    # The DNS server answers before anything that looks names up starts.
+    until(lambda: answers(driver, RANKER_SRV), 10, "the DNS server answers")
+    services: dict[str, HostedService] = {}
+    for name, host in RANKER_HOSTS.items():
+        services[name] = network.start_service(
+            host, name, "services.ranker", RANKER_SERVICE, RANKER_PORT, RANKER_METRICS,
+            ["--instance-name", name, "--model-preset", "cpu-tiny", *shlex.split(RANKER_ARGS)],
+        )  # fmt: skip
+    for name in RANKER_HOSTS:
+        wait_serving(driver, services[name])
+    # Only the SRV name: the members, their names and addresses all come from DNS. Default settings.
+    services["router"] = network.start_service(
+        FRONT, "router", "services.router", RANKER_SERVICE, ROUTER_PORT, ROUTER_METRICS,
+        ["--rankers-srv", RANKER_SRV],
+    )  # fmt: skip
+    wait_serving(driver, services["router"])
+    # An SLO of 1 ms puts every request at risk, so the trigger admits and the relay runs.
+    services["trigger"] = network.start_service(
+        FRONT, "trigger", "services.trigger", TRIGGER_SERVICE, TRIGGER_PORT, TRIGGER_METRICS,
+        ["--router", ROUTER_TARGET, "--slo-ms", "1", *shlex.split(TRIGGER_ARGS)],
+    )  # fmt: skip
+    wait_serving(driver, services["trigger"])
+    services["retrieval-stub"] = network.start_service(
+        FRONT, "retrieval-stub", "services.retrieval_stub", RECOMMEND_SERVICE, STUB_PORT, STUB_METRICS,
+        ["--router", ROUTER_TARGET, "--trigger", TRIGGER_TARGET, *shlex.split(STUB_ARGS)],
+    )  # fmt: skip
+    wait_serving(driver, services["retrieval-stub"])
+    return services
+
+
+def answers(driver: Driver, name: str) -> bool:
+    try:
+        return bool(driver.srv(name))
+    except RuntimeError:
+        return False
+
+
+def wait_serving(driver: Driver, service: HostedService) -> None:
+    process = service.process
+
+    def serving() -> bool:
+        if not process.alive():
+            raise RuntimeError(f"{service.name} exited with {process.popen.returncode}; {process.log_tail()}")
+        return driver.serving(service.address, process.service)
+
+    until(serving, STARTUP_TIMEOUT_S, f"{service.name} serves on {service.address}")
+
+
+def until(predicate: Callable[[], bool], timeout_s: float, what: str, every_s: float = 0.1) -> float:
+    """Polls `predicate` until it holds and returns when it did (time.monotonic())."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:.0f}s")
+        time.sleep(every_s)
+    return time.monotonic()
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of `name` over the series whose labels include `labels`."""
+    return sum(v for n, series, v in samples if n == name and labels.items() <= series.items())
+
+
+def increase(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    return total(after, name, **labels) - total(before, name, **labels)
+
+
+def ranks_ok(samples: Samples) -> float:
+    return total(samples, "grpc_server_handled_total", grpc_method="Rank", grpc_code="OK")
+
+
+def test_the_fleet_across_hosts_keeps_affinity_and_loses_no_rank_when_a_host_drops_off(
+    across: AcrossHosts,
+) -> None:
+    network, driver, services = across.network, across.driver, across.services
+    front = network.hosts[FRONT].address
+    router = services["router"]
+
+    # 1. Discovery: the cluster DNS lists both rankers, and the router found them there by name.
+    assert driver.srv(RANKER_SRV) == [(f"{pod(name, 'ranker-headless')}.", RANKER_PORT) for name in RANKERS]
+    until(lambda: driver.members(router.address) == RANKERS, 10, "the router has both rankers as members")
+
+    def member_healthy(name: str) -> float:
+        return total(across.scrape("router"), "relaygr_router_member_healthy", member=name)
+
+    started = driver.start_load(services["retrieval-stub"].address, RATE, USERS, seed=1)
+    try:
+        time.sleep(AFFINITY_S)
+        before_cut = across.scrape("router")
+        cut_at = time.monotonic()
+        network.cut("h2")
+        gone_at = until(lambda: member_healthy("ranker-1") == 0, 15, "the router takes ranker-1 off")
+        at_gone = {"router": across.scrape("router"), "ranker-0": across.scrape("ranker-0")}
+        time.sleep(AWAY_S)
+        mended_at = time.monotonic()
+        network.mend("h2")
+        back_at = until(lambda: member_healthy("ranker-1") == 1, 30, "the router takes ranker-1 back")
+        at_back = across.scrape("ranker-1")
+        time.sleep(BACK_S)
+    finally:
+        records = driver.stop_load()
+    timeline = {"started": started, "cut": cut_at, "gone": gone_at, "mended": mended_at, "back": back_at}
+    (network.log_dir / "records.json").write_text(json.dumps({"timeline": timeline, "records": records}))
+    at_end = {name: across.scrape(name) for name in ("router", *RANKERS)}
+    owner = AffinityRing(RANKERS).owner  # where the router places a user without a hint
+
+    def sent(since: float, until_: float = float("inf")) -> list[dict[str, Any]]:
+        """The records of the Recommends sent between two instants (time.monotonic())."""
+        return [r for r in records if since - started <= r["intended_s"] < until_ - started]
+
+    before = sent(started, cut_at)  # both rankers on the network
+    admitted = [r for r in before if r["admitted"]]
+    from_hbm = [r for r in admitted if r["cache_source"] == "hbm"]
+    caught = [r for r in sent(cut_at, gone_at) if owner(r["user"]) == "ranker-1"]  # sent into the cut
+    away = sent(gone_at, mended_at)  # ranker-1 off the ring
+    moved = [r for r in away if owner(r["user"]) == "ranker-1"]
+    # Its users pre-inferred since: a DUPLICATE of a prefix admitted on ranker-0 during the cut keeps that
+    # hint for the trigger's lease window, so the admitted ones tell where the ring puts them now.
+    returned = [r for r in sent(back_at) if owner(r["user"]) == "ranker-1" and r["admitted"]]
+    on_ranker_1 = [r for r in returned if r["instance"] == "ranker-1" and r["cache_source"] == "hbm"]
+    hedged = increase(before_cut, at_gone["router"], "relaygr_router_decisions_total", method="Rank",
+                      decision="failover")  # fmt: skip
+    print(
+        f"{len(records)} Recommends; before the cut {len(from_hbm)} of {len(admitted)} admitted of "
+        f"{len(before)} from HBM; cut at {cut_at - started:.1f}s, ranker-1 off the ring "
+        f"{gone_at - cut_at:.1f}s later, meanwhile {hedged:.0f} Ranks hedged, ranker-1's users' Recommends "
+        f"took up to {max((r['latency_s'] for r in caught), default=0) * 1000:.0f} ms; away "
+        f"{len(moved)} of {len(away)} were ranker-1's; mended at {mended_at - started:.1f}s, back "
+        f"{back_at - mended_at:.1f}s later, then {len(on_ranker_1)} of {len(returned)} of its pre-inferred "
+        "users' on it from HBM"
+    )
+
+    # No Recommend failed, so no Rank did; and the router answered every Rank it was sent.
+    assert [r for r in records if r["code"] != "OK"] == [], collections.Counter(r["code"] for r in records)
+    assert len(records) > 0.7 * RATE * (time.monotonic() - started - 2.0)
+    handled = total(at_end["router"], "grpc_server_handled_total", grpc_method="Rank")
+    assert handled == ranks_ok(at_end["router"]) > 0
+
+    # 2. Affinity: the relay's users are ranked from HBM, on both rankers, through the router's hints.
+    assert len(admitted) >= 0.5 * len(before)
+    assert len(from_hbm) >= 0.5 * len(admitted), collections.Counter(r["cache_source"] for r in admitted)
+    assert {r["instance"] for r in from_hbm} == set(RANKERS)
+    assert total(before_cut, "relaygr_router_decisions_total", method="Rank", decision="hint") > 0
+
+    # 3. Cut off. Ranks sent to ranker-1 got no answer and were hedged onto ranker-0 (the mechanism)...
+    assert hedged > 0 and caught and {r["instance"] for r in caught} == {"ranker-0"}
+    # ...until the router took ranker-1 off: then ranker-0 ranked everyone, ranker-1's users included,
+    # by the responses and by ranker-0's own count.
+    assert away and {r["instance"] for r in away} == {"ranker-0"}
+    assert len(moved) >= 0.25 * len(away)
+    assert increase(at_gone["ranker-0"], at_end["ranker-0"], "grpc_server_handled_total",
+                    grpc_method="Rank", grpc_code="OK") >= len(away)  # fmt: skip
+
+    # 4. Back: ranker-1 is a member again, and its users pre-inferred since are ranked on it from HBM.
+    assert driver.members(router.address) == RANKERS
+    assert returned and len(on_ranker_1) >= 0.8 * len(returned)
+    assert ranks_ok(at_end["ranker-1"]) > ranks_ok(at_back)  # by its own count
+
+    # The names were looked up in the cluster DNS from h3: the SRV record by the router, the pods' names
+    # by the router dialling its members, the headless Services by the trigger and the stub.
+    queries = network.dns_log()
+    assert f"query[SRV] {RANKER_SRV} from {front}" in queries
+    for name in RANKERS:
+        assert f"query[A] {pod(name, 'ranker-headless')} from {front}" in queries
+    assert f"query[A] router-headless.{ZONE} from {front}" in queries
+    assert f"query[A] trigger-headless.{ZONE} from {front}" in queries
