@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 
@@ -86,6 +87,9 @@ class Member:
         # A health check has told whether it serves: it answered, was refused, or timed out too often.
         self.checked = False
         self.in_flight = 0
+        # When this router last had an answer from it (time.monotonic()): a Rank is hedged only away from
+        # a member that has been silent for a while (services.router.proxy).
+        self.last_answer = -math.inf
         self._methods: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
 
     @property

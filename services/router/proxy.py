@@ -21,14 +21,19 @@ Contract:
   the caller gets the failover attempt's error. A member cut off the network (packets dropped, no reset)
   fails nothing: it takes its health checks `--health-timeouts` intervals to leave the ring, and without
   the hedge every Rank sent to it meanwhile, and every one in flight when it went, would wait out its
-  whole deadline. A healthy member answers far within half the time, so hedges are rare there; the
-  hedge is one failover-decision forward, and each Rank is sent twice at most.
+  whole deadline. Only a silent member is hedged: one that has answered no call of this router in the
+  last half of the wait (a quarter of the forward timeout). A member that is slow because it is busy
+  keeps answering other calls, and a hedge would only add load where the fleet has least room, so its
+  Rank is waited for; a member cut off just after answering a call is silent for the whole wait of a
+  Rank it had not answered. The hedge is one failover-decision forward, and each Rank is sent twice at
+  most.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -44,6 +49,8 @@ from services.router.routing import Route, RoutingPolicy
 # A Rank without an answer after this share of its forward timeout is hedged on the failover member,
 # which then has the other share: each attempt gets half.
 HEDGE_AT = 0.5
+# Codes of a forward the member did not answer: no connection, our own deadline, or our cancellation.
+NO_ANSWER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 def routing_key(request: bytes) -> routing_pb2.RoutingKey:
@@ -90,6 +97,8 @@ class RankerProxy:
             first = attempts[0]
             if first.done() and not _unavailable(first):
                 return first.result()  # the answer, or an error that another member would repeat
+            if not first.done() and time.monotonic() - route.member.last_answer < hedge_after / 2:
+                return await first  # busy, not gone: it answers other calls
             # UNAVAILABLE, or no answer in half the time: the failover member gets the Rank too.
             retry = self.policy.failover(key.user_id, failed=route.member.name)
             if retry is None:
@@ -127,11 +136,14 @@ class RankerProxy:
         try:
             response = await call(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
+            if exc.code() not in NO_ANSWER_CODES:
+                member.last_answer = time.monotonic()  # it answered, with an error
             member.record_failure(exc.code())
             raise
         finally:
             member.in_flight -= 1
             ROUTER_INFLIGHT.labels(member.name).set(member.in_flight)
+        member.last_answer = time.monotonic()
         member.record_success()
         return response
 

@@ -57,6 +57,30 @@ def test_a_rank_answered_within_half_its_time_is_not_hedged() -> None:
     through_router(scenario)
 
 
+def test_a_busy_member_that_answers_other_calls_is_waited_for_not_hedged() -> None:
+    """Slow because busy, not gone: a hedge would only double the load where there is least room."""
+
+    async def scenario(router: RouterServer, client: Client, stubs: list[StubRanker]) -> None:
+        ring = router.membership.ring
+        first, second, _ = ring.walk("alice")
+        neighbour = next(f"bob-{i}" for i in range(1000) if ring.owner(f"bob-{i}") == first)
+        busy = stub_named(stubs, first)
+        busy.delay_s = 0.7  # read when a request arrives: alice's Rank takes 0.7 s ...
+        before = decisions("Rank", "failover")
+        alice = asyncio.ensure_future(client.Rank(rank_request("alice"), timeout=RANK_TIMEOUT_S))
+        await asyncio.sleep(0.05)
+        busy.delay_s = 0.0  # ... while the same member answers other Ranks every 50 ms
+        while not alice.done():
+            assert (await client.Rank(rank_request(neighbour), timeout=RANK_TIMEOUT_S)).instance == first
+            await asyncio.sleep(0.05)
+
+        assert (await alice).instance == first
+        assert decisions("Rank", "failover") == before
+        assert not stub_named(stubs, second).received
+
+    through_router(scenario)
+
+
 def test_a_failed_hedge_leaves_the_rank_to_the_first_member() -> None:
     async def scenario(router: RouterServer, client: Client, stubs: list[StubRanker]) -> None:
         first, second, _ = router.membership.ring.walk("alice")
