@@ -37,7 +37,7 @@ import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -58,41 +58,94 @@ _VisibleBlocks = list[list[tuple[Tensor, Tensor]]]
 _LayerOutputs = tuple[Tensor, list[Tensor], list[Tensor]]
 
 
+class Ready(Protocol):
+    """Marks when a layer's KV is ready on the device: a `torch.cuda.Event` / `torch.npu.Event`, or the
+    ranker's CPU stand-in. `wait()` makes work queued afterwards on the current stream wait for it (the host
+    does not block)."""
+
+    def wait(self) -> None: ...
+
+
 @dataclass
 class PrefixKV:
-    """Per-layer keys and values of the first `length` tokens of B users' sequences.
+    """Per-layer keys and values of the first `length` tokens of B users' sequences, in one contiguous
+    buffer ``[layers, 2, B, H, L, d]`` (keys at index 0, values at 1).
 
-    ``keys[l]`` is [B, H, L, dqk] and ``values[l]`` [B, H, L, dv], contiguous, in the layout attention
-    consumes, so ranking never transposes. Treat entries as immutable: every method returns a new one.
+    One buffer makes every move of an entry one copy (and one allocation), and the layer-major layout makes
+    each layer's keys and values one contiguous block, so a reload can hand layers over one at a time.
+    ``keys[l]`` is [B, H, L, dqk] and ``values[l]`` [B, H, L, dv], contiguous views in the layout attention
+    consumes, so ranking never transposes.
+
+    `ready` (None: ready now) holds one `Ready` per layer while the buffer is still being written by another
+    stream (a reload, a pre-inference): `layer(l)` waits for layer l only. Treat entries as immutable: every
+    method returns a new one.
     """
 
-    keys: list[Tensor]
-    values: list[Tensor]
-    length: int
+    buffer: Tensor
+    ready: Sequence[Ready] | None = None
 
     def __post_init__(self) -> None:
-        if not self.keys or len(self.keys) != len(self.values):
-            raise ValueError("PrefixKV needs one key and one value tensor per layer")
-        for tensor in (*self.keys, *self.values):
-            if tensor.dim() != 4 or tensor.shape[2] != self.length:
-                shape = list(tensor.shape)
-                raise ValueError(f"PrefixKV tensors must be [B, H, {self.length}, d], got {shape}")
+        shape = list(self.buffer.shape)
+        if self.buffer.dim() != 6 or shape[0] < 1 or shape[1] != 2:
+            raise ValueError(f"PrefixKV's buffer must be [layers, 2, B, H, L, d], got {shape}")
+        if not self.buffer.is_contiguous():
+            raise ValueError("PrefixKV's buffer must be contiguous")
+        if self.ready is not None and len(self.ready) != shape[0]:
+            raise ValueError(f"PrefixKV needs one ready marker per layer: {len(self.ready)} for {shape[0]}")
+
+    @classmethod
+    def empty(
+        cls, layers: int, batch: int, heads: int, length: int, head_dim: int, dtype: torch.dtype, device
+    ) -> PrefixKV:
+        """An uninitialised entry (to be filled by its producer)."""
+        shape = (layers, 2, batch, heads, length, head_dim)
+        return cls(torch.empty(shape, dtype=dtype, device=device))
+
+    @property
+    def num_layers(self) -> int:
+        return self.buffer.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.buffer.shape[4]
 
     @property
     def batch_size(self) -> int:
-        return self.keys[0].shape[0]
+        return self.buffer.shape[2]
 
     @property
     def device(self) -> torch.device:
-        return self.keys[0].device
+        return self.buffer.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.keys[0].dtype
+        return self.buffer.dtype
+
+    @property
+    def keys(self) -> list[Tensor]:
+        return [self.buffer[layer, 0] for layer in range(self.num_layers)]
+
+    @property
+    def values(self) -> list[Tensor]:
+        return [self.buffer[layer, 1] for layer in range(self.num_layers)]
+
+    def layer(self, index: int) -> tuple[Tensor, Tensor]:
+        """Layer `index`'s keys and values, once work on the current stream may read them."""
+        if self.ready is not None:
+            self.ready[index].wait()
+        return self.buffer[index, 0], self.buffer[index, 1]
+
+    def wait(self) -> PrefixKV:
+        """This entry with every layer waited for on the current stream (and no markers left)."""
+        if self.ready is None:
+            return self
+        for marker in self.ready:
+            marker.wait()
+        return PrefixKV(self.buffer)
 
     def nbytes(self) -> int:
-        """Exact bytes of all key and value tensors."""
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        """Exact bytes of all keys and values (the buffer)."""
+        return self.buffer.numel() * self.buffer.element_size()
 
     def to(
         self,
@@ -100,23 +153,19 @@ class PrefixKV:
         dtype: torch.dtype | None = None,
         non_blocking: bool = False,
     ) -> PrefixKV:
-        """A copy on `device` / in `dtype`; tensors already there are shared, not copied."""
-        return PrefixKV(
-            [k.to(device=device, dtype=dtype, non_blocking=non_blocking) for k in self.keys],
-            [v.to(device=device, dtype=dtype, non_blocking=non_blocking) for v in self.values],
-            self.length,
-        )
+        """A copy on `device` / in `dtype`, in one copy of the buffer; itself (markers kept) when already
+        there, so that a consumer still waits layer by layer."""
+        target = self.device if device is None else torch.device(device)
+        same_device = target.type == self.device.type and target.index in (None, self.device.index)
+        if same_device and dtype in (None, self.dtype):
+            return self
+        return PrefixKV(self.wait().buffer.to(device=device, dtype=dtype, non_blocking=non_blocking))
 
     def user(self, index: int) -> PrefixKV:
-        """User `index` of a batch as its own entry (B == 1).
-
-        The tensors are copied so that caching one user does not keep the whole batch's memory alive.
-        """
-        return PrefixKV(
-            [k[index : index + 1].clone() for k in self.keys],
-            [v[index : index + 1].clone() for v in self.values],
-            self.length,
-        )
+        """User `index` of a batch as its own entry (B == 1), copied so that caching one user does not keep
+        the whole batch's memory alive."""
+        rows = self.wait().buffer[:, :, index : index + 1]
+        return PrefixKV(rows.clone(memory_format=torch.contiguous_format))
 
     @classmethod
     def stack(cls, entries: Sequence[PrefixKV]) -> PrefixKV:
@@ -124,11 +173,7 @@ class PrefixKV:
         lengths = {entry.length for entry in entries}
         if len(lengths) != 1:
             raise ValueError(f"can only stack prefixes of one length, got {sorted(lengths)}")
-        return cls(
-            [torch.cat(layer) for layer in zip(*(entry.keys for entry in entries), strict=True)],
-            [torch.cat(layer) for layer in zip(*(entry.values for entry in entries), strict=True)],
-            lengths.pop(),
-        )
+        return cls(torch.cat([entry.wait().buffer for entry in entries], dim=2))
 
 
 class UserSequence(NamedTuple):
@@ -136,6 +181,16 @@ class UserSequence(NamedTuple):
 
     long_items: Tensor
     long_actions: Tensor
+    short_items: Tensor
+    short_actions: Tensor
+    candidates: Tensor
+
+
+class CachedRank(NamedTuple):
+    """One user's cached rank for `HSTURanker.rank_batch`: its prefix (B == 1) and 1-D tensors of its
+    short-term events (S may be 0) and candidates."""
+
+    prefix: PrefixKV
     short_items: Tensor
     short_actions: Tensor
     candidates: Tensor
@@ -243,11 +298,17 @@ class HSTURanker(nn.Module):
     def _target_actions(self, candidates: Tensor) -> Tensor:
         return torch.full_like(candidates, self.preset.num_action_types)
 
-    def _attention(self, q: Tensor, k: Tensor) -> Tensor:
-        """Unmasked pointwise attention weights SiLU(alpha q k^T) / N_norm, [B, H, n_q, n_k]."""
-        scores = q @ k.transpose(-2, -1)
-        # In place: on the reference path this [B, H, n, n] tensor is the largest in the model.
-        return F.silu(scores.mul_(self.preset.head_dim**-0.5), inplace=True).div_(self.preset.attn_norm)
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+        """One block of pointwise attention, not normalised: SiLU(alpha q k^T) [masked] @ v, [B, H, n_q, dv].
+
+        The [n_q, n_k] weights are the largest tensor of a layer, so they get one elementwise pass (SiLU, in
+        place) and the mask's: alpha scales q (n_q x d) before the product, and the caller divides the sum
+        of its blocks by N_norm once, on the [n_q, dv] output (exact for a power-of-two N_norm).
+        """
+        weights = F.silu((q * self.preset.head_dim**-0.5) @ k.transpose(-2, -1), inplace=True)
+        if mask is not None:
+            weights.masked_fill_(~mask, 0.0)
+        return weights @ v
 
     def _head(self, hidden: Tensor, candidates: Tensor) -> Tensor:
         """Task logits [B, C, T] (float32) from the candidates' last hidden states [B, C, D]."""
@@ -256,6 +317,12 @@ class HSTURanker(nn.Module):
 
     def _causal_mask(self, n: int) -> Tensor:
         return torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+
+    def _request_mask(self, head: int, num_candidates: int) -> Tensor:
+        """M over `head` causal tokens followed by candidates that see all of them and themselves."""
+        mask = self._causal_mask(head + num_candidates)
+        mask[head:, head:] = torch.eye(num_candidates, dtype=torch.bool, device=self.device)
+        return mask
 
     def _check_positions(self, needed: int) -> None:
         if needed > self.preset.max_positions:
@@ -266,33 +333,39 @@ class HSTURanker(nn.Module):
 
     # ---- the cached path ----
 
-    def _run_new(self, x: Tensor, visible: _VisibleBlocks, self_mask: Tensor) -> _LayerOutputs:
-        """Runs new tokens x through every layer, against keys they see in full (`visible[l]`, already
-        computed) and each other through `self_mask` [n, n]. Returns their last hidden states and their
-        per-layer keys and values."""
+    def _run_new(
+        self,
+        x: Tensor,
+        self_mask: Tensor,
+        prefix: PrefixKV | None = None,
+        seen: _VisibleBlocks | None = None,
+    ) -> _LayerOutputs:
+        """Runs new tokens x through every layer: against each other through `self_mask` [n, n], and in full
+        against the prefix's keys (layer l waited for just before layer l runs) and the blocks `seen[l]`
+        (already computed). Returns their last hidden states and their per-layer keys and values."""
         keys, values = [], []
-        for layer, blocks in zip(self.layers, visible, strict=True):
+        for index, layer in enumerate(self.layers):
             u, q, k, v = layer.project(x)
-            o = self._attention(q, k).masked_fill_(~self_mask, 0.0) @ v
-            for block_keys, block_values in blocks:
-                o = o + self._attention(q, block_keys) @ block_values
-            x = layer.finish(x, u, o)
+            o = self._attend(q, k, v, self_mask)
+            if prefix is not None:
+                o = o + self._attend(q, *prefix.layer(index))
+            for block_keys, block_values in seen[index] if seen else ():
+                o = o + self._attend(q, block_keys, block_values)
+            x = layer.finish(x, u, o.div_(self.preset.attn_norm))
             keys.append(k)
             values.append(v)
         return x, keys, values
 
-    def _fill(
-        self, keys: list[Tensor], values: list[Tensor], start: int, item_ids: Tensor, action_types: Tensor
-    ) -> None:
-        """Computes prefix tokens start .. start+n-1 into the buffers, whose first `start` tokens are done."""
+    def _fill(self, buffer: Tensor, start: int, item_ids: Tensor, action_types: Tensor) -> None:
+        """Computes prefix tokens start .. start+n-1 into a PrefixKV buffer whose first `start` are done."""
         n = item_ids.shape[1]
         x = self._embed(item_ids, action_types, torch.arange(start, start + n, device=self.device))
-        # The tokens before `start` are seen in full, through views of the buffers (nothing is copied).
-        pairs = zip(keys, values, strict=True)
-        done = [[(k[:, :, :start], v[:, :, :start])] if start else [] for k, v in pairs]
-        _, new_keys, new_values = self._run_new(x, done, self._causal_mask(n))
-        for buffer, new in zip(keys + values, new_keys + new_values, strict=True):
-            buffer[:, :, start : start + n] = new
+        # The tokens before `start` are seen in full, through views of the buffer (nothing is copied).
+        done = [[(layer[0, :, :, :start], layer[1, :, :, :start])] for layer in buffer] if start else None
+        _, new_keys, new_values = self._run_new(x, self._causal_mask(n), seen=done)
+        for index, (k, v) in enumerate(zip(new_keys, new_values, strict=True)):
+            buffer[index, 0, :, :, start : start + n] = k
+            buffer[index, 1, :, :, start : start + n] = v
 
     @torch.inference_mode()
     def prefix_builder(
@@ -345,12 +418,12 @@ class HSTURanker(nn.Module):
         self._check_request(prefix.batch_size, short_items, candidates, length)
         if candidate_microbatch is not None and candidate_microbatch < 1:
             raise ValueError("candidate_microbatch must be positive")
-        visible = [[(k, v)] for k, v in zip(prefix.keys, prefix.values, strict=True)]
+        seen = None
         if num_short:
             positions = torch.arange(length, length + num_short, device=self.device)
             x = self._embed(short_items, short_actions, positions)
-            _, short_keys, short_values = self._run_new(x, visible, self._causal_mask(num_short))
-            visible = [[*seen, (k, v)] for seen, k, v in zip(visible, short_keys, short_values, strict=True)]
+            _, short_keys, short_values = self._run_new(x, self._causal_mask(num_short), prefix)
+            seen = [[(k, v)] for k, v in zip(short_keys, short_values, strict=True)]
         step = candidate_microbatch or candidates.shape[1]
         position = torch.full((), length + num_short, device=self.device)
         logits = []
@@ -358,7 +431,7 @@ class HSTURanker(nn.Module):
             chunk = candidates[:, start : start + step]
             x = self._embed(chunk, self._target_actions(chunk), position)
             itself = torch.eye(chunk.shape[1], dtype=torch.bool, device=self.device)
-            hidden, _, _ = self._run_new(x, visible, itself)
+            hidden, _, _ = self._run_new(x, itself, prefix, seen)
             logits.append(self._head(hidden, chunk))
         return torch.cat(logits, dim=1)
 
@@ -374,6 +447,55 @@ class HSTURanker(nn.Module):
         """The scores [B, C] the service returns: sigmoid of the first task's logit of `rank`."""
         logits = self.rank(prefix, short_items, short_actions, candidates, candidate_microbatch)
         return torch.sigmoid(logits[..., 0])
+
+    @torch.inference_mode()
+    def rank_batch(self, requests: Sequence[CachedRank]) -> list[Tensor]:
+        """Task logits [C_i, T] (float32) of several users' cached ranks in one pass, each against its own
+        prefix: equal to `rank` one user at a time (to float rounding).
+
+        The users' short-term and candidate tokens are packed into one sequence, so every projection, norm
+        and MLP runs once for all of them; attention runs per user, over its own tokens (under M) and its
+        own prefix, so no user sees another and nothing is padded.
+        """
+        if not requests:
+            return []
+        prefixes = [request.prefix.to(self.device, self.preset.dtype) for request in requests]
+        items, actions, positions, spans, masks = [], [], [], [], []
+        offset = 0
+        for request, prefix in zip(requests, prefixes, strict=True):
+            if prefix.batch_size != 1:
+                raise ValueError("rank_batch takes one user per prefix (B == 1)")
+            short, candidates = request.short_items, request.candidates
+            num_short, num_candidates, length = short.shape[0], candidates.shape[0], prefix.length
+            self._check_request(1, short[None], candidates[None], length)
+            head = length + num_short
+            items += [short, candidates]
+            actions += [request.short_actions, self._target_actions(candidates)]
+            positions += [
+                torch.arange(length, head, device=self.device),
+                torch.full((num_candidates,), head, device=self.device),
+            ]
+            spans.append((offset, offset + num_short, offset + num_short + num_candidates))
+            masks.append(self._request_mask(num_short, num_candidates))
+            offset += num_short + num_candidates
+        x = self._embed(torch.cat(items)[None], torch.cat(actions)[None], torch.cat(positions))
+        for index, layer in enumerate(self.layers):
+            u, q, k, v = layer.project(x)
+            outputs = []
+            for (begin, _, end), mask, prefix in zip(spans, masks, prefixes, strict=True):
+                q_user = q[:, :, begin:end]
+                own = self._attend(q_user, k[:, :, begin:end], v[:, :, begin:end], mask)
+                outputs.append(own + self._attend(q_user, *prefix.layer(index)))
+            x = layer.finish(x, u, torch.cat(outputs, dim=2).div_(self.preset.attn_norm))
+        return [
+            self._head(x[:, first:end], request.candidates[None])[0]
+            for (_, first, end), request in zip(spans, requests, strict=True)
+        ]
+
+    @torch.inference_mode()
+    def score_batch(self, requests: Sequence[CachedRank]) -> list[Tensor]:
+        """The scores [C_i] of `rank_batch`: sigmoid of each user's first task logit."""
+        return [torch.sigmoid(logits[:, 0]) for logits in self.rank_batch(requests)]
 
     def _check_request(self, batch: int, short_items: Tensor, candidates: Tensor, length: int) -> None:
         if short_items.shape[0] != batch or candidates.shape[0] != batch:
@@ -391,7 +513,7 @@ class HSTURanker(nn.Module):
         keys, values = [], []
         for layer in self.layers:
             u, q, k, v = layer.project(x)
-            x = layer.finish(x, u, self._attention(q, k).masked_fill_(~mask, 0.0) @ v)
+            x = layer.finish(x, u, self._attend(q, k, v, mask).div_(self.preset.attn_norm))
             keys.append(k)
             values.append(v)
         return x, keys, values
@@ -414,9 +536,7 @@ class HSTURanker(nn.Module):
             torch.arange(head, device=self.device),
             torch.full((num_candidates,), head, device=self.device),
         ])  # fmt: skip
-        mask = self._causal_mask(head + num_candidates)
-        mask[head:, head:] = torch.eye(num_candidates, dtype=torch.bool, device=self.device)
-        return items, actions, positions, mask
+        return items, actions, positions, self._request_mask(head, num_candidates)
 
     @torch.inference_mode()
     def full_forward(
@@ -445,7 +565,7 @@ class HSTURanker(nn.Module):
         are what `pre_infer` must reproduce."""
         inputs = self._full_inputs(long_items, long_actions, short_items, short_actions, candidates)
         _, keys, values = self._full_pass(*inputs)
-        return PrefixKV([k.contiguous() for k in keys], [v.contiguous() for v in values], inputs[0].shape[1])
+        return PrefixKV(torch.stack([torch.stack(pair) for pair in zip(keys, values, strict=True)]))
 
     @torch.inference_mode()
     def full_forward_batch(self, users: Sequence[UserSequence | tuple[Tensor, ...]]) -> list[Tensor]:
@@ -481,8 +601,9 @@ class HSTURanker(nn.Module):
 
 class PrefixBuilder:
     """Computes a prefix's KV one chunk per `step()`, so that the caller can run other work between chunks
-    (the ranker's device thread serves a waiting Rank there). All chunks write into buffers allocated
-    once, so chunking copies nothing. Made by `HSTURanker.prefix_builder`; one thread steps it at a time.
+    (the ranker's device thread serves a waiting Rank there). All chunks write into one contiguous
+    `PrefixKV` buffer allocated once, so chunking copies nothing. Made by `HSTURanker.prefix_builder`; one
+    thread steps it at a time.
     """
 
     def __init__(
@@ -500,14 +621,13 @@ class PrefixBuilder:
         self._offset = 0 if past is None else past.length
         self._next = 0
         self.length = self._offset + item_ids.shape[1]
-        shape = (item_ids.shape[0], model.preset.num_heads, self.length, model.preset.head_dim)
-        buffers = [torch.empty(shape, dtype=model.preset.dtype, device=model.device) for _ in model.layers]
-        self._keys = buffers
-        self._values = [torch.empty_like(buffer) for buffer in buffers]
-        if past is not None:
-            past = past.to(model.device, model.preset.dtype)
-            for buffer, old in zip(self._keys + self._values, past.keys + past.values, strict=True):
-                buffer[:, :, : self._offset] = old
+        preset = model.preset
+        self._kv = PrefixKV.empty(
+            preset.num_layers, item_ids.shape[0], preset.num_heads, self.length, preset.head_dim,
+            preset.dtype, model.device,
+        )  # fmt: skip
+        if past is not None:  # one copy of the whole past buffer
+            self._kv.buffer[:, :, :, :, : self._offset] = past.to(model.device, preset.dtype).wait().buffer
 
     @property
     def done(self) -> bool:
@@ -525,13 +645,13 @@ class PrefixBuilder:
             return
         begin, end = self._next, min(self._next + self._chunk_size, self._items.shape[1])
         items, actions = self._items[:, begin:end], self._actions[:, begin:end]
-        self._model._fill(self._keys, self._values, self._offset + begin, items, actions)
+        self._model._fill(self._kv.buffer, self._offset + begin, items, actions)
         self._next = end
 
     def result(self) -> PrefixKV:
         if not self.done:
             raise RuntimeError(f"the prefix is incomplete: {self.computed} of {self.length} tokens")
-        return PrefixKV(self._keys, self._values, self.length)
+        return self._kv
 
     def run(self) -> PrefixKV:
         """Steps to the end and returns the PrefixKV."""
