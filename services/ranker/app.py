@@ -19,7 +19,7 @@ from services.ranker import metrics
 from services.ranker.config import RankerConfig
 from services.ranker.copier import TierCopier
 from services.ranker.dataplane import DataPlane
-from services.ranker.device import select_device
+from services.ranker.device import Accelerator, select_device
 from services.ranker.latency_curve import LatencyCurve
 from services.ranker.load import LoadBook
 from services.ranker.model import HSTURanker
@@ -65,8 +65,17 @@ class RankerApp:
         model, version, self.device = build_model(config)
         self.worker = Scheduler("device")
         self.copy_worker = Scheduler("copy")
+        # The device's streams (rank, pre-infer, copy) and events; synchronous stand-ins on CPU.
+        self.accelerator = Accelerator(self.device)
         self.runner = ModelRunner(
-            model, self.worker, config.pre_infer_chunk_tokens, config.candidate_microbatch or None, version
+            model,
+            self.worker,
+            config.pre_infer_chunk_tokens,
+            config.candidate_microbatch or None,
+            version,
+            accelerator=self.accelerator,
+            inflight_chunks=config.pre_infer_inflight_chunks,
+            rank_batch_max=config.rank_batch_max,
         )
         dram_dtype = torch.bfloat16 if config.dram_lossy_bf16 else model.preset.dtype
         self.cache = PrefixCache(

@@ -51,7 +51,21 @@ class RankerConfig(ServiceConfig):
         above=0,
     )
     candidate_microbatch: int = setting(
-        0, "score candidates in microbatches of this size (0: all at once)", minimum=0
+        0,
+        "score candidates in microbatches of this size (0: all at once; set, it disables --rank-batch-max)",
+        minimum=0,
+    )
+    rank_batch_max: int = setting(
+        8,
+        "cached Ranks queued together run as one device pass of up to this many users (1: one at a time); "
+        "batching takes only what is already queued, it never waits",
+        above=0,
+    )
+    pre_infer_inflight_chunks: int = setting(
+        2,
+        "pre-infer chunks the device thread may have queued on an accelerator before it waits for the "
+        "oldest: with the rank stream's priority, this bounds a Rank's wait behind pre-inference",
+        above=0,
     )
     max_pending_pre_infer: int = setting(
         64,

@@ -33,6 +33,12 @@ MODEL_SECONDS = Histogram(
     ["op"],
     buckets=LATENCY_BUCKETS,
 )
+DEVICE_BATCH_SIZE = Histogram(
+    "relaygr_device_batch_size",
+    "Jobs run together in one device pass (cached ranks of several users), by op.",
+    ["op"],
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32),
+)
 DEVICE_QUEUE_DEPTH = Gauge(
     "relaygr_device_queue_depth", "Model jobs waiting for the device thread, by priority.", ["priority"]
 )

@@ -3,7 +3,15 @@
 `ModelRunner` is the only object that touches the model. Its async-facing methods return futures
 resolved by the `Scheduler` thread, which runs the work with the given priority; the `*_sync`
 methods are the work itself. Background pre-inference runs in chunks and lets every queued rank run
-between two chunks.
+between two chunks. Cached ranks queued together run as one batch (`rank_batch_sync`).
+
+On an accelerator, kernels launch asynchronously, so "a Rank waits at most one chunk" needs more than the
+queue order: Ranks (and a miss's own prefix) run on the high-priority rank stream, background
+pre-inference on the low-priority pre-infer stream, and the device thread keeps at most `inflight_chunks`
+pre-infer chunks queued on the device (it waits on the oldest chunk's event, never on the whole device).
+A prefix is handed over by an event recorded where it was produced: the stream that consumes it waits for
+that event, the host does not. Only a Rank's scores come back to the host, waiting for the rank stream.
+On CPU the same calls run synchronously (`Accelerator`'s stand-ins).
 """
 
 from __future__ import annotations
@@ -13,10 +21,12 @@ from collections.abc import Sequence
 
 import torch
 
-from services.ranker.device import synchronize
+from services.ranker.device import Accelerator, InflightWindow
 from services.ranker.events import Events
-from services.ranker.model import HSTURanker, PrefixKV
-from services.ranker.scheduler import Op, Priority, Scheduler
+from services.ranker.model import CachedRank, HSTURanker, PrefixKV
+from services.ranker.scheduler import Batch, Op, Priority, Scheduler
+
+RankItem = tuple[PrefixKV, Events, Sequence[int]]
 
 
 class ModelRunner:
@@ -27,14 +37,23 @@ class ModelRunner:
         chunk_tokens: int,
         candidate_microbatch: int | None,
         model_version: str,
+        accelerator: Accelerator | None = None,
+        inflight_chunks: int = 2,
+        rank_batch_max: int = 8,
     ) -> None:
+        if inflight_chunks < 1 or rank_batch_max < 1:
+            raise ValueError("inflight_chunks and rank_batch_max must be positive")
         self.model = model
         self.worker = worker
         self.device = model.device
+        self.accelerator = accelerator or Accelerator(model.device)
         self.chunk_tokens = chunk_tokens
         self.candidate_microbatch = candidate_microbatch
         self.model_version = model_version
         self.kv_bytes_per_token = model.preset.kv_bytes_per_token
+        self.inflight_chunks = inflight_chunks
+        # Candidate microbatching bounds one rank's memory; batching users would undo it.
+        self._rank_batch = Batch(self.rank_batch_sync, 1 if candidate_microbatch else rank_batch_max)
 
     def _tensor(self, values) -> torch.Tensor:
         return torch.as_tensor(values, dtype=torch.int64).reshape(1, -1).to(self.device)
@@ -44,28 +63,63 @@ class ModelRunner:
     def build_sync(self, events: Events, yield_to_ranks: bool, base: PrefixKV | None = None) -> PrefixKV:
         """The prefix KV of `events` appended to `base` (None: from the start), always in chunks: besides
         bounding a rank's wait, chunks keep the attention blocks small, which is faster on long
-        prefixes. When `yield_to_ranks`, every queued rank runs between two chunks."""
-        builder = self.model.prefix_builder(
-            self._tensor(events.item_ids), self._tensor(events.action_types), self.chunk_tokens, past=base
-        )
-        builder.step()
-        while not builder.done:
-            if yield_to_ranks:
-                self.worker.run_more_urgent()
+        prefixes. When `yield_to_ranks` (background pre-inference, on the pre-infer stream), every queued
+        rank runs between two chunks. The result carries the event its consumers wait for."""
+        accelerator = self.accelerator
+        stream = accelerator.pre_infer_stream if yield_to_ranks else accelerator.rank_stream
+        window = InflightWindow(self.inflight_chunks)
+        with accelerator.on(stream):
+            builder = self.model.prefix_builder(
+                self._tensor(events.item_ids), self._tensor(events.action_types), self.chunk_tokens, base
+            )
             builder.step()
-        kv = builder.result()
-        synchronize(self.device)
-        return kv
+            window.push(accelerator.record())
+            while not builder.done:
+                if yield_to_ranks:
+                    self.worker.run_more_urgent()
+                builder.step()
+                window.push(accelerator.record())
+            kv = builder.result()
+            if base is not None:
+                accelerator.used_by(base.buffer, stream)
+            done = accelerator.record()
+        return PrefixKV(kv.buffer, ready=[done] * kv.num_layers)
 
     def rank_sync(self, prefix: PrefixKV, short: Events, candidates: Sequence[int]) -> list[float]:
-        scores = self.model.score(
-            prefix,
-            self._tensor(short.item_ids),
-            self._tensor(short.action_types),
-            self._tensor(candidates),
-            self.candidate_microbatch,
-        )
-        return scores[0].float().cpu().tolist()
+        """Scores of one user's candidates against a prefix, on the rank stream."""
+        accelerator = self.accelerator
+        with accelerator.on(accelerator.rank_stream):
+            scores = self.model.score(
+                prefix,
+                self._tensor(short.item_ids),
+                self._tensor(short.action_types),
+                self._tensor(candidates),
+                self.candidate_microbatch,
+            )
+            accelerator.used_by(prefix.buffer, accelerator.rank_stream)
+            return scores[0].float().cpu().tolist()
+
+    def rank_batch_sync(self, items: list[RankItem]) -> list[list[float]]:
+        """Scores of several users' cached ranks in one pass on the rank stream, one list per user: equal
+        to `rank_sync` one user at a time (to float rounding)."""
+        if len(items) == 1:
+            return [self.rank_sync(*items[0])]
+        accelerator = self.accelerator
+        with accelerator.on(accelerator.rank_stream):
+            requests = [
+                CachedRank(
+                    prefix,
+                    self._tensor(short.item_ids)[0],
+                    self._tensor(short.action_types)[0],
+                    self._tensor(candidates)[0],
+                )
+                for prefix, short, candidates in items
+            ]
+            scores = self.model.score_batch(requests)
+            for prefix, _, _ in items:
+                accelerator.used_by(prefix.buffer, accelerator.rank_stream)
+            flat = torch.cat(scores).float().cpu()  # one copy back for the whole batch
+        return [part.tolist() for part in flat.split([len(c) for _, _, c in items])]
 
     def uncached_sync(self, long: Events, short: Events, candidates: Sequence[int]) -> list[float]:
         """Ranking without relay: the prefix computed in chunks, ranked against, then dropped. Equal to
@@ -105,9 +159,10 @@ class ModelRunner:
     def rank(
         self, prefix: PrefixKV, short: Events, candidates: Sequence[int], deadline: float | None
     ) -> asyncio.Future[list[float]]:
-        """Scores of `candidates` (request order) against a ready prefix."""
-        job = lambda: self.rank_sync(prefix, short, candidates)  # noqa: E731
-        return self.worker.submit(job, Priority.RANK, Op.RANK, deadline)
+        """Scores of `candidates` (request order) against a ready prefix; ranks queued together run as one
+        batch."""
+        item = (prefix, short, candidates)
+        return self.worker.submit_batched(item, self._rank_batch, Priority.RANK, Op.RANK, deadline)
 
     def uncached(
         self, long: Events, short: Events, candidates: Sequence[int], deadline: float | None

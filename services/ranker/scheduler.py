@@ -6,6 +6,12 @@ priority). Pre-inference is submitted one chunk at a time, so a Rank that arrive
 at most one chunk. A Rank that waits on a background job (it joined a pre-inference) `promote`s that job
 to its own priority, so ranks that keep arriving cannot starve it. A job whose deadline has passed, or
 whose awaiting future was cancelled, is dropped when it reaches the front, before any work starts.
+
+Jobs submitted with a `Batch` (cached ranks) are run together: when one reaches the front, the jobs of the
+same batch queued right behind it at its priority join it, up to `Batch.max_size`, and `Batch.run` does
+them in one pass. Batching never waits for jobs to arrive: it takes what is queued, so it adds no latency
+and turns a queue of small ranks into fewer, larger device passes. A batch that fails is run again one job
+at a time, so each caller gets its own result or its own error.
 """
 
 from __future__ import annotations
@@ -47,6 +53,18 @@ class Op(enum.StrEnum):
     PROFILE = "profile"  # the warm-up latency curve
 
 
+@dataclasses.dataclass(eq=False)
+class Batch:
+    """Jobs that may run together: `run(items)` returns one result per item, in order."""
+
+    run: Callable[[list[Any]], list[Any]]
+    max_size: int
+
+    def __post_init__(self) -> None:
+        if self.max_size < 1:
+            raise ValueError("a batch holds at least one job")
+
+
 # The jobs that run the model (the others copy tensors or measure).
 MODEL_PASSES = (Op.PRE_INFER, Op.EXTEND, Op.RANK, Op.UNCACHED)
 
@@ -61,6 +79,9 @@ class Job:
     fn: Callable[[], Any] = dataclasses.field(compare=False)
     future: asyncio.Future = dataclasses.field(compare=False)
     op: Op = dataclasses.field(compare=False)
+    # Set for a job that may run with others of its batch; `fn` runs it alone.
+    batch: Batch | None = dataclasses.field(default=None, compare=False)
+    item: Any = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass
@@ -98,11 +119,21 @@ class Scheduler:
         `deadline` is a `time.monotonic()` instant after which the job is dropped unstarted with
         DeadlineExceeded. `op` labels the model-time metric.
         """
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        return self._push(fn, priority, op, deadline, None, None)
+
+    def submit_batched(
+        self, item: Any, batch: Batch, priority: Priority, op: Op, deadline: float | None = None
+    ) -> asyncio.Future:
+        """Queues `item` for `batch.run`, with the jobs of the same batch queued beside it (see `submit`)."""
+        return self._push(lambda: batch.run([item])[0], priority, op, deadline, batch, item)
+
+    def _push(self, fn, priority, op, deadline, batch, item) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
         with self._cond:
             if self._closed:
                 raise RuntimeError("device worker is closed")
-            heapq.heappush(self._heap, Job(priority, next(self._counter), deadline, fn, future, op))
+            job = Job(priority, next(self._counter), deadline, fn, future, op, batch, item)
+            heapq.heappush(self._heap, job)
             self._count(priority, +1)
             self._cond.notify()
         return future
@@ -139,13 +170,27 @@ class Scheduler:
             with self._cond:
                 if not self._heap or self._heap[0].priority >= self._running[-1].priority:
                     return
-                job = self._pop()
-            self._run(job)
+                jobs = self._pop_batch()
+            self._run(jobs)
 
     def _pop(self) -> Job:
         job = heapq.heappop(self._heap)
         self._count(job.priority, -1)
         return job
+
+    def _pop_batch(self) -> list[Job]:
+        """The job at the front, and the jobs of its batch queued right behind it at its priority."""
+        jobs = [self._pop()]
+        batch = jobs[0].batch
+        while (
+            batch is not None
+            and len(jobs) < batch.max_size
+            and self._heap
+            and self._heap[0].batch is batch
+            and self._heap[0].priority == jobs[0].priority
+        ):
+            jobs.append(self._pop())
+        return jobs
 
     def _count(self, priority: Priority, change: int) -> None:
         self._depth[priority] += change
@@ -158,31 +203,40 @@ class Scheduler:
                     self._cond.wait()
                 if not self._heap:
                     return
-                job = self._pop()
+                jobs = self._pop_batch()
             started = time.perf_counter()
-            self._run(job)
+            self._run(jobs)
             self.busy_s += time.perf_counter() - started
 
-    def _run(self, job: Job) -> None:
-        """Runs a job as the innermost running one: nested in another job, it yields by its own priority."""
+    def _run(self, jobs: list[Job]) -> None:
+        """Runs jobs (one, or one batch) as the innermost running work: nested in another job, it yields by
+        its own priority."""
         with self._cond:
-            self._running.append(_Running(job.priority, job.future))
+            self._running.append(_Running(jobs[0].priority, jobs[0].future))
         try:
-            self._execute(job)
+            live = [job for job in jobs if self._startable(job)]
+            if len(live) == 1:
+                self._execute(live[0])
+            elif live:
+                self._execute_batch(live)
         finally:
             with self._cond:
                 self._running.pop()
 
+    @staticmethod
+    def _startable(job: Job) -> bool:
+        """False for a job dropped unstarted: its caller is gone, or its deadline passed in the queue."""
+        if job.future.cancelled():
+            return False
+        if job.deadline is not None and time.monotonic() > job.deadline:
+            error = DeadlineExceeded(f"{job.op}: deadline passed in queue")
+            job.future.get_loop().call_soon_threadsafe(_set_exception, job.future, error)
+            return False
+        return True
+
     def _execute(self, job: Job) -> None:
-        deadline, fn, future, op = job.deadline, job.fn, job.future, job.op
+        fn, future, op = job.fn, job.future, job.op
         loop = future.get_loop()
-        if future.cancelled():
-            return
-        if deadline is not None and time.monotonic() > deadline:
-            loop.call_soon_threadsafe(
-                _set_exception, future, DeadlineExceeded(f"{op}: deadline passed in queue")
-            )
-            return
         started = time.perf_counter()
         try:
             result = fn()
@@ -193,6 +247,21 @@ class Scheduler:
             loop.call_soon_threadsafe(_set_result, future, result)
         finally:
             metrics.MODEL_SECONDS.labels(op).observe(time.perf_counter() - started)
+
+    def _execute_batch(self, jobs: list[Job]) -> None:
+        """One pass for every job of a batch; if it fails, each job alone (its own result or error)."""
+        started = time.perf_counter()
+        try:
+            results = jobs[0].batch.run([job.item for job in jobs])
+        except Exception:
+            log.debug("device batch of %d %s jobs failed; running them one by one", len(jobs), jobs[0].op)
+            for job in jobs:
+                self._execute(job)
+            return
+        metrics.MODEL_SECONDS.labels(jobs[0].op).observe(time.perf_counter() - started)
+        metrics.DEVICE_BATCH_SIZE.labels(jobs[0].op).observe(len(jobs))
+        for job, result in zip(jobs, results, strict=True):
+            job.future.get_loop().call_soon_threadsafe(_set_result, job.future, result)
 
 
 def _set_result(future: asyncio.Future, result: Any) -> None:

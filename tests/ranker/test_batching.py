@@ -1,0 +1,215 @@
+"""Cross-request batching of cached ranks: exact against one user at a time; what the device thread groups.
+
+The model's `rank_batch` packs several users' short-term and candidate tokens into one pass, each attending
+to its own prefix; the scheduler groups queued cached ranks into one such pass; a Rank served in a batch
+through the real gRPC service equals the full recomputation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.testing import assert_close
+
+from relaygr.v1 import common_pb2
+from services.common.errors import DeadlineExceeded
+from services.ranker.model import CachedRank, HSTURanker
+from services.ranker.presets import get_preset
+from services.ranker.scheduler import Batch, Op, Priority, Scheduler
+from tests.exact import assert_scores_equal
+from tests.ranker.harness import history, metric, pre_infer_request, rank_request, running_ranker
+
+TINY = get_preset("cpu-tiny")
+
+
+@pytest.fixture(scope="module")
+def model() -> HSTURanker:
+    return HSTURanker(TINY)
+
+
+def user_request(model: HSTURanker, seed: int, length: int, num_short: int, candidates: int) -> CachedRank:
+    generator = torch.Generator().manual_seed(seed)
+
+    def ids(n: int) -> torch.Tensor:
+        return torch.randint(0, 2**40, (n,), generator=generator)
+
+    def actions(n: int) -> torch.Tensor:
+        return torch.randint(0, TINY.num_action_types, (n,), generator=generator)
+
+    prefix = model.pre_infer(ids(length)[None], actions(length)[None], chunk_size=16)
+    return CachedRank(prefix, ids(num_short), actions(num_short), ids(candidates))
+
+
+users = st.lists(
+    st.tuples(st.integers(1, 80), st.integers(0, 12), st.integers(1, 20)), min_size=1, max_size=6
+)
+
+
+@settings(max_examples=12, deadline=None)
+@given(shapes=users, seed=st.integers(0, 2**16))
+def test_a_batch_ranks_every_user_as_if_alone(model, shapes, seed):
+    requests = [user_request(model, seed + i, *shape) for i, shape in enumerate(shapes)]
+    batched = model.rank_batch(requests)
+    assert [logits.shape for logits in batched] == [(c, TINY.num_tasks) for _, _, c in shapes]
+    for request, logits in zip(requests, batched, strict=True):
+        alone = model.rank(request.prefix, request.short_items[None], request.short_actions[None],
+                           request.candidates[None])[0]  # fmt: skip
+        assert logits.dtype == torch.float32
+        assert_close(logits, alone)
+
+
+def test_a_batch_equals_the_full_recomputation_of_each_user(model):
+    generator = torch.Generator().manual_seed(3)
+    requests, references = [], []
+    for length, num_short, num_candidates in ((40, 3, 5), (7, 0, 9), (64, 12, 1)):
+        long = torch.randint(0, 2**40, (1, length), generator=generator)
+        long_actions = torch.randint(0, TINY.num_action_types, (1, length), generator=generator)
+        short = torch.randint(0, 2**40, (num_short,), generator=generator)
+        short_actions = torch.randint(0, TINY.num_action_types, (num_short,), generator=generator)
+        candidates = torch.randint(0, 2**40, (num_candidates,), generator=generator)
+        requests.append(CachedRank(model.pre_infer(long, long_actions, 16), short, short_actions, candidates))
+        full = model.full_forward(long, long_actions, short[None], short_actions[None], candidates[None])
+        references.append(torch.sigmoid(full[0, :, 0]))
+    for scores, reference in zip(model.score_batch(requests), references, strict=True):
+        assert_close(scores, reference)
+
+
+def test_a_user_cannot_see_another_in_the_batch(model):
+    """Changing one user's prefix changes that user's scores and nobody else's."""
+    first, second = user_request(model, 1, 30, 4, 6), user_request(model, 2, 30, 4, 6)
+    other = user_request(model, 9, 30, 4, 6)
+    before = model.rank_batch([first, second])
+    after = model.rank_batch([first, second._replace(prefix=other.prefix)])
+    assert_close(after[0], before[0])
+    assert (after[1] - before[1]).abs().max() > 1e-4
+
+
+def test_bad_input_in_a_batch_names_the_problem(model):
+    request = user_request(model, 4, 10, 2, 3)
+    with pytest.raises(ValueError, match="at least one candidate"):
+        model.rank_batch([request, request._replace(candidates=torch.zeros(0, dtype=torch.long))])
+
+
+# ---- the scheduler groups what is queued ----
+
+
+def blocked(scheduler: Scheduler) -> threading.Event:
+    """Holds the device thread in a job until the returned event is set, so that jobs queue behind it."""
+    gate, started = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        gate.wait(10)
+
+    scheduler.submit(hold, Priority.RANK, Op.PROFILE)
+    assert started.wait(10)
+    return gate
+
+
+def test_queued_jobs_of_one_batch_run_together_up_to_its_size():
+    async def scenario():
+        calls: list[list[int]] = []
+
+        def run(items: list[int]) -> list[int]:
+            calls.append(list(items))
+            return [item * 10 for item in items]
+
+        batch = Batch(run, max_size=3)
+        scheduler = Scheduler("test")
+        try:
+            gate = blocked(scheduler)
+            futures = [scheduler.submit_batched(i, batch, Priority.RANK, Op.RANK) for i in range(4)]
+            alone = scheduler.submit(lambda: "alone", Priority.RANK, Op.RANK)
+            later = scheduler.submit_batched(9, batch, Priority.RANK, Op.RANK)
+            gate.set()
+            results = await asyncio.gather(*futures, alone, later)
+        finally:
+            scheduler.close()
+        assert results == [0, 10, 20, 30, "alone", 90]
+        # FIFO is kept: a batch takes only the jobs of its batch queued right behind its first job.
+        assert calls == [[0, 1, 2], [3], [9]]
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_batch_gives_each_job_its_own_result_or_error():
+    async def scenario():
+        def run(items: list[int]) -> list[int]:
+            if any(item < 0 for item in items):
+                raise ValueError(f"negative item in {items}")
+            return [item + 1 for item in items]
+
+        batch = Batch(run, max_size=8)
+        scheduler = Scheduler("test")
+        try:
+            gate = blocked(scheduler)
+            futures = [scheduler.submit_batched(i, batch, Priority.RANK, Op.RANK) for i in (1, -1, 2)]
+            gate.set()
+            results = await asyncio.gather(*futures, return_exceptions=True)
+        finally:
+            scheduler.close()
+        assert results[0] == 2 and results[2] == 3
+        assert isinstance(results[1], ValueError) and "[-1]" in str(results[1])
+
+    asyncio.run(scenario())
+
+
+def test_a_job_past_its_deadline_leaves_the_batch_unstarted():
+    async def scenario():
+        seen: list[list[int]] = []
+        batch = Batch(lambda items: seen.append(items) or items, max_size=8)
+        scheduler = Scheduler("test")
+        try:
+            gate = blocked(scheduler)
+            on_time = scheduler.submit_batched(1, batch, Priority.RANK, Op.RANK)
+            late = scheduler.submit_batched(2, batch, Priority.RANK, Op.RANK, deadline=0.0)
+            also = scheduler.submit_batched(3, batch, Priority.RANK, Op.RANK)
+            gate.set()
+            results = await asyncio.gather(on_time, late, also, return_exceptions=True)
+        finally:
+            scheduler.close()
+        assert results[0] == 1 and results[2] == 3
+        assert isinstance(results[1], DeadlineExceeded)
+        assert seen == [[1, 3]]
+
+    asyncio.run(scenario())
+
+
+# ---- through the service ----
+
+
+def test_ranks_queued_together_are_served_in_one_pass_and_stay_exact():
+    async def scenario():
+        async with running_ranker(rank_batch_max=8) as r:
+            users = {f"u{i}": history(i, 20 + 7 * i) for i in range(5)}
+            for user, long in users.items():
+                await r.stub.PreInfer(pre_infer_request(user, long))
+            await r.settle()
+            short, candidates = [11, 12], [5, 99, 1234, 7]
+            batches = metric("relaygr_device_batch_size_count", op="rank")
+            batched_ranks = metric("relaygr_device_batch_size_sum", op="rank")
+            gate = blocked(r.app.worker)
+            calls = [
+                asyncio.ensure_future(r.stub.Rank(rank_request(user, long, short, candidates, "ranker-a")))
+                for user, long in users.items()
+            ]
+            # Every Rank is queued behind the held device thread before it is let go.
+            for _ in range(500):
+                if r.app.worker.queued(Priority.RANK) == len(users):
+                    break
+                await asyncio.sleep(0.01)
+            assert r.app.worker.queued(Priority.RANK) == len(users)
+            gate.set()
+            answers = await asyncio.gather(*calls)
+            assert metric("relaygr_device_batch_size_count", op="rank") - batches == 1
+            assert metric("relaygr_device_batch_size_sum", op="rank") - batched_ranks == len(users)
+            for long, answer in zip(users.values(), answers, strict=True):
+                assert answer.cache_source == common_pb2.CACHE_SOURCE_HBM
+                assert_scores_equal(list(answer.scores), r.reference(long, short, candidates))
+
+    asyncio.run(scenario())
