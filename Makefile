@@ -8,7 +8,7 @@ BUF := $(TOOLS)/node_modules/.bin/buf
 PROTOS := $(wildcard protos/relaygr/v1/*.proto)
 STUBS := relaygr/v1/.generated
 
-.PHONY: install system-tools proto lint test test-fast run bench bench-full clean
+.PHONY: install system-tools proto lint test test-fast test-gpu run bench bench-full clean
 
 install: $(VENV)/.installed $(STUBS)
 
@@ -49,6 +49,12 @@ test: lint system-tools
 # Everything but the long fault, overload and soak tests (CI runs those too).
 test-fast: lint system-tools
 	$(PY) -m pytest -m "not slow"
+
+# The accelerator checks (tests/gpu), on a machine with a CUDA GPU and a CUDA build of torch (install it with
+# `pip install -e '.[dev,cuda]'` into the venv). Without a GPU every test there is skipped with the reason.
+test-gpu: export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+test-gpu: install
+	$(PY) -m pytest -v -rs tests/gpu
 
 run: install
 	$(PY) -m services.launcher

@@ -1,0 +1,254 @@
+"""`python -m bench.accelerator`: the ranker's device path measured on one device, in process.
+
+What the fleet benchmark (`python -m bench`) cannot show on a CPU: the absolute figures of an accelerator.
+It measures, for one preset on one device, with the ranker's own components:
+
+- epsilon: the cached rank against the full recomputation, max |Δscore| per prefix length, in the preset's
+  dtype (bf16 for gpu-dlrmv3; fp32 presets are exact to float rounding);
+- reload: DRAM → HBM bandwidth of `TierCopier.to_hbm` (one copy per layer from a pinned host-pool slab)
+  against the measured peak of one pinned host-to-device copy of the same bytes;
+- rank latency: P50/P99 of a cached rank against prefix lengths up to the longest, and the same ranks run
+  `--batch` users at a time (per-user time of a batch against one at a time).
+
+Writes results.json and report.md to `--out`. Made for a GPU (`--device cuda`); on CPU (`--device cpu`,
+with the host pool forced) it runs the same code, which is how the suite checks it, but its times are not
+the figures this script exists for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from services.common.config import load, setting
+from services.ranker.copier import TierCopier
+from services.ranker.device import Accelerator, select_device
+from services.ranker.events import Events
+from services.ranker.host_pool import HostPool
+from services.ranker.model import HSTURanker
+from services.ranker.presets import PRESETS, get_preset
+from services.ranker.runner import ModelRunner
+from services.ranker.scheduler import Scheduler
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceleratorBenchConfig:
+    device: str = setting("cuda", "device to measure: cuda, npu, cpu (optionally with an index)")
+    preset: str = setting("gpu-dlrmv3", f"model preset: {', '.join(PRESETS)}", choices=PRESETS)
+    lengths: str = setting("512,1024,2048,4096,8192", "prefix lengths measured")
+    short_term: int = setting(32, "short-term events of each rank", above=0)
+    candidates: int = setting(512, "candidates of each rank", above=0)
+    repeats: int = setting(50, "timed repetitions per point (after 3 untimed ones)", above=0)
+    batch: int = setting(8, "users ranked together in the batched measurement", above=0)
+    chunk_tokens: int = setting(512, "pre-inference chunk size", above=0)
+    out: str = setting("bench/results/accelerator", "directory the results are written to")
+
+    def validate(self) -> None:
+        self.length_list()
+
+    def length_list(self) -> list[int]:
+        try:
+            lengths = sorted({int(x) for x in self.lengths.split(",") if x.strip()})
+        except ValueError as exc:
+            raise ValueError(f"--lengths: {exc}") from None
+        if not lengths or lengths[0] < 1:
+            raise ValueError("--lengths must list positive lengths")
+        return lengths
+
+
+class Timer:
+    """Wall time of device work: waits for the device before reading the clock (the host runs ahead)."""
+
+    def __init__(self, accelerator: Accelerator) -> None:
+        self.accelerator = accelerator
+
+    def ms(self, fn: Callable[[], Any]) -> float:
+        self._sync()
+        started = time.perf_counter()
+        fn()
+        self._sync()
+        return (time.perf_counter() - started) * 1000
+
+    def _sync(self) -> None:
+        module = self.accelerator.module
+        if module is not None:
+            module.synchronize(self.accelerator.device)  # measurement only, never on the serving path
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(samples), q))
+
+
+def synthetic(length: int, seed: int, num_action_types: int) -> Events:
+    rng = np.random.default_rng(seed)
+    return Events.of(rng.integers(0, 2**40, length), rng.integers(0, num_action_types, length))
+
+
+def measure_epsilon(runner: ModelRunner, config: AcceleratorBenchConfig) -> list[dict[str, Any]]:
+    """Max |cached - full| score per length, the full pass being the model's one-pass reference."""
+    preset, rows = runner.model.preset, []
+    short = synthetic(config.short_term, 1, preset.num_action_types)
+    candidates = np.random.default_rng(2).integers(0, 2**40, config.candidates).tolist()
+    for length in config.length_list():
+        long = synthetic(length, length, preset.num_action_types)
+        cached = torch.tensor(runner.rank_sync(runner.build_sync(long, False), short, candidates))
+        full = torch.tensor(runner.full_sync(long, short, candidates))
+        rows.append({"length": length, "max_abs": float((cached - full).abs().max())})
+    return rows
+
+
+def measure_reload(runner: ModelRunner, accelerator: Accelerator, config: AcceleratorBenchConfig) -> dict:
+    """Reload bandwidth of the longest prefix through the host pool, against one pinned H2D copy's peak."""
+    preset, timer = runner.model.preset, Timer(accelerator)
+    length = config.length_list()[-1]
+    kv = runner.build_sync(synthetic(length, 3, preset.num_action_types), False).wait()
+    nbytes = kv.nbytes()
+    capacity = nbytes + 4096  # room for the pool's slab alignment
+    pool = HostPool(capacity, accelerator.pinned(capacity))
+    copier = TierCopier(accelerator, preset.dtype, preset.dtype, pool)
+    dram = copier.to_dram(kv)
+    assert torch.equal(dram.buffer.to(kv.device), kv.buffer), "the DRAM copy differs from the entry"
+
+    def reload() -> None:
+        for marker in copier.to_hbm(dram).ready or ():
+            marker.synchronize()
+
+    source = pool.view(pool.slabs()[0], (nbytes,), torch.uint8)
+    target = torch.empty(nbytes, dtype=torch.uint8, device=accelerator.device)
+    peak_ms = [timer.ms(lambda: target.copy_(source, non_blocking=True)) for _ in range(config.repeats)]
+    reload_ms = [timer.ms(reload) for _ in range(config.repeats)]
+    reloaded = copier.to_hbm(dram).wait()
+    assert torch.equal(reloaded.buffer, kv.buffer), "the reloaded entry differs from the original"
+    peak, achieved = nbytes / min(peak_ms) / 1e6, nbytes / statistics.median(reload_ms) / 1e6
+    return {
+        "length": length,
+        "bytes": nbytes,
+        "layers": preset.num_layers,
+        "pinned_h2d_peak_gb_s": peak,
+        "reload_median_gb_s": achieved,
+        "reload_median_ms": statistics.median(reload_ms),
+        "fraction_of_peak": achieved / peak,
+    }
+
+
+def measure_ranks(
+    runner: ModelRunner, accelerator: Accelerator, config: AcceleratorBenchConfig
+) -> list[dict]:
+    """Cached rank P50/P99 per length; and a batch of `--batch` users against the same ranks one at a time."""
+    preset, timer, rows = runner.model.preset, Timer(accelerator), []
+    short = synthetic(config.short_term, 4, preset.num_action_types)
+    candidates = np.random.default_rng(5).integers(0, 2**40, config.candidates).tolist()
+    for length in config.length_list():
+        prefixes = [
+            runner.build_sync(synthetic(length, 100 + i, preset.num_action_types), False).wait()
+            for i in range(config.batch)
+        ]
+        items = [(prefix, short, candidates) for prefix in prefixes]
+        for _ in range(3):
+            runner.rank_sync(*items[0])
+            runner.rank_batch_sync(items)
+        alone = [timer.ms(lambda i=items: runner.rank_sync(*i[0])) for _ in range(config.repeats)]
+        batched = [timer.ms(lambda i=items: runner.rank_batch_sync(i)) for _ in range(config.repeats)]
+        rows.append({
+            "length": length,
+            "rank_p50_ms": percentile(alone, 50),
+            "rank_p99_ms": percentile(alone, 99),
+            "batch": config.batch,
+            "batch_p50_ms": percentile(batched, 50),
+            "batch_per_user_ms": percentile(batched, 50) / config.batch,
+            "batch_speedup": percentile(alone, 50) * config.batch / percentile(batched, 50),
+        })  # fmt: skip
+    return rows
+
+
+def device_name(device: torch.device) -> str:
+    module = getattr(torch, device.type, None)
+    if device.type != "cpu" and module is not None and hasattr(module, "get_device_name"):
+        return str(module.get_device_name(device))
+    return "cpu"
+
+
+def report(results: dict[str, Any]) -> str:
+    lines = [
+        f"# Accelerator path: {results['preset']} on {results['device_name']}",
+        "",
+        f"torch {results['torch']}, {results['short_term']} short-term events, {results['candidates']} "
+        f"candidates, {results['repeats']} repetitions per point.",
+        "",
+        "## Cached rank against the full recomputation",
+        "",
+        "| prefix length | max abs Δ score |",
+        "|---|---|",
+        *(f"| {row['length']} | {row['max_abs']:.2e} |" for row in results["epsilon"]),
+        "",
+        "## DRAM → HBM reload",
+        "",
+    ]
+    reload = results["reload"]
+    lines += [
+        f"{reload['bytes'] / 2**20:.1f} MiB ({reload['length']} tokens, {reload['layers']} layers): "
+        f"{reload['reload_median_gb_s']:.1f} GB/s median against a pinned H2D peak of "
+        f"{reload['pinned_h2d_peak_gb_s']:.1f} GB/s ({reload['fraction_of_peak']:.2f} of it), "
+        f"{reload['reload_median_ms']:.2f} ms.",
+        "",
+        "## Cached rank latency",
+        "",
+        "| prefix length | P50 ms | P99 ms | batch | batch P50 ms | per user ms | batch speed-up |",
+        "|---|---|---|---|---|---|---|",
+        *(
+            f"| {r['length']} | {r['rank_p50_ms']:.2f} | {r['rank_p99_ms']:.2f} | {r['batch']} | "
+            f"{r['batch_p50_ms']:.2f} | {r['batch_per_user_ms']:.2f} | x{r['batch_speedup']:.2f} |"
+            for r in results["ranks"]
+        ),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def run(config: AcceleratorBenchConfig) -> dict[str, Any]:
+    device = select_device(config.device)
+    preset = get_preset(config.preset)
+    accelerator = Accelerator(device, copies=True)
+    scheduler = Scheduler("bench-device")
+    model = HSTURanker(preset).to(device)
+    runner = ModelRunner(model, scheduler, config.chunk_tokens, None, model.version, accelerator,
+                         rank_batch_max=config.batch)  # fmt: skip
+    try:
+        results = {
+            "preset": preset.name,
+            "device": str(device),
+            "device_name": device_name(device),
+            "torch": torch.__version__,
+            "short_term": config.short_term,
+            "candidates": config.candidates,
+            "repeats": config.repeats,
+            "epsilon": measure_epsilon(runner, config),
+            "reload": measure_reload(runner, accelerator, config),
+            "ranks": measure_ranks(runner, accelerator, config),
+        }
+    finally:
+        scheduler.close()
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "report.md").write_text(report(results))
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = load(AcceleratorBenchConfig, argv, prog="python -m bench.accelerator", description=__doc__)
+    print(report(run(config)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
