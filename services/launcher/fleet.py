@@ -54,8 +54,12 @@ class FleetConfig:
 
     rankers: int = setting(2, "number of rankers (named ranker-0 … ranker-N-1)")
     model_preset: str = setting("cpu-small", "every ranker's model preset: cpu-tiny, cpu-small or gpu-dlrmv3")
-    hbm_budget_mb: float = setting(RankerConfig.hbm_budget_mb, "HBM-tier byte budget of each ranker, MiB")
-    dram_budget_mb: float = setting(RankerConfig.dram_budget_mb, "DRAM-tier byte budget of each ranker, MiB")
+    hbm_budget_mb: float = setting(
+        RankerConfig.hbm_budget_mb, "HBM-tier byte budget of each ranker, MiB (-1: the ranker's auto one)"
+    )
+    dram_budget_mb: float = setting(
+        RankerConfig.dram_budget_mb, "DRAM-tier byte budget of each ranker, MiB (-1: the ranker's auto one)"
+    )
     slo_ms: float = setting(
         TriggerConfig.slo_ms, "ranking latency SLO (P99), ms: what would miss it the trigger never sheds"
     )

@@ -16,6 +16,7 @@ from services.common.contract import RANKER_SERVICE
 from services.common.metrics import enum_labels, precreate
 from services.common.server import GrpcServer
 from services.ranker import metrics
+from services.ranker.budgets import parameter_bytes, resolve_budgets
 from services.ranker.config import RankerConfig
 from services.ranker.copier import TierCopier
 from services.ranker.dataplane import DataPlane
@@ -63,6 +64,7 @@ class RankerApp:
         self.config = config
         precreate_metrics()
         model, version, self.device = build_model(config)
+        self.budgets = resolve_budgets(config, self.device, parameter_bytes(model))
         self.worker = Scheduler("device")
         self.copy_worker = Scheduler("copy")
         # The device's streams (rank, pre-infer, copy) and events; synchronous stand-ins on CPU.
@@ -82,8 +84,8 @@ class RankerApp:
             self.runner,
             TierCopier(self.device, model.preset.dtype, dram_dtype),
             self.copy_worker,
-            Tier("hbm", int(config.hbm_budget_mb * MIB)),
-            Tier("dram", int(config.dram_budget_mb * MIB), POLICIES[config.dram_policy]()),
+            Tier("hbm", self.budgets.hbm_bytes),
+            Tier("dram", self.budgets.dram_bytes, POLICIES[config.dram_policy]()),
             lease_ttl_s=config.lease_ttl_ms / 1000,
             dram_ttl_s=config.dram_ttl_s,
             instance=config.instance_name,

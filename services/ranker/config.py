@@ -23,10 +23,16 @@ class RankerConfig(ServiceConfig):
     checkpoint: str = setting("", "state_dict file loaded with weights_only=True; empty uses seeded weights")
     device: str = setting("auto", "npu, cuda, cpu, or auto (first available in that order); e.g. cuda:1")
     hbm_budget_mb: float = setting(
-        256.0, "byte budget of the HBM tier (prefix KV in device memory), MiB", minimum=0
+        -1.0,
+        "byte budget of the HBM tier (prefix KV in device memory), MiB (0: no caching); -1: auto, from the "
+        "preset and the device's memory: 256 on CPU, on an accelerator the preset's share (gpu-dlrmv3: 0.6) "
+        "of the memory the weights and the largest request leave free",
     )
     dram_budget_mb: float = setting(
-        1024.0, "byte budget of the server-local DRAM tier, MiB (0 disables it)", minimum=0
+        -1.0,
+        "byte budget of the server-local DRAM tier, MiB (0 disables it); -1: auto, from the preset and the "
+        "host's memory: 1024 on CPU, on an accelerator 0.25 of the host's memory (the container's limit "
+        "where lower), at most 4x the auto HBM budget",
     )
     dram_ttl_s: float = setting(60.0, "seconds a DRAM entry may live without being used", minimum=0)
     dram_policy: str = setting(
@@ -105,6 +111,10 @@ class RankerConfig(ServiceConfig):
 
     def validate(self) -> None:
         super().validate()
+        budgets = (("--hbm-budget-mb", self.hbm_budget_mb), ("--dram-budget-mb", self.dram_budget_mb))
+        for flag, value in budgets:
+            if value != -1 and not value >= 0:  # `not >=`: NaN is refused too
+                raise ValueError(f"{flag} must be -1 (auto) or not negative, got {value}")
         preset = get_preset(self.model_preset)
         if self.max_long_term_events + self.max_short_term_events > preset.max_events:
             raise ValueError(

@@ -1,16 +1,22 @@
 """Named shapes of the HSTU ranker. The names are part of the CLI (`--model-preset`).
 
 A preset fixes everything that decides the model's weights and numerics, so `ModelPreset.version` (a digest
-of every field) is what a cached prefix is keyed on: two processes with the same version compute the same
-prefix KV.
+of every such field) is what a cached prefix is keyed on: two processes with the same version compute the same
+prefix KV. A preset also says how big its cache tiers are by default (`services.ranker.budgets`); those
+fields change no numerics, so they are left out of the version.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
+
+
+def _budget(default: float) -> float:
+    """A preset field that sizes the cache tiers: it changes no prefix KV, so it is not in the version."""
+    return field(default=default, metadata={"versioned": False})
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,17 @@ class ModelPreset:
     # states depend on who else is in the batch and break exact reuse.
     attn_norm: float = 8192.0
     seed: int = 0
+    # The budgets `--hbm-budget-mb -1` / `--dram-budget-mb -1` (auto) resolve to (services.ranker.budgets).
+    # Fixed MiB: on a CPU device always, and on every device for a preset whose `hbm_share` is 0.
+    fixed_hbm_budget_mb: int = _budget(256)
+    fixed_dram_budget_mb: int = _budget(1024)
+    # On an accelerator, the HBM tier's share of the device memory left free by the model and the working
+    # set of the largest request (0: the fixed budgets instead).
+    hbm_share: float = _budget(0.0)
+    # The auto DRAM tier: this share of the host's memory (the container's limit where lower), at most
+    # `dram_hbm_ratio` times the auto HBM budget.
+    dram_host_share: float = _budget(0.25)
+    dram_hbm_ratio: float = _budget(4.0)
 
     def __post_init__(self) -> None:
         for name in ("embed_dim", "num_heads", "head_dim", "num_layers", "num_tasks", "item_buckets",
@@ -43,6 +60,10 @@ class ModelPreset:
             raise ValueError(f"preset {self.name!r}: max_positions must fit one event and the candidates")
         if not self.attn_norm > 0:
             raise ValueError(f"preset {self.name!r}: attn_norm must be positive")
+        if self.fixed_hbm_budget_mb < 0 or self.fixed_dram_budget_mb < 0:
+            raise ValueError(f"preset {self.name!r}: fixed budgets must not be negative")
+        if not (0 <= self.hbm_share < 1 and 0 <= self.dram_host_share < 1 and self.dram_hbm_ratio >= 0):
+            raise ValueError(f"preset {self.name!r}: budget shares must be in [0, 1), the ratio not negative")
 
     @property
     def max_events(self) -> int:
@@ -57,7 +78,8 @@ class ModelPreset:
     @property
     def version(self) -> str:
         """Stable model version for cache keys: changes whenever any field does."""
-        payload = repr(tuple((f.name, getattr(self, f.name)) for f in fields(self)))
+        versioned = (f for f in fields(self) if f.metadata.get("versioned", True))
+        payload = repr(tuple((f.name, getattr(self, f.name)) for f in versioned))
         return f"{self.name}-{hashlib.sha256(payload.encode()).hexdigest()[:12]}"
 
 
@@ -70,7 +92,7 @@ PRESETS: dict[str, ModelPreset] = {
                     attn_norm=256.0),
         ModelPreset("cpu-small", embed_dim=64, num_heads=2, head_dim=32, num_layers=2, dtype=torch.float32),
         ModelPreset("gpu-dlrmv3", embed_dim=512, num_heads=4, head_dim=128, num_layers=5,
-                    dtype=torch.bfloat16, item_buckets=100_003),
+                    dtype=torch.bfloat16, item_buckets=100_003, hbm_share=0.6),
     )
 }  # fmt: skip
 
