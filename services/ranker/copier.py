@@ -1,72 +1,179 @@
 """The copies between the HBM and DRAM tiers.
 
-On an accelerator, DRAM copies live in pinned host memory and both directions run on a dedicated copy
-stream, driven from the copy thread, so they overlap the compute thread's kernels. On CPU the two tiers
-are separate byte budgets over the same memory: moving an entry between them copies nothing unless the
-DRAM tier stores a lossy (bf16) copy.
+On an accelerator an entry's DRAM copy is one slab of the pinned host pool, viewed as the entry's
+contiguous `[layers, 2, B, H, L, d]` buffer, and both directions run on the accelerator's copy stream,
+driven from the copy thread, so they overlap the compute streams' kernels:
+
+- `to_dram` orders the copy after the work that produced the entry (its ready markers, or the compute
+  streams' work queued so far), copies the whole buffer in one copy (narrowed to bf16 on the device first
+  when DRAM copies are lossy), and waits for that copy's event only.
+- `to_hbm` allocates the device buffer and queues one copy per layer (a layer's keys and values are one
+  contiguous block), recording an event after each, and returns at once: the entry's ready markers let
+  the Rank that consumes it start layer 0 while later layers are still on their way.
+- `release` returns a DRAM copy's slab to the pool after the last reload that reads it has completed, so
+  a slab is never reused under an in-flight copy.
+
+On CPU (`Accelerator.copies` False) the two tiers are separate byte budgets over the same memory: moving
+an entry between them copies nothing unless the DRAM tier stores a lossy (bf16) copy. `copies=True`
+forces the pool path on CPU, where the stand-in streams run each copy when it is queued.
 """
 
 from __future__ import annotations
 
-import contextlib
+import threading
 
 import torch
 
-from services.ranker.device import backend
+from services.ranker.device import Accelerator
+from services.ranker.host_pool import HostPool, PoolExhausted, Slab
 from services.ranker.model import PrefixKV
+
+__all__ = ["PoolExhausted", "TierCopier"]
+
+
+class _AllOf:
+    """An event that completes when all of `events` have (a slab read by a reload and by a caller)."""
+
+    def __init__(self, *events) -> None:
+        self.events = events
+
+    def query(self) -> bool:
+        return all(event.query() for event in self.events)
+
+    def synchronize(self) -> None:
+        for event in self.events:
+            event.synchronize()
 
 
 class TierCopier:
     """Copies prefix KV between device memory (HBM tier) and host memory (DRAM tier).
 
-    Call its methods on the copy thread. Each returns only when the copy is complete, so the result can
-    be handed to any thread; the compute stream is never blocked by a copy.
+    Call `to_dram` and `to_hbm` on the copy thread; `reserve`, `release` and `discard` on the event loop.
+    `to_dram` returns once its copy is complete; `to_hbm` returns an entry whose per-layer ready markers
+    complete with the copy. The compute streams are never blocked by a copy, nor the device by a host wait.
     """
 
-    def __init__(self, device: torch.device, compute_dtype: torch.dtype, dram_dtype: torch.dtype) -> None:
-        self.device = device
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        compute_dtype: torch.dtype,
+        dram_dtype: torch.dtype,
+        pool: HostPool | None = None,
+    ) -> None:
+        if accelerator.copies and pool is None:
+            raise ValueError("a TierCopier that copies (an accelerator, or copies=True) needs a HostPool")
+        self.accelerator = accelerator
+        self.device = accelerator.device
         self.compute_dtype = compute_dtype
         self.dram_dtype = dram_dtype
-        module = backend(device)
-        self._stream = module.Stream(device) if module is not None else None
-        self._backend = module
+        self.pool = pool if accelerator.copies else None
+        self._lock = threading.Lock()
+        self._slabs: dict[int, Slab] = {}  # data_ptr of a DRAM copy's buffer -> its slab
+        self._readers: dict[int, object] = {}  # data_ptr -> event of the last reload that read it
 
     @property
     def lossy(self) -> bool:
         """DRAM copies lose precision (stored in a narrower dtype than the model computes in)."""
         return self.dram_dtype != self.compute_dtype
 
-    def _on_copy_stream(self):
-        return self._backend.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
+    @property
+    def copies(self) -> bool:
+        """DRAM copies are real copies in slabs of the host pool (else: the same memory, budgeted apart)."""
+        return self.pool is not None
 
-    def to_dram(self, kv: PrefixKV) -> PrefixKV:
-        if self._stream is None:
+    def reserve(self, nbytes: int) -> Slab | None:
+        """A slab for a DRAM copy of `nbytes`, taken on the event loop before the copy is queued; None when
+        the pool has no contiguous range that large (or when not copying: nothing to reserve)."""
+        return None if self.pool is None else self.pool.allocate(nbytes)
+
+    def discard(self, slab: Slab | None) -> None:
+        """Returns a reserved slab that no copy was made into."""
+        if slab is not None and self.pool is not None:
+            self.pool.free(slab)
+
+    def to_dram(self, kv: PrefixKV, slab: Slab | None = None) -> PrefixKV:
+        """The DRAM copy of `kv`, complete on return. With a pool it lands in `slab` (taken by `reserve`;
+        allocated here when None); raises `PoolExhausted` when the pool cannot hold it, the slab freed."""
+        if self.pool is None:
+            kv = kv.wait()
             return kv if kv.dtype == self.dram_dtype else kv.to(dtype=self.dram_dtype)
-        # The KV was written on the compute stream: order the copy after it.
-        self._stream.wait_stream(self._backend.current_stream(self.device))
-        with self._on_copy_stream():
-            host = PrefixKV(
-                [_pinned_copy(t, self.dram_dtype) for t in kv.keys],
-                [_pinned_copy(t, self.dram_dtype) for t in kv.values],
-                kv.length,
-            )
-        self._stream.synchronize()
+        nbytes = kv.buffer.numel() * self.dram_dtype.itemsize
+        if slab is None:
+            slab = self.pool.allocate(nbytes)
+            if slab is None:
+                raise PoolExhausted(f"no free host-pool range of {nbytes} bytes for a DRAM copy")
+        if slab.nbytes < nbytes:
+            self.pool.free(slab)
+            raise PoolExhausted(f"the DRAM copy needs {nbytes} bytes, its slab has {slab.nbytes}")
+        try:
+            host = self._copy_out(kv, self.pool.view(slab, kv.buffer.shape, self.dram_dtype))
+        except BaseException:
+            self.pool.free(slab)
+            raise
+        with self._lock:
+            self._slabs[host.data_ptr()] = slab
+        return PrefixKV(host)
+
+    def _copy_out(self, kv: PrefixKV, host: torch.Tensor) -> torch.Tensor:
+        """One copy of `kv`'s buffer into `host` on the copy stream, after the work that produced it."""
+        acc = self.accelerator
+        with acc.on(acc.copy_stream):
+            if kv.ready is not None:  # written by another stream: wait for each layer's marker
+                for marker in kv.ready:
+                    marker.wait()
+            else:  # produced on a compute stream: order after the work queued there so far
+                for stream in (acc.rank_stream, acc.pre_infer_stream, acc.default_stream()):
+                    acc.copy_stream.wait_stream(stream)
+            source = kv.buffer if kv.dtype == self.dram_dtype else kv.buffer.to(self.dram_dtype)
+            host.copy_(source, non_blocking=acc.asynchronous)
+            done = acc.record(acc.copy_stream)
+        done.synchronize()  # this copy only: the compute streams keep running
         return host
 
     def to_hbm(self, kv: PrefixKV) -> PrefixKV:
-        if self._stream is None:
+        """A device copy of the DRAM copy `kv`, returned as soon as its copies are queued: layer l's ready
+        marker completes when layer l has arrived, so a consumer overlaps the reload layer by layer."""
+        if self.pool is None:
             return kv if kv.dtype == self.compute_dtype else kv.to(dtype=self.compute_dtype)
-        with self._on_copy_stream():
-            device_kv = kv.to(self.device, non_blocking=True).to(dtype=self.compute_dtype)
-        self._stream.synchronize()
-        # Memory allocated on the copy stream is now used by the compute stream: tell the allocator.
-        compute = self._backend.current_stream(self.device)
-        for tensor in (*device_kv.keys, *device_kv.values):
-            tensor.record_stream(compute)
-        return device_kv
+        acc = self.accelerator
+        shape = kv.buffer.shape
+        with acc.on(acc.copy_stream):
+            device_buffer = torch.empty(shape, dtype=self.compute_dtype, device=self.device)
+            # A lossy copy crosses the bus in its own dtype and widens on the device, one layer at a time.
+            staging = None
+            if kv.dtype != self.compute_dtype:
+                staging = torch.empty(shape[1:], dtype=kv.dtype, device=self.device)
+            ready = []
+            for layer in range(kv.num_layers):
+                if staging is None:
+                    device_buffer[layer].copy_(kv.buffer[layer], non_blocking=acc.asynchronous)
+                else:
+                    staging.copy_(kv.buffer[layer], non_blocking=acc.asynchronous)
+                    device_buffer[layer].copy_(staging)
+                ready.append(acc.record(acc.copy_stream))
+        # Allocated on the copy stream, read on the compute streams: the allocator must know.
+        for stream in (acc.rank_stream, acc.pre_infer_stream, acc.default_stream()):
+            acc.used_by(device_buffer, stream)
+        with self._lock:
+            if kv.buffer.data_ptr() in self._slabs:
+                self._readers[kv.buffer.data_ptr()] = ready[-1]  # the copy stream runs them in order
+        return PrefixKV(device_buffer, ready)
 
+    def release(self, dram_kv: PrefixKV, after=None) -> None:
+        """Gives back the slab of the DRAM copy `dram_kv` once the last reload that reads it (and `after`,
+        an event, if given) has completed. Exactly once per copy; nothing to do when not copying."""
+        if self.pool is None:
+            return
+        pointer = dram_kv.buffer.data_ptr()
+        with self._lock:
+            slab = self._slabs.pop(pointer, None)
+            reader = self._readers.pop(pointer, None)
+        if slab is None:
+            raise ValueError("release of a DRAM copy that this copier does not hold (released twice?)")
+        events = [event for event in (reader, after) if event is not None]
+        self.pool.free(slab, after=_AllOf(*events) if len(events) > 1 else (events[0] if events else None))
 
-def _pinned_copy(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    host = torch.empty(tensor.shape, dtype=dtype, device="cpu", pin_memory=True)
-    host.copy_(tensor, non_blocking=True)
-    return host
+    def held(self) -> int:
+        """DRAM copies whose slabs are held (not released)."""
+        with self._lock:
+            return len(self._slabs)

@@ -141,6 +141,9 @@ class Productions(Mapping[PrefixKey, Production]):
             base_kv = base.hbm
             reloaded = base_kv is None
             if reloaded:
+                # Returns once the copies are queued: the KV's per-layer ready markers complete with them,
+                # so the consumer (this production's extension, or the Ranks it hands the entry to) waits
+                # layer by layer on its own stream. The production is done, for single flight, right here.
                 dram_copy = base.dram
                 base_kv = await self.copy_worker.submit(
                     lambda: self.copier.to_hbm(dram_copy), production.priority, Op.RELOAD, deadline

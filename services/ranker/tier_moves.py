@@ -6,6 +6,12 @@ produced or already moving, so what a Rank holds is never moved under it. An ent
 and unchanged keeps its DRAM copy: demoting it again copies nothing (no redundant reload or copy). Every
 byte is reserved in the target tier before a copy starts, so neither budget is ever exceeded; a copy
 that comes out larger than reserved is dropped, never the budget.
+
+With a host pool (an accelerator), the DRAM tier's budget stays the accounting authority and the pool's
+slabs are the memory: a demotion evicts DRAM victims until both the tier has the bytes and the pool a
+contiguous slab for them (the pool can be fragmented), else the entry is dropped. The slab is taken
+before the copy is queued, and every DRAM copy that is dropped gives its slab back exactly once, after any
+reload still reading it (`_drop_dram`).
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from collections.abc import Callable
 from relaygr.v1 import common_pb2
 from services.ranker import metrics
 from services.ranker.cache_index import CacheEntry, Index, PrefixKey
-from services.ranker.copier import TierCopier
+from services.ranker.copier import PoolExhausted, TierCopier
+from services.ranker.host_pool import Slab
 from services.ranker.leases import Leases
 from services.ranker.productions import Productions
 from services.ranker.scheduler import Op, Priority, Scheduler
@@ -62,7 +69,8 @@ class TierMoves:
             self.dram.release(key)
             metrics.KV_CACHE_EVICTIONS.labels("dram", reason).inc()
         self.leases.end(entry)
-        entry.hbm = entry.dram = None
+        self._drop_dram(entry)
+        entry.hbm = None
         self.index.drop(entry)
 
     def demote_victim(self, key: PrefixKey) -> None:
@@ -82,7 +90,7 @@ class TierMoves:
     def evict_dram(self, entry: CacheEntry, reason: str) -> None:
         if entry.hbm is not None:  # keep the HBM copy; only the DRAM copy goes
             self.dram.release(entry.key)
-            entry.dram = None
+            self._drop_dram(entry)
             metrics.KV_CACHE_EVICTIONS.labels("dram", reason).inc()
             return
         self.remove(entry, reason)
@@ -98,7 +106,8 @@ class TierMoves:
             self.dram.touch(entry.key, self.clock())
             return
         nbytes = entry.length * self.dram_bytes_per_token
-        if not self.dram.make_room(nbytes, self._evict_dram_victim):
+        room, slab = self._room_in_dram(nbytes)
+        if not room:
             self.remove(
                 entry, "lease_expired" if reason_if_dropped == Miss.MISS_REASON_LEASE_EXPIRED else "no_dram"
             )
@@ -108,23 +117,53 @@ class TierMoves:
         entry.demoting = True
         device_copy = entry.hbm
         future = self.copy_worker.submit(
-            lambda: self.copier.to_dram(device_copy), Priority.PRE_INFER, Op.DEMOTE
+            lambda: self.copier.to_dram(device_copy, slab), Priority.PRE_INFER, Op.DEMOTE
         )
-        future.add_done_callback(lambda f: self._demoted(entry, f))
+        future.add_done_callback(lambda f: self._demoted(entry, f, slab))
 
-    def _demoted(self, entry: CacheEntry, future: asyncio.Future) -> None:
+    def _room_in_dram(self, nbytes: int) -> tuple[bool, Slab | None]:
+        """Evicts DRAM victims until the tier has `nbytes` free and, with a host pool, a contiguous slab of
+        them is taken: (whether there is room, that slab)."""
+        if not self.dram.make_room(nbytes, self._evict_dram_victim):
+            return False, None
+        if not self.copier.copies:
+            return True, None
+        slab = self.copier.reserve(nbytes)
+        if slab is not None:
+            return True, slab
+        for key in self.dram.victims():  # enough bytes, but not in one piece: free more
+            self._evict_dram_victim(key)
+            slab = self.copier.reserve(nbytes)
+            if slab is not None:
+                return True, slab
+        return False, None
+
+    def _drop_dram(self, entry: CacheEntry) -> None:
+        """Forgets the entry's DRAM copy, giving its slab back (after any reload that reads it)."""
+        if entry.dram is not None:
+            self.copier.release(entry.dram)
+            entry.dram = None
+
+    def _demoted(self, entry: CacheEntry, future: asyncio.Future, slab: Slab | None) -> None:
         entry.demoting = False
+        error = None if future.cancelled() else future.exception()
+        copied = not future.cancelled() and error is None
+        if future.cancelled():  # dropped unstarted: no copy holds the slab
+            self.copier.discard(slab)
         if self.index.get(entry.key) is not entry:  # removed while copying; `_remove` freed its bytes
+            if copied:
+                self.copier.release(future.result())
             return
-        if future.cancelled() or future.exception() is not None:
+        if not copied:  # `to_dram` gave its slab back
             self.dram.release(entry.key)
-            self.remove(entry, "copy_failed")
+            self.remove(entry, "no_dram" if isinstance(error, PoolExhausted) else "copy_failed")
             return
         dram_copy = future.result()
         if not self.dram.resize(entry.key, dram_copy.nbytes()):
             # Larger than reserved and DRAM cannot hold the difference: drop the copy, never the budget.
             log.error("DRAM copy of %s is %d bytes, more than reserved", entry.key, dram_copy.nbytes())
             self.dram.release(entry.key)
+            self.copier.release(dram_copy)
             if not entry.pinned and entry.lease is None and entry.key not in self.productions:
                 self.remove(entry, "no_dram")
                 self.index.tombstone(entry.key.user_id, Miss.MISS_REASON_EVICTED_HBM)
