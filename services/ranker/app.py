@@ -21,6 +21,7 @@ from services.ranker.config import RankerConfig
 from services.ranker.copier import TierCopier
 from services.ranker.dataplane import DataPlane
 from services.ranker.device import Accelerator, select_device
+from services.ranker.host_pool import HostPool
 from services.ranker.latency_curve import LatencyCurve
 from services.ranker.load import LoadBook
 from services.ranker.model import HSTURanker
@@ -60,7 +61,9 @@ def precreate_metrics() -> None:
 class RankerApp:
     """One ranker's components. Build inside a running event loop; `close()` stops the threads."""
 
-    def __init__(self, config: RankerConfig) -> None:
+    def __init__(self, config: RankerConfig, accelerator: Accelerator | None = None) -> None:
+        """`accelerator` replaces the device's own (tests pass `Accelerator(cpu, copies=True)` to run the
+        pinned-pool copy path on CPU)."""
         self.config = config
         precreate_metrics()
         model, version, self.device = build_model(config)
@@ -68,7 +71,7 @@ class RankerApp:
         self.worker = Scheduler("device")
         self.copy_worker = Scheduler("copy")
         # The device's streams (rank, pre-infer, copy) and events; synchronous stand-ins on CPU.
-        self.accelerator = Accelerator(self.device)
+        self.accelerator = accelerator or Accelerator(self.device)
         self.runner = ModelRunner(
             model,
             self.worker,
@@ -82,7 +85,7 @@ class RankerApp:
         dram_dtype = torch.bfloat16 if config.dram_lossy_bf16 else model.preset.dtype
         self.cache = PrefixCache(
             self.runner,
-            TierCopier(self.device, model.preset.dtype, dram_dtype),
+            TierCopier(self.accelerator, model.preset.dtype, dram_dtype, self._host_pool()),
             self.copy_worker,
             Tier("hbm", self.budgets.hbm_bytes),
             Tier("dram", self.budgets.dram_bytes, POLICIES[config.dram_policy]()),
@@ -97,6 +100,14 @@ class RankerApp:
         self.plane = DataPlane(config, self.runner, self.cache, self.worker)
         self.servicer = RankerServicer(config, self.plane, str(self.device))
         self._sweeper: asyncio.Task | None = None
+
+    def _host_pool(self) -> HostPool | None:
+        """The DRAM tier's memory when tier moves copy: one arena of the DRAM budget, allocated (and pinned,
+        on an accelerator) once, here."""
+        if not self.accelerator.copies:
+            return None
+        capacity = self.budgets.dram_bytes
+        return HostPool(capacity, self.accelerator.pinned(capacity))
 
     async def warm_up(self) -> LatencyCurve:
         """Measures the data plane's latency curve, then starts the cache's sweeper."""
