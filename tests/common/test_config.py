@@ -33,7 +33,7 @@ def test_bad_environment_value_names_the_variable(capsys):
 
 def test_validation_errors_name_the_flag(capsys):
     with pytest.raises(SystemExit):
-        load(RankerConfig, ["--hbm-budget-mb", "-1"], {})
+        load(RankerConfig, ["--hbm-budget-mb", "-2"], {})  # -1 means auto
     assert "--hbm-budget-mb" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         load(RankerConfig, ["--tls-cert", "a.pem"], {})
