@@ -1,7 +1,8 @@
 """Tier copies on a CUDA GPU (`make test-gpu`; skipped without one, see conftest.py).
 
-- A DRAM -> HBM reload of a `gpu-dlrmv3`-sized entry, one copy per layer from the pinned pool on the copy
-  stream, reaches at least 0.8 of the pinned host-to-device peak measured on the same machine.
+Their speed is measured, never asserted: `python -m bench.accelerator` prints the reload bandwidth against
+the pinned host-to-device peak of the same machine.
+
 - A demoted and reloaded entry equals the original bitwise (and a lossy bf16 copy equals the original
   rounded to bf16), read layer by layer on the rank stream through its ready markers alone.
 """
@@ -18,8 +19,6 @@ from services.ranker.presets import get_preset
 
 CUDA = torch.device("cuda")
 DLRM = get_preset("gpu-dlrmv3")
-MIB = 1024 * 1024
-REPEATS = 5
 
 
 def dlrm_entry(length: int, dtype: torch.dtype = DLRM.dtype, seed: int = 0) -> PrefixKV:
@@ -32,47 +31,6 @@ def dlrm_entry(length: int, dtype: torch.dtype = DLRM.dtype, seed: int = 0) -> P
 def copier_for(accelerator: Accelerator, nbytes: int, dram_dtype: torch.dtype = DLRM.dtype) -> TierCopier:
     pool = HostPool(nbytes, accelerator.pinned(nbytes))
     return TierCopier(accelerator, DLRM.dtype, dram_dtype, pool)
-
-
-def timed_ms(accelerator: Accelerator, stream, work) -> float:
-    """Device milliseconds of `work()` queued on `stream`, between two events recorded there."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with accelerator.on(stream):
-        start.record(stream)
-        work()
-        end.record(stream)
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
-def pinned_h2d_peak(accelerator: Accelerator, nbytes: int) -> float:
-    """Bytes per second of the best of several single pinned host-to-device copies of `nbytes`."""
-    host = accelerator.pinned(nbytes)
-    device = torch.empty(nbytes, dtype=torch.uint8, device=CUDA)
-    best = min(
-        timed_ms(accelerator, accelerator.copy_stream, lambda: device.copy_(host, non_blocking=True))
-        for _ in range(REPEATS)
-    )
-    return nbytes / (best / 1000)
-
-
-def test_a_reload_reaches_the_pinned_host_to_device_peak():
-    accelerator = Accelerator(CUDA)
-    kv = dlrm_entry(
-        length=8192 * 4
-    )  # 320 MiB in bf16 (10 KiB a token): long enough that launch costs do not count
-    copier = copier_for(accelerator, kv.nbytes())
-    dram = copier.to_dram(kv)
-    peak = pinned_h2d_peak(accelerator, kv.nbytes())
-    reloads = [
-        timed_ms(accelerator, accelerator.copy_stream, lambda: copier.to_hbm(dram)) for _ in range(REPEATS)
-    ]
-    bandwidth = kv.nbytes() / (min(reloads) / 1000)
-    print(
-        f"reload of {kv.nbytes() / MIB:.0f} MiB: {bandwidth / 1e9:.2f} GB/s, "
-        f"pinned H2D peak {peak / 1e9:.2f} GB/s"
-    )
-    assert bandwidth >= 0.8 * peak, f"reload at {bandwidth / peak:.2f} of the pinned H2D peak"
 
 
 def test_a_reloaded_entry_equals_the_original_bitwise():
