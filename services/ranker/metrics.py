@@ -29,7 +29,8 @@ PRE_INFER_OUTCOMES = Counter("relaygr_pre_infer_total", "PreInfer signals by out
 MODEL_SECONDS = Histogram(
     "relaygr_model_seconds",
     "Time on the ranker's device and copy threads per job, by op: pre_infer, extend, rank, uncached "
-    "(model passes), reload, demote (tier copies), profile (warm-up).",
+    "(model passes), reload, demote (tier copies), profile (warm-up). Jobs run as one batch each count "
+    "an equal share of its time.",
     ["op"],
     buckets=LATENCY_BUCKETS,
 )

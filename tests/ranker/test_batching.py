@@ -193,6 +193,7 @@ def test_ranks_queued_together_are_served_in_one_pass_and_stay_exact():
             short, candidates = [11, 12], [5, 99, 1234, 7]
             batches = metric("relaygr_device_batch_size_count", op="rank")
             batched_ranks = metric("relaygr_device_batch_size_sum", op="rank")
+            ranks_before = metric("relaygr_model_seconds_count", op="rank")
             gate = blocked(r.app.worker)
             calls = [
                 asyncio.ensure_future(r.stub.Rank(rank_request(user, long, short, candidates, "ranker-a")))
@@ -208,6 +209,8 @@ def test_ranks_queued_together_are_served_in_one_pass_and_stay_exact():
             answers = await asyncio.gather(*calls)
             assert metric("relaygr_device_batch_size_count", op="rank") - batches == 1
             assert metric("relaygr_device_batch_size_sum", op="rank") - batched_ranks == len(users)
+            # Each Rank is counted as a job of its own, with its share of the pass's time.
+            assert metric("relaygr_model_seconds_count", op="rank") - ranks_before == len(users)
             for long, answer in zip(users.values(), answers, strict=True):
                 assert answer.cache_source == common_pb2.CACHE_SOURCE_HBM
                 assert_scores_equal(list(answer.scores), r.reference(long, short, candidates))
