@@ -7,12 +7,15 @@ import contextlib
 import dataclasses
 
 import grpc
+import numpy as np
 from prometheus_client import REGISTRY
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.ranker.app import RankerApp
 from services.ranker.config import RankerConfig
+from services.ranker.device import Accelerator
 from services.ranker.events import Events
+from services.ranker.prefix_cache import Source
 
 BASE = RankerConfig(
     host="127.0.0.1",
@@ -127,3 +130,42 @@ def model_passes() -> float:
         for sample in family.samples
         if sample.name == "relaygr_model_seconds_count"
     )
+
+
+# ---- an in-process ranker without the server: the cache and the runner driven directly ----
+
+SHORT = [11, 12, 13]
+CANDIDATES = np.array([5, 99, 1234, 7], dtype=np.int64)
+
+
+@contextlib.asynccontextmanager
+async def cache_app(accelerator: Accelerator | None = None, **overrides):
+    """A RankerApp of BASE with `overrides`; `accelerator` replaces the device's own (tests pass
+    `Accelerator(cpu, copies=True)` to run the pinned-pool copy path on CPU)."""
+    app = RankerApp(dataclasses.replace(BASE, **overrides), accelerator=accelerator)
+    try:
+        yield app
+    finally:
+        await app.close()
+
+
+async def settle(app: RankerApp) -> None:
+    """Waits until no production or tier copy is in flight."""
+    for _ in range(500):
+        if not app.cache.productions and not any(e.demoting for e in app.cache.entries.values()):
+            return
+        await asyncio.sleep(0.01)
+    raise TimeoutError("the cache did not settle")
+
+
+async def rank(app: RankerApp, user: str, long: list[int], relay: str = "") -> tuple[list[float], Source]:
+    """What the data plane does for one Rank of SHORT and CANDIDATES: acquire, score, release."""
+    acquired = await app.cache.acquire(user, events(long), relay)
+    try:
+        if acquired.entry is None:
+            scores = await app.runner.uncached(events(long), events(SHORT), CANDIDATES, None)
+        else:
+            scores = await app.runner.rank(acquired.entry.hbm, events(SHORT), CANDIDATES, None)
+    finally:
+        app.cache.release(acquired)
+    return scores, acquired.source

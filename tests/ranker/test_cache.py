@@ -5,52 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import random
 
-import numpy as np
 import pytest
 
 from relaygr.v1 import common_pb2
-from services.ranker.app import RankerApp
 from services.ranker.cache_index import CacheEntry, PrefixKey
 from services.ranker.prefix_cache import Source
 from services.ranker.tiers import Tier
 from tests.exact import assert_scores_equal
-from tests.ranker.harness import BASE, events, held_bytes, history
-
-SHORT = [11, 12, 13]
-CANDIDATES = np.array([5, 99, 1234, 7], dtype=np.int64)
-
-
-@contextlib.asynccontextmanager
-async def cache_app(**overrides):
-    app = RankerApp(dataclasses.replace(BASE, **overrides))
-    try:
-        yield app
-    finally:
-        await app.close()
-
-
-async def settle(app: RankerApp) -> None:
-    for _ in range(500):
-        if not app.cache.productions and not any(e.demoting for e in app.cache.entries.values()):
-            return
-        await asyncio.sleep(0.01)
-    raise TimeoutError("the cache did not settle")
-
-
-async def rank(app: RankerApp, user: str, long: list[int], relay: str = "") -> tuple[list[float], Source]:
-    """What the data plane does for one Rank: acquire, score, release."""
-    acquired = await app.cache.acquire(user, events(long), relay)
-    try:
-        if acquired.entry is None:
-            scores = await app.runner.uncached(events(long), events(SHORT), CANDIDATES, None)
-        else:
-            scores = await app.runner.rank(acquired.entry.hbm, events(SHORT), CANDIDATES, None)
-    finally:
-        app.cache.release(acquired)
-    return scores, acquired.source
+from tests.ranker.harness import CANDIDATES, SHORT, cache_app, events, held_bytes, history, rank, settle
 
 
 def test_a_pin_is_an_owned_handle_released_once():

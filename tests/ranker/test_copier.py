@@ -7,11 +7,9 @@ given back exactly once."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import random
 
-import numpy as np
 import pytest
 import torch
 
@@ -23,12 +21,10 @@ from services.ranker.model import HSTURanker, PrefixKV
 from services.ranker.prefix_cache import Source
 from services.ranker.presets import get_preset
 from tests.exact import assert_scores_equal
-from tests.ranker.harness import BASE, events, history, metric
+from tests.ranker.harness import CANDIDATES, SHORT, cache_app, events, history, metric, rank, settle
 
 CPU = torch.device("cpu")
 TINY = get_preset("cpu-tiny")
-SHORT = [11, 12, 13]
-CANDIDATES = np.array([5, 99, 1234, 7], dtype=np.int64)
 
 
 class Marker:
@@ -194,34 +190,8 @@ def test_an_entry_larger_than_the_pool_is_refused_and_holds_nothing():
     assert pool.used_bytes == 0 and copier.held() == 0
 
 
-@contextlib.asynccontextmanager
-async def copying_app(**overrides):
-    accelerator = Accelerator(CPU, copies=True)
-    app = RankerApp(dataclasses.replace(BASE, **overrides), accelerator=accelerator)
-    try:
-        yield app
-    finally:
-        await app.close()
-
-
-async def settle(app: RankerApp) -> None:
-    for _ in range(500):
-        if not app.cache.productions and not any(e.demoting for e in app.cache.entries.values()):
-            return
-        await asyncio.sleep(0.01)
-    raise TimeoutError("the cache did not settle")
-
-
-async def rank(app: RankerApp, user: str, long: list[int]) -> tuple[list[float], Source]:
-    acquired = await app.cache.acquire(user, events(long), "ranker-a")
-    try:
-        if acquired.entry is None:
-            scores = await app.runner.uncached(events(long), events(SHORT), CANDIDATES, None)
-        else:
-            scores = await app.runner.rank(acquired.entry.hbm, events(SHORT), CANDIDATES, None)
-    finally:
-        app.cache.release(acquired)
-    return scores, acquired.source
+def copying_app(**overrides):
+    return cache_app(Accelerator(CPU, copies=True), **overrides)
 
 
 def pool_matches_the_entries(app: RankerApp) -> None:
