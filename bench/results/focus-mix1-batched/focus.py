@@ -1,6 +1,7 @@
 """The focused re-measure of README.md: mix 1 at fixed loads, the full profile's 1000 measured requests a
 point, load seeds 0-2, both fleets up at once as in `python -m bench`. Run from the repository root:
-`.venv/bin/python bench/results/focus-mix1-batched/focus.py` (its points go to /tmp/focus-mix1)."""
+`PYTHONPATH=. .venv/bin/python bench/results/focus-mix1-batched/focus.py`; the points go to
+/tmp/focus-mix1."""
 
 import json
 from pathlib import Path
