@@ -50,7 +50,7 @@ class AcceleratorBenchConfig:
     repeats: int = setting(50, "timed repetitions per point (after 3 untimed ones)", above=0)
     batch: int = setting(8, "users ranked together in the batched measurement", above=0)
     chunk_tokens: int = setting(512, "pre-inference chunk size", above=0)
-    out: str = setting("bench/results/accelerator", "directory the results are written to")
+    out: str = setting("bench/results/gpu-accelerator", "directory the results are written to")
 
     def validate(self) -> None:
         self.length_list()
