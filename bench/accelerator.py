@@ -31,7 +31,7 @@ import torch
 
 from services.common.config import load, setting
 from services.ranker.copier import TierCopier
-from services.ranker.device import Accelerator, select_device
+from services.ranker.device import Accelerator, select_device, synchronize
 from services.ranker.events import Events
 from services.ranker.host_pool import HostPool
 from services.ranker.model import HSTURanker
@@ -79,9 +79,7 @@ class Timer:
         return (time.perf_counter() - started) * 1000
 
     def _sync(self) -> None:
-        module = self.accelerator.module
-        if module is not None:
-            module.synchronize(self.accelerator.device)  # measurement only, never on the serving path
+        synchronize(self.accelerator.device)  # measurement only, never on the serving path
 
 
 def percentile(samples: Sequence[float], q: float) -> float:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import importlib
-import os
 
 import torch
 
@@ -157,25 +156,6 @@ class Accelerator:
     def pinned(self, nbytes: int) -> torch.Tensor:
         """`nbytes` of host memory as uint8: page-locked on an accelerator (so copies are asynchronous)."""
         return torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=self.asynchronous)
-
-    def memory(self) -> tuple[int, int]:
-        """(free, total) bytes of the device's memory: host memory on CPU."""
-        if self.module is not None:
-            free, total = self.module.mem_get_info(self.device)
-            return int(free), int(total)
-        return host_memory()
-
-
-def host_memory() -> tuple[int, int]:
-    """(available, total) bytes of host memory, from /proc/meminfo where there is one."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            fields = dict(line.split(":", 1) for line in meminfo if ":" in line)
-        kib = {name: int(fields[name].split()[0]) * 1024 for name in ("MemAvailable", "MemTotal")}
-        return kib["MemAvailable"], kib["MemTotal"]
-    except (OSError, KeyError, ValueError):
-        page = os.sysconf("SC_PAGE_SIZE")
-        return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
 
 
 class InflightWindow:

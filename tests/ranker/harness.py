@@ -46,12 +46,7 @@ class Ranker:
 
     async def settle(self) -> None:
         """Waits until no production or tier copy is in flight."""
-        for _ in range(400):
-            busy = self.cache.productions or any(e.demoting for e in self.cache.entries.values())
-            if not busy:
-                return
-            await asyncio.sleep(0.01)
-        raise TimeoutError("cache did not settle")
+        await settle(self.app)
 
 
 @contextlib.asynccontextmanager
