@@ -1,4 +1,5 @@
-"""The trigger's metrics: Admit decisions by reason, the brakes' pressure and the shedding threshold."""
+"""The trigger's metrics: Admit decisions by reason, failed PreInfer calls, the brakes' pressure and the
+shedding threshold."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ from services.common.metrics import LATENCY_BUCKETS
 
 TRIGGER_DECISIONS = Counter(
     "relaygr_trigger_decisions_total", "Admit decisions, by decision and reason.", ["decision", "reason"]
+)
+TRIGGER_PRE_INFER_FAILURES = Counter(
+    "relaygr_trigger_pre_infer_failures_total",
+    "PreInfer calls that failed, an RPC error or a missed --pre-infer-timeout-ms, by gRPC code: answered "
+    "RANKER_REFUSED with no ranker having refused (rankers count refusals in relaygr_pre_infer_total).",
+    ["code"],
 )
 TRIGGER_MUST_RELAY = Counter(
     "relaygr_trigger_must_relay_total",

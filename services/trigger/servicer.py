@@ -37,6 +37,7 @@ from services.trigger.metrics import (
     TRIGGER_BRAKE_PRESSURE,
     TRIGGER_DECISIONS,
     TRIGGER_MUST_RELAY,
+    TRIGGER_PRE_INFER_FAILURES,
     TRIGGER_PREDICTED_SECONDS,
     TRIGGER_SHED_THRESHOLD,
 )
@@ -156,6 +157,7 @@ class TriggerService(trigger_pb2_grpc.TriggerServiceServicer):
             answer = await self._pre_infer(payload, timeout=self.config.pre_infer_timeout_ms / 1000.0)
         except grpc.aio.AioRpcError as exc:
             log.warning("PreInfer for user %s failed: %s %s", user_id, exc.code().name, exc.details())
+            TRIGGER_PRE_INFER_FAILURES.labels(exc.code().name).inc()
             self.policy.answered(key, "", held=False)
             return dataclasses.replace(decision, reason=Reason.RANKER_REFUSED)
         self.fleet.observe(answer.load)
