@@ -30,7 +30,7 @@ from services.ranker.latency_curve import LatencyCurve, measure
 from services.ranker.load import LoadReport
 from services.ranker.prefix_cache import PrefixCache, Source
 from services.ranker.runner import ModelRunner
-from services.ranker.scheduler import Op, Priority, Scheduler
+from services.ranker.scheduler import FOR_RANKS, Op, Priority, Scheduler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +126,7 @@ class DataPlane:
     def _admit(self, length: int, time_remaining_s: float | None) -> float | None:
         """Sheds a Rank before any work when the device queue is full or its deadline cannot be met;
         otherwise its deadline as a `time.monotonic()` instant (None: no deadline)."""
-        if self.scheduler.queued(Priority.RANK) >= self.config.max_queued_ranks:
+        if self.scheduler.queued(*FOR_RANKS) >= self.config.max_queued_ranks:
             metrics.SHED_REQUESTS.labels("Rank", "queue_full").inc()
             raise ResourceExhausted(f"rank queue is full ({self.config.max_queued_ranks} waiting)")
         if time_remaining_s is None:

@@ -77,7 +77,7 @@ def measure(
             return statistics.median(samples), result
 
         full_ms, _ = timed(lambda le=long_events: runner.uncached_sync(le, short_events, candidate_ids))
-        pre_ms, kv = timed(lambda le=long_events: runner.build_sync(le, yield_to_ranks=False))
+        pre_ms, kv = timed(lambda le=long_events: runner.build_sync(le, background=False))
         rank_ms, _ = timed(lambda kv=kv: runner.rank_sync(kv, short_events, candidate_ids))
         points.append(LatencyPoint(length, full_ms, pre_ms, rank_ms))
     return LatencyCurve(tuple(points), short, candidates)

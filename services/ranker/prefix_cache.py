@@ -192,7 +192,7 @@ class PrefixCache:
             base = self._extension_base(user_id, events)
             kind = Kind.COMPUTE if base is None else Kind.EXTEND
             production = self._start(
-                key, events, kind, Priority.RANK, for_rank=True, base=base, deadline=deadline
+                key, events, kind, Priority.AWAITED, for_rank=True, base=base, deadline=deadline
             )
         if production is None:
             return Acquired(None, Source.MISS, miss_reason)

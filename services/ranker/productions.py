@@ -4,7 +4,8 @@ A production makes one entry's HBM KV in one of three ways (`Kind`): compute the
 DRAM copy, or extend a cached shorter prefix with the events appended since. Every PreInfer or Rank for a
 key that is being produced joins the running production instead of starting another. The work runs as
 its own task: a joiner's cancellation never cancels it, and a Rank that joins a pre-inference promotes
-its device job to rank priority so it does not wait behind later Ranks.
+its device job to `Priority.AWAITED`, where a miss's computation runs, so it does not wait behind later
+pre-inferences.
 
 Pins are handed out at completion, not taken by the waiters: when the work is done the production pins
 the entry once per waiter before any of them resumes, so nothing can demote the entry in between; a
@@ -47,7 +48,7 @@ class Production:
     # The pin that holds the entry it reloads or extends, until it is done.
     base_pin: Pin | None = None
     task: asyncio.Task | None = None
-    # The device job computing it, once submitted: a Rank that joins promotes it to rank priority.
+    # The device job computing it, once submitted: a Rank that joins promotes it to AWAITED.
     job: asyncio.Future | None = None
     # Lease the entry when done: a PreInfer started or joined this production.
     lease: bool = False
@@ -159,10 +160,10 @@ class Productions(Mapping[PrefixKey, Production]):
 
     def promote(self, production: Production) -> None:
         """A Rank waits on this production now: it must not wait behind the Ranks that arrive after it."""
-        if production.priority > Priority.RANK:
-            production.priority = Priority.RANK
+        if production.priority > Priority.AWAITED:
+            production.priority = Priority.AWAITED
             if production.job is not None:
-                self.runner.worker.promote(production.job, Priority.RANK)
+                self.runner.worker.promote(production.job, Priority.AWAITED)
 
     @staticmethod
     async def join(production: Production, on_abandoned: Callable[[Pin], None]) -> tuple[CacheEntry, Pin]:

@@ -60,13 +60,14 @@ class ModelRunner:
 
     # ---- the work, on the device thread ----
 
-    def build_sync(self, events: Events, yield_to_ranks: bool, base: PrefixKV | None = None) -> PrefixKV:
+    def build_sync(self, events: Events, background: bool, base: PrefixKV | None = None) -> PrefixKV:
         """The prefix KV of `events` appended to `base` (None: from the start), always in chunks: besides
         bounding a rank's wait, chunks keep the attention blocks small, which is faster on long
-        prefixes. When `yield_to_ranks` (background pre-inference, on the pre-infer stream), every queued
-        rank runs between two chunks. The result carries the event its consumers wait for."""
+        prefixes. Every queued job more urgent than this one runs between two chunks. A `background` build
+        (pre-inference) runs on the pre-infer stream, any other on the rank stream. The result carries
+        the event its consumers wait for."""
         accelerator = self.accelerator
-        stream = accelerator.pre_infer_stream if yield_to_ranks else accelerator.rank_stream
+        stream = accelerator.pre_infer_stream if background else accelerator.rank_stream
         window = InflightWindow(self.inflight_chunks)
         with accelerator.on(stream):
             builder = self.model.prefix_builder(
@@ -75,8 +76,7 @@ class ModelRunner:
             builder.step()
             window.push(accelerator.record())
             while not builder.done:
-                if yield_to_ranks:
-                    self.worker.run_more_urgent()
+                self.worker.run_more_urgent()
                 builder.step()
                 window.push(accelerator.record())
             kv = builder.result()
@@ -125,7 +125,7 @@ class ModelRunner:
         """Ranking without relay: the prefix computed in chunks, ranked against, then dropped. Equal to
         `full_sync` (exact reuse) and several times faster on long sequences, where one pass over the
         whole sequence builds L x L attention blocks."""
-        return self.rank_sync(self.build_sync(long, yield_to_ranks=False), short, candidates)
+        return self.rank_sync(self.build_sync(long, background=False), short, candidates)
 
     def full_sync(self, long: Events, short: Events, candidates: Sequence[int]) -> list[float]:
         """The model's reference: one attention pass per layer over the whole sequence."""
@@ -143,7 +143,8 @@ class ModelRunner:
     def pre_infer(
         self, events: Events, priority: Priority, deadline: float | None = None
     ) -> asyncio.Future[PrefixKV]:
-        """The PrefixKV of `events`; background (pre-infer priority) work yields to ranks between chunks."""
+        """The PrefixKV of `events`, computed at `priority` (PRE_INFER: in the background, on the pre-infer
+        stream); more urgent work runs between its chunks."""
         background = priority is Priority.PRE_INFER
         job = lambda: self.build_sync(events, background)  # noqa: E731
         return self.worker.submit(job, priority, Op.PRE_INFER, deadline)
@@ -169,4 +170,4 @@ class ModelRunner:
     ) -> asyncio.Future[list[float]]:
         """Scores computed without keeping a prefix: the path when no prefix can be held."""
         job = lambda: self.uncached_sync(long, short, candidates)  # noqa: E731
-        return self.worker.submit(job, Priority.RANK, Op.UNCACHED, deadline)
+        return self.worker.submit(job, Priority.AWAITED, Op.UNCACHED, deadline)

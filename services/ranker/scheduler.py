@@ -1,11 +1,13 @@
 """The scheduler: all model work of a ranker runs on one thread per device, by priority.
 
 The asyncio event loop never runs model code. It submits jobs and awaits their futures; the worker
-thread takes the most urgent job first (ranks before reloads before pre-inference, FIFO within a
-priority). Pre-inference is submitted one chunk at a time, so a Rank that arrives behind it waits for
-at most one chunk. A Rank that waits on a background job (it joined a pre-inference) `promote`s that job
-to its own priority, so ranks that keep arriving cannot starve it. A job whose deadline has passed, or
-whose awaiting future was cancelled, is dropped when it reaches the front, before any work starts.
+thread takes the most urgent job first (`Priority`: ranks against a ready prefix, then the prefixes Ranks
+wait for, then reloads, then pre-inference; FIFO within a priority). A prefix is computed in chunks and
+its job runs every more urgent queued job between two chunks (`run_more_urgent`), so a rank waits for at
+most one chunk of any prefix, a miss's included. A Rank that waits on a background job (it joined a
+pre-inference) `promote`s that job to `Priority.AWAITED`, so pre-inferences that keep arriving cannot
+starve it. A job whose deadline has passed, or whose awaiting future was cancelled, is dropped when it
+reaches the front, before any work starts.
 
 Jobs submitted with a `Batch` (cached ranks) are run together: when one reaches the front, the jobs of the
 same batch queued right behind it at its priority join it, up to `Batch.max_size`, and `Batch.run` does
@@ -36,9 +38,18 @@ T = TypeVar("T")
 
 
 class Priority(enum.IntEnum):
-    RANK = 0
-    RELOAD = 1
-    PRE_INFER = 2
+    """Most urgent first. A cached rank is short; a prefix a Rank waits for is long, so the ranks queued
+    behind it run between its chunks (shortest first among the work Ranks wait on: a queue of ready ranks
+    never waits behind a prefix computation)."""
+
+    RANK = 0  # a rank against a ready prefix (and a Rank's reload, on the copy thread)
+    AWAITED = 1  # a prefix a Rank waits for: a miss's computation, or a pre-inference a Rank joined
+    RELOAD = 2  # a reload a PreInfer asked for, ahead of any Rank
+    PRE_INFER = 3  # background pre-inference
+
+
+# The priorities of device work that Ranks are waiting on (the bound of `--max-queued-ranks`).
+FOR_RANKS = (Priority.RANK, Priority.AWAITED)
 
 
 class Op(enum.StrEnum):
@@ -108,8 +119,9 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def queued(self, priority: Priority) -> int:
-        return self._depth[priority]
+    def queued(self, *priorities: Priority) -> int:
+        """Jobs waiting at these priorities."""
+        return sum(self._depth[priority] for priority in priorities)
 
     def submit(
         self, fn: Callable[[], T], priority: Priority, op: Op, deadline: float | None = None
@@ -163,9 +175,11 @@ class Scheduler:
     def run_more_urgent(self) -> None:
         """Runs, on the calling device thread, every queued job more urgent than the running one.
 
-        Long background jobs (chunked pre-inference) call this between chunks, so a rank never waits
-        for more than one chunk.
+        Long jobs (prefixes, computed in chunks) call this between chunks, so a rank never waits for more
+        than one chunk. Called elsewhere than on the device thread (a job run inline), it does nothing.
         """
+        if threading.current_thread() is not self._thread:
+            return
         while True:
             with self._cond:
                 if not self._heap or self._heap[0].priority >= self._running[-1].priority:

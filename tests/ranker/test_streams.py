@@ -14,6 +14,7 @@ import contextlib
 import threading
 
 import numpy as np
+import pytest
 import torch
 from torch.testing import assert_close
 
@@ -86,7 +87,7 @@ def test_pre_inference_keeps_at_most_the_window_of_chunks_queued_on_the_device()
     device, scheduler = LaggingDevice(), Scheduler("test")
     try:
         runner = runner_on(device, scheduler, inflight_chunks=2)
-        kv = runner.build_sync(random_events(8 * CHUNK, 1), yield_to_ranks=True)
+        kv = runner.build_sync(random_events(8 * CHUNK, 1), background=True)
     finally:
         scheduler.close()
     # 8 chunks and the prefix's own "done" event: when each was recorded, at most 2 chunks were still queued,
@@ -108,7 +109,7 @@ def test_a_rank_waits_for_the_producing_stream_by_event_not_by_the_host():
     device, scheduler = LaggingDevice(), Scheduler("test")
     try:
         runner = runner_on(device, scheduler)
-        kv = runner.build_sync(random_events(3 * CHUNK, 2), yield_to_ranks=True)
+        kv = runner.build_sync(random_events(3 * CHUNK, 2), background=True)
         done = kv.ready[0]
         device.log.clear()
         runner.rank_sync(kv, random_events(4, 3), [1, 2, 3])
@@ -121,8 +122,10 @@ def test_a_rank_waits_for_the_producing_stream_by_event_not_by_the_host():
     assert len(waits) >= TINY.num_layers
 
 
-def test_a_rank_queued_during_pre_inference_runs_before_the_next_chunk():
-    """The scheduler's bounded wait on the CPU path: the Rank waits for the chunk in progress only."""
+@pytest.mark.parametrize("priority", [Priority.PRE_INFER, Priority.AWAITED], ids=["pre-infer", "miss"])
+def test_a_rank_queued_during_a_prefix_runs_before_the_next_chunk(priority):
+    """The scheduler's bounded wait on the CPU path: the Rank waits for the chunk in progress only, behind a
+    background pre-inference and behind a prefix another Rank waits for (a miss's) alike."""
 
     async def scenario():
         scheduler = Scheduler("test")
@@ -148,7 +151,7 @@ def test_a_rank_queued_during_pre_inference_runs_before_the_next_chunk():
         runner.model._fill, runner.rank_sync = logged_fill, logged_rank
         loop, ready = asyncio.get_running_loop(), asyncio.Event()
         try:
-            background = runner.pre_infer(random_events(6 * CHUNK, 4), Priority.PRE_INFER)
+            background = runner.pre_infer(random_events(6 * CHUNK, 4), priority)
             await ready.wait()
             ranked = runner.rank(prefix, random_events(2, 5), [7, 8], deadline=None)
             for _ in range(500):

@@ -14,7 +14,7 @@ import pytest
 
 from relaygr.v1 import common_pb2, ranker_pb2
 from services.ranker.config import RankerConfig
-from services.ranker.scheduler import MODEL_PASSES, Priority
+from services.ranker.scheduler import FOR_RANKS, MODEL_PASSES, Priority
 from tests.ranker.harness import Ranker, history, metric, pre_infer_request, rank_request, running_ranker
 from tests.router.harness import eventually
 
@@ -62,7 +62,7 @@ def test_a_rank_beyond_the_queue_bound_is_refused_while_the_device_is_busy():
                 asyncio.ensure_future(r.stub.Rank(rank_request(f"q{i}", history(i, 32), SHORT, CANDIDATES)))
                 for i in range(2)
             ]
-            await eventually(lambda: r.app.worker.queued(Priority.RANK) == 2)
+            await eventually(lambda: r.app.worker.queued(*FOR_RANKS) == 2)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await r.stub.Rank(rank_request("late", history(9, 32), SHORT, CANDIDATES), timeout=10)
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -112,14 +112,14 @@ def test_a_rank_that_joins_a_pre_inference_is_not_starved_by_ranks_arriving_afte
                 finished.append(user)
 
             others = [asyncio.ensure_future(rank(f"other-{i}", history(10 + i, 256))) for i in range(3)]
-            await eventually(lambda: r.app.worker.queued(Priority.RANK) == 3)
+            await eventually(lambda: r.app.worker.queued(Priority.AWAITED) == 3)  # three misses
             joins = metric("relaygr_production_joins_total")
             joined = asyncio.ensure_future(rank("relayed", relayed))
             await eventually(lambda: metric("relaygr_production_joins_total") == joins + 1)
             assert r.app.worker.queued(Priority.PRE_INFER) == 0  # the shared pre-inference moved up
             await held.release()
             await asyncio.gather(joined, *others)
-            # Promoted to rank priority, the shared pre-inference runs before the work queued after it.
+            # Promoted to AWAITED, the shared pre-inference runs before the misses queued after it.
             assert finished.index("relayed") < finished.index("other-2"), finished
 
     run(scenario())
