@@ -44,7 +44,7 @@ class Priority(enum.IntEnum):
 
     RANK = 0  # a rank against a ready prefix (and a Rank's reload, on the copy thread)
     AWAITED = 1  # a prefix a Rank waits for: a miss's computation, or a pre-inference a Rank joined
-    RELOAD = 2  # a reload a PreInfer asked for, ahead of any Rank
+    RELOAD = 2  # a reload a PreInfer asked for, before its Rank arrives
     PRE_INFER = 3  # background pre-inference
 
 
