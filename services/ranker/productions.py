@@ -159,7 +159,7 @@ class Productions(Mapping[PrefixKey, Production]):
         return await production.job, reloaded
 
     def promote(self, production: Production) -> None:
-        """A Rank waits on this production now: it must not wait behind the Ranks that arrive after it."""
+        """A Rank waits on this production now: it must not wait behind later pre-inferences or misses."""
         if production.priority > Priority.AWAITED:
             production.priority = Priority.AWAITED
             if production.job is not None:
