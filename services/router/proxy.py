@@ -91,7 +91,7 @@ class RankerProxy:
         await self._started(context)
         route = self.policy.choose(key.user_id, key.relay_instance)
         hedge_after = self._timeout(context) * HEDGE_AT
-        attempts = [asyncio.ensure_future(self._send(route, "Rank", request, context))]
+        attempts = [self._send(route, "Rank", request, context)]
         try:
             await asyncio.wait(attempts, timeout=hedge_after)
             first = attempts[0]
@@ -103,7 +103,7 @@ class RankerProxy:
             retry = self.policy.failover(key.user_id, failed=route.member.name)
             if retry is None:
                 return await first
-            attempts.append(asyncio.ensure_future(self._send(retry, "Rank", request, context)))
+            attempts.append(self._send(retry, "Rank", request, context))
             return await _first_answer(attempts)
         finally:
             _settle(attempts)
@@ -120,29 +120,35 @@ class RankerProxy:
         profile.ring_virtual_nodes = membership.ring.virtual_nodes
         return profile.SerializeToString()
 
-    async def _send(
+    def _send(
         self, route: Route, method: str, request: bytes, context: grpc.aio.ServicerContext
-    ) -> bytes:
+    ) -> asyncio.Task[bytes]:
         ROUTER_DECISIONS.labels(method, route.decision.value).inc()
-        return await self._forward(route.member, method, request, context)
+        return self._forward(route.member, method, request, context)
 
-    async def _forward(
+    def _forward(
         self, member: Member, method: str, request: bytes, context: grpc.aio.ServicerContext
-    ) -> bytes:
+    ) -> asyncio.Task[bytes]:
+        """Starts the call on `member`, counted in flight there at once: in the same step of the event loop
+        as the routing decision that chose it, so the next request's placement sees it. (Counted when the
+        call's coroutine first ran, concurrent requests of one user all read the loads from before any of
+        them and together passed the bound.) The count drops when the call ends, however it ends."""
         timeout = self._timeout(context)
-        call = member.method(method_path(RANKER_SERVICE, method))
         member.in_flight += 1
         ROUTER_INFLIGHT.labels(member.name).set(member.in_flight)
+        call = asyncio.ensure_future(self._call(member, method, request, timeout))
+        call.add_done_callback(lambda _: _finished(member))
+        return call
+
+    @staticmethod
+    async def _call(member: Member, method: str, request: bytes, timeout: float) -> bytes:
         try:
-            response = await call(request, timeout=timeout)
+            response = await member.method(method_path(RANKER_SERVICE, method))(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in NO_ANSWER_CODES:
                 member.last_answer = time.monotonic()  # it answered, with an error
             member.record_failure(exc.code())
             raise
-        finally:
-            member.in_flight -= 1
-            ROUTER_INFLIGHT.labels(member.name).set(member.in_flight)
         member.last_answer = time.monotonic()
         member.record_success()
         return response
@@ -164,6 +170,11 @@ class RankerProxy:
         if timeout <= 0:
             raise DeadlineExceeded(f"{remaining * 1000:.1f} ms left, within the forwarding margin")
         return timeout
+
+
+def _finished(member: Member) -> None:
+    member.in_flight -= 1
+    ROUTER_INFLIGHT.labels(member.name).set(member.in_flight)
 
 
 def _unavailable(attempt: asyncio.Future) -> bool:
