@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from bench.probes import LOAD_GENERATOR
 from services.common.contract import CACHE_SOURCES
 
 PAPER_LENGTH_RATIO = 1.5
@@ -64,6 +65,10 @@ POINT_KEYS = (
 ADMIT_ALL_HEADER = (
     "load req/s", "admit-all rank P99 ms (95% CI)", "RelayGR rank P99 ms (95% CI)", "RelayGR", "within noise",
 )  # fmt: skip
+# The services a point's CPU is split by (`cpu_service`), and issue 25's targets for RelayGR's best point,
+# in ms of CPU per request.
+CPU_SERVICES = ("rankers", "router", "trigger", "retrieval stub", "load generator")
+CPU_TARGETS_MS = {"router": 0.6, "trigger": 0.4, "retrieval stub": 1.0}
 POINT_HEADER = (
     "measured/planned", "rank P50 ms", "rank P99 ms (95% CI)", "e2e P99 ms", "errors",
     "HBM / DRAM / ext / miss", "ranker cores", "foreign cores", "SLO",
@@ -163,6 +168,50 @@ def cores(point: dict[str, Any], rankers: bool) -> float:
     return used / cost["wall_s"]
 
 
+def cpu_service(process: str) -> str:
+    """The service a process of the fleet belongs to: every ranker counts as `rankers`, every retrieval
+    stub (a universe's own stub included) as `retrieval stub`."""
+    if process.startswith("ranker"):
+        return "rankers"
+    if process.startswith("retrieval-stub"):
+        return "retrieval stub"
+    return "load generator" if process == LOAD_GENERATOR else process
+
+
+def requests_sent(results: dict[str, Any], point: dict[str, Any]) -> int:
+    """The requests a point sent, its warm-up's included (its cost covers both): the warm-up is the rate
+    times the configured warm-up seconds, rounded as `bench.experiments` plans it."""
+    return round(point["rate"] * results["configuration"]["warmup_s"]) + point["measured"]
+
+
+def cpu_ms_per_request(results: dict[str, Any], point: dict[str, Any]) -> dict[str, float]:
+    """Ms of CPU per request sent by each service of `CPU_SERVICES`, and `total` over every process of
+    ours."""
+    seconds = dict.fromkeys(CPU_SERVICES, 0.0)
+    for process, used in point["cost"]["cpu_s"].items():
+        service = cpu_service(process)
+        seconds[service] = seconds.get(service, 0.0) + used
+    seconds["total"] = sum(point["cost"]["cpu_s"].values())
+    sent = requests_sent(results, point)
+    return {service: 1000 * used / sent for service, used in seconds.items()}
+
+
+def cores_needed(results: dict[str, Any], point: dict[str, Any]) -> float:
+    """Cores our fleet needs at a point's offered load: its CPU per request times the load."""
+    return cpu_ms_per_request(results, point)["total"] / 1000 * point["rate"]
+
+
+def core_count(results: dict[str, Any]) -> int | None:
+    """The machine's core count as the run recorded it (os.cpu_count(); None when it recorded none)."""
+    count = results["machine"].get("cores")
+    return count if isinstance(count, int) and count > 0 else None
+
+
+def best_points(sweeps: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any] | None]:
+    """Each mode's point at its best load (None where it met the SLO at no load)."""
+    return {mode: point_at(sweep, "rate", sweep["best"]) for mode, sweep in sweeps.items()}
+
+
 def point_at(sweep: dict[str, Any], key: str, value: float | None) -> dict[str, Any] | None:
     """The sweep's point measured at `value` (None when it measured none there)."""
     return next((p for p in sweep["points"] if value is not None and p[key] == value), None)
@@ -239,9 +288,9 @@ def _introduction(results: dict[str, Any]) -> str:
     c, machine, versions = results["configuration"], results["machine"], results["versions"]
     return (
         f"# RelayGR benchmark: `{results['name']}` ({c['profile']} profile)\n\n"
-        f"{results['started_at']}, {results['duration_s'] / 60:.1f} minutes on {machine['cores']} cores "
-        f"({machine['cpu_model']}), torch {versions['torch']}, preset `{c['model_preset']}`, "
-        f"{c['rankers']} rankers with {c['torch_threads']} thread(s) each, "
+        f"{results['started_at']}, {results['duration_s'] / 60:.1f} minutes on "
+        f"{_machine_cores(results)} cores ({machine['cpu_model']}), torch {versions['torch']}, "
+        f"preset `{c['model_preset']}`, {c['rankers']} rankers with {c['torch_threads']} thread(s) each, "
         f"commit `{versions['git_commit']}`.\n\n"
         "**This ran on a CPU shared with other work: only the ratios between the modes are "
         "meaningful, not the absolute latencies or loads.** Every mode ran the same fleet processes, "
@@ -466,6 +515,14 @@ def _throughput_section(results: dict[str, Any]) -> str:
         f"Length mixes: long-term lengths lognormal (sigma {c['mix_sigma']:g}), capped as production caps "
         "sequences to fit ranking's budget. `+`: the best is the grid's last value (a lower bound). "
         "The ablations (experiment 4) ran on the first mix only.",
+        "CPU per request, at each mode's best load: every process's CPU seconds over the point (user + "
+        "system, from /proc) divided by the requests it sent. The CPU is read around the whole point, "
+        f"warm-up included, so the requests are the warm-up's ({c['warmup_s']:g} s at the point's rate) "
+        "plus the measured ones (abandoned ones included). The targets are issue 25's for RelayGR's best "
+        "point. The machine's ceiling: the cores our whole fleet needs at that load (its CPU per request "
+        f"times the offered load) against the machine's {_machine_cores(results)} cores, beside the cores "
+        "it used as measured (CPU seconds over the point's wall time) and those other users of the machine "
+        "took.",
     ]
     for number, (label, mix) in enumerate(results["throughput_sweeps"].items()):
         sweeps = {"baseline": mix["baseline"], "relay": mix["relay"]}
@@ -474,12 +531,65 @@ def _throughput_section(results: dict[str, Any]) -> str:
         parts += [f"### Mix `{label}`", _results_table(results, sweeps)]
         if number == 0:
             parts.append(f"![P99 against load]({PLOTS['load']})")
+        parts += [_cpu_per_request_table(results, sweeps), _ceiling_table(results, sweeps)]
         repeats = _repeats_table({"baseline": mix["baseline"], "relay": mix["relay"]})
         if repeats:
             parts.append(repeats)
         for mode in ("baseline", "relay"):
             parts += [f"**{mode}**", sweep_table(mix[mode], "rate", "load req/s")]
     return "\n\n".join(parts)
+
+
+def _machine_cores(results: dict[str, Any]) -> str:
+    count = core_count(results)
+    return "unknown" if count is None else str(count)
+
+
+def _at_best_table(
+    sweeps: dict[str, dict[str, Any]], header: Sequence[str], cells: Callable[[dict[str, Any]], list[Any]]
+) -> str:
+    """A row for each mode's best point: the mode, the load and `cells` of the point (`none` and blanks
+    where the mode met the SLO at no load)."""
+    blanks = [""] * (len(header) - 2)
+    rows = [
+        [mode, "none", *blanks] if point is None else [mode, f"{point['rate']:g}", *cells(point)]
+        for mode, point in best_points(sweeps).items()
+    ]
+    return table(header, rows)
+
+
+def _cpu_per_request_table(results: dict[str, Any], sweeps: dict[str, dict[str, Any]]) -> str:
+    targets = [f" (target ≤ {CPU_TARGETS_MS[s]:g})" if s in CPU_TARGETS_MS else "" for s in CPU_SERVICES]
+    header = (
+        "mode", "best load req/s", "requests (warm-up included)",
+        *(f"{service} ms{target}" for service, target in zip(CPU_SERVICES, targets, strict=True)), "total ms",
+    )  # fmt: skip
+
+    def cells(point: dict[str, Any]) -> list[Any]:
+        used = cpu_ms_per_request(results, point)
+        return [requests_sent(results, point), *(f"{used[c]:.2f}" for c in (*CPU_SERVICES, "total"))]
+
+    return "CPU per request at each mode's best load, ms:\n\n" + _at_best_table(sweeps, header, cells)
+
+
+def _ceiling_table(results: dict[str, Any], sweeps: dict[str, dict[str, Any]]) -> str:
+    count = core_count(results)
+    header = (
+        "mode", "best load req/s", "fleet CPU ms/request", "cores needed (CPU/request x load)",
+        "of the machine's cores", "cores used, measured", "foreign cores", "needed + foreign, of the machine",
+    )  # fmt: skip
+
+    def cells(point: dict[str, Any]) -> list[Any]:
+        needed, foreign = cores_needed(results, point), point["cost"]["foreign_cores"]
+        return [
+            f"{cpu_ms_per_request(results, point)['total']:.2f}", f"{needed:.2f}",
+            _share(needed / count if count else None),
+            f"{cores(point, rankers=True) + cores(point, rankers=False):.2f}", f"{foreign:.2f}",
+            _share((needed + foreign) / count if count else None),
+        ]  # fmt: skip
+
+    title = f"The machine's ceiling ({_machine_cores(results)} cores) at each mode's best load:\n\n"
+    return title + _at_best_table(sweeps, header, cells)
 
 
 def _share(value: float | None) -> str:

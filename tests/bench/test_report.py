@@ -7,6 +7,7 @@ import json
 import pytest
 
 from bench import report
+from bench.probes import LOAD_GENERATOR
 from relaygr.v1 import common_pb2
 from tests.bench.synthetic import SLO_MS, point, sweep
 
@@ -250,3 +251,64 @@ def test_relay_is_set_against_dram_only_and_against_admit_all_at_every_load_admi
     relay_32["rank_p99_ci_ms"] = [85.0, 140.0]
     text = section(report.render_markdown(measured), "RelayGR against the strongest no-relay serving")
     assert "| 32 | 90.0 [90.0, 90.0] | 130.0 [85.0, 140.0] | fails | yes |" in text
+
+
+def costly_point(rate: float, rank_ms: float) -> dict:
+    """A point whose cost splits 3.1 s of CPU between every service of the fleet over 6.2 s."""
+    found = point(rate, rank_ms, HBM)
+    found["cost"] = {
+        "cpu_s": {
+            "ranker-0": 0.3, "ranker-1": 0.2, "router": 0.4, "trigger": 0.3, "retrieval-stub": 0.8,
+            "retrieval-stub-mix-m512-s1-max2048-d100-a0": 0.1, LOAD_GENERATOR: 1.0,
+        },
+        "rankers": {},
+        "wall_s": 6.2,
+        "foreign_cores": 0.25,
+    }  # fmt: skip
+    return found
+
+
+def test_cpu_per_request_is_each_services_cpu_over_every_request_the_point_sent_warm_up_included():
+    measured = results()
+    busy = costly_point(180, 30)  # 5 s of warm-up at 180 req/s: 900 requests, then 100 measured
+    assert report.requests_sent(measured, busy) == 1000
+    per_request = report.cpu_ms_per_request(measured, busy)
+    assert per_request == pytest.approx({
+        "rankers": 0.5, "router": 0.4, "trigger": 0.3, "retrieval stub": 0.9, "load generator": 1.0,
+        "total": 3.1,
+    })  # fmt: skip
+    assert report.cores_needed(measured, busy) == pytest.approx(0.558)  # 3.1 ms x 180 req/s
+    # The synthetic cost: 6 s (5 of them the rankers') over 4 req/s x 5 s of warm-up + 100 measured.
+    assert report.cpu_ms_per_request(measured, point(4, 40, MISS))["total"] == pytest.approx(50.0)
+
+
+def test_each_mix_shows_cpu_per_request_and_the_machines_ceiling_at_every_modes_best_load():
+    measured = results()
+    measured["throughput_sweeps"][MIX1]["relay"] = sweep([costly_point(180, 30), point(200, 130, HBM)], 180)
+    markdown = report.render_markdown(measured)
+    first = markdown.split(f"### Mix `{MIX1}`")[1].split("### Mix")[0]
+    assert (
+        "| mode | best load req/s | requests (warm-up included) | rankers ms | router ms (target ≤ 0.6) | "
+        "trigger ms (target ≤ 0.4) | retrieval stub ms (target ≤ 1) | load generator ms | total ms |" in first
+    )
+    assert "| relay | 180 | 1000 | 0.50 | 0.40 | 0.30 | 0.90 | 1.00 | 3.10 |" in first
+    assert "| baseline | 4 | 120 | 41.67 | 8.33 | 0.00 | 0.00 | 0.00 | 50.00 |" in first
+    assert "| no-revisit | none |  |  |  |  |  |  |  |" in first
+    # 0.558 of the 2 cores needed (0.50 used over the point's 6.2 s), 0.25 foreign: 40.4% of the machine.
+    assert "The machine's ceiling (2 cores)" in first
+    assert "| relay | 180 | 3.10 | 0.56 | 27.9% | 0.50 | 0.25 | 40.4% |" in first
+    assert "| baseline | 4 | 50.00 | 0.20 | 10.0% | 0.60 | 0.25 | 22.5% |" in first
+    second = markdown.split(f"### Mix `{MIX2}`")[1].split("\n## ")[0]
+    assert "| baseline | 2 | 110 | 45.45 | 9.09 | 0.00 | 0.00 | 0.00 | 54.55 |" in second
+    assert "| relay | 4 | 50.00 | 0.20 | 10.0% | 0.60 | 0.25 | 22.5% |" in second
+
+
+def test_a_run_that_did_not_record_its_cores_gives_its_ceiling_as_unknown():
+    measured = results()
+    measured["machine"] = {**MACHINE, "cores": None}
+    markdown = report.render_markdown(measured)
+    assert "The machine's ceiling (unknown cores)" in markdown
+    assert "5.0 minutes on unknown cores" in markdown
+    # 6 s of CPU over 113 warm-up requests (22.6 req/s x 5 s) and 100 measured: 28.17 ms, 0.64 cores.
+    assert "| relay | 22.6 | 213 | 23.47 | 4.69 | 0.00 | 0.00 | 0.00 | 28.17 |" in markdown
+    assert "| relay | 22.6 | 28.17 | 0.64 | n/a | 0.60 | 0.25 | n/a |" in markdown
