@@ -135,7 +135,10 @@ class BenchConfig:
     )
     hbm_budget_mb: float = setting(256.0, "HBM-tier budget per ranker, MiB")
     dram_budget_mb: float = setting(1024.0, "DRAM-tier budget per ranker, MiB (the baseline and no-dram: 0)")
-    ranker_profile_lengths: str = setting("512,2048,4096", "prefix lengths of each ranker's warm-up curve")
+    ranker_profile_lengths: str = setting(
+        "128,256,512,2048,4096",
+        "prefix lengths of each ranker's warm-up curve (the short ones place the trigger's break-even)",
+    )
     short_term: int = setting(16, "short-term events per request")
     lengths: str = setting(
         "512,768,1024,1536,2048,3072,4096,6144,8192", "long-term lengths of the length sweep (experiment 1)"

@@ -1,17 +1,18 @@
 """The ranker's latency curve, measured at warm-up on its own device.
 
-For each profile length L the ranker times, on its device thread, ranking without relay (`full_ms`: how
-the ranker serves a miss — the prefix computed, then ranked against), a pre-inference of L tokens and a
-cached rank of S + C tokens against L (median of a few repeats, after one untimed run that warms kernels
-and allocators). GetProfile returns the curve; the trigger predicts
-ranking cost from it, and the ranker itself uses it to shed requests that cannot meet their deadline.
+For each profile length L the ranker times, on its device thread, ranking without relay (`full_ms`: how the
+ranker serves a miss — the prefix computed, then ranked against), a pre-inference of L tokens and a cached
+rank of S + C tokens against L (the least of a few repeats, after one untimed run that warms kernels and
+allocators: timing noise on a shared host only ever adds, so the least is the closest to the path's own cost,
+and a restart under load measures nearly the same curve as one on an idle host). GetProfile returns the curve;
+the trigger predicts ranking cost from it, and the ranker itself uses it to shed requests that cannot meet
+their deadline.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-import statistics
 import time
 
 import numpy as np
@@ -74,7 +75,7 @@ def measure(
                 result = fn()
                 synchronize(runner.device)
                 samples.append((time.perf_counter() - started) * 1000)
-            return statistics.median(samples), result
+            return min(samples), result
 
         full_ms, _ = timed(lambda le=long_events: runner.uncached_sync(le, short_events, candidate_ids))
         pre_ms, kv = timed(lambda le=long_events: runner.build_sync(le, background=False))

@@ -1,5 +1,6 @@
-"""The trigger: relays every request whose relay pays (the miss it avoids costs more than the cached rank
-and the PreInfer round trip), and brakes by the measured cost of relaying when the fleet cannot afford it.
+"""The trigger: relays every request whose relay pays (the prefix computation it moves off the critical path
+costs more than the PreInfer round trip), and brakes by the measured cost of relaying when the fleet cannot
+afford it.
 
 - `cost_model`: the three model paths' latency, fitted to the rankers' measured curve (GetProfile).
 - `fleet_profile`: what the trigger takes from a GetProfile answer (cost models, KV size, ring members).

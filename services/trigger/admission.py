@@ -5,8 +5,13 @@ would compute for the miss, only earlier, off the ranking's critical path. So th
 request that relay pays for, and refuses only when the fleet cannot afford it. `AdmissionPolicy.decide`
 answers with the first of these that applies:
 
-1. NO_GAIN: the miss relay avoids is predicted to cost no more than the cached rank plus the PreInfer
-   round trip (`relay_overhead_ms`): short histories, where a prefix is cheaper to recompute than to move.
+1. NO_GAIN: the prefix's own computation, which is what relay moves off the critical path (F_full -
+   F_cached = F_pre), is predicted to cost no more than relaying it (`relay_overhead_ms`, the PreInfer round
+   trip): short histories, where a prefix is cheaper to recompute than to move. The prediction is one
+   fitted quantity (the pre-inference path's work on its tokens and pairs, `CostModel.compute_ms`), so the
+   break-even is one length that a restart measures again alike, and no history below it is admitted,
+   however fast or slow the device. Load does not move it: the miss's queueing cost for the Ranks behind
+   it grows with load, and so does the round trip's cost on the same contended cores.
 2. DUPLICATE: the same prefix key (user and exact long-term sequence) was admitted within the duplicate
    window; its PreInfer is in flight or its prefix is leased. The instance that holds it is returned with
    the refusal, so the caller's Rank can still carry the hint (empty while the first PreInfer is unanswered).
@@ -17,15 +22,19 @@ answers with the first of these that applies:
    or, with `replicas` triggers admitting to the same rankers, what this trigger's own admissions may
    hold there plus this prefix would exceed its part of that share, 1/`replicas` (below).
 5. BACKLOG_LIMIT: the target ranker's pre-inference backlog plus this prefix would exceed `max_backlog_ms`
-   of device time.
+   of device time: a prefix that could serve no Rank in time (the default equals the rankers' own
+   `--max-pre-infer-backlog-ms`, so the trigger spares the round trip of what the ranker would refuse).
 6. SHED_SHORT: while the brakes press, prefixes shorter than the shedding threshold are shed, unless the
    request must relay (below).
 7. ADMITTED.
 
-The shedding threshold adapts: every `adjust_s`, if the highest pressure seen since (each brake's usage
-over its limit, this request included) reached `high_water`, the threshold rises by `step` (from
-`floor_events`); if it stayed at or below `low_water`, it falls by `step` (to 0 below the floor). The
-longest prefixes carry most of the queueing a miss causes, so they keep their relay longest.
+The shedding threshold adapts: every `adjust_s`, if the highest pressure seen since (the waste and HBM brakes'
+usage over their limits, this request included) reached `high_water`, the threshold rises by `step` (from
+`floor_events`); if it stayed at or below `low_water`, it falls by `step` (to 0 below the floor). The longest
+prefixes carry most of the queueing a miss causes, so they keep their relay longest. The backlog does not
+press on the threshold: waste and memory are what pre-inference costs the fleet, while a prefix queued behind
+others is still computed off the critical path (or joined by its Rank), so refusing it would only move the
+same work onto the critical path as a miss.
 
 Replicas. A ranker's report includes every trigger's admissions, but only as of its last answer to this
 trigger: what other triggers admitted since (at the same moment, or while this one admitted nothing) is
@@ -104,8 +113,8 @@ class Prefix:
     length: int
     nbytes: int
     miss_ms: float  # ranking without relay
-    cached_ms: float  # ranking against the cached prefix
-    pre_infer_ms: float  # computing the prefix in the background
+    gain_ms: float  # the prefix's own computation: what relay moves off the critical path
+    pre_infer_ms: float  # computing the prefix in the background (its work and a call's fixed cost)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +168,7 @@ class AdmissionPolicy:
         now = self._clock()
         self._expire(now)
         limits = self.limits
-        if not limits.admit_all and prefix.miss_ms - prefix.cached_ms <= limits.relay_overhead_ms:
+        if not limits.admit_all and prefix.gain_ms <= limits.relay_overhead_ms:
             return Decision(Reason.NO_GAIN)
         earlier = self._admissions.get(prefix.key)
         if earlier is not None:
@@ -190,7 +199,7 @@ class AdmissionPolicy:
             Brake.HBM: hbm,
             Brake.BACKLOG: (fleet.pre_infer_backlog_ms(target) + prefix.pre_infer_ms) / limits.max_backlog_ms,
         }
-        self._adjust(max(self.pressure.values()), now)
+        self._adjust(max(self.pressure[Brake.WASTE], self.pressure[Brake.HBM]), now)
         for brake, pressure in self.pressure.items():
             if pressure > 1.0 or (brake is Brake.WASTE and pressure >= 1.0):
                 return _LIMIT_REASONS[brake]

@@ -27,8 +27,8 @@ class TriggerConfig(ServiceConfig):
     )
     relay_overhead_ms: float = setting(
         2.0,
-        "cost of relaying a prefix (the PreInfer round trip), ms: a request is admitted only when the miss "
-        "it avoids costs more than the cached rank plus this",
+        "cost of relaying a prefix (the PreInfer round trip), ms: a request is admitted only when its "
+        "prefix's own computation, which relay moves off the critical path, is predicted to cost more",
         minimum=0,
     )
     lease_window_ms: int = setting(
@@ -52,9 +52,11 @@ class TriggerConfig(ServiceConfig):
         above=0,
     )
     max_backlog_ms: float = setting(
-        500.0,
-        "brake: device ms of pre-inference queued on one ranker beyond which no prefix is admitted to it "
-        "(a prefix its Rank arrives before is joined by that Rank and still saves what it computed)",
+        1000.0,
+        "brake: device ms of pre-inference queued on one ranker beyond which no prefix is admitted to it: "
+        "one that could serve no Rank in time (the rankers' --max-pre-infer-backlog-ms; a prefix its Rank "
+        "arrives before is joined by that Rank and still saves what it computed, so a lower bound only "
+        "turns relays into misses)",
         above=0,
     )
     shed_high_water: float = setting(

@@ -6,23 +6,30 @@ Q = L(L+1)/2 + S·L + S(S+1)/2 + C·(L+S+1) query-key pairs. Latency is modelled
 
     latency_ms(L, S, C) = fixed_ms + per_token_ms · T + per_pair_ms · Q
 
-with per_token_ms = k·n_l·P and per_pair_ms = k·n_l·A. The model dimensions and the device speed k only
-ever appear in these two products, so the fit takes them as free coefficients instead of deriving P and A:
-the profile's kv_bytes_per_token fixes n_l·A only up to the element size, and nothing in it fixes P (the
-projection width), so a derived P/A would be a guess. The three coefficients are fitted by non-negative
-least squares on `full_ms` over the curve's points, each first lowered to the least latency measured at
-it or any longer prefix: cost cannot fall as L grows and timing noise only ever adds, so that is still an
-upper bound on the true cost, and one stalled measurement (seen at the first point of a busy host) cannot
-flatten the whole curve. At the profile's own S and C, T is linear and Q is quadratic in L, so this is
-the quadratic fit a + b·L + c·L² of the measured curve with its coefficients tied to the formula; its
-extrapolation to another S and C follows the formula (with P/A as fitted).
+with per_token_ms = k·n_l·P and per_pair_ms = k·n_l·A. The model dimensions and the device speed k only ever
+appear in these two products, so the fit takes them as free coefficients instead of deriving P and A: the
+profile's kv_bytes_per_token fixes n_l·A only up to the element size, and nothing in it fixes P (the
+projection width), so a derived P/A would be a guess. The three coefficients are fitted by non-negative least
+squares on `full_ms` over the curve's points, each first lowered to the least latency measured at it or any
+longer prefix: cost cannot fall as L grows and timing noise only ever adds, so that is still an upper bound on
+the true cost, and one stalled measurement (seen at the first point of a busy host) cannot flatten the whole
+curve. The squares are of relative errors (each point weighted by 1/latency): the curve spans two orders of
+magnitude, and with absolute errors the longest points alone would set the fit while a prediction at the short
+end, where the trigger's break-even lies, could be off by half. At the profile's own S and C, T is linear and
+Q is quadratic in L, so this is the quadratic fit a + b·L + c·L² of the measured curve with its coefficients
+tied to the formula; its extrapolation to another S and C follows the formula (with P/A as fitted).
 Non-negative coefficients make every prediction monotone in L, S and C.
 
 The same form, with the tokens and pairs each path computes, models the other two paths (`Path`): a
 pre-inference computes the prefix alone (T = L, Q = L(L+1)/2), a cached rank only the short-term events
 and candidates against it (T = S + C, Q = S·L + S(S+1)/2 + C·(L+S+1)); each is fitted on its own column of
-the curve (`pre_infer_ms`, `rank_ms`). What relay saves a request is full - cached, and what it costs the
-ranker in the background is the pre-inference.
+the curve (`pre_infer_ms`, `rank_ms`). What it costs the ranker in the background is the pre-inference.
+
+What relay moves off a request's critical path is the prefix's own computation: F_full - F_cached = F_pre
+exactly, so it is the pre-inference path's `compute_ms`, its per-token and per-pair terms without the fixed
+cost of a model call (which a miss and a cached rank both pay once). It is one fitted quantity, so the
+trigger's gain test does not depend on the difference of two separately fitted curves, whose intercepts
+each carry their own warm-up noise.
 """
 
 from __future__ import annotations
@@ -96,12 +103,21 @@ class CostModel:
         features = np.array(
             [[1.0, *path.features(int(n), short_term_length, num_candidates)] for n in lengths]
         )
-        fixed, per_token, per_pair = _nonnegative_least_squares(features, latencies).tolist()
+        # Relative errors: each row divided by its latency (positive after the lowering, or 0 only when a
+        # path measured nothing at all, then weighted as 1 ms).
+        weights = 1.0 / np.maximum(latencies, 1e-3)
+        fixed, per_token, per_pair = _nonnegative_least_squares(
+            features * weights[:, None], latencies * weights
+        ).tolist()
         return cls(fixed_ms=fixed, per_token_ms=per_token, per_pair_ms=per_pair, path=path)
 
     def predict_ms(self, prefix_length: int, short_term_length: int, num_candidates: int) -> float:
+        return self.fixed_ms + self.compute_ms(prefix_length, short_term_length, num_candidates)
+
+    def compute_ms(self, prefix_length: int, short_term_length: int, num_candidates: int) -> float:
+        """The path's work on its tokens and pairs, without the fixed cost of a call."""
         tokens, pairs = self.path.features(prefix_length, short_term_length, num_candidates)
-        return self.fixed_ms + self.per_token_ms * tokens + self.per_pair_ms * pairs
+        return self.per_token_ms * tokens + self.per_pair_ms * pairs
 
 
 def _nonnegative_least_squares(features: np.ndarray, targets: np.ndarray) -> np.ndarray:

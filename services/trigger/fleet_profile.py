@@ -1,4 +1,5 @@
-"""What the trigger takes from the fleet's GetProfile answer: the three paths' cost models, the KV size,
+"""What the trigger takes from the fleet's GetProfile answer: the cost models of a miss and of the prefix's
+pre-inference (a cached rank's is not needed: what relay saves is the prefix's computation), the KV size,
 and the members of the router's ring (names and virtual nodes), so it can tell which ranker a user's
 PreInfer and Rank reach."""
 
@@ -14,8 +15,7 @@ from services.trigger.cost_model import CostModel, Path
 @dataclasses.dataclass(frozen=True)
 class FleetProfile:
     full: CostModel  # ranking without relay: what a miss costs
-    cached: CostModel  # a rank against a cached prefix
-    pre_infer: CostModel  # computing the prefix in the background
+    pre_infer: CostModel  # computing the prefix: in the background, and what relay saves a Rank
     kv_bytes_per_token: int
     model_version: str
     members: tuple[str, ...] = ()
@@ -41,7 +41,6 @@ class FleetProfile:
 
         return cls(
             full=fit(Path.FULL),
-            cached=fit(Path.CACHED),
             pre_infer=fit(Path.PRE_INFER),
             kv_bytes_per_token=response.kv_bytes_per_token,
             model_version=response.model_version,

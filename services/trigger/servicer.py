@@ -125,7 +125,7 @@ class TriggerService(trigger_pb2_grpc.TriggerServiceServicer):
             length=length,
             nbytes=length * profile.kv_bytes_per_token,
             miss_ms=miss_ms,
-            cached_ms=profile.cached.predict_ms(length, short, candidates),
+            gain_ms=profile.pre_infer.compute_ms(length, 0, 0),
             pre_infer_ms=profile.pre_infer.predict_ms(length, 0, 0),
         )
         decision = self.policy.decide(prefix)

@@ -46,14 +46,15 @@ def make(limits: Limits = LIMITS) -> tuple[AdmissionPolicy, FleetLoad, Clock]:
 
 
 def prefix(user: str, length: int = 2048, miss_ms: float = 40.0, seq: int = 0) -> Prefix:
-    """A prefix whose costs scale with its length like the model's: relay saves miss - 2 ms."""
+    """A prefix whose costs scale with its length like the model's: relay saves the miss but a cached
+    rank's 2 ms at 2048 events."""
     return Prefix(
         key=(user, length, seq),
         user_id=user,
         length=length,
         nbytes=length * 1024,
         miss_ms=miss_ms,
-        cached_ms=2.0 * length / 2048,
+        gain_ms=miss_ms - 2.0 * length / 2048,
         pre_infer_ms=miss_ms * 0.8,
     )
 
@@ -70,10 +71,10 @@ def user_on(fleet: FleetLoad, member: str, start: int = 0) -> str:
 def test_relay_is_admitted_when_it_pays_and_refused_when_it_does_not():
     policy, _, _ = make()
     assert policy.decide(prefix("long", miss_ms=40.0)).reason is Reason.ADMITTED
-    # The miss costs no more than the cached rank plus the round trip: 2.0 + 2.0 ms.
-    short = dataclasses.replace(prefix("short", length=64), miss_ms=4.0, cached_ms=2.0)
+    # The prefix's computation costs no more than the round trip (2.0 ms), however long the miss.
+    short = dataclasses.replace(prefix("short", length=64), miss_ms=30.0, gain_ms=2.0)
     assert policy.decide(short).reason is Reason.NO_GAIN
-    barely = dataclasses.replace(short, key="barely", miss_ms=4.01)
+    barely = dataclasses.replace(short, key="barely", gain_ms=2.01)
     assert policy.decide(barely).reason is Reason.ADMITTED
 
 
@@ -158,14 +159,14 @@ def test_under_pressure_the_shortest_prefixes_are_shed_first_and_must_relay_ones
     a = "ranker-a"
     users = iter(f"u{i}" for i in range(100_000) if fleet.target(f"u{i}") == a)
 
-    def tick(backlog_ms: float = 340.0, **fields) -> None:
+    def tick(leased_mib: float = 28.0, **fields) -> None:
         clock.now += LIMITS.adjust_s
-        fleet.observe(report(a, pre_infer_backlog_ms=backlog_ms, **fields))
+        fleet.observe(report(a, leased_bytes=int(leased_mib * MIB), **fields))
 
-    fleet.observe(report(a, pre_infer_backlog_ms=340.0))
+    fleet.observe(report(a, leased_bytes=28 * MIB))
     first = prefix(next(users))
-    assert policy.decide(first).admitted  # pressure (340 + 32) / 400 = 0.93, nothing shed yet
-    assert policy.pressure[Brake.BACKLOG] == pytest.approx(0.93)
+    assert policy.decide(first).admitted  # pressure (28 + 2) / 32 MiB = 0.94, nothing shed yet
+    assert policy.pressure[Brake.HBM] == pytest.approx(30 / 32)
     policy.answered(first.key, a, held=True)
     tick()
     assert policy.decide(prefix(next(users), length=64, miss_ms=10.0)).reason is Reason.SHED_SHORT
@@ -174,29 +175,45 @@ def test_under_pressure_the_shortest_prefixes_are_shed_first_and_must_relay_ones
         tick()
         policy.decide(prefix(next(users), length=64, miss_ms=10.0))
     assert policy.threshold_events == 2048
-    fleet.observe(report(a, pre_infer_backlog_ms=300.0))
+    fleet.observe(report(a, leased_bytes=26 * MIB))
     assert policy.decide(prefix(next(users), length=1024, miss_ms=20.0)).reason is Reason.SHED_SHORT
     assert policy.decide(prefix(next(users), length=4096, miss_ms=60.0)).admitted
     # A request whose queue wait plus miss exceeds the SLO is exempt from shedding.
-    fleet.observe(report(a, pre_infer_backlog_ms=250.0, rank_backlog_ms=90.0))
+    fleet.observe(report(a, leased_bytes=20 * MIB, rank_backlog_ms=90.0))
     urgent = policy.decide(prefix(next(users), length=1024, miss_ms=20.0))
     assert (urgent.reason, urgent.must_relay) == (Reason.ADMITTED, True)
     # The pressure lifts: after one more rise for the interval that was still pressed, the threshold
     # falls back step by step, to nothing.
     thresholds = []
     for _ in range(7):
-        tick(backlog_ms=0.0)
+        tick(leased_mib=0.0)
         policy.decide(prefix(next(users), length=64, miss_ms=10.0))
         thresholds.append(policy.threshold_events)
     assert thresholds == [4096, 2048, 1024, 512, 256, 0, 0]
     assert policy.decide(prefix(next(users), length=300, miss_ms=10.0)).admitted
 
 
+def test_a_pre_inference_backlog_sheds_nothing_and_refuses_only_beyond_its_limit():
+    # A prefix queued behind others is still computed off the critical path, or joined by its Rank: the
+    # backlog never raises the shedding threshold, which would only turn those relays into misses.
+    policy, fleet, clock = make()
+    a = "ranker-a"
+    users = iter(f"u{i}" for i in range(100_000) if fleet.target(f"u{i}") == a)
+    for _ in range(5):
+        clock.now += LIMITS.adjust_s
+        fleet.observe(report(a, pre_infer_backlog_ms=360.0))
+        decision = policy.decide(prefix(next(users), length=64, miss_ms=10.0))
+        assert decision.reason is Reason.ADMITTED
+        assert policy.pressure[Brake.BACKLOG] >= LIMITS.high_water  # 360 ms + the admitted 8 ms each
+    assert policy.threshold_events == 0
+    assert policy.decide(prefix(next(users), miss_ms=60.0)).reason is Reason.BACKLOG_LIMIT  # 360+40+48 > 400
+
+
 def test_admit_all_skips_the_gain_test_and_every_brake():
     policy, fleet, _ = make(dataclasses.replace(LIMITS, admit_all=True))
     a = "ranker-a"
     fleet.observe(report(a, leased_bytes=64 * MIB, pre_infer_backlog_ms=10_000.0))
-    short = dataclasses.replace(prefix(user_on(fleet, a), length=8), miss_ms=1.0, cached_ms=1.0)
+    short = dataclasses.replace(prefix(user_on(fleet, a), length=8), miss_ms=1.0, gain_ms=0.01)
     assert policy.decide(short).admitted
     assert policy.decide(short).reason is Reason.DUPLICATE
 

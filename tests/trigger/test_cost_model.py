@@ -60,8 +60,21 @@ def test_a_stalled_short_measurement_does_not_flatten_the_curve():
     points[0] = (points[0][0], 150.0)  # the first point stalled behind another process
     fitted = CostModel.fit(points, PROFILE_S, PROFILE_C)
     longest = fitted.predict_ms(8192, PROFILE_S, PROFILE_C)
-    assert longest == pytest.approx(true.predict_ms(8192, PROFILE_S, PROFILE_C), rel=0.02)
+    # The stalled point, lowered to the next one's latency, is one wrong point of four in relative terms.
+    assert longest == pytest.approx(true.predict_ms(8192, PROFILE_S, PROFILE_C), rel=0.05)
     assert longest > 10 * fitted.predict_ms(128, PROFILE_S, PROFILE_C)
+
+
+@pytest.mark.parametrize("noise", [0.90, 0.94, 1.06, 1.10])
+def test_noise_at_a_long_point_barely_moves_the_prefix_work_at_the_short_end(noise: float):
+    # The trigger's break-even lies at a few hundred events. With absolute errors a 6 % stall at 2048 moved
+    # the fitted prefix work at 256 by a third (the long points' squares are a thousand times larger), and
+    # the break-even with it; relative errors keep it within a few percent.
+    true = CostModel(fixed_ms=0.3, per_token_ms=4e-3, per_pair_ms=1.1e-5, path=Path.PRE_INFER)
+    points = [(n, true.predict_ms(n, 0, 0) * (noise if n == 2048 else 1.0)) for n in (128, 512, 2048, 4096)]
+    fitted = CostModel.fit(points, 0, 0, Path.PRE_INFER)
+    for n in (256, 512):
+        assert fitted.compute_ms(n, 0, 0) == pytest.approx(true.compute_ms(n, 0, 0), rel=0.03)
 
 
 def test_prediction_is_monotone_in_length_short_term_and_candidates():
@@ -107,17 +120,20 @@ def test_each_path_is_fitted_on_its_own_column_with_its_own_work():
         ],
     )
     profile = FleetProfile.from_response(response)
-    for path, model in ((Path.FULL, profile.full), (Path.PRE_INFER, profile.pre_infer),
-                        (Path.CACHED, profile.cached)):  # fmt: skip
+    cached = CostModel.fit(
+        [(p.prefix_length, p.rank_ms) for p in response.latency_curve], PROFILE_S, PROFILE_C, Path.CACHED
+    )
+    paths = ((Path.FULL, profile.full), (Path.PRE_INFER, profile.pre_infer), (Path.CACHED, cached))
+    for path, model in paths:
         assert model.path is path
         for n in (300, 4096):
             assert model.predict_ms(n, PROFILE_S, PROFILE_C) == pytest.approx(measured(path, n), rel=1e-6)
     # What relay saves is the prefix's own work (its projections and causal pairs), and nothing else.
     n = 4096
-    saved = profile.full.predict_ms(n, PROFILE_S, PROFILE_C) - profile.cached.predict_ms(
-        n, PROFILE_S, PROFILE_C
-    )
+    saved = profile.full.predict_ms(n, PROFILE_S, PROFILE_C) - cached.predict_ms(n, PROFILE_S, PROFILE_C)
     assert saved == pytest.approx(true.per_token_ms * n + true.per_pair_ms * n * (n + 1) / 2, rel=1e-6)
+    # ... which the pre-inference path's compute alone predicts: the trigger's gain is that one fit.
+    assert profile.pre_infer.compute_ms(n, 0, 0) == pytest.approx(saved, rel=1e-6)
     assert (profile.members, profile.virtual_nodes, profile.kv_bytes_per_token) == (
         ("ranker-b", "ranker-a"), 40, 512,
     )  # fmt: skip

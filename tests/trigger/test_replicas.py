@@ -81,7 +81,7 @@ def test_two_triggers_on_stale_reports_lease_one_share_only_when_they_split_it(r
 
 def no_gain(user: str):
     """A prefix refused before any brake; deciding it only lets the policy expire what is due."""
-    return dataclasses.replace(prefix(user, length=64), miss_ms=3.0, cached_ms=2.0)
+    return dataclasses.replace(prefix(user, length=64), miss_ms=3.0, gain_ms=1.0)
 
 
 def test_a_triggers_own_holding_ends_with_its_window_and_with_a_report_of_consumed_leases():
