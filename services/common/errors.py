@@ -1,6 +1,6 @@
 """Domain errors that carry their gRPC status code.
 
-Handlers raise these; the shared server interceptor (`interceptor.ServerInterceptor`) turns them into the
+Handlers raise these; the shared server interceptor (`interceptor.instrument`) turns them into the
 status code in one place, so servicers stay free of transport details and can be tested without a server.
 """
 

@@ -1,11 +1,18 @@
 """The server interceptor every service runs: standard gRPC server metrics with true status codes, and
-domain errors mapped to their status codes."""
+domain errors mapped to their status codes.
+
+It intercepts at registration rather than per call: `Interceptor` stands in for the server while a service
+registers its handlers, and wraps each unary handler once, with the metric series of its method bound
+then. A `grpc.aio.ServerInterceptor` would instead run a coroutine per call to find the handler, wrap it
+anew and look every label up again, about 30 µs of CPU a call.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -21,64 +28,114 @@ def _split_method(full_method: str) -> tuple[str, str]:
     return service, method
 
 
-class ServerInterceptor(grpc.aio.ServerInterceptor):
-    """Records the standard gRPC server metrics with true status codes, and maps domain errors.
+class Interceptor:
+    """Registers handlers on `server`, each unary one wrapped by `instrument`; what a service's `register`
+    is given in place of the server (it takes the two registration calls that generated code makes)."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(tuple(_InstrumentedGeneric(handler) for handler in handlers))
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]
+    ) -> None:
+        instrumented = {method: instrument(handler, service, method) for method, handler in handlers.items()}
+        self._server.add_registered_method_handlers(service, instrumented)
+
+
+class _InstrumentedGeneric(grpc.GenericRpcHandler):
+    """A generic handler whose unary handlers come instrumented, each wrapped once (per method)."""
+
+    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+        self._inner = inner
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        handler = self._inner.service(handler_call_details)
+        if handler is None:
+            return None
+        full_method = handler_call_details.method
+        known = self._wrapped.get(full_method)
+        if known is None or known[0] is not handler:  # a generic handler may answer anew each call
+            known = self._wrapped[full_method] = (handler, instrument(handler, *_split_method(full_method)))
+        return known[1]
+
+
+def instrument(handler: grpc.RpcMethodHandler, service: str, method: str) -> grpc.RpcMethodHandler:
+    """`handler` recording the standard gRPC server metrics with true status codes, and mapping errors.
 
     `RequestError`s become their status code; errors from a downstream call (`AioRpcError`) keep their
     code, so a proxy never turns UNAVAILABLE into UNKNOWN. Requests are parsed here rather than by gRPC,
     whose own parse failure would answer UNKNOWN: bytes that are no valid request are INVALID_ARGUMENT.
-    Cancellation is reported as CANCELLED, or DEADLINE_EXCEEDED when the deadline has passed.
+    Cancellation is reported as CANCELLED, or DEADLINE_EXCEEDED when the deadline has passed. Streaming
+    handlers (health Watch, reflection) are returned as they are: not instrumented.
     """
+    if handler.unary_unary is None:
+        return handler
+    behavior = handler.unary_unary
+    parse = handler.request_deserializer
+    started_total = GRPC_STARTED.labels("unary", service, method)
+    seconds = GRPC_HANDLING_SECONDS.labels("unary", service, method)
+    handled = _HandledCounters(service, method)
 
-    async def intercept_service(self, continuation, handler_call_details):
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler  # streaming RPCs (health Watch, reflection) are not instrumented
-        service, method = _split_method(handler_call_details.method)
-        behavior = handler.unary_unary
-        parse = handler.request_deserializer
-
-        async def instrumented(request, context: grpc.aio.ServicerContext):
-            GRPC_STARTED.labels("unary", service, method).inc()
-            started = time.perf_counter()
-            code = grpc.StatusCode.OK
-            try:
-                if parse is not None:
-                    request = _parse(parse, request)
-                return await behavior(request, context)
-            except RequestError as exc:
-                code = exc.code
-                await context.abort(exc.code, exc.message)
-            except grpc.aio.AioRpcError as exc:
-                code = exc.code()
-                await context.abort(code, exc.details() or code.name)
-            except asyncio.CancelledError:
-                remaining = context.time_remaining()
-                expired = remaining is not None and remaining <= 0
-                code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
-                raise
-            except grpc.aio.AbortError:
-                code = context.code() or grpc.StatusCode.UNKNOWN
-                raise
-            except Exception:
-                log.exception("unhandled error in %s/%s", service, method)
-                code = grpc.StatusCode.INTERNAL
-                await context.abort(code, "internal error")
-            finally:
+    async def instrumented(request, context: grpc.aio.ServicerContext):
+        started_total.inc()
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            if parse is not None:
+                request = _parse(parse, request)
+            return await behavior(request, context)
+        except RequestError as exc:
+            code = exc.code
+            await context.abort(exc.code, exc.message)
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            await context.abort(code, exc.details() or code.name)
+        except asyncio.CancelledError:
+            remaining = context.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+            raise
+        except grpc.aio.AbortError:
+            code = context.code() or grpc.StatusCode.UNKNOWN
+            raise
+        except Exception:
+            log.exception("unhandled error in %s/%s", service, method)
+            code = grpc.StatusCode.INTERNAL
+            await context.abort(code, "internal error")
+        finally:
+            if code == grpc.StatusCode.OK:
                 set_code = context.code()
-                if code == grpc.StatusCode.OK and set_code not in (None, grpc.StatusCode.OK):
+                if set_code not in (None, grpc.StatusCode.OK):
                     code = set_code
-                GRPC_HANDLED.labels("unary", service, method, code.name).inc()
-                GRPC_HANDLING_SECONDS.labels("unary", service, method).observe(time.perf_counter() - started)
+            handled(code).inc()
+            seconds.observe(time.perf_counter() - started)
 
-        return grpc.unary_unary_rpc_method_handler(
-            instrumented,
-            request_deserializer=None,
-            response_serializer=handler.response_serializer,
-        )
+    return grpc.unary_unary_rpc_method_handler(
+        instrumented,
+        request_deserializer=None,
+        response_serializer=handler.response_serializer,
+    )
 
 
-def _parse(deserialize, raw: bytes):
+class _HandledCounters:
+    """`grpc_server_handled_total` of one method, by code: each code's series looked up once."""
+
+    def __init__(self, service: str, method: str) -> None:
+        self._labels = ("unary", service, method)
+        self._by_code: dict[grpc.StatusCode, object] = {}
+
+    def __call__(self, code: grpc.StatusCode):
+        counter = self._by_code.get(code)
+        if counter is None:
+            counter = self._by_code[code] = GRPC_HANDLED.labels(*self._labels, code.name)
+        return counter
+
+
+def _parse(deserialize: Callable[[bytes], object], raw: bytes):
     try:
         return deserialize(raw)
     except DecodeError as exc:

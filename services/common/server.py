@@ -35,7 +35,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from services.common.config import ServiceConfig, load
-from services.common.interceptor import ServerInterceptor
+from services.common.interceptor import Interceptor
 from services.common.logs import setup_logging
 from services.common.metrics import SERVING
 
@@ -121,15 +121,17 @@ class GrpcServer:
         self,
         config: ServiceConfig,
         service_name: str,
-        register: Callable[[grpc.aio.Server], None],
+        register: Callable[[Interceptor], None],
         on_drain: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.config = config
         self.service_name = service_name
-        self.server = grpc.aio.server(interceptors=[ServerInterceptor()], options=grpc_options(config))
-        register(self.server)
+        self.server = grpc.aio.server(options=grpc_options(config))
+        instrumented = Interceptor(self.server)
+        register(instrumented)
         self.health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, instrumented)
+        # Reflection streams, which are not instrumented; it must see the aio server itself.
         reflection.enable_server_reflection(
             (service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )

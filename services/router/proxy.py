@@ -42,6 +42,7 @@ from relaygr.v1 import ranker_pb2, routing_pb2
 from services.common import validation
 from services.common.contract import RANKER_SERVICE, method_path
 from services.common.errors import DeadlineExceeded, InvalidArgument
+from services.common.interceptor import Interceptor
 from services.router.membership import Member
 from services.router.metrics import ROUTER_DECISIONS, ROUTER_INFLIGHT
 from services.router.routing import Route, RoutingPolicy
@@ -71,7 +72,7 @@ class RankerProxy:
         self._margin_s = deadline_margin_ms / 1000
         self._default_timeout_s = default_timeout_ms / 1000
 
-    def register(self, server: grpc.aio.Server) -> None:
+    def register(self, server: Interceptor) -> None:
         # No (de)serializers: the handlers receive and return the wire bytes.
         handlers = {
             "PreInfer": grpc.unary_unary_rpc_method_handler(self.pre_infer),

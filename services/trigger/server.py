@@ -15,6 +15,7 @@ import grpc
 
 from relaygr.v1 import ranker_pb2, ranker_pb2_grpc, trigger_pb2_grpc
 from services.common.contract import TRIGGER_SERVICE
+from services.common.interceptor import Interceptor
 from services.common.server import GrpcServer, dial
 from services.trigger.config import TriggerConfig
 from services.trigger.fleet_profile import FleetProfile
@@ -32,7 +33,7 @@ class TriggerServer:
         self.grpc = GrpcServer(config, TRIGGER_SERVICE, self._register)
         self._profile_task: asyncio.Task | None = None
 
-    def _register(self, server: grpc.aio.Server) -> None:
+    def _register(self, server: Interceptor) -> None:
         trigger_pb2_grpc.add_TriggerServiceServicer_to_server(self.service, server)
 
     @property

@@ -103,3 +103,33 @@ def test_cancellation_is_recorded_as_cancelled():
             await server.server.stop(None)
 
     asyncio.run(scenario())
+
+
+def test_handlers_registered_by_generated_code_are_instrumented():
+    """Generated code registers each method twice (generic and pre-registered, which gRPC prefers): both
+    are wrapped, so health Check counts, and bytes that are no request are INVALID_ARGUMENT."""
+
+    async def scenario():
+        server = GrpcServer(ServiceConfig(port=0, metrics_port=-1), SERVICE, register)
+        await server.start()
+        await server.set_serving()
+        labels = {"grpc_type": "unary", "grpc_service": "grpc.health.v1.Health", "grpc_method": "Check"}
+
+        def count(code: str) -> float:
+            sample = REGISTRY.get_sample_value("grpc_server_handled_total", {**labels, "grpc_code": code})
+            return sample or 0.0
+
+        ok, invalid = count("OK"), count("INVALID_ARGUMENT")
+        try:
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                check = channel.unary_unary("/grpc.health.v1.Health/Check")
+                assert await check(b"") == b"\x08\x01"  # status: SERVING
+                with pytest.raises(grpc.aio.AioRpcError) as error:
+                    await check(b"\xff")
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert error.value.details().startswith("request: is not a valid protobuf message")
+            assert (count("OK"), count("INVALID_ARGUMENT")) == (ok + 1, invalid + 1)
+        finally:
+            await server.server.stop(None)
+
+    asyncio.run(scenario())
