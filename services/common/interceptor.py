@@ -18,7 +18,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from services.common.errors import InvalidArgument, RequestError
-from services.common.metrics import GRPC_HANDLED, GRPC_HANDLING_SECONDS, GRPC_STARTED
+from services.common.metrics import GRPC_HANDLED, GRPC_HANDLING_SECONDS, GRPC_STARTED, Children
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def instrument(handler: grpc.RpcMethodHandler, service: str, method: str) -> grp
     parse = handler.request_deserializer
     started_total = GRPC_STARTED.labels("unary", service, method)
     seconds = GRPC_HANDLING_SECONDS.labels("unary", service, method)
-    handled = _HandledCounters(service, method)
+    handled = Children(GRPC_HANDLED)
 
     async def instrumented(request, context: grpc.aio.ServicerContext):
         started_total.inc()
@@ -111,7 +111,7 @@ def instrument(handler: grpc.RpcMethodHandler, service: str, method: str) -> grp
                 set_code = context.code()
                 if set_code not in (None, grpc.StatusCode.OK):
                     code = set_code
-            handled(code).inc()
+            handled("unary", service, method, code.name).inc()
             seconds.observe(time.perf_counter() - started)
 
     return grpc.unary_unary_rpc_method_handler(
@@ -119,20 +119,6 @@ def instrument(handler: grpc.RpcMethodHandler, service: str, method: str) -> grp
         request_deserializer=None,
         response_serializer=handler.response_serializer,
     )
-
-
-class _HandledCounters:
-    """`grpc_server_handled_total` of one method, by code: each code's series looked up once."""
-
-    def __init__(self, service: str, method: str) -> None:
-        self._labels = ("unary", service, method)
-        self._by_code: dict[grpc.StatusCode, object] = {}
-
-    def __call__(self, code: grpc.StatusCode):
-        counter = self._by_code.get(code)
-        if counter is None:
-            counter = self._by_code[code] = GRPC_HANDLED.labels(*self._labels, code.name)
-        return counter
 
 
 def _parse(deserialize: Callable[[bytes], object], raw: bytes):

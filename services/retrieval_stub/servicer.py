@@ -42,11 +42,15 @@ from relaygr.v1 import (
 )
 from services.common import validation
 from services.common.contract import cache_source_label
+from services.common.metrics import Children
 from services.retrieval_stub import metrics
 from services.retrieval_stub.config import RetrievalStubConfig
 from services.retrieval_stub.universe import UserUniverse
 
 log = logging.getLogger(__name__)
+
+_LATENCY = Children(metrics.RECOMMEND_LATENCY)
+_RECOMMENDS = Children(metrics.RECOMMENDS)
 
 
 def top_k_order(scores: np.ndarray, k: int) -> np.ndarray:
@@ -125,9 +129,9 @@ class RecommendService(recommend_pb2_grpc.RecommendServiceServicer):
 
         scores = np.asarray(ranked.scores, dtype=np.float32)
         best = top_k_order(scores, top_k)
-        metrics.RECOMMEND_LATENCY.labels("rank").observe(rank_seconds)
-        metrics.RECOMMEND_LATENCY.labels("total").observe(time.perf_counter() - started)
-        metrics.RECOMMENDS.labels(cache_source_label(ranked.cache_source)).inc()
+        _LATENCY("rank").observe(rank_seconds)
+        _LATENCY("total").observe(time.perf_counter() - started)
+        _RECOMMENDS(cache_source_label(ranked.cache_source)).inc()
         return recommend_pb2.RecommendResponse(
             item_ids=candidates[best].tolist(),
             scores=scores[best].tolist(),

@@ -43,6 +43,7 @@ from services.common import validation
 from services.common.contract import RANKER_SERVICE, method_path
 from services.common.errors import DeadlineExceeded, InvalidArgument
 from services.common.interceptor import Interceptor
+from services.common.metrics import Children
 from services.router.membership import Member
 from services.router.metrics import ROUTER_DECISIONS, ROUTER_INFLIGHT
 from services.router.routing import Route, RoutingPolicy
@@ -52,6 +53,8 @@ from services.router.routing import Route, RoutingPolicy
 HEDGE_AT = 0.5
 # Codes of a forward the member did not answer: no connection, our own deadline, or our cancellation.
 NO_ANSWER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+# (ROUTER_INFLIGHT's series are not kept: the membership removes a departed member's.)
+_DECISIONS = Children(ROUTER_DECISIONS)
 
 
 def routing_key(request: bytes) -> routing_pb2.RoutingKey:
@@ -124,7 +127,7 @@ class RankerProxy:
     def _send(
         self, route: Route, method: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> asyncio.Task[bytes]:
-        ROUTER_DECISIONS.labels(method, route.decision.value).inc()
+        _DECISIONS(method, route.decision.value).inc()
         return self._forward(route.member, method, request, context)
 
     def _forward(

@@ -28,7 +28,7 @@ from relaygr.v1 import ranker_pb2, trigger_pb2, trigger_pb2_grpc
 from services.common import validation
 from services.common.contract import RANKER_SERVICE, method_path
 from services.common.errors import InvalidArgument, Unavailable
-from services.common.metrics import precreate
+from services.common.metrics import Children, precreate
 from services.trigger.admission import AdmissionPolicy, Brake, Decision, Limits, Prefix, Reason
 from services.trigger.config import TriggerConfig
 from services.trigger.fleet_load import FleetLoad
@@ -59,6 +59,10 @@ _HELD_OUTCOMES = frozenset(
         ranker_pb2.PRE_INFER_OUTCOME_RELOADED,
     }
 )
+
+_DECISIONS = Children(TRIGGER_DECISIONS)
+_MUST_RELAY = Children(TRIGGER_MUST_RELAY)
+_BRAKE_PRESSURE = Children(TRIGGER_BRAKE_PRESSURE)
 
 PreInferCall = Callable[..., Awaitable[ranker_pb2.PreInferResponse]]
 
@@ -169,11 +173,11 @@ class TriggerService(trigger_pb2_grpc.TriggerServiceServicer):
 
     def _answer(self, decision: Decision) -> trigger_pb2.AdmitResponse:
         verdict = "admit" if decision.admitted else "reject"
-        TRIGGER_DECISIONS.labels(verdict, decision.reason.name.lower()).inc()
+        _DECISIONS(verdict, decision.reason.name.lower()).inc()
         if decision.must_relay:
-            TRIGGER_MUST_RELAY.labels(verdict).inc()
+            _MUST_RELAY(verdict).inc()
         for brake, pressure in self.policy.pressure.items():
-            TRIGGER_BRAKE_PRESSURE.labels(brake.value).set(pressure)
+            _BRAKE_PRESSURE(brake.value).set(pressure)
         TRIGGER_SHED_THRESHOLD.set(self.policy.threshold_events)
         return trigger_pb2.AdmitResponse(
             admitted=decision.admitted,
