@@ -5,7 +5,7 @@ from `ServiceConfig` (the settings every service shares). `load()`
 turns that dataclass into an argparse parser where each field `foo_bar` becomes `--foo-bar`, whose
 default is read from `RELAYGR_FOO_BAR` when set and from the field's documented default otherwise.
 Precedence: command-line flag > environment variable > default. `markdown_table()` renders the same
-declarations for the README, so the documentation cannot drift from the code.
+declarations for docs/configuration.md, so the documentation cannot drift from the code.
 """
 
 from __future__ import annotations
