@@ -30,14 +30,14 @@ import numpy as np
 import torch
 
 from services.common.config import load, setting
-from services.ranker.copier import TierCopier
-from services.ranker.device import Accelerator, select_device, synchronize
-from services.ranker.events import Events
-from services.ranker.host_pool import HostPool
-from services.ranker.model import HSTURanker
-from services.ranker.presets import PRESETS, get_preset
-from services.ranker.runner import ModelRunner
-from services.ranker.scheduler import Scheduler
+from services.ranker.device.accelerator import Accelerator, select_device, synchronize
+from services.ranker.device.copier import TierCopier
+from services.ranker.device.host_pool import HostPool
+from services.ranker.engine.runner import ModelRunner
+from services.ranker.engine.scheduler import Scheduler
+from services.ranker.model.events import Events
+from services.ranker.model.hstu import HSTURanker
+from services.ranker.model.presets import PRESETS, get_preset
 
 
 @dataclasses.dataclass(frozen=True)

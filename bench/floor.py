@@ -28,9 +28,9 @@ from bench.stats import percentile
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.ranker.app import build_model
 from services.ranker.config import RankerConfig
-from services.ranker.latency_curve import LatencyPoint, measure
-from services.ranker.runner import ModelRunner
-from services.ranker.scheduler import Scheduler
+from services.ranker.engine.latency_curve import LatencyPoint, measure
+from services.ranker.engine.runner import ModelRunner
+from services.ranker.engine.scheduler import Scheduler
 
 RPC_TIMEOUT_S = 60.0
 

@@ -4,7 +4,9 @@ module named to `importlib.import_module`, in services/, bench/ and tools/):
 - `services/common` is shared plumbing: it imports no service;
 - services talk to each other over gRPC only: no service imports another service;
 - the launcher, the load generator, `bench/` and `tools/` build processes from flags and speak gRPC: they
-  import no servicer, proxy or data-plane module of a service.
+  import no servicer, proxy or data-plane module of a service;
+- the ranker's packages are layers, `model` < `device` < `engine` < `cache` < its top-level modules: a
+  package imports only from the layers below it (and the leaf `metrics`), so a Rank's walk reads top-down.
 """
 
 from __future__ import annotations
@@ -72,6 +74,38 @@ def violations() -> list[str]:
 
 def test_the_dependency_rules_hold() -> None:
     assert violations() == []
+
+
+RANKER_LAYERS = ("model", "device", "engine", "cache")
+
+
+def layer_violations(root: Path) -> list[str]:
+    """Each ranker package's imports of a higher layer or a top-level module, by the package reached."""
+    found: set[str] = set()
+    for rank, layer in enumerate(RANKER_LAYERS):
+        allowed = {*RANKER_LAYERS[: rank + 1], "metrics"}
+        for path in (root / "services" / "ranker" / layer).rglob("*.py"):
+            for module in imports(path):
+                parts = module.split(".")
+                if parts[:2] == ["services", "ranker"] and len(parts) > 2 and parts[2] not in allowed:
+                    found.add(f"{path.relative_to(root)} imports services.ranker.{parts[2]}")
+    return sorted(found)
+
+
+def test_the_ranker_layers_import_only_downwards() -> None:
+    assert layer_violations(ROOT) == []
+
+
+def test_the_layer_rule_catches_an_upward_import(tmp_path: Path) -> None:
+    for layer in RANKER_LAYERS:
+        (tmp_path / "services" / "ranker" / layer).mkdir(parents=True)
+    (tmp_path / "services" / "ranker" / "engine" / "ok.py").write_text(
+        "from services.ranker.device.accelerator import Accelerator\nfrom services.ranker import metrics\n"
+    )
+    (tmp_path / "services" / "ranker" / "model" / "bad.py").write_text(
+        "from services.ranker.cache import x\n"
+    )
+    assert layer_violations(tmp_path) == ["services/ranker/model/bad.py imports services.ranker.cache"]
 
 
 @pytest.mark.parametrize(

@@ -17,20 +17,20 @@ from services.common.metrics import enum_labels, precreate
 from services.common.server import GrpcServer
 from services.ranker import metrics
 from services.ranker.budgets import parameter_bytes, resolve_budgets
+from services.ranker.cache.prefix_cache import Kind, PrefixCache, Source
+from services.ranker.cache.tiers import POLICIES, Tier
 from services.ranker.config import RankerConfig
-from services.ranker.copier import TierCopier
 from services.ranker.dataplane import DataPlane
-from services.ranker.device import Accelerator, select_device
-from services.ranker.host_pool import HostPool
-from services.ranker.latency_curve import LatencyCurve
-from services.ranker.load import LoadBook
-from services.ranker.model import HSTURanker
-from services.ranker.prefix_cache import Kind, PrefixCache, Source
-from services.ranker.presets import get_preset
-from services.ranker.runner import ModelRunner
-from services.ranker.scheduler import Op, Scheduler
+from services.ranker.device.accelerator import Accelerator, select_device
+from services.ranker.device.copier import TierCopier
+from services.ranker.device.host_pool import HostPool
+from services.ranker.engine.latency_curve import LatencyCurve
+from services.ranker.engine.load import LoadBook
+from services.ranker.engine.runner import ModelRunner
+from services.ranker.engine.scheduler import Op, Scheduler
+from services.ranker.model.hstu import HSTURanker
+from services.ranker.model.presets import get_preset
 from services.ranker.servicer import RankerServicer
-from services.ranker.tiers import POLICIES, Tier
 
 log = logging.getLogger("services.ranker")
 MIB = 1024 * 1024

@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 from services.ranker.config import RankerConfig
-from services.ranker.device import backend
-from services.ranker.presets import ModelPreset, get_preset
+from services.ranker.device.accelerator import backend
+from services.ranker.model.presets import ModelPreset, get_preset
 
 log = logging.getLogger("services.ranker")
 MIB = 1024 * 1024

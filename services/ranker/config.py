@@ -8,8 +8,8 @@ import socket
 from services.common import validation
 from services.common.config import ServiceConfig, setting
 from services.common.errors import InvalidArgument
-from services.ranker.presets import PRESETS, get_preset
-from services.ranker.tiers import POLICIES
+from services.ranker.cache.tiers import POLICIES
+from services.ranker.model.presets import PRESETS, get_preset
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,13 +24,13 @@ from relaygr.v1 import common_pb2, ranker_pb2
 from services.common.errors import DeadlineExceeded, ResourceExhausted
 from services.common.metrics import enum_label
 from services.ranker import metrics
+from services.ranker.cache.prefix_cache import PrefixCache, Source
 from services.ranker.config import RankerConfig
-from services.ranker.events import Events
-from services.ranker.latency_curve import LatencyCurve, measure
-from services.ranker.load import LoadReport
-from services.ranker.prefix_cache import PrefixCache, Source
-from services.ranker.runner import ModelRunner
-from services.ranker.scheduler import FOR_RANKS, Op, Priority, Scheduler
+from services.ranker.engine.latency_curve import LatencyCurve, measure
+from services.ranker.engine.load import LoadReport
+from services.ranker.engine.runner import ModelRunner
+from services.ranker.engine.scheduler import FOR_RANKS, Op, Priority, Scheduler
+from services.ranker.model.events import Events
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from services.common import validation
 from services.common.errors import Unavailable
 from services.ranker.config import RankerConfig
 from services.ranker.dataplane import DataPlane
-from services.ranker.events import Events
+from services.ranker.model.events import Events
 
 
 class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bench import accelerator
-from services.ranker.presets import get_preset
+from services.ranker.model.presets import get_preset
 
 
 def test_the_accelerator_bench_measures_every_figure_on_cpu(tmp_path, capsys):

@@ -17,7 +17,7 @@ from bench.experiments import Bench, Plan
 from bench.floor import CachedRankPoint
 from bench.workload import Universe
 from relaygr.v1 import common_pb2
-from services.ranker.latency_curve import LatencyPoint
+from services.ranker.engine.latency_curve import LatencyPoint
 from tests.bench.synthetic import point
 
 CONFIG = dataclasses.replace(BenchConfig(), profile="full")

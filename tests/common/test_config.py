@@ -80,8 +80,8 @@ def test_every_declared_bound_refuses_a_value_outside_it_naming_the_flag(cls, fi
 
 
 def test_choices_come_from_the_registries_they_name():
-    from services.ranker.presets import PRESETS
-    from services.ranker.tiers import POLICIES
+    from services.ranker.cache.tiers import POLICIES
+    from services.ranker.model.presets import PRESETS
     from services.router.config import ROUTING_POLICIES, RouterConfig
 
     fields = {f.name: f for f in dataclasses.fields(RankerConfig)}

@@ -19,7 +19,7 @@ from relaygr.v1 import ranker_pb2, recommend_pb2, trigger_pb2  # noqa: F401 - re
 from services.common import validation
 from services.loadgen.ghz_config import PATH_KEYS, load_ghz_config
 from services.ranker.config import RankerConfig
-from services.ranker.presets import get_preset
+from services.ranker.model.presets import get_preset
 from tests.deploy.manifests import DEPLOY, REPO_ROOT, containers, named, objects, of_kind, pod_spec
 
 LOADTEST = DEPLOY / "loadtest"

@@ -15,12 +15,12 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from services.ranker.device import Accelerator
-from services.ranker.events import Events
-from services.ranker.model import CachedRank, HSTURanker
-from services.ranker.presets import get_preset
-from services.ranker.runner import ModelRunner
-from services.ranker.scheduler import Priority, Scheduler
+from services.ranker.device.accelerator import Accelerator
+from services.ranker.engine.runner import ModelRunner
+from services.ranker.engine.scheduler import Priority, Scheduler
+from services.ranker.model.events import Events
+from services.ranker.model.hstu import CachedRank, HSTURanker
+from services.ranker.model.presets import get_preset
 
 CUDA = torch.device("cuda")
 # bf16 keeps 8 bits of mantissa: scores in (0, 1) agree to a few units of 2^-8 between two exact-in-fp32

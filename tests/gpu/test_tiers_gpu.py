@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from services.ranker.copier import TierCopier
-from services.ranker.device import Accelerator
-from services.ranker.host_pool import HostPool
-from services.ranker.model import PrefixKV
-from services.ranker.presets import get_preset
+from services.ranker.device.accelerator import Accelerator
+from services.ranker.device.copier import TierCopier
+from services.ranker.device.host_pool import HostPool
+from services.ranker.model.prefix_kv import PrefixKV
+from services.ranker.model.presets import get_preset
 
 CUDA = torch.device("cuda")
 DLRM = get_preset("gpu-dlrmv3")

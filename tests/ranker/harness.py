@@ -12,10 +12,10 @@ from prometheus_client import REGISTRY
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.ranker.app import RankerApp
+from services.ranker.cache.prefix_cache import Source
 from services.ranker.config import RankerConfig
-from services.ranker.device import Accelerator
-from services.ranker.events import Events
-from services.ranker.prefix_cache import Source
+from services.ranker.device.accelerator import Accelerator
+from services.ranker.model.events import Events
 
 BASE = RankerConfig(
     host="127.0.0.1",

@@ -27,8 +27,8 @@ from services.ranker.budgets import (
     working_set_bytes,
 )
 from services.ranker.config import RankerConfig
-from services.ranker.model import HSTURanker
-from services.ranker.presets import PRESETS, get_preset
+from services.ranker.model.hstu import HSTURanker
+from services.ranker.model.presets import PRESETS, get_preset
 from tests.ranker.harness import BASE
 
 MIB = 1024 * 1024

@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from relaygr.v1 import common_pb2, ranker_pb2
-from services.ranker.events import Events
-from services.ranker.latency_curve import LatencyPoint
+from services.ranker.engine.latency_curve import LatencyPoint
+from services.ranker.model.events import Events
 from tests.exact import assert_scores_equal
 from tests.ranker.harness import (
     events,

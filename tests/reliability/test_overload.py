@@ -20,7 +20,7 @@ from relaygr.v1 import ranker_pb2_grpc, trigger_pb2
 from services.common.contract import RANKER_SERVICE
 from services.launcher.fleet import STUB, TRIGGER, Fleet
 from services.launcher.procs import Processes, ServiceProcess
-from services.ranker.scheduler import MODEL_PASSES, Op
+from services.ranker.engine.scheduler import MODEL_PASSES, Op
 from tests.reliability.harness import (
     BackgroundLoad,
     MemoryWatch,

@@ -14,7 +14,7 @@ import pytest
 
 from relaygr.v1 import common_pb2, ranker_pb2
 from services.ranker.config import RankerConfig
-from services.ranker.scheduler import FOR_RANKS, MODEL_PASSES, Priority
+from services.ranker.engine.scheduler import FOR_RANKS, MODEL_PASSES, Priority
 from tests.ranker.harness import Ranker, history, metric, pre_infer_request, rank_request, running_ranker
 from tests.router.harness import eventually
 

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relaygr.v1 import common_pb2, ranker_pb2
-from services.ranker.events import Events
+from services.ranker.model.events import Events
 from tests.exact import assert_scores_equal
 from tests.ranker.harness import Ranker, running_ranker
 

@@ -15,8 +15,8 @@ import torch
 
 from services.common.contract import RANKER_SERVICE
 from services.launcher.procs import Processes
-from services.ranker.model import HSTURanker
-from services.ranker.presets import get_preset
+from services.ranker.model.hstu import HSTURanker
+from services.ranker.model.presets import get_preset
 
 PRESET = get_preset("cpu-tiny")
 

@@ -17,8 +17,8 @@ PreInfer whose computation would not finish within `max_pre_infer_backlog_ms` of
 pre-inference already queued plus its own) is refused too: it could serve no Rank in time. Every
 production's cost goes into the load book, which the load report reads.
 
-The roles each have their file: the index and pins (`cache_index.py`), leases (`leases.py`),
-single-flight productions (`productions.py`), moves between the tiers (`tier_moves.py`), the tiers'
+The roles each have their file: the index and pins (`index.py`), leases (`leases.py`),
+single-flight productions (`productions.py`), moves between the tiers (`moves.py`), the tiers'
 byte budgets (`tiers.py`); this class decides, for a PreInfer or a Rank, which of them to use.
 
 Not thread-safe by design: every method runs on the ranker's event loop; only model work and copies
@@ -36,17 +36,17 @@ from collections.abc import Callable
 from relaygr.v1 import common_pb2, ranker_pb2
 from services.common.errors import DeadlineExceeded
 from services.ranker import metrics
-from services.ranker.cache_index import CacheEntry, Index, Pin, PrefixKey
-from services.ranker.copier import TierCopier
-from services.ranker.events import Events
-from services.ranker.leases import Leases
-from services.ranker.load import LoadBook
-from services.ranker.model import PrefixKV
-from services.ranker.productions import Kind, Production, Productions
-from services.ranker.runner import ModelRunner
-from services.ranker.scheduler import Priority, Scheduler
-from services.ranker.tier_moves import TierMoves
-from services.ranker.tiers import Tier
+from services.ranker.cache.index import CacheEntry, Index, Pin, PrefixKey
+from services.ranker.cache.leases import Leases
+from services.ranker.cache.moves import TierMoves
+from services.ranker.cache.productions import Kind, Production, Productions
+from services.ranker.cache.tiers import Tier
+from services.ranker.device.copier import TierCopier
+from services.ranker.engine.load import LoadBook
+from services.ranker.engine.runner import ModelRunner
+from services.ranker.engine.scheduler import Priority, Scheduler
+from services.ranker.model.events import Events
+from services.ranker.model.prefix_kv import PrefixKV
 
 log = logging.getLogger(__name__)
 

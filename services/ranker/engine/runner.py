@@ -21,10 +21,11 @@ from collections.abc import Sequence
 
 import torch
 
-from services.ranker.device import Accelerator, InflightWindow
-from services.ranker.events import Events
-from services.ranker.model import CachedRank, HSTURanker, PrefixKV
-from services.ranker.scheduler import Batch, Op, Priority, Scheduler
+from services.ranker.device.accelerator import Accelerator, InflightWindow
+from services.ranker.engine.scheduler import Batch, Op, Priority, Scheduler
+from services.ranker.model.events import Events
+from services.ranker.model.hstu import CachedRank, HSTURanker
+from services.ranker.model.prefix_kv import PrefixKV
 
 RankItem = tuple[PrefixKV, Events, Sequence[int]]
 

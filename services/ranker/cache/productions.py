@@ -24,12 +24,12 @@ import enum
 from collections.abc import Callable, Iterator, Mapping
 
 from relaygr.v1 import common_pb2
-from services.ranker.cache_index import CacheEntry, Pin, PrefixKey
-from services.ranker.copier import TierCopier
-from services.ranker.events import Events
-from services.ranker.model import PrefixKV
-from services.ranker.runner import ModelRunner
-from services.ranker.scheduler import Op, Priority, Scheduler
+from services.ranker.cache.index import CacheEntry, Pin, PrefixKey
+from services.ranker.device.copier import TierCopier
+from services.ranker.engine.runner import ModelRunner
+from services.ranker.engine.scheduler import Op, Priority, Scheduler
+from services.ranker.model.events import Events
+from services.ranker.model.prefix_kv import PrefixKV
 
 
 class Kind(enum.Enum):

@@ -8,7 +8,7 @@ import asyncio
 import threading
 
 from relaygr.v1 import ranker_pb2
-from services.ranker.scheduler import Op, Priority
+from services.ranker.engine.scheduler import Op, Priority
 from tests.ranker.harness import history, metric, pre_infer_request, rank_request, running_ranker
 
 SHORT = [11, 12, 13]

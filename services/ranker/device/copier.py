@@ -24,9 +24,9 @@ import threading
 
 import torch
 
-from services.ranker.device import Accelerator
-from services.ranker.host_pool import HostPool, PoolExhausted, Slab
-from services.ranker.model import PrefixKV
+from services.ranker.device.accelerator import Accelerator
+from services.ranker.device.host_pool import HostPool, PoolExhausted, Slab
+from services.ranker.model.prefix_kv import PrefixKV
 
 __all__ = ["PoolExhausted", "TierCopier"]
 

@@ -25,9 +25,11 @@ that device. Item ids are int64 (any value), action types lie in [0, num_action_
 whatever the compute dtype. The model keeps no state between calls (a `PrefixBuilder` does, and is stepped
 by one thread at a time).
 
-One file on purpose (~540 lines): the contract above binds the attention, the layer, the prefix builder
-and the reference forward together, and exactness is proved across them (`tests/ranker/test_model.py`);
-split, each part would restate the mask and position rules it relies on.
+One file on purpose: the contract above binds the attention, the layer, the prefix builder and the reference
+forward together, and exactness is proved across them (`tests/ranker/model/test_model.py`); split, each part
+would restate the mask and position rules it relies on. The KV they produce and consume, `PrefixKV`, lives
+apart (`prefix_kv.py`): it is the prefix cache's currency, and the cache and the device code need it, not the
+model.
 """
 
 from __future__ import annotations
@@ -35,15 +37,15 @@ from __future__ import annotations
 import hashlib
 import io
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from services.ranker.presets import ModelPreset
+from services.ranker.model.prefix_kv import PrefixKV
+from services.ranker.model.presets import ModelPreset
 
 # Scale of the embedding tables at initialisation; LayerNorm follows, so only the ratio to the residual
 # updates matters.
@@ -56,124 +58,6 @@ _ATTN_OUT_EPS = 1e-6
 _VisibleBlocks = list[list[tuple[Tensor, Tensor]]]
 # Last hidden states [B, n, D], then per-layer keys and values [B, H, n, d].
 _LayerOutputs = tuple[Tensor, list[Tensor], list[Tensor]]
-
-
-class Ready(Protocol):
-    """Marks when a layer's KV is ready on the device: a `torch.cuda.Event` / `torch.npu.Event`, or the
-    ranker's CPU stand-in. `wait()` makes work queued afterwards on the current stream wait for it (the host
-    does not block)."""
-
-    def wait(self) -> None: ...
-
-
-@dataclass
-class PrefixKV:
-    """Per-layer keys and values of the first `length` tokens of B users' sequences, in one contiguous
-    buffer ``[layers, 2, B, H, L, d]`` (keys at index 0, values at 1).
-
-    One buffer makes every move of an entry one copy (and one allocation), and the layer-major layout makes
-    each layer's keys and values one contiguous block, so a reload can hand layers over one at a time.
-    ``keys[l]`` is [B, H, L, dqk] and ``values[l]`` [B, H, L, dv], contiguous views in the layout attention
-    consumes, so ranking never transposes.
-
-    `ready` (None: ready now) holds one `Ready` per layer while the buffer is still being written by another
-    stream (a reload, a pre-inference): `layer(l)` waits for layer l only. Treat entries as immutable: every
-    method returns a new one.
-    """
-
-    buffer: Tensor
-    ready: Sequence[Ready] | None = None
-
-    def __post_init__(self) -> None:
-        shape = list(self.buffer.shape)
-        if self.buffer.dim() != 6 or shape[0] < 1 or shape[1] != 2:
-            raise ValueError(f"PrefixKV's buffer must be [layers, 2, B, H, L, d], got {shape}")
-        if not self.buffer.is_contiguous():
-            raise ValueError("PrefixKV's buffer must be contiguous")
-        if self.ready is not None and len(self.ready) != shape[0]:
-            raise ValueError(f"PrefixKV needs one ready marker per layer: {len(self.ready)} for {shape[0]}")
-
-    @classmethod
-    def empty(
-        cls, layers: int, batch: int, heads: int, length: int, head_dim: int, dtype: torch.dtype, device
-    ) -> PrefixKV:
-        """An uninitialised entry (to be filled by its producer)."""
-        shape = (layers, 2, batch, heads, length, head_dim)
-        return cls(torch.empty(shape, dtype=dtype, device=device))
-
-    @property
-    def num_layers(self) -> int:
-        return self.buffer.shape[0]
-
-    @property
-    def length(self) -> int:
-        return self.buffer.shape[4]
-
-    @property
-    def batch_size(self) -> int:
-        return self.buffer.shape[2]
-
-    @property
-    def device(self) -> torch.device:
-        return self.buffer.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.buffer.dtype
-
-    @property
-    def keys(self) -> list[Tensor]:
-        return [self.buffer[layer, 0] for layer in range(self.num_layers)]
-
-    @property
-    def values(self) -> list[Tensor]:
-        return [self.buffer[layer, 1] for layer in range(self.num_layers)]
-
-    def layer(self, index: int) -> tuple[Tensor, Tensor]:
-        """Layer `index`'s keys and values, once work on the current stream may read them."""
-        if self.ready is not None:
-            self.ready[index].wait()
-        return self.buffer[index, 0], self.buffer[index, 1]
-
-    def wait(self) -> PrefixKV:
-        """This entry with every layer waited for on the current stream (and no markers left)."""
-        if self.ready is None:
-            return self
-        for marker in self.ready:
-            marker.wait()
-        return PrefixKV(self.buffer)
-
-    def nbytes(self) -> int:
-        """Exact bytes of all keys and values (the buffer)."""
-        return self.buffer.numel() * self.buffer.element_size()
-
-    def to(
-        self,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        non_blocking: bool = False,
-    ) -> PrefixKV:
-        """A copy on `device` / in `dtype`, in one copy of the buffer; itself (markers kept) when already
-        there, so that a consumer still waits layer by layer."""
-        target = self.device if device is None else torch.device(device)
-        same_device = target.type == self.device.type and target.index in (None, self.device.index)
-        if same_device and dtype in (None, self.dtype):
-            return self
-        return PrefixKV(self.wait().buffer.to(device=device, dtype=dtype, non_blocking=non_blocking))
-
-    def user(self, index: int) -> PrefixKV:
-        """User `index` of a batch as its own entry (B == 1), copied so that caching one user does not keep
-        the whole batch's memory alive."""
-        rows = self.wait().buffer[:, :, index : index + 1]
-        return PrefixKV(rows.clone(memory_format=torch.contiguous_format))
-
-    @classmethod
-    def stack(cls, entries: Sequence[PrefixKV]) -> PrefixKV:
-        """Batch entries of equal length along B, to rank several users at once."""
-        lengths = {entry.length for entry in entries}
-        if len(lengths) != 1:
-            raise ValueError(f"can only stack prefixes of one length, got {sorted(lengths)}")
-        return cls(torch.cat([entry.wait().buffer for entry in entries], dim=2))
 
 
 class UserSequence(NamedTuple):

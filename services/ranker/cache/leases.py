@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from services.ranker import metrics
-from services.ranker.cache_index import CacheEntry, Lease, PrefixKey
-from services.ranker.load import LoadBook
+from services.ranker.cache.index import CacheEntry, Lease, PrefixKey
+from services.ranker.engine.load import LoadBook
 
 
 class Leases:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.ranker.device import Accelerator, CpuEvent, CpuStream, InflightWindow
-from tests.ranker.test_host_pool import PendingEvent
+from services.ranker.device.accelerator import Accelerator, CpuEvent, CpuStream, InflightWindow
+from tests.ranker.device.test_host_pool import PendingEvent
 
 
 def test_the_cpu_accelerator_is_synchronous_and_copies_only_when_forced():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.ranker.tiers import LruPolicy, SizeAwarePolicy, Tier
+from services.ranker.cache.tiers import LruPolicy, SizeAwarePolicy, Tier
 
 
 @settings(max_examples=60, deadline=None)

@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 
 from services.ranker import metrics
-from services.ranker.latency_curve import LatencyCurve
-from services.ranker.scheduler import Scheduler
+from services.ranker.engine.latency_curve import LatencyCurve
+from services.ranker.engine.scheduler import Scheduler
 
 BUSY_WINDOW_S = 1.0  # the busy fraction is measured over about this much of the recent past
 

@@ -18,9 +18,9 @@ from torch.testing import assert_close
 
 from relaygr.v1 import common_pb2
 from services.common.errors import DeadlineExceeded
-from services.ranker.model import CachedRank, HSTURanker
-from services.ranker.presets import get_preset
-from services.ranker.scheduler import Batch, Op, Priority, Scheduler
+from services.ranker.engine.scheduler import Batch, Op, Priority, Scheduler
+from services.ranker.model.hstu import CachedRank, HSTURanker
+from services.ranker.model.presets import get_preset
 from tests.exact import assert_scores_equal
 from tests.ranker.harness import history, metric, pre_infer_request, rank_request, running_ranker
 

@@ -16,8 +16,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 from relaygr.v1 import common_pb2
-from services.ranker.events import Events
-from services.ranker.model import PrefixKV
+from services.ranker.model.events import Events
+from services.ranker.model.prefix_kv import PrefixKV
 
 Miss = common_pb2.MissReason
 

@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from services.ranker.app import RankerApp
-from services.ranker.copier import PoolExhausted, TierCopier
-from services.ranker.device import Accelerator
-from services.ranker.host_pool import HostPool
-from services.ranker.model import HSTURanker, PrefixKV
-from services.ranker.prefix_cache import Source
-from services.ranker.presets import get_preset
+from services.ranker.cache.prefix_cache import Source
+from services.ranker.device.accelerator import Accelerator
+from services.ranker.device.copier import PoolExhausted, TierCopier
+from services.ranker.device.host_pool import HostPool
+from services.ranker.model.hstu import HSTURanker
+from services.ranker.model.prefix_kv import PrefixKV
+from services.ranker.model.presets import get_preset
 from tests.exact import assert_scores_equal
 from tests.ranker.harness import CANDIDATES, SHORT, cache_app, events, history, metric, rank, settle
 

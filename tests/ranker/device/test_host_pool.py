@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from services.ranker.host_pool import HostPool
+from services.ranker.device.host_pool import HostPool
 
 
 class PendingEvent:

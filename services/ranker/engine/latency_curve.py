@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-from services.ranker.device import synchronize
-from services.ranker.events import Events
-from services.ranker.runner import ModelRunner
+from services.ranker.device.accelerator import synchronize
+from services.ranker.engine.runner import ModelRunner
+from services.ranker.model.events import Events
 
 
 @dataclasses.dataclass(frozen=True)

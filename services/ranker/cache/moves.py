@@ -22,13 +22,13 @@ from collections.abc import Callable
 
 from relaygr.v1 import common_pb2
 from services.ranker import metrics
-from services.ranker.cache_index import CacheEntry, Index, PrefixKey
-from services.ranker.copier import PoolExhausted, TierCopier
-from services.ranker.host_pool import Slab
-from services.ranker.leases import Leases
-from services.ranker.productions import Productions
-from services.ranker.scheduler import Op, Priority, Scheduler
-from services.ranker.tiers import Tier
+from services.ranker.cache.index import CacheEntry, Index, PrefixKey
+from services.ranker.cache.leases import Leases
+from services.ranker.cache.productions import Productions
+from services.ranker.cache.tiers import Tier
+from services.ranker.device.copier import PoolExhausted, TierCopier
+from services.ranker.device.host_pool import Slab
+from services.ranker.engine.scheduler import Op, Priority, Scheduler
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from services.ranker.model import HSTURanker, PrefixKV, UserSequence
-from services.ranker.presets import PRESETS, get_preset
+from services.ranker.model.hstu import HSTURanker, UserSequence
+from services.ranker.model.prefix_kv import PrefixKV
+from services.ranker.model.presets import PRESETS, get_preset
 
 TINY = get_preset("cpu-tiny")
 MAX_ITEM_ID = 2**63 - 1

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from relaygr.v1 import common_pb2, ranker_pb2
-from services.ranker.scheduler import Priority
+from services.ranker.engine.scheduler import Priority
 from tests.exact import assert_scores_equal
 from tests.ranker.harness import held_bytes, history, metric, pre_infer_request, rank_request, running_ranker
 
