@@ -8,7 +8,10 @@ It measures, for one preset on one device, with the ranker's own components:
 - reload: DRAM → HBM bandwidth of `TierCopier.to_hbm` (one copy per layer from a pinned host-pool slab)
   against the measured peak of one pinned host-to-device copy of the same bytes;
 - rank latency: P50/P99 of a cached rank against prefix lengths up to the longest, and the same ranks run
-  `--batch` users at a time (per-user time of a batch against one at a time).
+  `--batch` users at a time (per-user time of a batch against one at a time);
+- CUDA graphs (`--cuda-graphs` of the ranker, on CUDA only): the same ranks, one user and `--batch` users,
+  replayed through `RankGraphs` with the ranker's default length buckets, against the eager path: P50s,
+  the speed-up, the one-off capture time, and max |graphed - eager| score.
 
 Writes results.json and report.md to `--out`. Made for a GPU (`--device cuda`); on CPU (`--device cpu`,
 with the host pool forced) it runs the same code, which is how the suite checks it, but its times are not
@@ -30,8 +33,10 @@ import numpy as np
 import torch
 
 from services.common.config import load, setting
+from services.ranker.config import RankerConfig
 from services.ranker.device.accelerator import Accelerator, select_device, synchronize
 from services.ranker.device.copier import TierCopier
+from services.ranker.device.graphs import RankGraphs
 from services.ranker.device.host_pool import HostPool
 from services.ranker.engine.runner import ModelRunner
 from services.ranker.engine.scheduler import Scheduler
@@ -168,6 +173,60 @@ def measure_ranks(
     return rows
 
 
+def measure_graphs(
+    runner: ModelRunner, accelerator: Accelerator, config: AcceleratorBenchConfig
+) -> list[dict]:
+    """Per length: the cached rank (one user, and `--batch` users) eager against replayed from a CUDA
+    graph, with the ranker's default length buckets; the first graphed call of each shape is its capture.
+    Off CUDA nothing is captured: the padded inputs run eagerly (`captured` false), which tests the path."""
+    preset, timer, rows = runner.model.preset, Timer(accelerator), []
+    buckets = RankerConfig().cuda_graph_bucket_list()
+    graphs = RankGraphs(runner.model, accelerator, buckets, max_graphs=4 * len(buckets))
+    graphed = ModelRunner(runner.model, runner.worker, config.chunk_tokens, None, runner.model_version,
+                          accelerator, rank_batch_max=config.batch, graphs=graphs)  # fmt: skip
+    short = synthetic(config.short_term, 6, preset.num_action_types)
+    candidates = np.random.default_rng(7).integers(0, 2**40, config.candidates).tolist()
+    for length in config.length_list():
+        prefixes = [
+            runner.build_sync(synthetic(length, 200 + i, preset.num_action_types), False).wait()
+            for i in range(config.batch)
+        ]
+        items = [(prefix, short, candidates) for prefix in prefixes]
+        capture_ms = timer.ms(lambda i=items: graphed.rank_sync(*i[0]))
+        batch_capture_ms = timer.ms(lambda i=items: graphed.rank_batch_sync(i))
+        eager_scores = torch.tensor(runner.rank_batch_sync(items))
+        graph_scores = torch.tensor(graphed.rank_batch_sync(items))
+        for _ in range(3):
+            runner.rank_sync(*items[0])
+            runner.rank_batch_sync(items)
+            graphed.rank_sync(*items[0])
+            graphed.rank_batch_sync(items)
+        timings = {}
+        for name, fn in (
+            ("eager", lambda i=items: runner.rank_sync(*i[0])),
+            ("graph", lambda i=items: graphed.rank_sync(*i[0])),
+            ("eager_batch", lambda i=items: runner.rank_batch_sync(i)),
+            ("graph_batch", lambda i=items: graphed.rank_batch_sync(i)),
+        ):
+            timings[name] = percentile([timer.ms(fn) for _ in range(config.repeats)], 50)
+        rows.append({
+            "length": length,
+            "bucket": next(b for b in buckets if b >= length),
+            "captured": graphs.capture,
+            "eager_p50_ms": timings["eager"],
+            "graph_p50_ms": timings["graph"],
+            "speedup": timings["eager"] / timings["graph"],
+            "batch": config.batch,
+            "eager_batch_p50_ms": timings["eager_batch"],
+            "graph_batch_p50_ms": timings["graph_batch"],
+            "batch_speedup": timings["eager_batch"] / timings["graph_batch"],
+            "capture_ms": capture_ms,
+            "batch_capture_ms": batch_capture_ms,
+            "max_abs_vs_eager": float((graph_scores - eager_scores).abs().max()),
+        })  # fmt: skip
+    return rows
+
+
 def device_name(device: torch.device) -> str:
     module = getattr(torch, device.type, None)
     if device.type != "cpu" and module is not None and hasattr(module, "get_device_name"):
@@ -209,6 +268,24 @@ def report(results: dict[str, Any]) -> str:
         ),
         "",
     ]
+    if results["graphs"]:
+        captured = all(row["captured"] for row in results["graphs"])
+        off_cuda = "" if captured else " (not captured off CUDA: padded, eager)"
+        lines += [
+            "## CUDA graphs of the cached rank" + off_cuda,
+            "",
+            "| prefix length | bucket | eager P50 ms | graph P50 ms | speed-up | batch | eager batch P50 ms "
+            "| graph batch P50 ms | batch speed-up | capture ms (1 / batch) | max abs Δ vs eager |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+            *(
+                f"| {r['length']} | {r['bucket']} | {r['eager_p50_ms']:.2f} | {r['graph_p50_ms']:.2f} | "
+                f"x{r['speedup']:.2f} | {r['batch']} | {r['eager_batch_p50_ms']:.2f} | "
+                f"{r['graph_batch_p50_ms']:.2f} | x{r['batch_speedup']:.2f} | "
+                f"{r['capture_ms']:.0f} / {r['batch_capture_ms']:.0f} | {r['max_abs_vs_eager']:.2e} |"
+                for r in results["graphs"]
+            ),
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -232,6 +309,7 @@ def run(config: AcceleratorBenchConfig) -> dict[str, Any]:
             "epsilon": measure_epsilon(runner, config),
             "reload": measure_reload(runner, accelerator, config),
             "ranks": measure_ranks(runner, accelerator, config),
+            "graphs": measure_graphs(runner, accelerator, config),
         }
     finally:
         scheduler.close()

@@ -23,6 +23,7 @@ from services.ranker.config import RankerConfig
 from services.ranker.dataplane import DataPlane
 from services.ranker.device.accelerator import Accelerator, select_device
 from services.ranker.device.copier import TierCopier
+from services.ranker.device.graphs import RankGraphs
 from services.ranker.device.host_pool import HostPool
 from services.ranker.engine.latency_curve import LatencyCurve
 from services.ranker.engine.load import LoadBook
@@ -81,6 +82,7 @@ class RankerApp:
             accelerator=self.accelerator,
             inflight_chunks=config.pre_infer_inflight_chunks,
             rank_batch_max=config.rank_batch_max,
+            graphs=self._graphs(model),
         )
         dram_dtype = torch.bfloat16 if config.dram_lossy_bf16 else model.preset.dtype
         self.cache = PrefixCache(
@@ -100,6 +102,15 @@ class RankerApp:
         self.plane = DataPlane(config, self.runner, self.cache, self.worker)
         self.servicer = RankerServicer(config, self.plane, str(self.device))
         self._sweeper: asyncio.Task | None = None
+
+    def _graphs(self, model: HSTURanker) -> RankGraphs | None:
+        """CUDA graphs of the cached rank, when asked for (`--cuda-graphs`, CUDA devices only)."""
+        if not self.config.cuda_graphs:
+            return None
+        if self.device.type != "cuda":
+            raise ValueError(f"--cuda-graphs needs a CUDA device; this ranker runs on {self.device}")
+        buckets = self.config.cuda_graph_bucket_list()
+        return RankGraphs(model, self.accelerator, buckets, self.config.cuda_graph_max)
 
     def _host_pool(self) -> HostPool | None:
         """The DRAM tier's memory when tier moves copy: one arena of the DRAM budget, allocated (and pinned,

@@ -67,6 +67,20 @@ class RankerConfig(ServiceConfig):
         "batching takes only what is already queued, it never waits",
         above=0,
     )
+    cuda_graphs: bool = setting(
+        False,
+        "replay cached ranks through CUDA graphs captured per (users, prefix-length bucket, short-term and "
+        "candidate slots) on first use (CUDA only; excludes --candidate-microbatch). Off by default: "
+        "bench/results/gpu-accelerator has its measured speed-up",
+    )
+    cuda_graph_length_buckets: str = setting(
+        "512,1024,2048,3072,4096,6144,8192,12288,16384",
+        "prefix lengths that CUDA graphs are captured for (a prefix is padded, exactly, to the next one; "
+        "longer ones run eagerly)",
+    )
+    cuda_graph_max: int = setting(
+        64, "CUDA graphs kept at most (the least recently used is dropped beyond)", above=0
+    )
     pre_infer_inflight_chunks: int = setting(
         2,
         "pre-infer chunks the device thread may have queued on an accelerator before it waits for the "
@@ -122,6 +136,9 @@ class RankerConfig(ServiceConfig):
                 f"({self.max_short_term_events}) exceed the {preset.max_events} events preset "
                 f"{preset.name!r} has positions for ({preset.max_positions}, one of them the candidates')"
             )
+        if self.cuda_graphs and self.candidate_microbatch:
+            raise ValueError("--cuda-graphs ranks all candidates at once: it excludes --candidate-microbatch")
+        self.cuda_graph_bucket_list()
         if self.instance_name:
             try:
                 validation.instance_name(self.instance_name, "--instance-name")
@@ -137,3 +154,12 @@ class RankerConfig(ServiceConfig):
         if not lengths or lengths[0] <= 0:
             raise ValueError("--profile-lengths must list positive lengths")
         return [n for n in lengths if n <= self.max_long_term_events] or [self.max_long_term_events]
+
+    def cuda_graph_bucket_list(self) -> list[int]:
+        try:
+            buckets = sorted({int(x) for x in self.cuda_graph_length_buckets.split(",") if x.strip()})
+        except ValueError as exc:
+            raise ValueError(f"--cuda-graph-length-buckets: {exc}") from None
+        if not buckets or buckets[0] <= 0:
+            raise ValueError("--cuda-graph-length-buckets must list positive lengths")
+        return buckets

@@ -26,8 +26,15 @@ def test_the_accelerator_bench_measures_every_figure_on_cpu(tmp_path, capsys):
     for row in results["ranks"]:
         assert 0 < row["rank_p50_ms"] <= row["rank_p99_ms"]
         assert row["batch"] == 3 and row["batch_per_user_ms"] == pytest.approx(row["batch_p50_ms"] / 3)
+    graphs = results["graphs"]
+    assert [(row["length"], row["bucket"], row["captured"]) for row in graphs] == [
+        (64, 512, False),
+        (256, 512, False),
+    ]
+    assert all(row["max_abs_vs_eager"] < 1e-5 and row["batch"] == 3 for row in graphs)  # padded: exact
     report = (tmp_path / "report.md").read_text()
     assert "DRAM → HBM reload" in report and "| 256 |" in report
+    assert "CUDA graphs of the cached rank (not captured off CUDA" in report
     assert report in capsys.readouterr().out
 
 

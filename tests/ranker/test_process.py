@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from grpc_health.v1 import health_pb2
 
 from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 from services.launcher.procs import Processes, health_status
+from services.ranker.app import RankerApp
 from services.ranker.config import RankerConfig
 from tests.ranker.harness import pre_infer_request, rank_request
 
@@ -56,3 +58,16 @@ def test_limits_past_the_models_positions_are_refused_at_start_up():
 def test_an_instance_name_a_relay_hint_cannot_carry_is_refused_at_start_up():
     with pytest.raises(ValueError, match="--instance-name: must be a member name"):
         RankerConfig(instance_name="ranker 0").validate()
+
+
+def test_cuda_graphs_are_refused_off_cuda_and_with_candidate_microbatches():
+    async def build() -> None:
+        RankerApp(RankerConfig(model_preset="cpu-tiny", device="cpu", cuda_graphs=True))
+
+    with pytest.raises(ValueError, match="--cuda-graphs needs a CUDA device; this ranker runs on cpu"):
+        asyncio.run(build())
+    with pytest.raises(ValueError, match="--cuda-graphs ranks all candidates at once"):
+        RankerConfig(cuda_graphs=True, candidate_microbatch=32).validate()
+    with pytest.raises(ValueError, match="--cuda-graph-length-buckets"):
+        RankerConfig(cuda_graph_length_buckets="512,x").validate()
+    assert RankerConfig().cuda_graph_bucket_list()[-1] == 16384 and not RankerConfig().cuda_graphs

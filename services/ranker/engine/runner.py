@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from services.ranker.device.accelerator import Accelerator, InflightWindow
+from services.ranker.device.graphs import RankGraphs
 from services.ranker.engine.scheduler import Batch, Op, Priority, Scheduler
 from services.ranker.model.events import Events
 from services.ranker.model.hstu import CachedRank, HSTURanker
@@ -41,7 +42,9 @@ class ModelRunner:
         accelerator: Accelerator | None = None,
         inflight_chunks: int = 2,
         rank_batch_max: int = 8,
+        graphs: RankGraphs | None = None,
     ) -> None:
+        """`graphs` (None: eager only) replays cached ranks through CUDA graphs where a bucket fits."""
         if inflight_chunks < 1 or rank_batch_max < 1:
             raise ValueError("inflight_chunks and rank_batch_max must be positive")
         self.model = model
@@ -53,6 +56,9 @@ class ModelRunner:
         self.model_version = model_version
         self.kv_bytes_per_token = model.preset.kv_bytes_per_token
         self.inflight_chunks = inflight_chunks
+        if graphs is not None and candidate_microbatch:
+            raise ValueError("CUDA graphs rank all candidates at once: they exclude candidate microbatching")
+        self.graphs = graphs
         # Candidate microbatching bounds one rank's memory; batching users would undo it.
         self._rank_batch = Batch(self.rank_batch_sync, 1 if candidate_microbatch else rank_batch_max)
 
@@ -86,10 +92,29 @@ class ModelRunner:
             done = accelerator.record()
         return PrefixKV(kv.buffer, ready=[done] * kv.num_layers)
 
+    def _graphed(self, items: list[RankItem]) -> list[list[float]] | None:
+        """Scores of `items` through a CUDA graph, or None where none applies (the caller runs eager)."""
+        if self.graphs is None:
+            return None
+        host = lambda values: torch.as_tensor(values, dtype=torch.int64)  # noqa: E731
+        requests = [
+            CachedRank(prefix, host(short.item_ids), host(short.action_types), host(candidates))
+            for prefix, short, candidates in items
+        ]
+        scores = self.graphs.scores(requests)
+        if scores is None:
+            return None
+        for prefix, _, _ in items:
+            self.accelerator.used_by(prefix.buffer, self.accelerator.rank_stream)
+        return [part.tolist() for part in scores]
+
     def rank_sync(self, prefix: PrefixKV, short: Events, candidates: Sequence[int]) -> list[float]:
         """Scores of one user's candidates against a prefix, on the rank stream."""
         accelerator = self.accelerator
         with accelerator.on(accelerator.rank_stream):
+            graphed = self._graphed([(prefix, short, candidates)])
+            if graphed is not None:
+                return graphed[0]
             scores = self.model.score(
                 prefix,
                 self._tensor(short.item_ids),
@@ -107,6 +132,9 @@ class ModelRunner:
             return [self.rank_sync(*items[0])]
         accelerator = self.accelerator
         with accelerator.on(accelerator.rank_stream):
+            graphed = self._graphed(items)
+            if graphed is not None:
+                return graphed
             requests = [
                 CachedRank(
                     prefix,

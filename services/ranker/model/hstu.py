@@ -299,7 +299,7 @@ class HSTURanker(nn.Module):
         """
         prefix = prefix.to(self.device, self.preset.dtype)
         length, num_short = prefix.length, short_items.shape[1]
-        self._check_request(prefix.batch_size, short_items, candidates, length)
+        self.check_request(prefix.batch_size, short_items, candidates, length)
         if candidate_microbatch is not None and candidate_microbatch < 1:
             raise ValueError("candidate_microbatch must be positive")
         seen = None
@@ -351,7 +351,7 @@ class HSTURanker(nn.Module):
                 raise ValueError("rank_batch takes one user per prefix (B == 1)")
             short, candidates = request.short_items, request.candidates
             num_short, num_candidates, length = short.shape[0], candidates.shape[0], prefix.length
-            self._check_request(1, short[None], candidates[None], length)
+            self.check_request(1, short[None], candidates[None], length)
             head = length + num_short
             items += [short, candidates]
             actions += [request.short_actions, self._target_actions(candidates)]
@@ -381,7 +381,26 @@ class HSTURanker(nn.Module):
         """The scores [C_i] of `rank_batch`: sigmoid of each user's first task logit."""
         return [torch.sigmoid(logits[:, 0]) for logits in self.rank_batch(requests)]
 
-    def _check_request(self, batch: int, short_items: Tensor, candidates: Tensor, length: int) -> None:
+    @torch.inference_mode()
+    def score_padded(self, kv: Tensor, tokens: Tensor, mask: Tensor, num_short: int) -> Tensor:
+        """Scores [B, C] (float32) of B users' cached ranks in fixed shapes, for a CUDA graph to capture:
+        equal to `score` one user at a time (to float rounding), whatever the padding.
+
+        `kv` [layers, 2, B, H, L, d] holds each user's prefix at the start of its row and zeros after it: a
+        zero key scores SiLU(0) = 0 against any query, so padding adds nothing. `tokens` [3, B, n] are the
+        item ids, action types and positions of `num_short` short-term slots then n - num_short candidate
+        slots; `mask` [B, 1, n, n] is each user's M over its real tokens (padding sees only itself, and
+        nothing real sees padding).
+        """
+        items, actions, positions = tokens
+        x = self._embed(items, actions, positions)
+        for index, layer in enumerate(self.layers):
+            u, q, k, v = layer.project(x)
+            o = self._attend(q, k, v, mask) + self._attend(q, kv[index, 0], kv[index, 1])
+            x = layer.finish(x, u, o.div_(self.preset.attn_norm))
+        return torch.sigmoid(self._head(x[:, num_short:], items[:, num_short:])[..., 0])
+
+    def check_request(self, batch: int, short_items: Tensor, candidates: Tensor, length: int) -> None:
         if short_items.shape[0] != batch or candidates.shape[0] != batch:
             raise ValueError("prefix, short-term events and candidates must have the same batch size")
         if candidates.shape[1] < 1:
@@ -412,7 +431,7 @@ class HSTURanker(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Tokens [B, n], actions [B, n], positions [n] and the mask M [n, n] of the whole sequence."""
         length, num_short, num_candidates = long_items.shape[1], short_items.shape[1], candidates.shape[1]
-        self._check_request(long_items.shape[0], short_items, candidates, length)
+        self.check_request(long_items.shape[0], short_items, candidates, length)
         head = length + num_short
         items = torch.cat([long_items, short_items, candidates], dim=1)
         actions = torch.cat([long_actions, short_actions, self._target_actions(candidates)], dim=1)
