@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The accelerator checks of one GPU machine, in one command that ends by itself (about 9 minutes on an
+# H100/H200): the tests in tests/gpu, `python -m bench.accelerator --device cuda`, and the fleet on the GPU
+# (`python -m bench --profile gpu`). Run from the repository root with the machine's CUDA python:
+#
+#   tools/gpu_checks.sh OUTDIR
+#
+# Each step has its own time limit and the next one runs whatever the last one did. OUTDIR receives the
+# machine's description, one log per step and results.tgz, which holds bench/results/gpu-accelerator and
+# bench/results/gpu-fleet (unpack it at the repository root).
+set -uo pipefail
+out=${1:?usage: tools/gpu_checks.sh OUTDIR}
+mkdir -p "$out"
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+
+pack() { tar czf "$out/results.tgz" bench/results/gpu-accelerator bench/results/gpu-fleet 2>/dev/null; }
+trap pack EXIT
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  nproc
+  "$py" -c 'import torch, grpc, google.protobuf as pb; print("torch", torch.__version__, "cuda", torch.version.cuda, "grpcio", grpc.__version__, "protobuf", pb.__version__)'
+} >"$out/machine.txt" 2>&1
+
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local started=$SECONDS
+  timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1
+  echo "$name: exit $? in $((SECONDS - started)) s" | tee -a "$out/steps.txt"
+}
+
+step test-gpu 150 "$py" -m pytest -v -rs -p no:cacheprovider tests/gpu
+step accelerator 150 "$py" -m bench.accelerator --device cuda --repeats 30
+step fleet "${FLEET_LIMIT_S:-360}" "$py" -m bench --profile gpu
