@@ -1,8 +1,9 @@
-"""`python -m bench --profile quick|full`: run the benchmark and write bench/results/<name>/.
+"""`python -m bench --profile quick|full|gpu`: run the benchmark and write bench/results/<name>/.
 
 Writes results.json, report.md and the plots there; the services' logs go to its `tmp/` folder (not
 committed). Prints one line per step and, at the end, the headline ratios: length, throughput on each
-mix, and throughput at each abandonment share.
+mix, and throughput at each abandonment share. The gpu profile runs `bench.gpu` within its time budget
+and writes its own report (`bench.gpu_report`), rewritten after each of its stages.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import platform
 import subprocess
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from bench import report
-from bench.config import BenchConfig
+from bench import gpu_report, report
+from bench.config import BenchConfig, load_config
 from bench.experiments import Bench
-from services.common.config import load
+from bench.gpu import GpuBench
+from bench.gpu_monitor import GpuMonitor, gpu_info
 from services.launcher.procs import REPO_ROOT
 
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
@@ -46,6 +49,7 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "load_average_at_start": os.getloadavg(),
+        "gpu": gpu_info(),  # None without a GPU
     }
 
 
@@ -54,23 +58,60 @@ def versions() -> dict[str, str]:
         answer = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
         return answer.stdout.strip()
 
+    import torch
+
     found = {name: importlib.metadata.version(name) for name in PACKAGES}
+    found["torch_cuda"] = torch.version.cuda or "none"
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     return {**found, "git_commit": git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    config = load(BenchConfig, argv, prog="python -m bench", description=__doc__)
+    config = load_config(argv, description=__doc__)
     out_dir = RESULTS_DIR / config.results_name
     started_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
     started = time.monotonic()
     host = machine()
+    if config.profile == "gpu":
+        run_gpu(config, out_dir, started_at.isoformat(), started, host)
+        return
     bench = Bench(config, out_dir / "tmp" / "logs", log=lambda line: print(line, flush=True))
     measured = bench.run()
     host["load_average_at_end"] = os.getloadavg()
     results = assemble(config, measured, started_at.isoformat(), time.monotonic() - started, host, versions())
     report.write(results, out_dir)
     print(f"{summary(results)}; SLO P99 {config.slo_ms:g} ms; report: {out_dir / 'report.md'}", flush=True)
+
+
+def run_gpu(
+    config: BenchConfig, out_dir: Path, started_at: str, started: float, host: dict[str, Any]
+) -> None:
+    """The gpu profile: `GpuBench` with a GPU monitor, its results written after every stage."""
+    package_versions = versions()
+    monitor = GpuMonitor.start()
+    print(f"GPU monitor: {monitor.source or 'none (no NVML, no nvidia-smi)'}; GPU: {host['gpu']}", flush=True)
+
+    def results_of(measured: dict[str, Any]) -> dict[str, Any]:
+        return assemble(config, measured, started_at, time.monotonic() - started, host, package_versions)
+
+    def checkpoint(measured: dict[str, Any]) -> None:
+        gpu_report.write(results_of(measured), out_dir, plots=False)
+
+    log_dir = out_dir / "tmp" / "logs"
+    bench = GpuBench(config, log_dir, lambda line: print(line, flush=True), started, monitor, checkpoint)
+    try:
+        measured = bench.run()
+    finally:
+        monitor.close()
+    host["load_average_at_end"] = os.getloadavg()
+    results = results_of(measured)
+    gpu_report.write(results, out_dir)
+    ratios = ", ".join(f"{label} {ratio}" for label, ratio in results["throughput_ratios"].items())
+    print(
+        f"length ratio {results['length_ratio']}; throughput ratios {ratios or 'not measured'}; "
+        f"{results['duration_s']:.0f} s; report: {out_dir / 'report.md'}",
+        flush=True,
+    )
 
 
 def assemble(

@@ -56,15 +56,41 @@ Why these defaults, for cpu-small on a 2-core machine shared by every process of
   whether a verdict was decided by the draw of users and arrivals.
 - Rankers pre-infer in chunks of 512 tokens, in both modes (a miss computes its prefix the same way):
   in process, 8192 events take 253 ms in chunks of 512 against 401 ms in the ranker's default 1024.
+
+`--profile gpu` (issue 24: the fleet with one `gpu-dlrmv3` ranker on a GPU, router, trigger and stub on
+the host's cores) runs `bench.gpu`: baseline and RelayGR only, the length sweep and the throughput sweep
+on the first mix (the second when time is left), every point with the GPU's busy fraction, all within
+`--time-budget-s` (330 s, fleet starts included: one 10-minute command with room to spare). Its own
+defaults (`PROFILE_DEFAULTS`; a flag or variable overrides each) were chosen before any GPU measurement
+of this code existed, so they are sized to stay informative if the GPU is 10x faster or slower than
+guessed (a cached rank of 128 candidates 1-5 ms, a miss computing 8k events 10-40 ms):
+
+- SLO 80 ms and a relay window of 80 ms, equal as above; one ranker (one GPU); the auto HBM and DRAM
+  budgets (-1: the preset's share of the GPU's free memory, a quarter of the host's for DRAM);
+- lengths 1024-16000 events (the preset has 16383 positions; the rankers are given
+  `--max-short-term-events` of the short-term length so that 16000 plus growth fits) at 50 calls/s:
+  a point of 200 requests then takes 4 s, and the baseline's misses load the GPU by 50 x its miss time;
+- loads 4-1024 calls/s in steps of 1.4-1.5x: the top is about what one asyncio load generator sends
+  without lagging (each point records its send lag), and far above what the host's serving path is
+  expected to carry; mixes with median 4096 / cap 8192 and median 8192 / cap 16000, as the CPU's are
+  sized to the CPU;
+- pre-inference in chunks of 2048 tokens (on a GPU a chunk's cost is mostly kernel launches, so fewer,
+  larger chunks are faster; a Rank waits behind at most one), 2 intra-op CPU threads per process;
+- points of 4 s of requests within 150-300 (`Profile.measured_at`) after a 2 s warm-up; the rankers'
+  warm-up curve with one repeat, the floor with two.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import os
+import sys
+from collections.abc import Mapping, Sequence
 
-from services.common.config import setting
+from services.common.config import env_name, flag_name, load, setting
 
-PROFILES = ("quick", "full")
+PROFILES = ("quick", "full", "gpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +103,16 @@ class Profile:
     window_delays_ms: tuple[float, ...]  # extra relay windows of the length sweep
     refine_steps: int  # loads measured between a load sweep's best grid value and the next one
     seeds: int  # load seeds of each throughput sweep's verdict points (1: no repeats)
+    # With `measured_s`, a point measures its rate times this many seconds of requests, within
+    # [measured_min, measured]: a slow point stays short, a fast one still has `measured` requests.
+    measured_s: float = 0.0  # 0: every point measures `measured` requests
+    measured_min: int = 0
+
+    def measured_at(self, rate: float) -> int:
+        """Requests a point at `rate` measures."""
+        if not self.measured_s:
+            return self.measured
+        return min(self.measured, max(self.measured_min, round(rate * self.measured_s)))
 
 
 PROFILE_SETTINGS = {
@@ -96,6 +132,48 @@ PROFILE_SETTINGS = {
         refine_steps=2,
         seeds=3,
     ),
+    "gpu": Profile(
+        measured=300,
+        floor_repeats=2,
+        cached_rank_iterations=20,
+        window_delays_ms=(),
+        refine_steps=0,
+        seeds=1,
+        measured_s=4.0,
+        measured_min=150,
+    ),
+}
+
+# The gpu profile's own defaults: each applies where neither its flag nor its RELAYGR_ variable is given
+# (`profile_environ`). The other profiles use the settings' documented defaults.
+PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
+    "quick": {},
+    "full": {},
+    "gpu": {
+        "name": "gpu-fleet",
+        "slo_ms": 80.0,
+        "preprocess_delay_ms": 80.0,
+        "model_preset": "gpu-dlrmv3",
+        "rankers": 1,
+        "torch_threads": 2,
+        "pre_infer_chunk_tokens": 2048,
+        "hbm_budget_mb": -1.0,
+        "dram_budget_mb": -1.0,
+        "ranker_profile_lengths": "128,512,2048,8192,16000",
+        "ranker_profile_repeats": 1,
+        "lengths": "1024,2048,3072,4096,6144,8192,12288,16000",
+        "length_rate": 50.0,
+        "loads": "4,6,9,13,20,30,45,64,90,128,180,256,360,512,720,1024",
+        "mix_median": 4096,
+        "mix_max": 8192,
+        "mix2_median": 8192,
+        "mix2_max": 16000,
+        "abandon_fractions": "0",
+        "warmup_s": 2.0,
+        "startup_timeout_s": 120.0,
+        "time_budget_s": 330.0,
+        "floor_device": "auto",
+    },
 }
 
 
@@ -120,8 +198,11 @@ def _fractions(text: str) -> list[float]:
 class BenchConfig:
     profile: str = setting(
         "quick",
-        "quick (make bench: about 20 minutes on 2 cores, 200 requests a point) or full (make bench-full: "
-        "about 1.5 hours, 1000 requests a point, refined loads, 3 load seeds at each verdict)",
+        "quick (make bench: about 20 minutes on 2 cores, 200 requests a point), full (make bench-full: "
+        "about 1.5 hours, 1000 requests a point, refined loads, 3 load seeds at each verdict) or gpu (one "
+        "ranker on a GPU, about 6 minutes within --time-budget-s: baseline and RelayGR only, the length "
+        "sweep and the throughput sweep; its own defaults: bench.config.PROFILE_DEFAULTS)",
+        choices=PROFILES,
     )
     name: str = setting("", "results go to bench/results/<name>/ (empty: the profile's name)")
     slo_ms: float = setting(100.0, "ranking-latency P99 SLO (Rank through the router, as the stub sees it)")
@@ -133,12 +214,15 @@ class BenchConfig:
     pre_infer_chunk_tokens: int = setting(
         512, "the rankers' pre-inference chunk (a Rank waits at most one); 512 is the fastest on CPU"
     )
-    hbm_budget_mb: float = setting(256.0, "HBM-tier budget per ranker, MiB")
-    dram_budget_mb: float = setting(1024.0, "DRAM-tier budget per ranker, MiB (the baseline and no-dram: 0)")
+    hbm_budget_mb: float = setting(256.0, "HBM-tier budget per ranker, MiB (-1: the ranker's auto budget)")
+    dram_budget_mb: float = setting(
+        1024.0, "DRAM-tier budget per ranker, MiB (the baseline and no-dram: 0; -1: the ranker's auto budget)"
+    )
     ranker_profile_lengths: str = setting(
         "128,256,512,2048,4096",
         "prefix lengths of each ranker's warm-up curve (the short ones place the trigger's break-even)",
     )
+    ranker_profile_repeats: int = setting(2, "timed repeats per length of each ranker's warm-up curve")
     short_term: int = setting(16, "short-term events per request")
     lengths: str = setting(
         "512,768,1024,1536,2048,3072,4096,6144,8192", "long-term lengths of the length sweep (experiment 1)"
@@ -166,6 +250,15 @@ class BenchConfig:
     universe_seed: int = setting(0, "seed of the user universe (the same in every mode)")
     load_seed: int = setting(0, "seed of arrivals and user draws (the same in every mode)")
     startup_timeout_s: float = setting(300.0, "seconds each service gets to become healthy")
+    time_budget_s: float = setting(
+        0.0,
+        "gpu profile: wall-clock seconds of the whole run, fleet starts included; a point that would end "
+        "past it is not measured (or is stopped) and its sweep is marked cut short (0: no budget)",
+        minimum=0,
+    )
+    floor_device: str = setting(
+        "cpu", "device of the in-process floor: cpu, cuda, npu or auto (as the rankers' --device)"
+    )
 
     def validate(self) -> None:
         if self.profile not in PROFILES:
@@ -173,12 +266,16 @@ class BenchConfig:
         for name in ("slo_ms", "rankers", "torch_threads", "pre_infer_chunk_tokens", "length_rate",
                      "mix_median", "mix_max", "mix2_median", "mix2_max", "mix_sigma", "short_term",
                      "revisit_window_s", "rank_timeout_ms", "startup_timeout_s",
-                     "hbm_budget_mb"):  # fmt: skip
+                     "ranker_profile_repeats"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
-        for name in ("preprocess_delay_ms", "dram_budget_mb", "growth_headroom", "warmup_s"):
+        for name in ("preprocess_delay_ms", "growth_headroom", "warmup_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must not be negative")
+        if not (self.hbm_budget_mb > 0 or self.hbm_budget_mb == -1):
+            raise ValueError("--hbm-budget-mb must be positive or -1 (auto)")
+        if not (self.dram_budget_mb >= 0 or self.dram_budget_mb == -1):
+            raise ValueError("--dram-budget-mb must not be negative, or be -1 (auto)")
         if not 0 <= self.revisit_probability < 1:
             raise ValueError("--revisit-probability must be in [0, 1)")
         if not 0 < self.max_error_fraction <= 1:
@@ -220,3 +317,27 @@ class BenchConfig:
     def longest_long_term(self) -> int:
         """The longest long-term history any universe of the run serves (growth included)."""
         return max(self.length_grid()[-1] + self.growth_headroom, self.mix_max, self.mix2_max)
+
+
+def profile_environ(argv: Sequence[str] | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` with the chosen profile's defaults (`PROFILE_DEFAULTS`) added as `RELAYGR_…` variables
+    where the variable is not set. `load` reads variables as defaults that flags override, so a setting
+    comes from its flag, else its variable, else the profile, else its documented default."""
+    chooser = argparse.ArgumentParser(add_help=False)
+    chooser.add_argument(flag_name("profile"), dest="profile", default=None)
+    chosen = chooser.parse_known_args(list(argv) if argv is not None else sys.argv[1:])[0].profile
+    profile = chosen or environ.get(env_name("profile")) or BenchConfig.profile
+    merged = dict(environ)
+    for name, value in PROFILE_DEFAULTS.get(profile, {}).items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        merged.setdefault(env_name(name), text)
+    return merged
+
+
+def load_config(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None, description: str = ""
+) -> BenchConfig:
+    """The benchmark's settings from flags, variables and the chosen profile's defaults."""
+    environ = os.environ if environ is None else environ
+    merged = profile_environ(argv, environ)
+    return load(BenchConfig, argv, environ=merged, prog="python -m bench", description=description)

@@ -102,7 +102,7 @@ class Bench:
             slo_ms=c.slo_ms,
             ranker_args=(
                 f"--torch-threads {c.torch_threads} --pre-infer-chunk-tokens {c.pre_infer_chunk_tokens} "
-                f"--profile-lengths {c.ranker_profile_lengths} --profile-repeats 2 "
+                f"--profile-lengths {c.ranker_profile_lengths} --profile-repeats {c.ranker_profile_repeats} "
                 f"--profile-candidates {NUM_CANDIDATES} --profile-short-term {c.short_term}"
             ),
             max_long_term=c.longest_long_term,
@@ -137,19 +137,27 @@ class Bench:
         spec = PointSpec(
             rate=rate,
             warmup=round(rate * c.warmup_s),
-            measured=c.settings.measured,
+            measured=c.settings.measured_at(rate),
             timeout_s=(plan.delay_ms + c.rank_timeout_ms) / 1000 + 1.0,
             slo_ms=c.slo_ms,
             max_error_fraction=c.max_error_fraction,
             seed=seed,
         )
-        before = probes.snapshot(fleet.pids(), fleet.ranker_metrics())
-        result = asyncio.run(run_point(address, sampler, spec))
-        cost = probes.difference(before, probes.snapshot(fleet.pids(), fleet.ranker_metrics()))
+        result, cost, extra = self.drive(fleet, address, sampler, spec)
         time.sleep(SETTLE_S)
         self.log(f"{fleet.mode.name:<11} {namespace:<36} {rate:>6g}/s: {describe(result)}")
         self.log(f"{'':<11} cost: {describe_cost(cost)}")
-        return {**result.as_json(), "seed": seed, "cost": cost}
+        return {**result.as_json(), "seed": seed, "cost": cost, **extra}
+
+    def drive(
+        self, fleet: BenchFleet, address: str, sampler: RevisitSampler, spec: PointSpec
+    ) -> tuple[PointResult, dict[str, Any], dict[str, Any]]:
+        """Runs one point's load against the stub at `address`: its result, what it cost the fleet, and
+        what else a subclass records beside them (nothing here)."""
+        before = probes.snapshot(fleet.pids(), fleet.ranker_metrics())
+        result = asyncio.run(run_point(address, sampler, spec))
+        cost = probes.difference(before, probes.snapshot(fleet.pids(), fleet.ranker_metrics()))
+        return result, cost, {}
 
     def length_sweeps(self, plans: list[Plan]) -> list[Sweep]:
         """Experiment 1 for each plan: every user at one length, at the length sweep's rate."""
@@ -243,7 +251,7 @@ class Bench:
         self.log(f"in-process floor ({c.model_preset}, {c.torch_threads} thread(s)) at {lengths}")
         floor = model_floor(
             c.model_preset, c.torch_threads, lengths, c.short_term, NUM_CANDIDATES,
-            c.settings.floor_repeats, c.pre_infer_chunk_tokens,
+            c.settings.floor_repeats, c.pre_infer_chunk_tokens, c.floor_device,
         )  # fmt: skip
         for p in floor:
             self.log(f"floor L={p.prefix_length}: full {p.full_ms:.1f} ms, "

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import grpc
 import numpy as np
+import torch
 
 from bench.stats import percentile
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
@@ -43,10 +44,13 @@ def model_floor(
     candidates: int,
     repeats: int,
     chunk_tokens: int,
+    device: str = "cpu",
 ) -> list[LatencyPoint]:
-    """Median in-process latency of full, pre-infer and cached rank at each prefix length."""
+    """Median in-process latency of full, pre-infer and cached rank at each prefix length, on `device`
+    (as the rankers' `--device`); an accelerator's cached memory is handed back afterwards, so that the
+    rankers started next find it free."""
     config = RankerConfig(
-        model_preset=preset, device="cpu", torch_threads=torch_threads, max_long_term_events=max(lengths)
+        model_preset=preset, device=device, torch_threads=torch_threads, max_long_term_events=max(lengths)
     )
     model, version, _ = build_model(config)
     worker = Scheduler("floor")
@@ -55,6 +59,9 @@ def model_floor(
         curve = measure(runner, sorted(lengths), short_term, candidates, repeats)
     finally:
         worker.close()
+        del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return list(curve.points)
 
 

@@ -12,7 +12,8 @@ of the latency samples and the verdict, which are over the Ranks that happened. 
 calls have missed the SLO than a passing P99 allows (or have failed more often than the error bound
 allows) among as many ranked calls as the point can still have (its plan less the calls abandoned so
 far), the point has failed for certain and sending stops: an overloaded fleet is not driven further into
-overload for nothing, and the result says so (`aborted`).
+overload for nothing, and the result says so (`aborted`). A point may also be given a time to stop at
+(`stop_at`, a run's time budget): stopped then, it is `cut`, and its verdict says nothing.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class PointResult:
     measured: int  # measured requests sent (fewer than planned when aborted), abandoned ones included
     planned: int
     aborted: bool
+    cut: bool  # stopped at its `stop_at` before it had failed: neither a pass nor a failure
     abandoned: int  # measured requests the stub abandoned after retrieval: no Rank, not in the verdict
     abandoned_admitted: int  # of those, the ones whose Admit fired a pre-inference no Rank will consume
     errors: int
@@ -93,7 +95,9 @@ def _percentiles(samples: list[float]) -> dict[str, float | None]:
     return {f"p{q}": _finite_or_none(percentile(samples, q)) for q in PERCENTILES}
 
 
-def summarize(records: list[CallRecord], spec: PointSpec, aborted: bool, wall_s: float) -> PointResult:
+def summarize(
+    records: list[CallRecord], spec: PointSpec, aborted: bool, wall_s: float, cut: bool = False
+) -> PointResult:
     """The result of a point from its call records (warm-up calls included; they are skipped here)."""
     measured = [record for record in records if record.index >= spec.warmup]
     dropped = [record for record in measured if record.ok and record.response.abandoned]
@@ -128,6 +132,7 @@ def summarize(records: list[CallRecord], spec: PointSpec, aborted: bool, wall_s:
         measured=len(measured),
         planned=spec.measured,
         aborted=aborted,
+        cut=cut,
         abandoned=len(dropped),
         abandoned_admitted=sum(1 for record in dropped if record.response.admitted),
         errors=errors,
@@ -143,7 +148,8 @@ def summarize(records: list[CallRecord], spec: PointSpec, aborted: bool, wall_s:
         mean_long_term=round(sum(lengths) / len(lengths), 1) if lengths else 0.0,
         send_lag_p99_ms=round(percentile([r.send_lag_s * 1000 for r in records], 99), 3) if records else 0.0,
         wall_s=round(wall_s, 2),
-        meets_slo=not aborted and meets_slo(p99, errors, len(ranked), spec.slo_ms, spec.max_error_fraction),
+        meets_slo=not (aborted or cut)
+        and meets_slo(p99, errors, len(ranked), spec.slo_ms, spec.max_error_fraction),
     )
 
 
@@ -154,13 +160,23 @@ def failed_for_certain(violations: int, errors: int, most_ranked: int, max_error
     return violations > violation_budget(most_ranked) or errors >= error_budget
 
 
-async def run_point(address: str, sampler: RevisitSampler, spec: PointSpec) -> PointResult:
-    """Drives one point against the retrieval stub at `address` and summarizes it."""
+async def run_point(
+    address: str, sampler: RevisitSampler, spec: PointSpec, stop_at: float | None = None
+) -> PointResult:
+    """Drives one point against the retrieval stub at `address` and summarizes it; sending stops at
+    `stop_at` (a `time.monotonic()` time) if the point is still running then."""
     stop = asyncio.Event()
     violations = errors = abandoned = 0
+    cut = failed = False  # stopped at `stop_at`; failed for certain (an answer after the cut may say so)
+
+    def cut_now() -> None:
+        nonlocal cut
+        if not stop.is_set():
+            cut = True
+            stop.set()
 
     def watch(record: CallRecord) -> None:
-        nonlocal violations, errors, abandoned
+        nonlocal violations, errors, abandoned, failed
         if record.index < spec.warmup:
             return
         if record.ok and record.response.abandoned:
@@ -169,11 +185,15 @@ async def run_point(address: str, sampler: RevisitSampler, spec: PointSpec) -> P
             errors += not record.ok
             violations += not record.ok or record.response.rank_latency_ms > spec.slo_ms
         if failed_for_certain(violations, errors, spec.measured - abandoned, spec.max_error_fraction):
+            failed = True
             stop.set()
 
     def request(index: int) -> recommend_pb2.RecommendRequest:
         return recommend_pb2.RecommendRequest(user_id=sampler.user(index), top_k=TOP_K)
 
+    timer = None
+    if stop_at is not None:
+        timer = asyncio.get_running_loop().call_later(max(stop_at - time.monotonic(), 0.0), cut_now)
     started = time.perf_counter()
     async with grpc.aio.insecure_channel(address) as channel:
         records = await run_open_loop(
@@ -186,4 +206,6 @@ async def run_point(address: str, sampler: RevisitSampler, spec: PointSpec) -> P
             stop=stop,
             on_record=watch,
         )
-    return summarize(records, spec, stop.is_set(), time.perf_counter() - started)
+    if timer is not None:
+        timer.cancel()
+    return summarize(records, spec, failed, time.perf_counter() - started, cut and not failed)

@@ -26,6 +26,7 @@ SERVICES = [
         "services.retrieval_stub.config",
         "RetrievalStubConfig",
     ),
+    ("Benchmark — `python -m bench`", "bench.config", "BenchConfig"),
 ]
 
 
@@ -34,8 +35,26 @@ def render() -> str:
     for heading, module, name in SERVICES:
         cls = getattr(importlib.import_module(module), name)
         sections += [f"## {heading}", "", markdown_table(cls), ""]
+    sections += [profile_defaults(), ""]
     sections.append(END)
     return "\n".join(sections)
+
+
+def profile_defaults() -> str:
+    """The benchmark profiles' own defaults: each replaces a setting's default where neither its flag nor
+    its variable is given."""
+    from bench.config import PROFILE_DEFAULTS
+    from services.common.config import env_name, flag_name
+
+    rows = ["| profile | flag | environment | profile's default |", "|---|---|---|---|"]
+    for profile, defaults in PROFILE_DEFAULTS.items():
+        for name, value in defaults.items():
+            rows.append(f"| {profile} | `{flag_name(name)}` | `{env_name(name)}` | `{value}` |")
+    intro = (
+        "### The profiles' own defaults\n\n`--profile` picks them: each applies where neither the setting's "
+        "flag nor its variable is given (flag, then variable, then the profile, then the default above)."
+    )
+    return intro + "\n\n" + "\n".join(rows)
 
 
 def update(text: str) -> str:

@@ -1,0 +1,347 @@
+"""`python -m bench --profile gpu`: baseline against RelayGR with one ranker on a GPU, within a time budget.
+
+The fleet on a GPU (issue 24): a ranker with `gpu-dlrmv3` on the GPU, router, trigger and retrieval stub
+on the host's cores. The run measures only what that question needs, in this order:
+
+1. the in-process floor on the GPU (`--floor-device`), for the length sweep's first guess;
+2. RelayGR's fleet, then the baseline's (one start each), the cached Rank through RelayGR's router at the
+   length grid's first, middle and last length;
+3. the length sweep at `--length-rate` (experiment 1) and the throughput sweep on the first mix
+   (experiment 2), each mode's points in turn; the second mix only when the time left is at least 1.5x
+   what the first mix took. No ablations, abandonment shares, other relay windows or seed repeats.
+
+Every point records, beside its ranking latencies and its CPU seconds by process (`cost`), how busy the
+GPU was over its measured requests (`gpu`, `bench.gpu_monitor`; None on a machine without a GPU).
+
+The time budget (`--time-budget-s`, fleet starts included) keeps the whole run inside one command's
+limit: a point whose warm-up and measured requests would end past the budget (less `RESERVE_S` for
+stopping the fleets and writing the report) is not measured; a running point is stopped there (`cut`).
+Either ends its sweep: the sweep is marked `cut_short`, its `best` is None, and `passed_up_to` /
+`failed_from` say what it had measured, so a cut sweep is never reported as a full answer; later stages
+are skipped (`time_budget.skipped`). A stage that fails (a fleet that does not start) is recorded under
+`errors` and the run goes on to write what it has. After each stage results.json and report.md are
+written again (`checkpoint`), so even a run killed from outside leaves its finished stages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bench import probes
+from bench.config import BenchConfig
+from bench.experiments import NUM_CANDIDATES, SETTLE_S, Bench, Plan, Sweep, last_within, mix_result, ratio
+from bench.fleets import BASELINE, RELAY, BenchFleet, Mode
+from bench.floor import cached_rank_through_router, model_floor
+from bench.gpu_monitor import GpuMonitor
+from bench.points import PointResult, PointSpec, run_point
+from bench.stats import Search, largest_passing_value
+from bench.workload import RevisitSampler, Universe
+
+RESERVE_S = 25.0  # kept at the end of the budget: stopping two fleets (grace included) and the report
+POINT_OVERHEAD_S = 2.0  # beyond a point's requests: the probes, an extra stub's start
+CACHED_RANK_S = 20.0  # the least time left for the cached Rank through the router
+T = TypeVar("T")
+
+
+class BudgetExhausted(Exception):
+    """The time budget leaves no room for the next measurement."""
+
+
+@dataclasses.dataclass
+class Budget:
+    """Wall-clock seconds of a run from `started` (`time.monotonic()`); 0 seconds: no budget."""
+
+    started: float
+    seconds: float
+    reserve_s: float = RESERVE_S
+
+    @property
+    def deadline(self) -> float | None:
+        return self.started + self.seconds - self.reserve_s if self.seconds else None
+
+    def left(self, now: float | None = None) -> float:
+        """Seconds until the deadline (infinite without a budget; negative once past it)."""
+        deadline = self.deadline
+        return float("inf") if deadline is None else deadline - (time.monotonic() if now is None else now)
+
+    def fits(self, seconds: float, now: float | None = None) -> bool:
+        return seconds <= self.left(now)
+
+
+@dataclasses.dataclass
+class BudgetedSweep(Sweep):
+    """A sweep that the time budget may cut short: then `best` is None and the bounds say what was seen."""
+
+    cut_short: bool = False
+    cut_reason: str | None = None
+    passed_up_to: float | None = None  # the largest value that met the SLO (a lower bound when cut)
+    failed_from: float | None = None  # the smallest value above it that failed
+
+
+def interleave_within_budget(searches: Sequence[Search]) -> tuple[list[Any], list[bool], str | None]:
+    """`bench.stats.interleave` until a measurement raises `BudgetExhausted`: each search's result, whether
+    it finished, and the budget's reason when it stopped them (None when every search finished)."""
+    results: list[Any] = [None] * len(searches)
+    finished = [False] * len(searches)
+    pending = {number: search.send(None) for number, (search, _) in enumerate(searches)}
+    try:
+        while pending:
+            for number in list(pending):
+                search, measure = searches[number]
+                try:
+                    pending[number] = search.send(measure(pending[number]))
+                except StopIteration as done:
+                    results[number], finished[number] = done.value, True
+                    del pending[number]
+    except BudgetExhausted as exc:
+        return results, finished, str(exc)
+    return results, finished, None
+
+
+def close_sweep(sweep: BudgetedSweep, verdicts: list[tuple[float, bool]], grid: Sequence[float],
+                finished: bool, best: float | None, reason: str | None) -> None:  # fmt: skip
+    """Fills in a sweep's answer from its search (`finished`, `best`) and its points' `verdicts`."""
+    passed = [value for value, ok in verdicts if ok]
+    sweep.passed_up_to = max(passed, default=None)
+    failed = [v for v, ok in verdicts if not ok and (sweep.passed_up_to is None or v > sweep.passed_up_to)]
+    sweep.failed_from = min(failed, default=None)
+    if finished:
+        sweep.best = best
+        sweep.at_grid_top = best == grid[-1]
+    else:
+        sweep.cut_short, sweep.cut_reason = True, reason
+
+
+def headline(baseline: BudgetedSweep, relay: BudgetedSweep) -> dict[str, Any]:
+    """The ratio of two sweeps when both finished, else None; `ratio_at_least` where the baseline finished
+    and RelayGR's cut sweep had passed somewhere (its answer is at least that)."""
+    complete = not (baseline.cut_short or relay.cut_short)
+    at_least = None
+    if not complete and not baseline.cut_short and relay.passed_up_to is not None:
+        at_least = ratio(relay.passed_up_to, baseline.best)
+    return {"ratio": ratio(relay.best, baseline.best) if complete else None, "complete": complete,
+            "ratio_at_least": at_least}  # fmt: skip
+
+
+class GpuBench(Bench):
+    """The gpu profile's run (see the module's docstring); `checkpoint` receives the results so far."""
+
+    def __init__(
+        self,
+        config: BenchConfig,
+        log_dir: Path,
+        log: Callable[[str], None],
+        started: float,
+        monitor: GpuMonitor,
+        checkpoint: Callable[[dict[str, Any]], None] = lambda _: None,
+    ) -> None:
+        super().__init__(config, log_dir, log)
+        self._started = started
+        self.budget = Budget(started, config.time_budget_s)
+        self.monitor = monitor
+        self.checkpoint = checkpoint
+        # Room for the longest sequence a preset has positions for: short-term histories are fixed here.
+        args = f"{self.shape.ranker_args} --max-short-term-events {config.short_term}"
+        self.shape = dataclasses.replace(self.shape, ranker_args=args)
+        self.skipped: dict[str, str] = {}
+        self.errors: list[str] = []
+        self.results: dict[str, Any] = {}
+
+    # ---- points and sweeps within the budget ----
+
+    def drive(
+        self, fleet: BenchFleet, address: str, sampler: RevisitSampler, spec: PointSpec
+    ) -> tuple[PointResult, dict[str, Any], dict[str, Any]]:
+        warmup_s = spec.warmup / spec.rate
+        needed = warmup_s + spec.measured / spec.rate + SETTLE_S + POINT_OVERHEAD_S
+        if not self.budget.fits(needed):
+            raise BudgetExhausted(f"a point at {spec.rate:g}/s needs about {needed:.0f} s, {self.left()}")
+        before = probes.snapshot(fleet.pids(), fleet.ranker_metrics())
+        start = time.monotonic()
+        result = asyncio.run(run_point(address, sampler, spec, stop_at=self.budget.deadline))
+        end = time.monotonic()
+        cost = probes.difference(before, probes.snapshot(fleet.pids(), fleet.ranker_metrics()))
+        # The measured requests start after the warm-up's, about warmup / rate seconds in.
+        return result, cost, {"gpu": self.monitor.busy(start + warmup_s, end)}
+
+    def _sweeps(
+        self,
+        grid: list[float],
+        plans: list[Plan],
+        measure: Callable[[Plan, float], dict[str, Any]],
+        refine_steps: int,
+    ) -> list[Sweep]:
+        sweeps = [BudgetedSweep() for _ in plans]
+        verdicts: list[list[tuple[float, bool]]] = [[] for _ in plans]
+
+        def passes_for(plan: Plan, sweep: BudgetedSweep, seen: list[tuple[float, bool]]):
+            def passes(value: float) -> bool:
+                point = measure(plan, value)
+                sweep.points.append(point)
+                if value not in grid:
+                    sweep.refined.append(value)
+                if point["cut"]:
+                    raise BudgetExhausted(f"the budget's end stopped the point at {value:g}")
+                seen.append((value, point["meets_slo"]))
+                return point["meets_slo"]
+
+            return passes
+
+        searches = [
+            (largest_passing_value(grid, plan.first, refine_steps), passes_for(plan, sweep, seen))
+            for plan, sweep, seen in zip(plans, sweeps, verdicts, strict=True)
+        ]
+        results, finished, reason = interleave_within_budget(searches)
+        for sweep, seen, done, best in zip(sweeps, verdicts, finished, results, strict=True):
+            close_sweep(sweep, seen, grid, done, best, reason)
+        if reason is not None:
+            self.log(f"time budget: {reason}; the sweep is cut short")
+        return list(sweeps)
+
+    # ---- stages ----
+
+    def stage(self, name: str, work: Callable[[], T], default: T, needs_s: float = 0.0) -> T:
+        """`work()`, or `default` when the budget leaves less than `needs_s` (recorded as skipped) or when
+        it raises (recorded as an error); the results so far are checkpointed after it."""
+        if not self.budget.fits(needs_s):
+            self.skipped[name] = f"needs about {needs_s:.0f} s, {self.left()}"
+            self.log(f"skipping {name}: {self.skipped[name]}")
+            return default
+        try:
+            return work()
+        except Exception as exc:
+            self.errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            self.log(f"{name} failed:\n{traceback.format_exc()}")
+            return default
+
+    def left(self) -> str:
+        return f"{max(self.budget.left(), 0):.0f} s of the budget left"
+
+    def fleet(self, mode: Mode) -> BenchFleet:
+        left = self.budget.left()
+        timeout = max(min(self.config.startup_timeout_s, left), 10.0)
+        self.log(f"starting the {mode.name} fleet ({self.left()}): {mode.description}")
+        shape = dataclasses.replace(self.shape, startup_timeout_s=timeout)
+        return BenchFleet(mode, shape, self.mix, self.config.preprocess_delay_ms, self.log_dir / mode.name)
+
+    def save(self) -> None:
+        self.results["time_budget"] = {
+            "seconds": self.config.time_budget_s, "reserve_s": self.budget.reserve_s,
+            "used_s": round(time.monotonic() - self.budget.started, 1), "skipped": dict(self.skipped),
+        }  # fmt: skip
+        self.results["errors"] = list(self.errors)
+        self.checkpoint(self.results)
+
+    def run(self) -> dict[str, Any]:
+        c = self.config
+        lengths = c.length_grid()
+        r = self.results
+        r.update(
+            length_ratio=None, throughput_ratio=None, throughput_ratios={}, floor=[], cached_rank=[],
+            length_sweep=None, throughput_sweeps={},
+            modes={mode.name: dataclasses.asdict(mode) for mode in (BASELINE, RELAY)},
+            fleet=dataclasses.asdict(self.shape), mix_universes=[dataclasses.asdict(m) for m in self.mixes],
+        )  # fmt: skip
+        self.log(f"in-process floor ({c.model_preset} on {c.floor_device}) at {lengths}")
+        floor = self.stage("floor", self.floor, [])
+        r["floor"] = [dataclasses.asdict(p) for p in floor]
+        self.save()
+        with contextlib.ExitStack() as fleets:
+            relay = self.stage("relay fleet", lambda: fleets.enter_context(self.fleet(RELAY)), None, 30.0)
+            baseline = None
+            if relay is not None:
+                self.save()
+                start = lambda: fleets.enter_context(self.fleet(BASELINE))  # noqa: E731
+                baseline = self.stage("baseline fleet", start, None, 30.0)
+            self.save()
+            if relay is not None and baseline is not None:
+                self.measure(floor, baseline, relay)
+        self.save()
+        return r
+
+    def floor(self) -> list[Any]:
+        c = self.config
+        floor = model_floor(
+            c.model_preset, c.torch_threads, c.length_grid(), c.short_term, NUM_CANDIDATES,
+            c.settings.floor_repeats, c.pre_infer_chunk_tokens, c.floor_device,
+        )  # fmt: skip
+        for p in floor:
+            self.log(f"floor L={p.prefix_length}: full {p.full_ms:.1f} ms, "
+                     f"pre-infer {p.pre_infer_ms:.1f} ms, cached rank {p.rank_ms:.1f} ms")  # fmt: skip
+        return floor
+
+    def measure(self, floor: list[Any], baseline: BenchFleet, relay: BenchFleet) -> None:
+        """The cached Rank, the length sweep and the throughput sweeps, on running fleets."""
+        c, r = self.config, self.results
+        lengths, loads, window = c.length_grid(), c.load_grid(), c.preprocess_delay_ms
+        self.log("cached Rank through the router, idle fleet")
+        ends = sorted({lengths[0], lengths[len(lengths) // 2], lengths[-1]})
+        ranks = c.settings.cached_rank_iterations
+        router = relay.router()
+        work = lambda: cached_rank_through_router(router, ends, c.short_term, NUM_CANDIDATES, ranks)  # noqa: E731
+        cached = self.stage("cached rank", work, [], CACHED_RANK_S)
+        for p in cached:
+            self.log(f"cached Rank L={p.prefix_length}: P50 {p.rank_ms_p50} ms P99 {p.rank_ms_p99} ms")
+        r["cached_rank"] = [dataclasses.asdict(p) for p in cached]
+        self.save()
+
+        # First guesses as `Bench.run` makes them: from the floor (half the SLO left for queueing and the
+        # hops; the grid's middle without a floor), and the length sweep's rate for the loads.
+        no_relay_ms = [p.pre_infer_ms + p.rank_ms for p in floor]
+
+        def length_guess(window_ms: float) -> int:
+            return last_within(no_relay_ms, window_ms + c.slo_ms / 2) if floor else len(lengths) // 2
+
+        plans = [Plan(baseline, length_guess(0.0), window), Plan(relay, length_guess(window), window)]
+        swept = self.stage("length sweep", lambda: self.length_sweeps(plans), None)
+        if swept is not None:
+            base, rel = swept
+            line = headline(base, rel)
+            r["length_ratio"] = line["ratio"]
+            r["length_sweep"] = {
+                "rate": c.length_rate, "baseline": dataclasses.asdict(base), "relay": dataclasses.asdict(rel),
+                **line,
+            }  # fmt: skip
+        self.save()
+        first_base = last_within(loads, c.length_rate)
+        first_relay = first_base + 2
+        took = 0.0
+        for number, mix in enumerate(self.mixes):
+            name = f"throughput {mix.label}"
+            if number and not self.budget.fits(1.5 * took):
+                self.skipped[name] = f"the first mix took {took:.0f} s, {self.left()}"
+                self.log(f"skipping {name}: {self.skipped[name]}")
+                break
+            began = time.monotonic()
+            guesses = (first_base, first_relay)
+            work = lambda mix=mix, g=guesses: self.mix_sweeps(mix, baseline, relay, *g)  # noqa: E731
+            result = self.stage(name, work, None)
+            took = time.monotonic() - began
+            if result is None:
+                break
+            r["throughput_sweeps"][mix.label] = result
+            r["throughput_ratios"][mix.label] = result["ratio"]
+            if number == 0:
+                r["throughput_ratio"] = result["ratio"]
+            self.save()
+            if result["baseline"]["cut_short"] or result["relay"]["cut_short"]:
+                break
+            # The next mix is longer: one grid step below this one's answers.
+            first_base = max(last_within(loads, result["baseline"]["best"] or loads[0]) - 1, 0)
+            first_relay = max(last_within(loads, result["relay"]["best"] or loads[0]) - 1, 0)
+
+    def mix_sweeps(
+        self, mix: Universe, baseline: BenchFleet, relay: BenchFleet, first_base: int, first_relay: int
+    ) -> dict[str, Any]:
+        """Both modes' load sweeps on one mix, RelayGR's wasted pre-inference over them, the headline."""
+        window = self.config.preprocess_delay_ms
+        plans = [Plan(baseline, first_base, window), Plan(relay, first_relay, window)]
+        (base, rel), counters = self.ranker_counters(relay, lambda: self.load_sweeps(mix, plans))
+        return {**mix_result(mix, base, rel, counters), **headline(base, rel)}
