@@ -32,6 +32,6 @@ step() {
   echo "$name: exit $? in $((SECONDS - started)) s" | tee -a "$out/steps.txt"
 }
 
-step test-gpu 150 "$py" -m pytest -v -rs -p no:cacheprovider tests/gpu
-step accelerator 150 "$py" -m bench.accelerator --device cuda --repeats 30
-step fleet "${FLEET_LIMIT_S:-360}" "$py" -m bench --profile gpu
+step test-gpu 120 "$py" -m pytest -v -rs -p no:cacheprovider tests/gpu
+step accelerator 110 "$py" -m bench.accelerator --device cuda --repeats 30
+step fleet "${FLEET_LIMIT_S:-360}" "$py" -m bench --profile gpu --time-budget-s "${FLEET_BUDGET_S:-320}"
