@@ -18,6 +18,7 @@ from services.common.contract import TRIGGER_SERVICE
 from services.common.interceptor import Interceptor
 from services.common.server import GrpcServer, dial
 from services.trigger.config import TriggerConfig
+from services.trigger.dataplane import TriggerPlane
 from services.trigger.fleet_profile import FleetProfile
 from services.trigger.servicer import TriggerService, pre_infer_call
 
@@ -29,7 +30,8 @@ class TriggerServer:
         self.config = config
         self._channel = dial(config.router, config)
         self._router = ranker_pb2_grpc.RankerServiceStub(self._channel)
-        self.service = TriggerService(config, pre_infer_call(self._channel))
+        self.plane = TriggerPlane(config, pre_infer_call(self._channel))
+        self.service = TriggerService(self.plane)
         self.grpc = GrpcServer(config, TRIGGER_SERVICE, self._register)
         self._profile_task: asyncio.Task | None = None
 
@@ -62,7 +64,7 @@ class TriggerServer:
         while True:
             profile = await self._fetch_profile()
             if profile is not None:
-                self.service.use_profile(profile)
+                self.plane.use_profile(profile)
                 if not serving:
                     await self.grpc.set_serving()
                     serving = True

@@ -1,184 +1,46 @@
-"""TriggerService.Admit: validate, predict, decide, fire the PreInfer signal, answer with a reason.
+"""TriggerService.Admit as a table of contents: protobuf in, the data plane's decision out.
 
-The servicer is a thin adapter: the predictions are the fleet profile's cost models', the decision
-`admission.AdmissionPolicy`'s, the rankers' load `fleet_load.FleetLoad`'s. An admitted request's PreInfer
-goes through the router with a short deadline (`--pre-infer-timeout-ms`); the ranker answers as soon as it
-accepts or refuses, so Admit never waits for the computation, and its answer carries its load report,
-which the fleet view takes. The answer's `instance` becomes `relay_instance`. A refusal, a failed RPC or a
-missed deadline is RANKER_REFUSED and the admission's reservation is released. A DUPLICATE answers
-admitted=false with the instance remembered from the first admission, so the caller's Rank keeps its hint.
-
-The PreInfer payload is the Admit request itself: AdmitRequest shares field numbers 1 (user_id) and
-2 (long_term) with PreInferRequest, so with num_candidates and short_term_length cleared its encoding is a
-valid PreInferRequest's. It is serialised once, without copying the history into a new message, and the
-same bytes key duplicates: their digest names the user and the exact long-term sequence. At 8192 events
-that takes 0.2 ms, against 0.6 ms to copy into a PreInferRequest, serialise it and digest the history apart.
+Everything an Admit does (validate, predict, decide, fire the PreInfer signal) is `TriggerPlane.admit`'s;
+the servicer only translates the decision into an AdmitResponse. `pre_infer_call` is the PreInfer transport
+the plane is given: RankerService.PreInfer through the router, taking the already-serialised request.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import logging
-from collections.abc import Awaitable, Callable
-
 import grpc
 
 from relaygr.v1 import ranker_pb2, trigger_pb2, trigger_pb2_grpc
-from services.common import validation
 from services.common.contract import RANKER_SERVICE, method_path
-from services.common.errors import InvalidArgument, Unavailable
-from services.common.metrics import Children, precreate
-from services.trigger.admission import AdmissionPolicy, Brake, Decision, Limits, Prefix, Reason
-from services.trigger.config import TriggerConfig
-from services.trigger.fleet_load import FleetLoad
-from services.trigger.fleet_profile import FleetProfile
-from services.trigger.metrics import (
-    TRIGGER_BRAKE_PRESSURE,
-    TRIGGER_DECISIONS,
-    TRIGGER_MUST_RELAY,
-    TRIGGER_PRE_INFER_FAILURES,
-    TRIGGER_PREDICTED_SECONDS,
-    TRIGGER_SHED_THRESHOLD,
-)
-
-log = logging.getLogger(__name__)
+from services.trigger.admission import Reason
+from services.trigger.dataplane import PreInferCall, PreInferFailed, TriggerPlane
 
 PRE_INFER_METHOD = method_path(RANKER_SERVICE, "PreInfer")
 
-# The action vocabulary is the model's, which the trigger does not know; the ranker checks it.
-ANY_ACTION_TYPE = 2**31
-
 _PROTO_REASONS = {reason: trigger_pb2.AdmitReason.Value(f"ADMIT_REASON_{reason.name}") for reason in Reason}
-
-# Outcomes after which the prefix is (or will be) in HBM.
-_HELD_OUTCOMES = frozenset(
-    {
-        ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED,
-        ranker_pb2.PRE_INFER_OUTCOME_ALREADY_CACHED,
-        ranker_pb2.PRE_INFER_OUTCOME_RELOADED,
-    }
-)
-
-_DECISIONS = Children(TRIGGER_DECISIONS)
-_MUST_RELAY = Children(TRIGGER_MUST_RELAY)
-_BRAKE_PRESSURE = Children(TRIGGER_BRAKE_PRESSURE)
-
-PreInferCall = Callable[..., Awaitable[ranker_pb2.PreInferResponse]]
 
 
 def pre_infer_call(channel: grpc.aio.Channel) -> PreInferCall:
-    """RankerService.PreInfer taking an already-serialised PreInferRequest."""
-    return channel.unary_unary(PRE_INFER_METHOD, response_deserializer=ranker_pb2.PreInferResponse.FromString)
+    """RankerService.PreInfer over `channel`, taking an already-serialised PreInferRequest; a failed call
+    raises `PreInferFailed` with its status code's name."""
+    call = channel.unary_unary(PRE_INFER_METHOD, response_deserializer=ranker_pb2.PreInferResponse.FromString)
+
+    async def pre_infer(payload: bytes, timeout_s: float) -> ranker_pb2.PreInferResponse:
+        try:
+            return await call(payload, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise PreInferFailed(exc.code().name, exc.details() or "") from exc
+
+    return pre_infer
 
 
 class TriggerService(trigger_pb2_grpc.TriggerServiceServicer):
-    def __init__(self, config: TriggerConfig, pre_infer: PreInferCall) -> None:
-        self.config = config
-        self.fleet = FleetLoad(config.waste_window_s)
-        self.policy = AdmissionPolicy(
-            Limits(
-                slo_ms=config.slo_ms,
-                relay_overhead_ms=config.relay_overhead_ms,
-                duplicate_window_s=config.lease_window_ms / 1000.0,
-                waste_budget=config.waste_budget,
-                hbm_lease_fraction=config.hbm_lease_fraction,
-                max_backlog_ms=config.max_backlog_ms,
-                high_water=config.shed_high_water,
-                low_water=config.shed_low_water,
-                adjust_s=config.shed_adjust_ms / 1000.0,
-                step=config.shed_step,
-                floor_events=config.shed_floor_events,
-                max_events=config.max_long_term_events,
-                admit_all=config.admit_all,
-                replicas=config.replicas,
-            ),
-            self.fleet,
-        )
-        self._pre_infer = pre_infer
-        self._profile: FleetProfile | None = None
-        precreate(
-            TRIGGER_DECISIONS,
-            *[("admit" if reason is Reason.ADMITTED else "reject", reason.name.lower()) for reason in Reason],
-        )
-        precreate(TRIGGER_MUST_RELAY, ("admit",), ("reject",))
-        precreate(TRIGGER_BRAKE_PRESSURE, *[(brake.value,) for brake in Brake])
-
-    def use_profile(self, profile: FleetProfile) -> None:
-        """Calibrates predictions from a fresh fleet profile and places users on its members' ring."""
-        self._profile = profile
-        self.fleet.set_members(profile.members, profile.virtual_nodes)
+    def __init__(self, plane: TriggerPlane) -> None:
+        self.plane = plane
 
     async def Admit(
         self, request: trigger_pb2.AdmitRequest, context: grpc.aio.ServicerContext
     ) -> trigger_pb2.AdmitResponse:
-        profile = self._profile
-        if profile is None:
-            raise Unavailable("no latency profile from the router yet")
-        length = self._validate(request)
-        short, candidates = request.short_term_length, request.num_candidates
-        miss_ms = profile.full.predict_ms(length, short, candidates)
-        TRIGGER_PREDICTED_SECONDS.observe(miss_ms / 1000.0)
-        request.ClearField("num_candidates")
-        request.ClearField("short_term_length")
-        payload = request.SerializeToString()
-        key = hashlib.blake2b(payload, digest_size=16).digest()
-        prefix = Prefix(
-            key=key,
-            user_id=request.user_id,
-            length=length,
-            nbytes=length * profile.kv_bytes_per_token,
-            miss_ms=miss_ms,
-            gain_ms=profile.pre_infer.compute_ms(length, 0, 0),
-            pre_infer_ms=profile.pre_infer.predict_ms(length, 0, 0),
-        )
-        decision = self.policy.decide(prefix)
-        if decision.admitted:
-            decision = await self._fire(key, payload, request.user_id, decision)
-        return self._answer(decision)
-
-    def _validate(self, request: trigger_pb2.AdmitRequest) -> int:
-        validation.user_id(request.user_id)
-        length = validation.behavior_sequence(
-            request.long_term,
-            "long_term",
-            self.config.max_long_term_events,
-            ANY_ACTION_TYPE,
-            allow_empty=False,
-        )
-        validation.positive(request.num_candidates, "num_candidates", self.config.max_candidates)
-        if request.short_term_length < 0:
-            raise InvalidArgument("short_term_length", "must not be negative")
-        if request.short_term_length > self.config.max_short_term_events:
-            raise InvalidArgument(
-                "short_term_length",
-                f"is {request.short_term_length}, more than the limit of {self.config.max_short_term_events}",
-            )
-        return length
-
-    async def _fire(self, key: bytes, payload: bytes, user_id: str, decision: Decision) -> Decision:
-        try:
-            answer = await self._pre_infer(payload, timeout=self.config.pre_infer_timeout_ms / 1000.0)
-        except grpc.aio.AioRpcError as exc:
-            log.warning("PreInfer for user %s failed: %s %s", user_id, exc.code().name, exc.details())
-            TRIGGER_PRE_INFER_FAILURES.labels(exc.code().name).inc()
-            self.policy.answered(key, "", held=False)
-            return dataclasses.replace(decision, reason=Reason.RANKER_REFUSED)
-        self.fleet.observe(answer.load)
-        held = answer.outcome in _HELD_OUTCOMES
-        self.policy.answered(key, answer.instance, held=held)
-        if not held:
-            return dataclasses.replace(decision, reason=Reason.RANKER_REFUSED)
-        return dataclasses.replace(decision, relay_instance=answer.instance)
-
-    def _answer(self, decision: Decision) -> trigger_pb2.AdmitResponse:
-        verdict = "admit" if decision.admitted else "reject"
-        _DECISIONS(verdict, decision.reason.name.lower()).inc()
-        if decision.must_relay:
-            _MUST_RELAY(verdict).inc()
-        for brake, pressure in self.policy.pressure.items():
-            _BRAKE_PRESSURE(brake.value).set(pressure)
-        TRIGGER_SHED_THRESHOLD.set(self.policy.threshold_events)
+        decision = await self.plane.admit(request)
         return trigger_pb2.AdmitResponse(
             admitted=decision.admitted,
             reason=_PROTO_REASONS[decision.reason],

@@ -183,7 +183,7 @@ def test_the_hbm_brake_reads_the_bytes_the_ranker_reports(fleet):
             first = await stub.Admit(admit_request("user-f1", LONG, seed=3))
             assert first.reason == trigger_pb2.ADMIT_REASON_ADMITTED
             # The answer carried the ranker's report: its budget, and the prefix's bytes held for it.
-            fleet_load = server.service.fleet
+            fleet_load = server.plane.fleet
             assert fleet_load.hbm_capacity_bytes(INSTANCE) == HBM_BUDGET_MB * 1024 * 1024
             assert KV_BYTES_512 * 0.9 <= fleet_load.leased_bytes(INSTANCE) <= KV_BYTES_512
             second = await stub.Admit(admit_request("user-f2", LONG, seed=4))
@@ -201,7 +201,7 @@ def test_the_backlog_brake_refuses_a_prefix_longer_than_the_bound(fleet):
             await wait_serving(health)
             refused = await stub.Admit(admit_request("user-b1", LONG, seed=5))
             assert (refused.admitted, refused.reason) == (False, trigger_pb2.ADMIT_REASON_BACKLOG_LIMIT)
-            assert server.service.fleet.pre_infer_backlog_ms(INSTANCE) == 0.0  # it reserved nothing
+            assert server.plane.fleet.pre_infer_backlog_ms(INSTANCE) == 0.0  # it reserved nothing
 
     asyncio.run(scenario())
 
@@ -214,7 +214,7 @@ def test_a_ranker_refusal_is_reported_and_released(fleet):
         settings = {"relay_overhead_ms": fleet.overhead_ms, "max_backlog_ms": 3_600_000.0}
         async with trigger(fleet.router, **settings) as (server, stub, health):
             await wait_serving(health)
-            fleet_load = server.service.fleet
+            fleet_load = server.plane.fleet
             # 8192 events of cpu-tiny are 4 MiB of KV: more than the ranker's whole HBM budget. Before any
             # report the trigger does not know that budget, and the ranker refuses.
             refused = await stub.Admit(admit_request("user-huge", 8192, seed=7))
