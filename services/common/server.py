@@ -9,6 +9,10 @@
 3. `wait()` serves until SIGTERM or SIGINT (or `stop()`), then drains: health goes NOT_SERVING at once
    so load balancers stop sending, the `on_drain` hook runs, and in-flight RPCs get `drain_grace_s`.
 
+Every service runs the same way (`service_main` → `serve_app`): its `app.py` builds a `ServiceApp` (the
+wiring: config, logic, servicer, `GrpcServer`), whose `start()` does 1 and 2, and `serve_app` installs the
+signal handlers, does 3 and closes the app.
+
 The health-only port is a second server sharing the main server's `HealthServicer`, so both always
 answer the same status. It is plaintext even when the main port requires mutual TLS: kubelet's native
 gRPC probes present no client certificate. It serves nothing but `grpc.health.v1.Health`.
@@ -27,7 +31,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -207,19 +211,48 @@ class GrpcServer:
         log.info("%s stopped", self.service_name)
 
 
+class ServiceApp(Protocol):
+    """One service's components behind its `GrpcServer`: what `serve_app` runs. Every service's `app.py`
+    has one (`RankerApp`, `RouterApp`, `TriggerApp`, `RetrievalStubApp`), built in a running event loop."""
+
+    grpc: GrpcServer
+
+    async def start(self) -> None:
+        """Binds the ports and starts serving; health turns SERVING when the service is ready (at once, after
+        a warm-up, or when a dependency answers)."""
+
+    async def close(self) -> None:
+        """Releases what `start` and the constructor took (channels, threads, tasks), after the drain."""
+
+
+async def serve_app(app: ServiceApp) -> None:
+    """Start-up, signals and drain, written once for every service: SIGTERM and SIGINT request a stop (also
+    during start-up), the server serves until then, drains (`GrpcServer.wait`), and the app closes."""
+    app.grpc.install_signal_handlers()
+    try:
+        await app.start()
+        await app.grpc.wait()
+    finally:
+        await app.close()
+
+
 def service_main(
     config_class: type[C],
-    serve: Callable[[C], Awaitable[None]],
+    make_app: Callable[[C], ServiceApp],
     argv: Sequence[str] | None,
     name: str,
     description: str,
     log_name: Callable[[C], str] | None = None,
 ) -> None:
     """A service's command line: settings from flags and `RELAYGR_…`, logging (as `log_name(config)`, or
-    `name`), then `serve` on uvloop."""
+    `name`), then the app `make_app(config)` built and served (`serve_app`) on uvloop."""
     config = load(config_class, argv, prog=f"python -m services.{name}", description=description)
     setup_logging(config.log_level, name if log_name is None else log_name(config))
-    run(lambda: serve(config))
+
+    async def main() -> None:
+        await serve_app(make_app(config))
+
+    run(main)
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:

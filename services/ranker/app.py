@@ -1,7 +1,7 @@
 """Assembles a ranker from its settings: model, device threads, tiers, prefix cache, servicer, server.
 
-`RankerApp` is what `python -m services.ranker` runs, and what tests build in-process to exercise the
-same components without a subprocess.
+`RankerApp` is what `python -m services.ranker` runs (`services.common.server.serve_app`), and what tests
+build in-process to exercise the same components without a subprocess.
 """
 
 from __future__ import annotations
@@ -101,7 +101,16 @@ class RankerApp:
         )
         self.plane = DataPlane(config, self.runner, self.cache, self.worker)
         self.servicer = RankerServicer(config, self.plane, str(self.device))
+        self.grpc = self._server()
         self._sweeper: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Binds the ports (health NOT_SERVING), warms up, then turns SERVING."""
+        await self.grpc.start()
+        preset, version = self.config.model_preset, self.runner.model_version
+        log.info("warming up %s on %s (model %s)", preset, self.device, version)
+        await self.warm_up()
+        await self.grpc.set_serving()
 
     def _graphs(self, model: HSTURanker) -> RankGraphs | None:
         """CUDA graphs of the cached rank, when asked for (`--cuda-graphs`, CUDA devices only)."""
@@ -149,7 +158,7 @@ class RankerApp:
         while loop.time() < at_least or (self.cache.leased() and loop.time() < at_most):
             await asyncio.sleep(self.config.sweep_interval_ms / 1000)
 
-    def server(self) -> GrpcServer:
+    def _server(self) -> GrpcServer:
         return GrpcServer(
             self.config,
             RANKER_SERVICE,

@@ -5,21 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.common.server import service_main
+from services.trigger.app import TriggerApp
 from services.trigger.config import TriggerConfig
-from services.trigger.server import TriggerServer
-
-
-async def serve(config: TriggerConfig) -> None:
-    server = TriggerServer(config)
-    await server.start()
-    server.grpc.install_signal_handlers()
-    await server.wait()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     service_main(
         TriggerConfig,
-        serve,
+        TriggerApp,
         argv,
         "trigger",
         "Sequence-aware trigger: admits at-risk requests for pre-inference within bounds.",

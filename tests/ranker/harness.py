@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import threading
 
 import grpc
 import numpy as np
@@ -15,6 +16,7 @@ from services.ranker.app import RankerApp
 from services.ranker.cache.prefix_cache import Source
 from services.ranker.config import RankerConfig
 from services.ranker.device.accelerator import Accelerator
+from services.ranker.engine.scheduler import Op, Priority, Scheduler
 from services.ranker.model.events import Events
 
 BASE = RankerConfig(
@@ -53,10 +55,8 @@ class Ranker:
 async def running_ranker(**overrides):
     config = dataclasses.replace(BASE, **overrides)
     app = RankerApp(config)
-    server = app.server()
-    await server.start()
-    await app.warm_up()
-    await server.set_serving()
+    server = app.grpc
+    await app.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
     try:
         yield Ranker(app, ranker_pb2_grpc.RankerServiceStub(channel))
@@ -95,6 +95,19 @@ def rank_request(
         candidate_item_ids=candidates,
         relay_instance=relay_instance,
     )
+
+
+def blocked(scheduler: Scheduler) -> threading.Event:
+    """Holds the scheduler's thread in a job until the returned event is set, so that jobs queue behind it."""
+    gate, started = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        gate.wait(10)
+
+    scheduler.submit(hold, Priority.RANK, Op.PROFILE)
+    assert started.wait(10)
+    return gate
 
 
 def metric(name: str, **labels: str) -> float:

@@ -18,9 +18,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from relaygr.v1 import common_pb2, ranker_pb2
 from services.common.contract import RANKER_SERVICE
+from services.router.app import RouterApp
 from services.router.config import RouterConfig
 from services.router.discovery import DnsLookup, srv_lookup
-from services.router.server import RouterServer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,9 +129,9 @@ def router_config(stubs: list[StubRanker], **overrides: object) -> RouterConfig:
 
 
 @contextlib.asynccontextmanager
-async def running_router(config: RouterConfig, lookup: DnsLookup = srv_lookup) -> AsyncIterator[RouterServer]:
+async def running_router(config: RouterConfig, lookup: DnsLookup = srv_lookup) -> AsyncIterator[RouterApp]:
     """A started in-process router, stopped on exit; `lookup` answers its --rankers-srv lookups."""
-    router = RouterServer(config, lookup)
+    router = RouterApp(config, lookup)
     await router.start()
     try:
         yield router

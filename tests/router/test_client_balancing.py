@@ -19,7 +19,7 @@ import grpc
 from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 from services.common.config import ServiceConfig
 from services.common.server import dial
-from services.router.server import RouterServer
+from services.router.app import RouterApp
 from tests.router.harness import StubRanker, router_config, running_router
 from tests.router.loopback_dns import LoopbackDns
 
@@ -28,7 +28,7 @@ ROUTERS_NAME = "routers.relaygr.test"
 
 
 @contextlib.asynccontextmanager
-async def two_routers(**settings: object) -> AsyncIterator[tuple[list[StubRanker], list[RouterServer]]]:
+async def two_routers(**settings: object) -> AsyncIterator[tuple[list[StubRanker], list[RouterApp]]]:
     """Routers on 127.0.0.1 and 127.0.0.2 sharing one port, each over its own stub ranker."""
     stubs = [StubRanker("ranker-0"), StubRanker("ranker-0")]
     for stub in stubs:

@@ -15,8 +15,8 @@ import grpc
 import pytest
 
 from relaygr.v1 import ranker_pb2_grpc
+from services.router.app import RouterApp
 from services.router.metrics import ROUTER_INFLIGHT
-from services.router.server import RouterServer
 from tests.router.harness import StubRanker, eventually
 from tests.router.test_proxy import decisions, rank_request, stub_named, through_router
 
@@ -25,7 +25,7 @@ RANK_TIMEOUT_S = 1.0  # the retrieval stub's default Rank deadline: the hedge go
 
 
 def test_a_rank_unanswered_in_half_its_time_is_answered_by_the_failover_member() -> None:
-    async def scenario(router: RouterServer, client: Client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client: Client, stubs: list[StubRanker]) -> None:
         first, second, third = router.membership.ring.walk("alice")
         silent = stub_named(stubs, first)
         silent.delay_s = 0.9  # within the deadline, but later than the hedge's answer
@@ -46,7 +46,7 @@ def test_a_rank_unanswered_in_half_its_time_is_answered_by_the_failover_member()
 
 
 def test_a_rank_answered_within_half_its_time_is_not_hedged() -> None:
-    async def scenario(router: RouterServer, client: Client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client: Client, stubs: list[StubRanker]) -> None:
         first, second, _ = router.membership.ring.walk("alice")
         stub_named(stubs, first).delay_s = 0.2
         before = decisions("Rank", "failover")
@@ -60,7 +60,7 @@ def test_a_rank_answered_within_half_its_time_is_not_hedged() -> None:
 def test_a_busy_member_that_answers_other_calls_is_waited_for_not_hedged() -> None:
     """Slow because busy, not gone: a hedge would only double the load where there is least room."""
 
-    async def scenario(router: RouterServer, client: Client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client: Client, stubs: list[StubRanker]) -> None:
         ring = router.membership.ring
         first, second, _ = ring.walk("alice")
         neighbour = next(f"bob-{i}" for i in range(1000) if ring.owner(f"bob-{i}") == first)
@@ -82,7 +82,7 @@ def test_a_busy_member_that_answers_other_calls_is_waited_for_not_hedged() -> No
 
 
 def test_a_failed_hedge_leaves_the_rank_to_the_first_member() -> None:
-    async def scenario(router: RouterServer, client: Client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client: Client, stubs: list[StubRanker]) -> None:
         first, second, _ = router.membership.ring.walk("alice")
         stub_named(stubs, first).delay_s = 0.7
         stub_named(stubs, second).fail_with = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -94,7 +94,7 @@ def test_a_failed_hedge_leaves_the_rank_to_the_first_member() -> None:
 
 
 def test_when_both_attempts_fail_the_caller_gets_the_failover_members_error() -> None:
-    async def scenario(router: RouterServer, client: Client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client: Client, stubs: list[StubRanker]) -> None:
         first, second, third = router.membership.ring.walk("alice")
         stub_named(stubs, first).delay_s = 0.7
         stub_named(stubs, first).fail_with = grpc.StatusCode.INTERNAL
@@ -109,7 +109,7 @@ def test_when_both_attempts_fail_the_caller_gets_the_failover_members_error() ->
 
 
 def test_a_single_member_is_waited_for_without_a_hedge() -> None:
-    async def scenario(router: RouterServer, client: Client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client: Client, stubs: list[StubRanker]) -> None:
         (only,) = stubs
         only.delay_s = 0.7
         before = decisions("Rank", "failover")
@@ -121,7 +121,7 @@ def test_a_single_member_is_waited_for_without_a_hedge() -> None:
 
 
 def test_a_cancelled_rank_cancels_both_of_its_attempts() -> None:
-    async def scenario(router: RouterServer, client: Client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client: Client, stubs: list[StubRanker]) -> None:
         first, second, _ = router.membership.ring.walk("alice")
         for name in (first, second):
             stub_named(stubs, name).delay_s = 5.0

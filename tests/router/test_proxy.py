@@ -12,12 +12,12 @@ from grpc_health.v1 import health_pb2
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.common.contract import RANKER_SERVICE
 from services.launcher.procs import health_status
+from services.router.app import RouterApp
 from services.router.config import RouterConfig
 from services.router.metrics import ROUTER_DECISIONS, ROUTER_INFLIGHT
-from services.router.server import RouterServer
 from tests.router.harness import StubRanker, eventually, router_config, running_router, stub_rankers
 
-Scenario = Callable[[RouterServer, ranker_pb2_grpc.RankerServiceStub, list[StubRanker]], Awaitable[None]]
+Scenario = Callable[[RouterApp, ranker_pb2_grpc.RankerServiceStub, list[StubRanker]], Awaitable[None]]
 
 
 def through_router(scenario: Scenario, members: int = 3, **overrides: object) -> None:
@@ -56,7 +56,7 @@ def stub_named(stubs: list[StubRanker], name: str) -> StubRanker:
 
 
 def test_requests_are_forwarded_byte_for_byte_to_the_users_member() -> None:
-    async def scenario(router: RouterServer, client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client, stubs: list[StubRanker]) -> None:
         request = rank_request("alice", events=8192)
         answer = await client.Rank(request, timeout=5)
         owner = router.membership.ring.owner("alice")
@@ -69,7 +69,7 @@ def test_requests_are_forwarded_byte_for_byte_to_the_users_member() -> None:
 
 
 def test_pre_infer_and_rank_of_a_user_meet_on_one_member() -> None:
-    async def scenario(router: RouterServer, client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client, stubs: list[StubRanker]) -> None:
         before = decisions("Rank", "affinity"), decisions("PreInfer", "affinity")
         for i in range(20):
             user = f"user-{i}"
@@ -84,7 +84,7 @@ def test_pre_infer_and_rank_of_a_user_meet_on_one_member() -> None:
 
 
 def test_a_relay_hint_routes_the_rank_to_the_named_member() -> None:
-    async def scenario(router: RouterServer, client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client, stubs: list[StubRanker]) -> None:
         elsewhere = list(router.membership.ring.walk("alice"))[-1]
         before = decisions("Rank", "hint")
         assert (await client.Rank(rank_request("alice", hint=elsewhere), timeout=5)).instance == elsewhere
@@ -94,7 +94,7 @@ def test_a_relay_hint_routes_the_rank_to_the_named_member() -> None:
 
 
 def test_deadlines_propagate_minus_the_margin_or_default() -> None:
-    async def scenario(router: RouterServer, client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client, stubs: list[StubRanker]) -> None:
         owner = stub_named(stubs, router.membership.ring.owner("alice"))
         await client.Rank(rank_request("alice"), timeout=2.0)
         await client.Rank(rank_request("alice"))
@@ -107,7 +107,7 @@ def test_deadlines_propagate_minus_the_margin_or_default() -> None:
 
 
 def test_a_deadline_within_the_margin_is_not_forwarded() -> None:
-    async def scenario(router: RouterServer, client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client, stubs: list[StubRanker]) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await client.Rank(rank_request("alice"), timeout=0.1)
         assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -125,7 +125,7 @@ def test_a_deadline_within_the_margin_is_not_forwarded() -> None:
     ],
 )
 def test_invalid_requests_are_refused_before_any_forward(request_bytes: bytes, field: str) -> None:
-    async def scenario(router: RouterServer, client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client, stubs: list[StubRanker]) -> None:
         async with grpc.aio.insecure_channel(router.address) as channel:
             for method in ("Rank", "PreInfer"):
                 call = channel.unary_unary(f"/{RANKER_SERVICE}/{method}")
@@ -142,7 +142,7 @@ def test_invalid_requests_are_refused_before_any_forward(request_bytes: bytes, f
     "code", [grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL]
 )
 def test_downstream_errors_keep_their_code_and_are_not_retried(code: grpc.StatusCode) -> None:
-    async def scenario(router: RouterServer, client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client, stubs: list[StubRanker]) -> None:
         owner = stub_named(stubs, router.membership.ring.owner("alice"))
         owner.fail_with = code
         with pytest.raises(grpc.aio.AioRpcError) as error:
@@ -155,7 +155,7 @@ def test_downstream_errors_keep_their_code_and_are_not_retried(code: grpc.Status
 
 
 def test_an_unavailable_rank_fails_over_once_and_pre_infer_does_not() -> None:
-    async def scenario(router: RouterServer, client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client, stubs: list[StubRanker]) -> None:
         first, second, third = router.membership.ring.walk("alice")
         stub_named(stubs, first).fail_with = grpc.StatusCode.UNAVAILABLE
         before = decisions("Rank", "failover")
@@ -178,7 +178,7 @@ def test_an_unavailable_rank_fails_over_once_and_pre_infer_does_not() -> None:
 
 
 def test_a_failing_member_opens_its_circuit_and_leaves_the_ring_for_a_while() -> None:
-    async def scenario(router: RouterServer, client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client, stubs: list[StubRanker]) -> None:
         first, second, _ = router.membership.ring.walk("alice")
         failing = stub_named(stubs, first)
         failing.fail_with = grpc.StatusCode.UNAVAILABLE
@@ -196,7 +196,7 @@ def test_a_failing_member_opens_its_circuit_and_leaves_the_ring_for_a_while() ->
 
 
 def test_concurrent_requests_of_a_hot_user_spill_within_the_bound() -> None:
-    async def scenario(router: RouterServer, client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client, stubs: list[StubRanker]) -> None:
         for stub in stubs:
             stub.delay_s = 0.3
         owner = stub_named(stubs, router.membership.ring.owner("hot"))
@@ -212,7 +212,7 @@ def test_concurrent_requests_of_a_hot_user_spill_within_the_bound() -> None:
 
 
 def test_get_profile_reports_the_routable_fleet_size() -> None:
-    async def scenario(router: RouterServer, client, stubs: list[StubRanker]) -> None:
+    async def scenario(router: RouterApp, client, stubs: list[StubRanker]) -> None:
         profile = await client.GetProfile(ranker_pb2.GetProfileRequest(), timeout=5)
         assert (profile.fleet_members, profile.preset, profile.instance) == (3, "stub", "ranker-0")
         await stubs[0].set_serving(False)

@@ -19,9 +19,9 @@ from prometheus_client import REGISTRY
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc, trigger_pb2, trigger_pb2_grpc
 from services.common.contract import TRIGGER_SERVICE as SERVICE_NAME
 from services.launcher.procs import Processes, free_port
+from services.trigger.app import TriggerApp
 from services.trigger.config import TriggerConfig
 from services.trigger.fleet_profile import FleetProfile
-from services.trigger.server import TriggerServer
 
 INSTANCE = "ranker-a"
 SHORT, LONG = 8, 512
@@ -99,7 +99,7 @@ async def trigger(router: str, **settings):
     # A generous PreInfer deadline: the ranker shares two busy cores with the test.
     config = TriggerConfig(port=0, metrics_port=-1, router=router, pre_infer_timeout_ms=2000, **settings)
     config.validate()
-    server = TriggerServer(config)
+    server = TriggerApp(config)
     await server.start()
     try:
         async with grpc.aio.insecure_channel(server.address) as channel:

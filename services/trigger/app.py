@@ -1,9 +1,11 @@
-"""The trigger's lifecycle: its gRPC server, its channel to the router and the profile it keeps fresh.
+"""Assembles a trigger: its data plane, servicer, gRPC server, channel to the router and the profile it
+keeps fresh.
 
 Health of `relaygr.v1.TriggerService` turns SERVING once the first GetProfile answer has calibrated the
 cost model (tried every `--profile-retry-s` until the router answers), and the profile is refreshed every
-`--profile-refresh-s`; a failed refresh keeps the last good profile. Usable in-process (tests) through
-`start()` / `stop()`, and as a process through `__main__`.
+`--profile-refresh-s`; a failed refresh keeps the last good profile. `TriggerApp` is what
+`python -m services.trigger` runs (`services.common.server.serve_app`); tests use it in-process through
+`start()` / `stop()`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from services.trigger.servicer import TriggerService, pre_infer_call
 log = logging.getLogger(__name__)
 
 
-class TriggerServer:
+class TriggerApp:
     def __init__(self, config: TriggerConfig) -> None:
         self.config = config
         self._channel = dial(config.router, config)
@@ -46,18 +48,19 @@ class TriggerServer:
         await self.grpc.start()
         self._profile_task = asyncio.create_task(self._keep_profile_fresh())
 
-    async def wait(self) -> None:
-        """Serves until a stop is requested (SIGTERM, or `stop()`), then drains and closes the channel."""
+    async def close(self) -> None:
+        """Stops refreshing the profile and closes the channel to the router (after the drain)."""
+        if self._profile_task is not None:
+            self._profile_task.cancel()
+        await self._channel.close()
+
+    async def stop(self) -> None:
+        """Drains and closes, in-process (a process does the same on SIGTERM through `serve_app`)."""
+        self.grpc.request_stop()
         try:
             await self.grpc.wait()
         finally:
-            if self._profile_task is not None:
-                self._profile_task.cancel()
-            await self._channel.close()
-
-    async def stop(self) -> None:
-        self.grpc.request_stop()
-        await self.wait()
+            await self.close()
 
     async def _keep_profile_fresh(self) -> None:
         serving = False

@@ -1,8 +1,9 @@
 """The router's wiring: membership, routing policy and proxy behind one `GrpcServer`.
 
-`RouterServer.start()` binds the ports and discovers the members; health of `relaygr.v1.RankerService`
-turns SERVING once at least one member is healthy. `stop()` drains like every service, then closes the
-member channels. Used by `python -m services.router` and, in-process, by tests.
+`RouterApp.start()` binds the ports and discovers the members; health of `relaygr.v1.RankerService` turns
+SERVING once at least one member is healthy; `close()` closes the member channels after the drain. Run by
+`python -m services.router` (`services.common.server.serve_app`) and, in-process, by tests (`stop()`
+drains like every service, then closes).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from services.router.routing import RoutingPolicy
 log = logging.getLogger(__name__)
 
 
-class RouterServer:
+class RouterApp:
     """One router: its members, its routing policy, and the gRPC server that proxies to them."""
 
     def __init__(self, config: RouterConfig, lookup: DnsLookup = srv_lookup) -> None:
@@ -51,19 +52,11 @@ class RouterServer:
         assert self._ready is not None, "start() first"
         await asyncio.shield(self._ready)
 
-    async def serve_until_signalled(self) -> None:
-        """Serves until SIGTERM or SIGINT, then drains and stops."""
-        self.grpc.install_signal_handlers()
-        try:
-            await self.grpc.wait()
-        finally:
-            await self._close_members()
-
     async def stop(self) -> None:
         await self.grpc.drain()
-        await self._close_members()
+        await self.close()
 
-    async def _close_members(self) -> None:
+    async def close(self) -> None:
         if self._ready is not None:
             self._ready.cancel()
         await self.membership.close()
