@@ -8,6 +8,7 @@ happens here, each step once:
               -> runner.rank / runner.uncached (the scores)
               -> cache.release, metrics
     PreInfer: cache.pre_infer (start, join, renew or refuse a production), metrics, load report
+    GetProfile: the model, the latency curve, the tiers' budgets
 
 The latency curve that shedding and the load book read is the data plane's own: `warm_up` measures it on
 the device. `load_report` is what the ranker tells the trigger with every PreInfer answer.
@@ -21,16 +22,29 @@ import time
 import numpy as np
 
 from relaygr.v1 import common_pb2, ranker_pb2
-from services.common.errors import DeadlineExceeded, ResourceExhausted
+from services.common.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from services.common.metrics import enum_label
 from services.ranker import metrics
-from services.ranker.cache.prefix_cache import PrefixCache, Source
+from services.ranker.cache import PrefixLifecycle
+from services.ranker.cache.prefix_cache import Source
 from services.ranker.config import RankerConfig
 from services.ranker.engine.latency_curve import LatencyCurve, measure
 from services.ranker.engine.load import LoadReport
 from services.ranker.engine.runner import ModelRunner
 from services.ranker.engine.scheduler import FOR_RANKS, Op, Priority, Scheduler
 from services.ranker.model.events import Events
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """The model, its latency curve measured at warm-up, and the tiers' byte budgets."""
+
+    preset: str
+    kv_bytes_per_token: int
+    model_version: str
+    curve: LatencyCurve
+    hbm_capacity_bytes: int
+    dram_capacity_bytes: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +63,7 @@ class RankResult:
 
 class DataPlane:
     def __init__(
-        self, config: RankerConfig, runner: ModelRunner, cache: PrefixCache, scheduler: Scheduler
+        self, config: RankerConfig, runner: ModelRunner, cache: PrefixLifecycle, scheduler: Scheduler
     ) -> None:
         self.config = config
         self.runner = runner
@@ -75,10 +89,18 @@ class DataPlane:
         self.cache.load.curve = self.curve
         return self.curve
 
+    def profile(self) -> Profile:
+        """What GetProfile answers; Unavailable until the warm-up has measured the latency curve."""
+        if self.curve is None:
+            raise Unavailable("warming up: the latency curve is not measured yet")
+        preset, version = self.runner.model.preset, self.runner.model_version
+        hbm, dram = self.cache.budgets()
+        return Profile(preset.name, preset.kv_bytes_per_token, version, self.curve, hbm, dram)
+
     def load_report(self) -> LoadReport:
         cache, config = self.cache, self.config
         return cache.load.report(
-            config.instance_name, cache.leases.held_bytes(), cache.hbm.budget_bytes, config.lease_ttl_ms
+            config.instance_name, cache.leased_bytes(), cache.budgets()[0], config.lease_ttl_ms
         )
 
     async def pre_infer(self, user_id: str, events: Events) -> PreInferResult:

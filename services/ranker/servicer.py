@@ -15,7 +15,6 @@ import numpy as np
 
 from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 from services.common import validation
-from services.common.errors import Unavailable
 from services.ranker.config import RankerConfig
 from services.ranker.dataplane import DataPlane
 from services.ranker.model.events import Events
@@ -70,14 +69,11 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
         )
 
     async def GetProfile(self, request, context) -> ranker_pb2.GetProfileResponse:
-        curve = self.plane.curve
-        if curve is None:
-            raise Unavailable("warming up: the latency curve is not measured yet")
-        runner, cache = self.plane.runner, self.plane.cache
-        preset = runner.model.preset
+        profile = self.plane.profile()
+        curve = profile.curve
         return ranker_pb2.GetProfileResponse(
-            preset=preset.name,
-            kv_bytes_per_token=preset.kv_bytes_per_token,
+            preset=profile.preset,
+            kv_bytes_per_token=profile.kv_bytes_per_token,
             latency_curve=[
                 ranker_pb2.LatencyPoint(
                     prefix_length=p.prefix_length,
@@ -87,13 +83,13 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
                 )
                 for p in curve.points
             ],
-            model_version=runner.model_version,
+            model_version=profile.model_version,
             device=self.device,
             instance=self.config.instance_name,
             profile_short_term_length=curve.short_term_length,
             profile_num_candidates=curve.num_candidates,
-            hbm_capacity_bytes=cache.hbm.budget_bytes,
-            dram_capacity_bytes=cache.dram.budget_bytes,
+            hbm_capacity_bytes=profile.hbm_capacity_bytes,
+            dram_capacity_bytes=profile.dram_capacity_bytes,
             max_long_term_events=self.config.max_long_term_events,
             fleet_members=1,
             members=[self.config.instance_name],

@@ -6,4 +6,54 @@
 - `leases`: consume-bound HBM leases.
 - `moves`: the moves between tiers (demotion after consumption or lease expiry, eviction).
 - `tiers`: the byte-budgeted HBM and DRAM tiers, LRU + TTL.
+
+`PrefixLifecycle` is the whole of it as the data plane sees it: an entry's life in five calls.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from services.ranker.cache.prefix_cache import Acquired
+    from services.ranker.engine.load import LoadBook
+    from services.ranker.model.events import Events
+
+
+@runtime_checkable
+class PrefixLifecycle(Protocol):
+    """The cache's lifecycle, as the data plane drives it (`PrefixCache` is the implementation):
+
+    1. `pre_infer` (a PreInfer): produce the prefix in HBM, or join the production already running, or renew
+       the lease of the entry already there; or refuse (HBM full, backlog too long, too many pending). The
+       entry stays leased in HBM until a Rank consumes it or the lease expires.
+    2. `acquire` (a Rank): the prefix from HBM (the lease consumed), by joining its production, by a reload
+       from DRAM, by extending an older prefix of the same user with the appended events, or by computing
+       it (a miss, whose reason is recorded); pinned for the Rank. When nothing can be held, no entry: the
+       Rank computes the whole sequence. A stale entry (other events, other model) is never returned.
+    3. `release` (the Rank is done): unpinned; an entry neither pinned nor leased is demoted to DRAM.
+    4. `sweep` (periodically, and on every call): expired leases are demoted, DRAM entries idle past their
+       TTL evicted. Eviction from DRAM also happens whenever a demotion needs room (LRU).
+    5. `close`: the productions in flight are cancelled.
+    """
+
+    load: LoadBook
+
+    async def pre_infer(self, user_id: str, events: Events) -> tuple[int, int]:
+        """(PreInferOutcome, HBM bytes the prefix occupies)."""
+
+    async def acquire(
+        self, user_id: str, events: Events, relay_instance: str, deadline: float | None = None
+    ) -> Acquired: ...
+
+    def release(self, acquired: Acquired) -> None: ...
+
+    def sweep(self) -> None: ...
+
+    def leased_bytes(self) -> int:
+        """HBM bytes held by leases now (what the load report tells the trigger)."""
+
+    def budgets(self) -> tuple[int, int]:
+        """(HBM, DRAM) byte budgets."""
+
+    async def close(self) -> None: ...

@@ -223,6 +223,12 @@ class PrefixCache:
     def leased(self) -> int:
         return len(self.leases)
 
+    def leased_bytes(self) -> int:
+        return self.leases.held_bytes()
+
+    def budgets(self) -> tuple[int, int]:
+        return self.hbm.budget_bytes, self.dram.budget_bytes
+
     async def close(self) -> None:
         await self.productions.close()
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from relaygr.v1 import common_pb2, ranker_pb2
+from services.ranker.cache import PrefixLifecycle
 from services.ranker.engine.scheduler import Priority
 from tests.exact import assert_scores_equal
 from tests.ranker.harness import held_bytes, history, metric, pre_infer_request, rank_request, running_ranker
@@ -333,5 +334,20 @@ def test_a_prefix_larger_than_its_reservation_is_refused_not_squeezed_past_the_b
             await r.settle()
             assert r.cache.hbm.used_bytes <= r.cache.hbm.budget_bytes
             assert held_bytes(r.cache)["hbm"] <= r.cache.hbm.budget_bytes
+
+    run(scenario())
+
+
+def test_the_cache_is_the_lifecycle_the_data_plane_drives_and_reports_its_budgets_and_leases():
+    async def scenario():
+        async with running_ranker() as r:
+            assert isinstance(r.cache, PrefixLifecycle) and r.app.plane.cache is r.cache
+            assert r.cache.budgets() == (r.cache.hbm.budget_bytes, r.cache.dram.budget_bytes)
+            long = history(2, 40)
+            await r.stub.PreInfer(pre_infer_request("u2", long))
+            await r.settle()
+            assert r.cache.leased_bytes() == 40 * KV_BYTES_PER_TOKEN == held_bytes(r.cache)["hbm"]
+            profile = r.app.plane.profile()
+            assert (profile.hbm_capacity_bytes, profile.dram_capacity_bytes) == r.cache.budgets()
 
     run(scenario())
