@@ -51,11 +51,12 @@ from bench.floor import cached_rank_through_router, model_floor
 from bench.points import PointResult, PointSpec, run_point
 from bench.stats import interleave, largest_passing_value
 from bench.workload import RevisitSampler, Universe, fixed_length_universe, mix_universe
-from services.ranker.config import RankerConfig
 
 SETTLE_S = 1.0  # pause between points: lets the last answers and background pre-inference finish
-# Before reading wasted pre-inference: a leased prefix no Rank consumes is counted when its lease expires.
-LEASE_SETTLE_S = RankerConfig.lease_ttl_ms / 1000 + SETTLE_S
+# The rankers' HBM lease of a pre-inferred prefix (their --lease-ttl-ms, which the benchmark sets). Before
+# reading wasted pre-inference: a leased prefix no Rank consumes is counted when its lease expires.
+LEASE_TTL_MS = 3000
+LEASE_SETTLE_S = LEASE_TTL_MS / 1000 + SETTLE_S
 NUM_CANDIDATES = 128  # the stub's default retrieval size, also the rankers' profiled candidate count
 T = TypeVar("T")
 
@@ -103,7 +104,8 @@ class Bench:
             ranker_args=(
                 f"--torch-threads {c.torch_threads} --pre-infer-chunk-tokens {c.pre_infer_chunk_tokens} "
                 f"--profile-lengths {c.ranker_profile_lengths} --profile-repeats {c.ranker_profile_repeats} "
-                f"--profile-candidates {NUM_CANDIDATES} --profile-short-term {c.short_term}"
+                f"--profile-candidates {NUM_CANDIDATES} --profile-short-term {c.short_term} "
+                f"--lease-ttl-ms {LEASE_TTL_MS}"
             ),
             max_long_term=c.longest_long_term,
             stub_args=f"--rank-timeout-ms {c.rank_timeout_ms} --num-candidates {NUM_CANDIDATES}",

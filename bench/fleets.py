@@ -35,7 +35,6 @@ from bench.workload import Universe
 from services.common.contract import RECOMMEND_SERVICE
 from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet, FleetConfig
 from services.launcher.procs import Processes, ServiceProcess
-from services.retrieval_stub.config import RetrievalStubConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,12 +128,12 @@ class BenchFleet:
         self._extra: tuple[tuple[Universe, float, float], ServiceProcess] | None = None
 
     def _stub_flags(self, universe: Universe, delay_ms: float, abandon_fraction: float) -> list[str]:
-        # Admit runs during pre-processing, so it may take the whole window without delaying the Rank.
-        admit_timeout_ms = max(delay_ms, RetrievalStubConfig.admit_timeout_ms)
+        # Admit runs during pre-processing, so it may take the whole window without delaying the Rank;
+        # without a window (0) the stub's own Admit deadline applies.
+        admit_timeout = ["--admit-timeout-ms", str(delay_ms)] if delay_ms > 0 else []
         return [
-            *shlex.split(self.shape.stub_args), "--preprocess-delay-ms", str(delay_ms),
-            "--admit-timeout-ms", str(admit_timeout_ms), "--abandon-fraction", str(abandon_fraction),
-            *universe.stub_args,
+            *shlex.split(self.shape.stub_args), "--preprocess-delay-ms", str(delay_ms), *admit_timeout,
+            "--abandon-fraction", str(abandon_fraction), *universe.stub_args,
         ]  # fmt: skip
 
     def __enter__(self) -> BenchFleet:

@@ -1,10 +1,18 @@
 """The dependency rules of the code base, checked over its import graph (every import statement, and every
 module named to `importlib.import_module`, in services/, bench/ and tools/):
 
-- `services/common` is shared plumbing: it imports no service;
+- `services/common` (shared plumbing) and `services/workload` (the synthetic user universe the retrieval
+  stub serves and tools draw requests from) are service-neutral: they import no service;
 - services talk to each other over gRPC only: no service imports another service;
 - the launcher, the load generator, `bench/` and `tools/` build processes from flags and speak gRPC: they
-  import no servicer, proxy or data-plane module of a service;
+  import no module of a service, neither a servicer, proxy or data-plane module nor its config (a process
+  they start gets the flags they set, and a flag they leave out keeps the service's own default), nor its
+  internals. Exempt are the in-process harnesses in `IN_PROCESS`, each for the one service it measures in
+  process, without gRPC (`bench/floor.py` and `bench/accelerator.py` time the ranker's model, engine and
+  device layers as a floor under the fleet's numbers; issue 25's record in bench/results/gain-stability
+  fits the trigger's cost model): they may import that service's internals and config, never its handlers.
+  `tools/docs.py` renders every command's settings class into docs/configuration.md, which is its job: it
+  loads them by name, out of this check's sight;
 - the ranker's packages are layers, `model` < `device` < `engine` < `cache` < its top-level modules: a
   package imports only from the layers below it (and the leaf `metrics`), so a Rank's walk reads top-down.
 """
@@ -19,6 +27,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = {"ranker", "router", "trigger", "retrieval_stub"}
+NEUTRAL = ("common", "workload")  # packages under services/ that every service and client may import
+CLIENTS = ("launcher", "loadgen", "bench", "tools")
+# In-process harnesses, by path, and the one service whose internals each measures (see the docstring).
+IN_PROCESS = {
+    "bench/floor.py": "ranker",
+    "bench/accelerator.py": "ranker",
+    "bench/results/gain-stability/stability.py": "trigger",
+}
 # Modules that hold a service's request handling: only the service itself may import them.
 HANDLERS = ("servicer", "proxy", "dataplane")
 
@@ -44,7 +60,7 @@ def imports(path: Path) -> Iterator[str]:
 
 
 def owner(path: Path) -> str:
-    """`ranker` for services/ranker/…, `common` for services/common/…, `bench` or `tools` otherwise."""
+    """`ranker` for services/ranker/… (likewise `common`, `launcher`, `workload`…), `bench` or `tools`."""
     parts = path.relative_to(ROOT).parts
     return parts[1] if parts[0] == "services" else parts[0]
 
@@ -54,19 +70,21 @@ def violations() -> list[str]:
     files = [p for top in ("services", "bench", "tools") for p in (ROOT / top).rglob("*.py")]
     assert len(files) > 50
     for path in files:
-        here = owner(path)
+        here, where = owner(path), path.relative_to(ROOT).as_posix()
         for module in imports(path):
             parts = module.split(".")
             if parts[0] != "services" or len(parts) < 2:
                 continue
             target = parts[1]
             rule = None
-            if here == "common" and target in SERVICES:
-                rule = "services/common imports no service"
+            if here in NEUTRAL and target in SERVICES:
+                rule = "a service-neutral package (services/common, services/workload) imports no service"
             elif here in SERVICES and target in SERVICES and target != here:
                 rule = "no service imports another service"
-            elif here in ("launcher", "loadgen", "bench", "tools") and any(h in parts[2:] for h in HANDLERS):
-                rule = "launcher, loadgen, bench and tools import no servicer"
+            elif here in CLIENTS and target in SERVICES and IN_PROCESS.get(where) != target:
+                rule = "launcher, loadgen, bench and tools import no service module (no servicer, no config)"
+            elif here in CLIENTS and any(h in parts[2:] for h in HANDLERS):
+                rule = "an in-process harness imports no servicer, proxy or data plane"
             if rule and not any(f.startswith(f"{path.relative_to(ROOT)} ") and rule in f for f in found):
                 found.append(f"{path.relative_to(ROOT)} imports {module}: {rule}")
     return found
@@ -108,22 +126,48 @@ def test_the_layer_rule_catches_an_upward_import(tmp_path: Path) -> None:
     assert layer_violations(tmp_path) == ["services/ranker/model/bad.py imports services.ranker.cache"]
 
 
-@pytest.mark.parametrize(
-    "source, where, rule",
-    [
-        ("from services.ranker.config import RankerConfig", "services/common/x.py", "imports no service"),
-        ("import services.trigger.admission", "services/router/x.py", "another service"),
-        ("from services.ranker import servicer", "bench/x.py", "import no servicer"),
-        ("importlib.import_module('services.router.config')", "services/common/x.py", "imports no service"),
-    ],
-)
-def test_each_rule_catches_its_violation(tmp_path: Path, monkeypatch, source: str, where: str, rule: str):
-    # A throwaway tree with one offending file: the check must name it and the rule it breaks.
-    for top in ("services/common", "services/router", "bench", "tools"):
-        (tmp_path / top).mkdir(parents=True, exist_ok=True)
+def throwaway_tree(tmp_path: Path, monkeypatch, where: str, source: str) -> None:
+    """A tree of harmless files plus `source` at `where`, which the check then reads in place of the repo."""
+    (tmp_path / where).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "tools").mkdir(exist_ok=True)
     for i in range(60):
         (tmp_path / "tools" / f"ok{i}.py").write_text("import os\n")
     (tmp_path / where).write_text(f"import importlib\n{source}\n")
     monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+
+
+@pytest.mark.parametrize(
+    "source, where, rule",
+    [
+        ("from services.ranker.config import RankerConfig", "services/common/x.py", "imports no service"),
+        ("from services.trigger import admission", "services/workload/x.py", "imports no service"),
+        ("import services.trigger.admission", "services/router/x.py", "another service"),
+        ("from services.ranker import servicer", "bench/x.py", "import no service module"),
+        ("importlib.import_module('services.router.config')", "services/common/x.py", "imports no service"),
+        ("from services.ranker.config import RankerConfig", "services/launcher/x.py", "no config"),
+        ("from services.retrieval_stub import config", "bench/x.py", "no config"),
+        (
+            "from services.workload.universe import UserUniverse as U\nimport services.trigger",
+            "tools/x.py",
+            "no service module",
+        ),
+        ("from services.ranker.config import RankerConfig", "bench/results/x/floor.py", "no config"),
+        ("from services.trigger.cost_model import CostModel", "bench/floor.py", "no config"),
+        (
+            "from services.ranker.servicer import RankerServicer",
+            "bench/floor.py",
+            "harness imports no servicer",
+        ),
+    ],
+)
+def test_each_rule_catches_its_violation(tmp_path: Path, monkeypatch, source: str, where: str, rule: str):
+    # One offending file: the check must name it and the rule it breaks.
+    throwaway_tree(tmp_path, monkeypatch, where, source)
     found = violations()
     assert len(found) == 1 and where in found[0] and rule in found[0], found
+
+
+def test_an_in_process_harness_may_import_the_service_it_measures(tmp_path: Path, monkeypatch):
+    source = "from services.ranker.config import RankerConfig\nfrom services.ranker.engine import runner"
+    throwaway_tree(tmp_path, monkeypatch, "bench/floor.py", source)
+    assert violations() == []

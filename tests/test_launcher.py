@@ -14,7 +14,9 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from relaygr.v1 import recommend_pb2, recommend_pb2_grpc
+from services.common.config import load
 from services.common.contract import RANKER_SERVICE
+from services.launcher.demo import LauncherConfig
 from services.launcher.fleet import STUB, TRIGGER, Fleet, FleetConfig, ServiceExited
 from services.launcher.procs import REPO_ROOT, health_status
 
@@ -39,6 +41,18 @@ def fleet_config(tmp_path, **overrides) -> FleetConfig:
             **overrides,
         }
     )  # fmt: skip
+
+
+def test_the_fleet_passes_only_the_flags_it_sets(tmp_path):
+    # Unset budgets and SLO are not passed: the ranker's and the trigger's own defaults apply.
+    fleet = Fleet(fleet_config(tmp_path, ranker_args=""))
+    assert fleet._ranker_args("ranker-0") == ["--instance-name", "ranker-0", "--model-preset", "cpu-tiny"]
+    assert fleet._trigger_args("127.0.0.1:1") == ["--router", "127.0.0.1:1", "--reuse-port", "true"]
+    fleet = Fleet(fleet_config(tmp_path, hbm_budget_mb=64.0, dram_budget_mb=-1.0, slo_ms=80.0))
+    assert fleet._ranker_args("ranker-1")[4:8] == ["--hbm-budget-mb", "64.0", "--dram-budget-mb", "-1.0"]
+    assert fleet._trigger_args("127.0.0.1:1")[2:4] == ["--slo-ms", "80.0"]
+    launcher = load(LauncherConfig, ["--hbm-budget-mb", "32"], {"RELAYGR_SLO_MS": "90"})
+    assert (launcher.hbm_budget_mb, launcher.dram_budget_mb, launcher.slo_ms) == (32.0, None, 90.0)
 
 
 def test_fleet_starts_healthy_restarts_a_ranker_detects_a_crash_and_stops_everything(tmp_path):

@@ -26,6 +26,7 @@ SERVICES = [
         "services.retrieval_stub.config",
         "RetrievalStubConfig",
     ),
+    ("Local fleet — `python -m services.launcher` (`make run`)", "services.launcher.demo", "LauncherConfig"),
     ("Benchmark — `python -m bench`", "bench.config", "BenchConfig"),
 ]
 

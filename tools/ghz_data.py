@@ -1,7 +1,7 @@
 """`python -m tools.ghz_data`: writes the ghz call data under deploy/loadtest/data/ and the protoset.
 
-The requests come from the retrieval stub's synthetic universe (services/retrieval_stub/universe.py) at
-a fixed epoch and seed, so every file is reproducible from this script; `--check` only compares.
+The requests come from the synthetic user universe the retrieval stub serves (services/workload/universe.py)
+at a fixed epoch and seed, so every file is reproducible from this script; `--check` only compares.
 
 - `recommend.json`: Recommend requests whose users follow a Zipf law over a population, as real traffic
   does: a few users come back often (their prefixes are reused from DRAM), most come once.
@@ -27,7 +27,7 @@ import numpy as np
 from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 
-from services.retrieval_stub.universe import EventArrays, UniverseConfig, UserUniverse
+from services.workload.universe import EventArrays, UniverseConfig, UserUniverse
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOADTEST_DIR = REPO_ROOT / "deploy" / "loadtest"

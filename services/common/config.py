@@ -141,7 +141,10 @@ def markdown_table(cls: type) -> str:
     """The settings of `cls` as a Markdown table: flag, environment variable, default, meaning."""
     rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
     for field in dataclasses.fields(cls):
-        default = "(empty)" if field.default in ("", None) else f"`{field.default}`"
+        # None: the setting is unset unless given (see its help for what applies then).
+        default = (
+            "(unset)" if field.default is None else "(empty)" if field.default == "" else f"`{field.default}`"
+        )
         rows.append(
             f"| `{flag_name(field.name)}` | `{env_name(field.name)}` | {default} | {field.metadata['help']} |"
         )

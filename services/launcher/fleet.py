@@ -32,8 +32,6 @@ from services.common.config import ServiceConfig, check, setting
 from services.common.contract import RANKER_SERVICE, RECOMMEND_SERVICE, TRIGGER_SERVICE
 from services.common.server import channel_credentials
 from services.launcher.procs import Processes, ServiceProcess
-from services.ranker.config import RankerConfig
-from services.trigger.config import TriggerConfig
 
 # Health-checked service names; the router serves RankerService like a ranker.
 
@@ -50,18 +48,26 @@ SURGE_SERVICES = (ROUTER, TRIGGER)
 
 @dataclasses.dataclass(frozen=True)
 class FleetConfig:
-    """What the local fleet runs; each extra-args string is split like a shell command line."""
+    """What the local fleet runs; each extra-args string is split like a shell command line.
+
+    The fleet passes a service only the flags it sets: a setting left unset (None; `(empty)` in
+    docs/configuration.md) is not passed on, so the service's own default applies, and no service's
+    configuration is imported here to copy it."""
 
     rankers: int = setting(2, "number of rankers (named ranker-0 … ranker-N-1)")
     model_preset: str = setting("cpu-small", "every ranker's model preset: cpu-tiny, cpu-small or gpu-dlrmv3")
-    hbm_budget_mb: float = setting(
-        RankerConfig.hbm_budget_mb, "HBM-tier byte budget of each ranker, MiB (-1: the ranker's auto one)"
+    hbm_budget_mb: float | None = setting(
+        None,
+        "HBM-tier byte budget of each ranker, MiB (-1: the ranker's auto one; unset: the ranker's default)",
     )
-    dram_budget_mb: float = setting(
-        RankerConfig.dram_budget_mb, "DRAM-tier byte budget of each ranker, MiB (-1: the ranker's auto one)"
+    dram_budget_mb: float | None = setting(
+        None,
+        "DRAM-tier byte budget of each ranker, MiB (-1: the ranker's auto one; unset: the ranker's default)",
     )
-    slo_ms: float = setting(
-        TriggerConfig.slo_ms, "ranking latency SLO (P99), ms: what would miss it the trigger never sheds"
+    slo_ms: float | None = setting(
+        None,
+        "the trigger's ranking latency SLO (P99), ms: it never sheds what would miss it (unset: the "
+        "trigger's default)",
     )
     relay: bool = setting(True, "run the relay; false starts the baseline (retrieval stub without Admit)")
     base_port: int = setting(50050, "gRPC port of the router; the others follow it (0: free ports)")
@@ -146,6 +152,11 @@ class ServiceExited(RuntimeError):
         self.returncode = returncode
 
 
+def given(flags: dict[str, object]) -> list[str]:
+    """`flag value` for each flag whose value is set; an unset one (None) is left to the service's default."""
+    return [part for flag, value in flags.items() if value is not None for part in (flag, str(value))]
+
+
 def ranker_name(index: int) -> str:
     return f"ranker-{index}"
 
@@ -190,11 +201,7 @@ class Fleet:
         self._spawn(ROUTER, "services.router", RANKER_SERVICE, router_args)
         self._wait_healthy(ROUTER)
         router = self.address(ROUTER)
-        trigger_args = [
-            "--router", router, "--slo-ms", str(c.slo_ms), "--reuse-port", "true",
-            *shlex.split(c.trigger_args),
-        ]  # fmt: skip
-        self._spawn(TRIGGER, "services.trigger", TRIGGER_SERVICE, trigger_args)
+        self._spawn(TRIGGER, "services.trigger", TRIGGER_SERVICE, self._trigger_args(router))
         self._wait_healthy(TRIGGER)
         stub_args = [
             "--router", router, "--trigger", self.address(TRIGGER), "--relay", str(c.relay).lower(),
@@ -208,8 +215,15 @@ class Fleet:
         c = self.config
         return [
             "--instance-name", name, "--model-preset", c.model_preset,
-            "--hbm-budget-mb", str(c.hbm_budget_mb), "--dram-budget-mb", str(c.dram_budget_mb),
+            *given({"--hbm-budget-mb": c.hbm_budget_mb, "--dram-budget-mb": c.dram_budget_mb}),
             *shlex.split(c.ranker_args),
+        ]  # fmt: skip
+
+    def _trigger_args(self, router: str) -> list[str]:
+        c = self.config
+        return [
+            "--router", router, *given({"--slo-ms": c.slo_ms}), "--reuse-port", "true",
+            *shlex.split(c.trigger_args),
         ]  # fmt: skip
 
     def _spawn(self, name: str, module: str, service: str, args: list[str]) -> None:

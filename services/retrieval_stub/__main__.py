@@ -10,7 +10,7 @@ from services.common.contract import RECOMMEND_SERVICE
 from services.common.server import GrpcServer, dial, service_main
 from services.retrieval_stub.config import RetrievalStubConfig
 from services.retrieval_stub.servicer import RecommendService
-from services.retrieval_stub.universe import UserUniverse
+from services.workload.universe import UserUniverse
 
 log = logging.getLogger("services.retrieval_stub")
 

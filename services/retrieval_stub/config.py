@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from services.common.config import ServiceConfig, check_target, setting
-from services.retrieval_stub.universe import UniverseConfig
+from services.workload.universe import UniverseConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,7 +45,7 @@ from services.common.contract import cache_source_label
 from services.common.metrics import Children
 from services.retrieval_stub import metrics
 from services.retrieval_stub.config import RetrievalStubConfig
-from services.retrieval_stub.universe import UserUniverse
+from services.workload.universe import UserUniverse
 
 log = logging.getLogger(__name__)
 

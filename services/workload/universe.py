@@ -1,4 +1,5 @@
-"""A synthetic, deterministic user universe: the retrieval stub's stand-in for a behaviour store.
+"""A synthetic, deterministic user universe: the retrieval stub's stand-in for a behaviour store, and
+the source of the requests that tools (`tools/ghz_data.py`) and tests generate.
 
 Contract:
 

@@ -8,7 +8,7 @@ import pytest
 from bench.workload import RevisitSampler, fixed_length_universe, mix_universe
 from services.common.config import load
 from services.retrieval_stub.config import RetrievalStubConfig
-from services.retrieval_stub.universe import UserUniverse
+from services.workload.universe import UserUniverse
 
 EPOCH_MS = 1_750_000_000_000
 

@@ -15,7 +15,7 @@ from google.protobuf import json_format
 from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 from services.launcher.procs import REPO_ROOT, Processes
 from services.loadgen.openloop import CallRecord, run_open_loop
-from services.retrieval_stub.universe import UniverseConfig, UserUniverse
+from services.workload.universe import UniverseConfig, UserUniverse
 from tests.loadgen import ghz_types
 
 SERVICE_DELAY_S = 0.005

@@ -16,7 +16,7 @@ from relaygr.v1 import common_pb2, ranker_pb2, recommend_pb2, trigger_pb2
 from services.common.config import load
 from services.retrieval_stub.config import RetrievalStubConfig
 from services.retrieval_stub.servicer import RecommendService, abandoned
-from services.retrieval_stub.universe import UserUniverse
+from services.workload.universe import UserUniverse
 
 EPOCH_MS = 1_750_000_000_000
 NOW_MS = EPOCH_MS + 61_234

@@ -21,7 +21,7 @@ from relaygr.v1 import (
 from services.common.contract import RECOMMEND_SERVICE
 from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet, FleetConfig
 from services.launcher.procs import Processes, free_port
-from services.retrieval_stub.universe import UniverseConfig, UserUniverse
+from services.workload.universe import UniverseConfig, UserUniverse
 
 UNIVERSE = UniverseConfig(
     universe_epoch_ms=1_750_000_000_000, history_min=24, history_median=64, history_max=512, num_candidates=32

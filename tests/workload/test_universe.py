@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from services.launcher.procs import REPO_ROOT
-from services.retrieval_stub.universe import UniverseConfig, UserHistory, UserUniverse
+from services.workload.universe import UniverseConfig, UserHistory, UserUniverse
 
 EPOCH_MS = 1_750_000_000_000
 MINUTE_MS = 60_000
@@ -49,8 +49,8 @@ def test_same_user_id_gives_the_same_user_in_another_instance_and_another_proces
     here = digest(UserUniverse(CONFIG), user_ids, now_ms)
     assert digest(UserUniverse(dataclasses.replace(CONFIG)), user_ids, now_ms) == here
     script = (
-        "import sys; from services.retrieval_stub.universe import UniverseConfig, UserUniverse;"
-        "from tests.retrieval_stub.test_universe import digest;"
+        "import sys; from services.workload.universe import UniverseConfig, UserUniverse;"
+        "from tests.workload.test_universe import digest;"
         f"print(digest(UserUniverse(UniverseConfig(universe_epoch_ms={EPOCH_MS})), {user_ids!r}, {now_ms}))"
     )
     other = subprocess.run(
