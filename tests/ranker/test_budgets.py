@@ -190,9 +190,10 @@ def test_help_documents_the_auto_default():
 
 
 def test_the_local_fleets_rankers_get_the_cpu_budgets_from_its_defaults(tmp_path):
-    """The launcher passes its defaults (-1) on the command line; each CPU ranker resolves them itself."""
+    """The launcher leaves the budgets unset; each CPU ranker resolves its own default (-1: auto) itself."""
     fleet = Fleet(FleetConfig(log_dir=str(tmp_path)))
     args = fleet._ranker_args("ranker-0")
-    assert args[args.index("--hbm-budget-mb") + 1] == args[args.index("--dram-budget-mb") + 1] == "-1.0"
+    assert "--hbm-budget-mb" not in args and "--dram-budget-mb" not in args
     config = load(RankerConfig, [*args, "--device", "cpu"], {})
+    assert (config.hbm_budget_mb, config.dram_budget_mb) == (-1, -1)
     assert resolve_budgets(config, torch.device("cpu"), 0) == Budgets(256 * MIB, 1024 * MIB)

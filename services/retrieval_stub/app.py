@@ -1,0 +1,49 @@
+"""Assembles a retrieval stub: its user universe, channels to the router and the trigger, RecommendService.
+
+`RetrievalStubApp` is what `python -m services.retrieval_stub` runs (`services.common.server.serve_app`):
+`start()` binds the ports and turns SERVING at once (the stub depends on nothing to answer: the router and
+the trigger are dialled lazily), `close()` closes its channels after the drain.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from relaygr.v1 import ranker_pb2_grpc, recommend_pb2_grpc, trigger_pb2_grpc
+from services.common.contract import RECOMMEND_SERVICE
+from services.common.server import GrpcServer, dial
+from services.retrieval_stub.config import RetrievalStubConfig
+from services.retrieval_stub.servicer import RecommendService
+from services.workload.universe import UserUniverse
+
+log = logging.getLogger("services.retrieval_stub")
+
+
+class RetrievalStubApp:
+    def __init__(self, config: RetrievalStubConfig) -> None:
+        self.config = config
+        self.universe = UserUniverse(config)
+        self._router = dial(config.router, config)
+        self._trigger = dial(config.trigger, config) if config.relay else None
+        self.service = RecommendService(
+            config,
+            self.universe,
+            ranker_pb2_grpc.RankerServiceStub(self._router),
+            trigger_pb2_grpc.TriggerServiceStub(self._trigger) if self._trigger is not None else None,
+        )
+        self.grpc = GrpcServer(
+            config,
+            RECOMMEND_SERVICE,
+            lambda s: recommend_pb2_grpc.add_RecommendServiceServicer_to_server(self.service, s),
+        )
+
+    async def start(self) -> None:
+        await self.grpc.start()
+        epoch, relay = self.universe.epoch_ms, "on" if self.config.relay else "off (baseline)"
+        log.info("universe epoch %d ms (--universe-epoch-ms %d reproduces it); relay %s", epoch, epoch, relay)
+        await self.grpc.set_serving()
+
+    async def close(self) -> None:
+        for channel in (self._router, self._trigger):
+            if channel is not None:
+                await channel.close()
