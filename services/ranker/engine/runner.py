@@ -2,8 +2,9 @@
 
 `ModelRunner` is the only object that touches the model. Its async-facing methods return futures
 resolved by the `Scheduler` thread, which runs the work with the given priority; the `*_sync`
-methods are the work itself. Background pre-inference runs in chunks and lets every queued rank run
-between two chunks. Cached ranks queued together run as one batch (`rank_batch_sync`).
+methods are the work itself. A prefix is computed in chunks, and its job lets every more urgent queued job
+run between two chunks through the `Yield` the scheduler hands it (the runner only calls it). Cached ranks
+queued together run as one batch (`rank_batch_sync`).
 
 On an accelerator, kernels launch asynchronously, so "a Rank waits at most one chunk" needs more than the
 queue order: Ranks (and a miss's own prefix) run on the high-priority rank stream, background
@@ -17,7 +18,7 @@ On CPU the same calls run synchronously (`Accelerator`'s stand-ins).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -29,6 +30,10 @@ from services.ranker.model.hstu import CachedRank, HSTURanker
 from services.ranker.model.prefix_kv import PrefixKV
 
 RankItem = tuple[PrefixKV, Events, Sequence[int]]
+
+
+def _no_yield() -> None:
+    """Between chunks of a build run outside a yielding job (inline, or in a job that lets nothing by)."""
 
 
 class ModelRunner:
@@ -67,12 +72,20 @@ class ModelRunner:
 
     # ---- the work, on the device thread ----
 
-    def build_sync(self, events: Events, background: bool, base: PrefixKV | None = None) -> PrefixKV:
+    def build_sync(
+        self,
+        events: Events,
+        background: bool,
+        base: PrefixKV | None = None,
+        *,
+        between_chunks: Callable[[], None] = _no_yield,
+    ) -> PrefixKV:
         """The prefix KV of `events` appended to `base` (None: from the start), always in chunks: besides
         bounding a rank's wait, chunks keep the attention blocks small, which is faster on long
-        prefixes. Every queued job more urgent than this one runs between two chunks. A `background` build
-        (pre-inference) runs on the pre-infer stream, any other on the rank stream. The result carries
-        the event its consumers wait for."""
+        prefixes. `between_chunks` is called between two chunks: in a device job, the scheduler's `Yield`,
+        where every queued job more urgent than this one runs. A `background` build (pre-inference) runs on
+        the pre-infer stream, any other on the rank stream. The result carries the event its consumers wait
+        for."""
         accelerator = self.accelerator
         stream = accelerator.pre_infer_stream if background else accelerator.rank_stream
         window = InflightWindow(self.inflight_chunks)
@@ -83,7 +96,7 @@ class ModelRunner:
             builder.step()
             window.push(accelerator.record())
             while not builder.done:
-                self.worker.run_more_urgent()
+                between_chunks()
                 builder.step()
                 window.push(accelerator.record())
             kv = builder.result()
@@ -150,11 +163,19 @@ class ModelRunner:
             flat = torch.cat(scores).float().cpu()  # one copy back for the whole batch
         return [part.tolist() for part in flat.split([len(c) for _, _, c in items])]
 
-    def uncached_sync(self, long: Events, short: Events, candidates: Sequence[int]) -> list[float]:
-        """Ranking without relay: the prefix computed in chunks, ranked against, then dropped. Equal to
-        `full_sync` (exact reuse) and several times faster on long sequences, where one pass over the
-        whole sequence builds L x L attention blocks."""
-        return self.rank_sync(self.build_sync(long, background=False), short, candidates)
+    def uncached_sync(
+        self,
+        long: Events,
+        short: Events,
+        candidates: Sequence[int],
+        *,
+        between_chunks: Callable[[], None] = _no_yield,
+    ) -> list[float]:
+        """Ranking without relay: the prefix computed in chunks (`between_chunks` called between two, as
+        in `build_sync`), ranked against, then dropped. Equal to `full_sync` (exact reuse) and several times
+        faster on long sequences, where one pass over the whole sequence builds L x L attention blocks."""
+        prefix = self.build_sync(long, background=False, between_chunks=between_chunks)
+        return self.rank_sync(prefix, short, candidates)
 
     def full_sync(self, long: Events, short: Events, candidates: Sequence[int]) -> list[float]:
         """The model's reference: one attention pass per layer over the whole sequence."""
@@ -175,16 +196,16 @@ class ModelRunner:
         """The PrefixKV of `events`, computed at `priority` (PRE_INFER: in the background, on the pre-infer
         stream); more urgent work runs between its chunks."""
         background = priority is Priority.PRE_INFER
-        job = lambda: self.build_sync(events, background)  # noqa: E731
-        return self.worker.submit(job, priority, Op.PRE_INFER, deadline)
+        job = lambda yield_: self.build_sync(events, background, between_chunks=yield_)  # noqa: E731
+        return self.worker.submit_yielding(job, priority, Op.PRE_INFER, deadline)
 
     def extend(
         self, base: PrefixKV, appended: Events, priority: Priority, deadline: float | None = None
     ) -> asyncio.Future[PrefixKV]:
         """`base` extended with the events appended since it was computed."""
         background = priority is Priority.PRE_INFER
-        job = lambda: self.build_sync(appended, background, base)  # noqa: E731
-        return self.worker.submit(job, priority, Op.EXTEND, deadline)
+        job = lambda yield_: self.build_sync(appended, background, base, between_chunks=yield_)  # noqa: E731
+        return self.worker.submit_yielding(job, priority, Op.EXTEND, deadline)
 
     def rank(
         self, prefix: PrefixKV, short: Events, candidates: Sequence[int], deadline: float | None
@@ -198,5 +219,5 @@ class ModelRunner:
         self, long: Events, short: Events, candidates: Sequence[int], deadline: float | None
     ) -> asyncio.Future[list[float]]:
         """Scores computed without keeping a prefix: the path when no prefix can be held."""
-        job = lambda: self.uncached_sync(long, short, candidates)  # noqa: E731
-        return self.worker.submit(job, Priority.AWAITED, Op.UNCACHED, deadline)
+        job = lambda yield_: self.uncached_sync(long, short, candidates, between_chunks=yield_)  # noqa: E731
+        return self.worker.submit_yielding(job, Priority.AWAITED, Op.UNCACHED, deadline)

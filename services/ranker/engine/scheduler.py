@@ -2,9 +2,10 @@
 
 The asyncio event loop never runs model code. It submits jobs and awaits their futures; the worker
 thread takes the most urgent job first (`Priority`: ranks against a ready prefix, then the prefixes Ranks
-wait for, then reloads, then pre-inference; FIFO within a priority). A prefix is computed in chunks and
-its job runs every more urgent queued job between two chunks (`run_more_urgent`), so a rank waits for at
-most one chunk of any prefix, a miss's included. A Rank that waits on a background job (it joined a
+wait for, then reloads, then pre-inference; FIFO within a priority). A prefix is computed in chunks: its
+job (`submit_yielding`) is handed a `Yield`, a callable it calls between two chunks, where the scheduler runs
+every more urgent queued job, so a rank waits for at most one chunk of any prefix, a miss's included; the
+job knows nothing else of the scheduler. A Rank that waits on a background job (it joined a
 pre-inference) `promote`s that job to `Priority.AWAITED`, so pre-inferences that keep arriving cannot
 starve it. A job whose deadline has passed, or whose awaiting future was cancelled, is dropped when it
 reaches the front, before any work starts.
@@ -93,6 +94,8 @@ class Job:
     # Set for a job that may run with others of its batch; `fn` runs it alone.
     batch: Batch | None = dataclasses.field(default=None, compare=False)
     item: Any = dataclasses.field(default=None, compare=False)
+    # Set for a job that yields between its steps: `fn` takes the running job's `Yield`.
+    yields: bool = dataclasses.field(default=False, compare=False)
 
 
 @dataclasses.dataclass
@@ -101,6 +104,21 @@ class _Running:
 
     priority: int
     future: asyncio.Future
+
+
+class Yield:
+    """A running job's handle on the scheduler, passed to a job submitted with `submit_yielding`: calling it
+    runs, there and then on the device thread, every queued job more urgent than this one (by the job's
+    priority, as `promote` raises it), then returns. A long job calls it between two of its steps, so that
+    the jobs queued behind it wait for one step at most. Valid only while its job runs, from its own code."""
+
+    __slots__ = ("_running", "_scheduler")
+
+    def __init__(self, scheduler: Scheduler, running: _Running) -> None:
+        self._scheduler, self._running = scheduler, running
+
+    def __call__(self) -> None:
+        self._scheduler._run_more_urgent(self._running)
 
 
 class Scheduler:
@@ -112,7 +130,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._closed = False
         self._depth = {p: 0 for p in Priority}
-        # The job on the thread, then each job run nested in it by run_more_urgent, innermost last.
+        # The job on the thread, then each job run nested in it at a `Yield`, innermost last.
         self._running: list[_Running] = []
         # Seconds the thread has spent running jobs (nested ones are inside their outer job's time).
         self.busy_s = 0.0
@@ -133,18 +151,25 @@ class Scheduler:
         """
         return self._push(fn, priority, op, deadline, None, None)
 
+    def submit_yielding(
+        self, fn: Callable[[Yield], T], priority: Priority, op: Op, deadline: float | None = None
+    ) -> asyncio.Future[T]:
+        """Queues `fn`, a long job that lets more urgent work run between its steps: it is called with its
+        `Yield`, which it calls between two steps (see `submit`)."""
+        return self._push(fn, priority, op, deadline, None, None, yields=True)
+
     def submit_batched(
         self, item: Any, batch: Batch, priority: Priority, op: Op, deadline: float | None = None
     ) -> asyncio.Future:
         """Queues `item` for `batch.run`, with the jobs of the same batch queued beside it (see `submit`)."""
         return self._push(lambda: batch.run([item])[0], priority, op, deadline, batch, item)
 
-    def _push(self, fn, priority, op, deadline, batch, item) -> asyncio.Future:
+    def _push(self, fn, priority, op, deadline, batch, item, yields=False) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         with self._cond:
             if self._closed:
                 raise RuntimeError("device worker is closed")
-            job = Job(priority, next(self._counter), deadline, fn, future, op, batch, item)
+            job = Job(priority, next(self._counter), deadline, fn, future, op, batch, item, yields)
             heapq.heappush(self._heap, job)
             self._count(priority, +1)
             self._cond.notify()
@@ -172,17 +197,14 @@ class Scheduler:
             self._cond.notify()
         self._thread.join()
 
-    def run_more_urgent(self) -> None:
-        """Runs, on the calling device thread, every queued job more urgent than the running one.
-
-        Long jobs (prefixes, computed in chunks) call this between chunks, so a rank never waits for more
-        than one chunk. Called elsewhere than on the device thread (a job run inline), it does nothing.
-        """
-        if threading.current_thread() is not self._thread:
-            return
+    def _run_more_urgent(self, running: _Running) -> None:
+        """A `Yield`: runs, nested in `running` on the device thread, every queued job more urgent than it."""
+        innermost = self._running[-1] if self._running else None
+        if threading.current_thread() is not self._thread or innermost is not running:
+            raise RuntimeError("a Yield is called by its own job, while that job runs on the device thread")
         while True:
             with self._cond:
-                if not self._heap or self._heap[0].priority >= self._running[-1].priority:
+                if not self._heap or self._heap[0].priority >= running.priority:
                     return
                 jobs = self._pop_batch()
             self._run(jobs)
@@ -225,14 +247,15 @@ class Scheduler:
     def _run(self, jobs: list[Job]) -> None:
         """Runs jobs (one, or one batch) as the innermost running work: nested in another job, it yields by
         its own priority."""
+        running = _Running(jobs[0].priority, jobs[0].future)
         with self._cond:
-            self._running.append(_Running(jobs[0].priority, jobs[0].future))
+            self._running.append(running)
         try:
             live = [job for job in jobs if self._startable(job)]
             if len(live) == 1:
-                self._execute(live[0])
+                self._execute(live[0], running)
             elif live:
-                self._execute_batch(live)
+                self._execute_batch(live, running)
         finally:
             with self._cond:
                 self._running.pop()
@@ -248,12 +271,12 @@ class Scheduler:
             return False
         return True
 
-    def _execute(self, job: Job) -> None:
+    def _execute(self, job: Job, running: _Running) -> None:
         fn, future, op = job.fn, job.future, job.op
         loop = future.get_loop()
         started = time.perf_counter()
         try:
-            result = fn()
+            result = fn(Yield(self, running)) if job.yields else fn()
         except BaseException as exc:  # delivered to the awaiting coroutine, never lost on this thread
             log.debug("device job %s failed", op, exc_info=True)
             loop.call_soon_threadsafe(_set_exception, future, exc)
@@ -262,15 +285,16 @@ class Scheduler:
         finally:
             metrics.MODEL_SECONDS.labels(op).observe(time.perf_counter() - started)
 
-    def _execute_batch(self, jobs: list[Job]) -> None:
-        """One pass for every job of a batch; if it fails, each job alone (its own result or error)."""
+    def _execute_batch(self, jobs: list[Job], running: _Running) -> None:
+        """One pass for every job of a batch; if it fails, each job alone (its own result or error). Batched
+        jobs never yield."""
         started = time.perf_counter()
         try:
             results = jobs[0].batch.run([job.item for job in jobs])
         except Exception:
             log.debug("device batch of %d %s jobs failed; running them one by one", len(jobs), jobs[0].op)
             for job in jobs:
-                self._execute(job)
+                self._execute(job, running)
             return
         # Each job is counted with its share of the pass: the count stays the jobs served, the sum the
         # device time.

@@ -1,14 +1,13 @@
-"""Cross-request batching of cached ranks: exact against one user at a time; what the device thread groups.
+"""Cross-request batching of cached ranks: exact against one user at a time, and through the service.
 
 The model's `rank_batch` packs several users' short-term and candidate tokens into one pass, each attending
-to its own prefix; the scheduler groups queued cached ranks into one such pass; a Rank served in a batch
-through the real gRPC service equals the full recomputation.
+to its own prefix; a Rank served in a batch through the real gRPC service equals the full recomputation.
+How the scheduler groups queued jobs into a batch is in test_scheduler.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 import torch
@@ -17,12 +16,11 @@ from hypothesis import strategies as st
 from torch.testing import assert_close
 
 from relaygr.v1 import common_pb2
-from services.common.errors import DeadlineExceeded
-from services.ranker.engine.scheduler import Batch, Op, Priority, Scheduler
+from services.ranker.engine.scheduler import Priority
 from services.ranker.model.hstu import CachedRank, HSTURanker
 from services.ranker.model.presets import get_preset
 from tests.exact import assert_scores_equal
-from tests.ranker.harness import history, metric, pre_infer_request, rank_request, running_ranker
+from tests.ranker.harness import blocked, history, metric, pre_infer_request, rank_request, running_ranker
 
 TINY = get_preset("cpu-tiny")
 
@@ -93,91 +91,6 @@ def test_bad_input_in_a_batch_names_the_problem(model):
     request = user_request(model, 4, 10, 2, 3)
     with pytest.raises(ValueError, match="at least one candidate"):
         model.rank_batch([request, request._replace(candidates=torch.zeros(0, dtype=torch.long))])
-
-
-# ---- the scheduler groups what is queued ----
-
-
-def blocked(scheduler: Scheduler) -> threading.Event:
-    """Holds the device thread in a job until the returned event is set, so that jobs queue behind it."""
-    gate, started = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        started.set()
-        gate.wait(10)
-
-    scheduler.submit(hold, Priority.RANK, Op.PROFILE)
-    assert started.wait(10)
-    return gate
-
-
-def test_queued_jobs_of_one_batch_run_together_up_to_its_size():
-    async def scenario():
-        calls: list[list[int]] = []
-
-        def run(items: list[int]) -> list[int]:
-            calls.append(list(items))
-            return [item * 10 for item in items]
-
-        batch = Batch(run, max_size=3)
-        scheduler = Scheduler("test")
-        try:
-            gate = blocked(scheduler)
-            futures = [scheduler.submit_batched(i, batch, Priority.RANK, Op.RANK) for i in range(4)]
-            alone = scheduler.submit(lambda: "alone", Priority.RANK, Op.RANK)
-            later = scheduler.submit_batched(9, batch, Priority.RANK, Op.RANK)
-            gate.set()
-            results = await asyncio.gather(*futures, alone, later)
-        finally:
-            scheduler.close()
-        assert results == [0, 10, 20, 30, "alone", 90]
-        # FIFO is kept: a batch takes only the jobs of its batch queued right behind its first job.
-        assert calls == [[0, 1, 2], [3], [9]]
-
-    asyncio.run(scenario())
-
-
-def test_a_failed_batch_gives_each_job_its_own_result_or_error():
-    async def scenario():
-        def run(items: list[int]) -> list[int]:
-            if any(item < 0 for item in items):
-                raise ValueError(f"negative item in {items}")
-            return [item + 1 for item in items]
-
-        batch = Batch(run, max_size=8)
-        scheduler = Scheduler("test")
-        try:
-            gate = blocked(scheduler)
-            futures = [scheduler.submit_batched(i, batch, Priority.RANK, Op.RANK) for i in (1, -1, 2)]
-            gate.set()
-            results = await asyncio.gather(*futures, return_exceptions=True)
-        finally:
-            scheduler.close()
-        assert results[0] == 2 and results[2] == 3
-        assert isinstance(results[1], ValueError) and "[-1]" in str(results[1])
-
-    asyncio.run(scenario())
-
-
-def test_a_job_past_its_deadline_leaves_the_batch_unstarted():
-    async def scenario():
-        seen: list[list[int]] = []
-        batch = Batch(lambda items: seen.append(items) or items, max_size=8)
-        scheduler = Scheduler("test")
-        try:
-            gate = blocked(scheduler)
-            on_time = scheduler.submit_batched(1, batch, Priority.RANK, Op.RANK)
-            late = scheduler.submit_batched(2, batch, Priority.RANK, Op.RANK, deadline=0.0)
-            also = scheduler.submit_batched(3, batch, Priority.RANK, Op.RANK)
-            gate.set()
-            results = await asyncio.gather(on_time, late, also, return_exceptions=True)
-        finally:
-            scheduler.close()
-        assert results[0] == 1 and results[2] == 3
-        assert isinstance(results[1], DeadlineExceeded)
-        assert seen == [[1, 3]]
-
-    asyncio.run(scenario())
 
 
 # ---- through the service ----
