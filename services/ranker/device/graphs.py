@@ -103,7 +103,7 @@ class RankGraphs:
         length = next((b for b in self.length_buckets if b >= longest), None)
         if length is None:
             return None
-        short = max(request.short_items.shape[0] for request in requests)
+        short = max(request.short_items.shape[0] for request in requests) * self.model.tokens_per_event
         candidates = max(request.candidates.shape[0] for request in requests)
         return Bucket(
             users=len(requests),
@@ -172,19 +172,22 @@ class RankGraphs:
         tokens.zero_()
         mask.zero_()
         short_slots = bucket.short
-        candidate_action = self.model.preset.num_action_types
         for row, request in enumerate(requests):
             prefix = request.prefix
-            length, num_short = prefix.length, request.short_items.shape[0]
-            num_candidates = request.candidates.shape[0]
+            length = prefix.length
             self.model.check_request(1, request.short_items[None], request.candidates[None], length)
-            tokens[0, row, :num_short] = request.short_items
-            tokens[1, row, :num_short] = request.short_actions
-            tokens[2, row, :num_short] = torch.arange(length, length + num_short)
+            # The model's tokens (item rows, action rows, positions): the layout is the model's business.
+            short, cands = self.model.rank_tokens(
+                length, request.short_items[None], request.short_actions[None], request.candidates[None]
+            )
+            num_short, num_candidates = short.items.shape[1], cands.items.shape[1]
+            tokens[0, row, :num_short] = short.items[0]
+            tokens[1, row, :num_short] = short.actions[0]
+            tokens[2, row, :num_short] = short.positions
             candidates = slice(short_slots, short_slots + num_candidates)
-            tokens[0, row, candidates] = request.candidates
-            tokens[1, row, candidates] = candidate_action
-            tokens[2, row, candidates] = length + num_short
+            tokens[0, row, candidates] = cands.items[0]
+            tokens[1, row, candidates] = cands.actions[0]
+            tokens[2, row, candidates] = cands.positions
             # M: short-term tokens causal; candidates see every short-term token and themselves; every
             # slot sees itself (a padded slot nothing else), so no row of the attention is empty.
             mask[row, 0].fill_diagonal_(True)

@@ -1,35 +1,43 @@
-"""HSTU-style generative-recommendation ranker with exact prefix-KV reuse.
+"""HSTU-style generative-recommendation ranker with exact prefix-KV reuse, for any closed member of the
+model family (`family.ModelConfig`: our presets, converted recsys-examples checkpoints).
 
 Contract
 --------
-A request is one token per behaviour event, laid out ``[prefix (L) | short-term (S) | candidates (C)]``.
-Prefix token i sits at absolute position i, short-term token j at L + j, and every candidate at L + S.
-Each layer attends pointwise (SiLU, no softmax) under the mask M: a prefix or short-term token sees the
-prefix and short-term tokens up to itself; a candidate sees every prefix and short-term token and itself,
-never another candidate.
+A request is laid out ``[prefix (L events) | short-term (S events) | candidates (C)]`` as tokens: one token
+per event (`token_layout="event"`), or an item token then an action token per event ("item_action"); one
+token per candidate. Tokens are numbered forward from the start of the prefix: token i of the history sits at
+position i, and every candidate at the position after the last history token (positions past the table's end
+use its last row when `position_clamp`). Each layer attends pointwise (SiLU, no softmax) under the mask M: a
+history token sees the history tokens up to itself; a candidate sees every history token and itself, never
+another candidate.
 
 *Prefix closure* makes reuse exact: nothing in a prefix token depends on anything after the prefix, on the
-request time, the total length or the batch (positions count forward, N_norm is a constant). Hence:
+request time, the total length or the batch (positions count forward, N_norm is a constant; `family.py`
+refuses the options that would break this). Hence:
 
 * ``pre_infer`` / ``extend`` / ``PrefixBuilder`` compute the per-layer keys and values of prefix tokens
-  alone (`PrefixKV`), in one pass, in chunks, or incrementally as events are appended — all equal to
-  float rounding;
+  alone (`PrefixKV`, one row per token), in one pass, in chunks, or incrementally as events are appended —
+  all equal to float rounding;
 * ``rank(pre_infer(prefix), short, candidates)`` equals the reference ``full_forward(prefix, short,
   candidates)`` to float rounding (fp32: ``torch.testing.assert_close`` defaults), for any candidate
-  microbatching, candidate order or subset; ``full_forward_batch`` batches users of different lengths
-  without changing any user's scores.
+  microbatching, candidate order or subset; ``full_forward_batch``, ``rank_batch`` and ``score_padded``
+  batch users of different lengths without changing any user's scores.
 
-Weights come from a generator seeded with ``preset.seed`` (or a checkpoint), so every process builds the
+Tokens are (item row, action row, position) triples — row -1: the token has no item (an action token) or no
+action (an item-only token) — made from events by `history_tokens` and `candidate_tokens`; every path embeds
+them with `_embed`, so the layouts differ in one place only.
+
+Weights come from a generator seeded with ``config.seed`` (or a checkpoint), so every process builds the
 same model on any device. The code is device-agnostic: move the model with ``.to(device)`` and pass inputs on
-that device. Item ids are int64 (any value), action types lie in [0, num_action_types). Scores are float32
-whatever the compute dtype. The model keeps no state between calls (a `PrefixBuilder` does, and is stepped
-by one thread at a time).
+that device. Item ids are int64 (`layers.ItemIndex` maps them to rows; an imported table refuses an id without
+a row), action types lie in [0, num_action_types). Scores are float32 whatever the compute dtype. The model
+keeps no state between calls (a `PrefixBuilder` does, and is stepped by one thread at a time).
 
-One file on purpose: the contract above binds the attention, the layer, the prefix builder and the reference
-forward together, and exactness is proved across them (`tests/ranker/model/test_model.py`); split, each part
-would restate the mask and position rules it relies on. The KV they produce and consume, `PrefixKV`, lives
-apart (`prefix_kv.py`): it is the prefix cache's currency, and the cache and the device code need it, not the
-model.
+The contract above binds the token layout, the attention, the prefix builder and the reference forward
+together, and exactness is proved across them (`tests/ranker/model/test_model.py`, `test_family.py`), so they
+live in this file; the weight-holding pieces that compute token-local things (layer, head, item index) are in
+`layers.py`, the options in `family.py`. The KV they produce and consume, `PrefixKV`, lives apart
+(`prefix_kv.py`): it is the prefix cache's currency, and the cache and the device code need it, not the model.
 """
 
 from __future__ import annotations
@@ -44,20 +52,27 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from services.ranker.model.family import ModelConfig
+from services.ranker.model.layers import HSTULayer, ItemIndex, build_head, head_logits
 from services.ranker.model.prefix_kv import PrefixKV
-from services.ranker.model.presets import ModelPreset
 
 # Scale of the embedding tables at initialisation; LayerNorm follows, so only the ratio to the residual
 # updates matters.
 _EMBED_STD = 0.5
-# LayerNorm eps on the attention output, as in HSTU: N_norm makes that output small for short sequences and
-# the default 1e-5 would then swamp its variance.
-_ATTN_OUT_EPS = 1e-6
 
 # Per layer, the key/value blocks that new tokens see in full (no mask).
 _VisibleBlocks = list[list[tuple[Tensor, Tensor]]]
 # Last hidden states [B, n, D], then per-layer keys and values [B, H, n, d].
 _LayerOutputs = tuple[Tensor, list[Tensor], list[Tensor]]
+
+
+class Tokens(NamedTuple):
+    """Tokens as the layers take them: item rows and action rows [B, n] (-1: none) and positions ([n] or
+    [B, n], or a 0-d tensor shared by all)."""
+
+    items: Tensor
+    actions: Tensor
+    positions: Tensor
 
 
 class UserSequence(NamedTuple):
@@ -80,36 +95,6 @@ class CachedRank(NamedTuple):
     candidates: Tensor
 
 
-class _HSTULayer(nn.Module):
-    """One HSTU layer, split around its attention so the full and the cached paths share the weights."""
-
-    def __init__(self, preset: ModelPreset) -> None:
-        super().__init__()
-        self.num_heads = preset.num_heads
-        self.head_dim = preset.head_dim
-        width = preset.num_heads * preset.head_dim
-        self.input_norm = nn.LayerNorm(preset.embed_dim)
-        self.uvqk = nn.Linear(preset.embed_dim, 4 * width)
-        self.attn_out_norm = nn.LayerNorm(width, eps=_ATTN_OUT_EPS)
-        self.output = nn.Linear(width, preset.embed_dim)
-
-    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """u [B, n, H·dv] and q, k, v [B, H, n, d] of tokens x [B, n, D]."""
-        batch, n, _ = x.shape
-        u, v, q, k = F.silu(self.uvqk(self.input_norm(x))).chunk(4, dim=-1)
-
-        def heads(t: Tensor) -> Tensor:
-            return t.view(batch, n, self.num_heads, self.head_dim).transpose(1, 2)
-
-        return u, heads(q), heads(k), heads(v)
-
-    def finish(self, x: Tensor, u: Tensor, o: Tensor) -> Tensor:
-        """The residual update of x from its gate u and its attention output o [B, H, n, dv]."""
-        batch, n, _ = x.shape
-        o = o.transpose(1, 2).reshape(batch, n, self.num_heads * self.head_dim)
-        return x + self.output(u * self.attn_out_norm(o))
-
-
 class HSTURanker(nn.Module):
     """HSTU ranker: `pre_infer`/`extend` build a prefix's KV, `rank` scores against it, `full_forward` is
     the reference that recomputes everything in one pass.
@@ -118,22 +103,26 @@ class HSTURanker(nn.Module):
     would make prefix states depend on when the request arrives. Absolute positions carry the order instead.
     """
 
-    def __init__(self, preset: ModelPreset) -> None:
+    def __init__(self, preset: ModelConfig) -> None:
         super().__init__()
-        self.preset = preset
+        self.preset = preset  # the model's config (a preset, or a converted checkpoint's model.json)
         # The cache's model version; a checkpoint's contents are folded in by `from_checkpoint`.
         self.version = preset.version
         dim = preset.embed_dim
+        self.tokens_per_event = preset.tokens_per_event
+        # Some token lacks an item or an action: embeddings are selected, not only summed.
+        self._partial_tokens = preset.token_layout == "item_action" or preset.candidate_token == "item"
+        self._target_action = preset.num_action_types if preset.candidate_token == "target_action" else -1
         # Built empty and filled from a seeded generator below: identical in every process, and the global
         # RNG is left untouched.
         with torch.device("meta"):
             self.item_embedding = nn.Embedding(preset.item_buckets, dim)
-            # The extra last row is the learned "target" action that marks candidates.
-            self.action_embedding = nn.Embedding(preset.num_action_types + 1, dim)
-            self.position_embedding = nn.Embedding(preset.max_positions, dim)
-            self.layers = nn.ModuleList(_HSTULayer(preset) for _ in range(preset.num_layers))
-            self.final_norm = nn.LayerNorm(dim)
-            self.head = nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, preset.num_tasks))
+            # With target-action candidates the extra last row is the learned "target" action.
+            self.action_embedding = nn.Embedding(preset.num_action_types + (self._target_action >= 0), dim)
+            self.position_embedding = nn.Embedding(preset.max_positions, dim) if preset.positions else None
+            self.layers = nn.ModuleList(HSTULayer(preset) for _ in range(preset.num_layers))
+            self.final_norm, self.head = build_head(preset)
+        self.item_index = ItemIndex(preset)
         self.to_empty(device="cpu")
         self._init_weights(torch.Generator().manual_seed(preset.seed))
         self.to(preset.dtype)
@@ -147,13 +136,16 @@ class HSTURanker(nn.Module):
                 module.weight.normal_(0.0, _EMBED_STD, generator=generator)
             elif isinstance(module, nn.Linear):
                 module.weight.normal_(0.0, module.in_features**-0.5, generator=generator)
-                module.bias.zero_()
-            elif isinstance(module, nn.LayerNorm):
+                if module.bias is not None:
+                    module.bias.zero_()
+            elif isinstance(module, nn.LayerNorm) and module.weight is not None:
                 module.weight.fill_(1.0)
                 module.bias.zero_()
+        if self.preset.item_ids == "keys":
+            self.item_index.keys.copy_(torch.arange(self.preset.item_buckets))
 
     @classmethod
-    def from_checkpoint(cls, preset: ModelPreset, path: str | Path) -> HSTURanker:
+    def from_checkpoint(cls, preset: ModelConfig, path: str | Path) -> HSTURanker:
         """The model with the weights of a saved state_dict (strict: every tensor must match the preset)."""
         data = Path(path).read_bytes()
         model = cls(preset)
@@ -166,21 +158,44 @@ class HSTURanker(nn.Module):
     def device(self) -> torch.device:
         return self.item_embedding.weight.device
 
-    # ---- small helpers shared by the cached and the reference paths ----
+    # ---- tokens: the one place the layouts differ ----
 
-    def _embed(self, item_ids: Tensor, action_types: Tensor, positions: Tensor) -> Tensor:
+    def history_tokens(self, item_ids: Tensor, action_types: Tensor, start: int) -> Tokens:
+        """Tokens of events [B, n] whose first token sits at position `start`."""
         if item_ids.shape != action_types.shape:
             raise ValueError(f"{list(item_ids.shape)} item ids but {list(action_types.shape)} action types")
-        # Item ids are bucketed by remainder modulo a prime: exact on int64 on every backend, unlike a
-        # multiplicative hash whose int64 overflow is not guaranteed to wrap the same way everywhere.
-        return (
-            self.item_embedding(torch.remainder(item_ids, self.preset.item_buckets))
-            + self.action_embedding(action_types)
-            + self.position_embedding(positions)
-        )
+        rows = self.item_index(item_ids)
+        batch, n = rows.shape
+        count = n * self.tokens_per_event
+        positions = torch.arange(start, start + count, device=rows.device)
+        if self.tokens_per_event == 1:
+            return Tokens(rows, action_types, positions)
+        none = torch.full_like(rows, -1)
+        items = torch.stack([rows, none], dim=2).view(batch, count)
+        actions = torch.stack([none, action_types], dim=2).view(batch, count)
+        return Tokens(items, actions, positions)
 
-    def _target_actions(self, candidates: Tensor) -> Tensor:
-        return torch.full_like(candidates, self.preset.num_action_types)
+    def candidate_tokens(self, candidates: Tensor, position: int | Tensor) -> Tokens:
+        """Tokens of candidates [B, C], all at `position` (the one after the last history token)."""
+        rows = self.item_index(candidates)
+        position = torch.as_tensor(position, device=rows.device)
+        return Tokens(rows, torch.full_like(rows, self._target_action), position.expand(rows.shape[-1]))
+
+    def _embed(self, tokens: Tokens) -> Tensor:
+        items, actions, positions = tokens
+        if self._partial_tokens:
+            item = self.item_embedding(items.clamp(min=0)).masked_fill_((items < 0)[..., None], 0.0)
+            action = self.action_embedding(actions.clamp(min=0)).masked_fill_((actions < 0)[..., None], 0.0)
+            x = item + action
+        else:
+            x = self.item_embedding(items) + self.action_embedding(actions)
+        if self.preset.embed_scale != 1.0:
+            x = x * self.preset.embed_scale
+        if self.position_embedding is not None:
+            if self.preset.position_clamp:
+                positions = positions.clamp(max=self.preset.max_positions - 1)
+            x = x + self.position_embedding(positions)
+        return x
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
         """One block of pointwise attention, not normalised: SiLU(alpha q k^T) [masked] @ v, [B, H, n_q, dv].
@@ -194,10 +209,10 @@ class HSTURanker(nn.Module):
             weights.masked_fill_(~mask, 0.0)
         return weights @ v
 
-    def _head(self, hidden: Tensor, candidates: Tensor) -> Tensor:
-        """Task logits [B, C, T] (float32) from the candidates' last hidden states [B, C, D]."""
-        item = self.item_embedding(torch.remainder(candidates, self.preset.item_buckets))
-        return self.head(self.final_norm(hidden) * item).float()
+    def _head(self, hidden: Tensor, item_rows: Tensor) -> Tensor:
+        """Task logits [B, C, T] (float32) from the candidates' last hidden states [B, C, D] and item rows."""
+        item = self.item_embedding(item_rows) if self.final_norm is not None else None
+        return head_logits(self.final_norm, self.head, hidden, item)
 
     def _causal_mask(self, n: int) -> Tensor:
         return torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
@@ -208,11 +223,11 @@ class HSTURanker(nn.Module):
         mask[head:, head:] = torch.eye(num_candidates, dtype=torch.bool, device=self.device)
         return mask
 
-    def _check_positions(self, needed: int) -> None:
-        if needed > self.preset.max_positions:
+    def _check_events(self, events: int) -> None:
+        if events > self.preset.max_events:
             raise ValueError(
-                f"sequence needs {needed} positions; preset {self.preset.name!r} has "
-                f"{self.preset.max_positions} (at most {self.preset.max_events} prefix + short-term events)"
+                f"sequence has {events} prefix + short-term events; model {self.preset.name!r} takes at most "
+                f"{self.preset.max_events} (its {self.preset.max_positions} positions)"
             )
 
     # ---- the cached path ----
@@ -241,9 +256,10 @@ class HSTURanker(nn.Module):
         return x, keys, values
 
     def _fill(self, buffer: Tensor, start: int, item_ids: Tensor, action_types: Tensor) -> None:
-        """Computes prefix tokens start .. start+n-1 into a PrefixKV buffer whose first `start` are done."""
-        n = item_ids.shape[1]
-        x = self._embed(item_ids, action_types, torch.arange(start, start + n, device=self.device))
+        """Computes the tokens of events [B, n] from token `start` on into a PrefixKV buffer whose first
+        `start` tokens are done."""
+        x = self._embed(self.history_tokens(item_ids, action_types, start))
+        n = x.shape[1]
         # The tokens before `start` are seen in full, through views of the buffer (nothing is copied).
         done = [[(layer[0, :, :, :start], layer[1, :, :, :start])] for layer in buffer] if start else None
         _, new_keys, new_values = self._run_new(x, self._causal_mask(n), seen=done)
@@ -259,14 +275,14 @@ class HSTURanker(nn.Module):
         chunk_size: int | None = None,
         past: PrefixKV | None = None,
     ) -> PrefixBuilder:
-        """A `PrefixBuilder` for the events [B, n] appended to `past` (None: from position 0), computed
+        """A `PrefixBuilder` for the events [B, n] appended to `past` (None: from the start), computed
         `chunk_size` events per step (None: all in one step)."""
         if chunk_size is not None and chunk_size < 1:
             raise ValueError("chunk_size must be positive")
         if past is not None and past.batch_size != item_ids.shape[0]:
             raise ValueError("the prefix and the new events must have the same batch size")
         start = 0 if past is None else past.length
-        self._check_positions(start + item_ids.shape[1])
+        self._check_events(start // self.tokens_per_event + item_ids.shape[1])
         return PrefixBuilder(self, item_ids, action_types, chunk_size or max(item_ids.shape[1], 1), past)
 
     @torch.inference_mode()
@@ -276,8 +292,15 @@ class HSTURanker(nn.Module):
 
     @torch.inference_mode()
     def extend(self, past: PrefixKV | None, item_ids: Tensor, action_types: Tensor) -> PrefixKV:
-        """A new PrefixKV: `past` (None: empty) followed by the events [B, n] at positions past.length on."""
+        """A new PrefixKV: `past` (None: empty) followed by the events [B, n]."""
         return self.prefix_builder(item_ids, action_types, past=past).run()
+
+    def rank_tokens(
+        self, length: int, short_items: Tensor, short_actions: Tensor, candidates: Tensor
+    ) -> tuple[Tokens, Tokens]:
+        """The short-term and candidate tokens of a rank after a prefix of `length` tokens."""
+        short = self.history_tokens(short_items, short_actions, length)
+        return short, self.candidate_tokens(candidates, length + short.items.shape[-1])
 
     @torch.inference_mode()
     def rank(
@@ -298,25 +321,25 @@ class HSTURanker(nn.Module):
         see each other.
         """
         prefix = prefix.to(self.device, self.preset.dtype)
-        length, num_short = prefix.length, short_items.shape[1]
-        self.check_request(prefix.batch_size, short_items, candidates, length)
+        self.check_request(prefix.batch_size, short_items, candidates, prefix.length)
         if candidate_microbatch is not None and candidate_microbatch < 1:
             raise ValueError("candidate_microbatch must be positive")
+        short, cands = self.rank_tokens(prefix.length, short_items, short_actions, candidates)
+        num_short = short.items.shape[1]
         seen = None
         if num_short:
-            positions = torch.arange(length, length + num_short, device=self.device)
-            x = self._embed(short_items, short_actions, positions)
-            _, short_keys, short_values = self._run_new(x, self._causal_mask(num_short), prefix)
+            _, short_keys, short_values = self._run_new(
+                self._embed(short), self._causal_mask(num_short), prefix
+            )
             seen = [[(k, v)] for k, v in zip(short_keys, short_values, strict=True)]
         step = candidate_microbatch or candidates.shape[1]
-        position = torch.full((), length + num_short, device=self.device)
         logits = []
         for start in range(0, candidates.shape[1], step):
-            chunk = candidates[:, start : start + step]
-            x = self._embed(chunk, self._target_actions(chunk), position)
-            itself = torch.eye(chunk.shape[1], dtype=torch.bool, device=self.device)
-            hidden, _, _ = self._run_new(x, itself, prefix, seen)
-            logits.append(self._head(hidden, chunk))
+            chunk = Tokens(cands.items[:, start : start + step], cands.actions[:, start : start + step],
+                           cands.positions[start : start + step])  # fmt: skip
+            itself = torch.eye(chunk.items.shape[1], dtype=torch.bool, device=self.device)
+            hidden, _, _ = self._run_new(self._embed(chunk), itself, prefix, seen)
+            logits.append(self._head(hidden, chunk.items))
         return torch.cat(logits, dim=1)
 
     @torch.inference_mode()
@@ -328,9 +351,9 @@ class HSTURanker(nn.Module):
         candidates: Tensor,
         candidate_microbatch: int | None = None,
     ) -> Tensor:
-        """The scores [B, C] the service returns: sigmoid of the first task's logit of `rank`."""
+        """The scores [B, C] the service returns: sigmoid of the score task's logit of `rank`."""
         logits = self.rank(prefix, short_items, short_actions, candidates, candidate_microbatch)
-        return torch.sigmoid(logits[..., 0])
+        return torch.sigmoid(logits[..., self.preset.score_task])
 
     @torch.inference_mode()
     def rank_batch(self, requests: Sequence[CachedRank]) -> list[Tensor]:
@@ -344,25 +367,28 @@ class HSTURanker(nn.Module):
         if not requests:
             return []
         prefixes = [request.prefix.to(self.device, self.preset.dtype) for request in requests]
-        items, actions, positions, spans, masks = [], [], [], [], []
+        parts: list[Tokens] = []
+        spans, masks = [], []
         offset = 0
         for request, prefix in zip(requests, prefixes, strict=True):
             if prefix.batch_size != 1:
                 raise ValueError("rank_batch takes one user per prefix (B == 1)")
-            short, candidates = request.short_items, request.candidates
-            num_short, num_candidates, length = short.shape[0], candidates.shape[0], prefix.length
-            self.check_request(1, short[None], candidates[None], length)
-            head = length + num_short
-            items += [short, candidates]
-            actions += [request.short_actions, self._target_actions(candidates)]
-            positions += [
-                torch.arange(length, head, device=self.device),
-                torch.full((num_candidates,), head, device=self.device),
-            ]
+            self.check_request(1, request.short_items[None], request.candidates[None], prefix.length)
+            short, cands = self.rank_tokens(
+                prefix.length,
+                request.short_items[None],
+                request.short_actions[None],
+                request.candidates[None],
+            )
+            num_short, num_candidates = short.items.shape[1], cands.items.shape[1]
+            parts += [short, cands]
             spans.append((offset, offset + num_short, offset + num_short + num_candidates))
             masks.append(self._request_mask(num_short, num_candidates))
             offset += num_short + num_candidates
-        x = self._embed(torch.cat(items)[None], torch.cat(actions)[None], torch.cat(positions))
+        tokens = Tokens(
+            *(torch.cat([getattr(part, name) for part in parts], dim=-1) for name in Tokens._fields)
+        )
+        x = self._embed(tokens)
         for index, layer in enumerate(self.layers):
             u, q, k, v = layer.project(x)
             outputs = []
@@ -371,15 +397,12 @@ class HSTURanker(nn.Module):
                 own = self._attend(q_user, k[:, :, begin:end], v[:, :, begin:end], mask)
                 outputs.append(own + self._attend(q_user, *prefix.layer(index)))
             x = layer.finish(x, u, torch.cat(outputs, dim=2).div_(self.preset.attn_norm))
-        return [
-            self._head(x[:, first:end], request.candidates[None])[0]
-            for (_, first, end), request in zip(spans, requests, strict=True)
-        ]
+        return [self._head(x[:, first:end], tokens.items[:, first:end])[0] for _, first, end in spans]
 
     @torch.inference_mode()
     def score_batch(self, requests: Sequence[CachedRank]) -> list[Tensor]:
-        """The scores [C_i] of `rank_batch`: sigmoid of each user's first task logit."""
-        return [torch.sigmoid(logits[:, 0]) for logits in self.rank_batch(requests)]
+        """The scores [C_i] of `rank_batch`: sigmoid of each user's score task logit."""
+        return [torch.sigmoid(logits[:, self.preset.score_task]) for logits in self.rank_batch(requests)]
 
     @torch.inference_mode()
     def score_padded(self, kv: Tensor, tokens: Tensor, mask: Tensor, num_short: int) -> Tensor:
@@ -388,31 +411,32 @@ class HSTURanker(nn.Module):
 
         `kv` [layers, 2, B, H, L, d] holds each user's prefix at the start of its row and zeros after it: a
         zero key scores SiLU(0) = 0 against any query, so padding adds nothing. `tokens` [3, B, n] are the
-        item ids, action types and positions of `num_short` short-term slots then n - num_short candidate
-        slots; `mask` [B, 1, n, n] is each user's M over its real tokens (padding sees only itself, and
-        nothing real sees padding).
+        item rows, action rows and positions (`Tokens`, from `rank_tokens`) of `num_short` short-term token
+        slots then n - num_short candidate slots; `mask` [B, 1, n, n] is each user's M over its real tokens
+        (padding sees only itself, and nothing real sees padding).
         """
-        items, actions, positions = tokens
-        x = self._embed(items, actions, positions)
+        x = self._embed(Tokens(*tokens))
         for index, layer in enumerate(self.layers):
             u, q, k, v = layer.project(x)
             o = self._attend(q, k, v, mask) + self._attend(q, kv[index, 0], kv[index, 1])
             x = layer.finish(x, u, o.div_(self.preset.attn_norm))
-        return torch.sigmoid(self._head(x[:, num_short:], items[:, num_short:])[..., 0])
+        logits = self._head(x[:, num_short:], tokens[0, :, num_short:].clamp(min=0))
+        return torch.sigmoid(logits[..., self.preset.score_task])
 
     def check_request(self, batch: int, short_items: Tensor, candidates: Tensor, length: int) -> None:
+        """`length`: the prefix's tokens."""
         if short_items.shape[0] != batch or candidates.shape[0] != batch:
             raise ValueError("prefix, short-term events and candidates must have the same batch size")
         if candidates.shape[1] < 1:
             raise ValueError("at least one candidate is needed")
-        self._check_positions(length + short_items.shape[1] + 1)
+        self._check_events(length // self.tokens_per_event + short_items.shape[1])
 
     # ---- the reference path: one attention per layer over the whole sequence ----
 
-    def _full_pass(self, items: Tensor, actions: Tensor, positions: Tensor, mask: Tensor) -> _LayerOutputs:
+    def _full_pass(self, tokens: Tokens, mask: Tensor) -> _LayerOutputs:
         """Hidden states [B, n, D] and per-layer keys and values of a whole sequence under `mask`
         (broadcastable to [B, H, n, n])."""
-        x = self._embed(items, actions, positions)
+        x = self._embed(tokens)
         keys, values = [], []
         for layer in self.layers:
             u, q, k, v = layer.project(x)
@@ -428,18 +452,17 @@ class HSTURanker(nn.Module):
         short_items: Tensor,
         short_actions: Tensor,
         candidates: Tensor,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Tokens [B, n], actions [B, n], positions [n] and the mask M [n, n] of the whole sequence."""
-        length, num_short, num_candidates = long_items.shape[1], short_items.shape[1], candidates.shape[1]
-        self.check_request(long_items.shape[0], short_items, candidates, length)
-        head = length + num_short
-        items = torch.cat([long_items, short_items, candidates], dim=1)
-        actions = torch.cat([long_actions, short_actions, self._target_actions(candidates)], dim=1)
-        positions = torch.cat([
-            torch.arange(head, device=self.device),
-            torch.full((num_candidates,), head, device=self.device),
-        ])  # fmt: skip
-        return items, actions, positions, self._request_mask(head, num_candidates)
+    ) -> tuple[Tokens, Tensor]:
+        """The whole sequence's tokens and its mask M [n, n]."""
+        self.check_request(long_items.shape[0], short_items, candidates, 0)
+        self._check_events(long_items.shape[1] + short_items.shape[1])
+        history = self.history_tokens(
+            torch.cat([long_items, short_items], dim=1), torch.cat([long_actions, short_actions], dim=1), 0
+        )
+        head = history.items.shape[1]
+        cands = self.candidate_tokens(candidates, head)
+        tokens = Tokens(*(torch.cat([a, b], dim=-1) for a, b in zip(history, cands, strict=True)))
+        return tokens, self._request_mask(head, candidates.shape[1])
 
     @torch.inference_mode()
     def full_forward(
@@ -451,9 +474,10 @@ class HSTURanker(nn.Module):
         candidates: Tensor,
     ) -> Tensor:
         """Reference task logits [B, C, T] (float32): the whole sequence, each layer one masked attention."""
-        inputs = self._full_inputs(long_items, long_actions, short_items, short_actions, candidates)
-        hidden, _, _ = self._full_pass(*inputs)
-        return self._head(hidden[:, long_items.shape[1] + short_items.shape[1] :], candidates)
+        tokens, mask = self._full_inputs(long_items, long_actions, short_items, short_actions, candidates)
+        hidden, _, _ = self._full_pass(tokens, mask)
+        num_candidates = candidates.shape[1]
+        return self._head(hidden[:, -num_candidates:], tokens.items[:, -num_candidates:])
 
     @torch.inference_mode()
     def full_kv(
@@ -464,10 +488,10 @@ class HSTURanker(nn.Module):
         short_actions: Tensor,
         candidates: Tensor,
     ) -> PrefixKV:
-        """Per-layer keys and values of every token (L + S + C) of the reference pass; its first L tokens
-        are what `pre_infer` must reproduce."""
-        inputs = self._full_inputs(long_items, long_actions, short_items, short_actions, candidates)
-        _, keys, values = self._full_pass(*inputs)
+        """Per-layer keys and values of every token of the reference pass; its first L events' tokens are
+        what `pre_infer` must reproduce."""
+        tokens, mask = self._full_inputs(long_items, long_actions, short_items, short_actions, candidates)
+        _, keys, values = self._full_pass(tokens, mask)
         return PrefixKV(torch.stack([torch.stack(pair) for pair in zip(keys, values, strict=True)]))
 
     @torch.inference_mode()
@@ -482,23 +506,23 @@ class HSTURanker(nn.Module):
             return []
         requests = [UserSequence(*(t.unsqueeze(0) for t in user)) for user in users]
         inputs = [self._full_inputs(*request) for request in requests]
-        width = max(items.shape[1] for items, _, _, _ in inputs)
+        width = max(tokens.items.shape[1] for tokens, _ in inputs)
         items = torch.zeros(len(users), width, dtype=torch.long, device=self.device)
         actions = torch.zeros_like(items)
         positions = torch.zeros_like(items)
         mask = torch.zeros(len(users), 1, width, width, dtype=torch.bool, device=self.device)
-        for row, (user_items, user_actions, user_positions, user_mask) in enumerate(inputs):
-            n = user_items.shape[1]
-            items[row, :n] = user_items[0]
-            actions[row, :n] = user_actions[0]
-            positions[row, :n] = user_positions
+        for row, (tokens, user_mask) in enumerate(inputs):
+            n = tokens.items.shape[1]
+            items[row, :n] = tokens.items[0]
+            actions[row, :n] = tokens.actions[0]
+            positions[row, :n] = tokens.positions
             mask[row, 0, :n, :n] = user_mask
-        hidden, _, _ = self._full_pass(items, actions, positions, mask)
+        hidden, _, _ = self._full_pass(Tokens(items, actions, positions), mask)
         logits = []
         for row, request in enumerate(requests):
-            end = inputs[row][0].shape[1]
+            end = inputs[row][0].items.shape[1]
             start = end - request.candidates.shape[1]
-            logits.append(self._head(hidden[row : row + 1, start:end], request.candidates)[0])
+            logits.append(self._head(hidden[row : row + 1, start:end], items[row : row + 1, start:end])[0])
         return logits
 
 
@@ -521,9 +545,10 @@ class PrefixBuilder:
         self._items = item_ids
         self._actions = action_types
         self._chunk_size = chunk_size
-        self._offset = 0 if past is None else past.length
-        self._next = 0
-        self.length = self._offset + item_ids.shape[1]
+        self._per_event = model.tokens_per_event
+        self._offset = 0 if past is None else past.length  # tokens
+        self._next = 0  # events
+        self.length = self._offset + item_ids.shape[1] * self._per_event
         preset = model.preset
         self._kv = PrefixKV.empty(
             preset.num_layers, item_ids.shape[0], preset.num_heads, self.length, preset.head_dim,
@@ -539,7 +564,7 @@ class PrefixBuilder:
     @property
     def computed(self) -> int:
         """Tokens whose KV is complete, `past` included."""
-        return self._offset + self._next
+        return self._offset + self._next * self._per_event
 
     @torch.inference_mode()
     def step(self) -> None:
@@ -548,7 +573,7 @@ class PrefixBuilder:
             return
         begin, end = self._next, min(self._next + self._chunk_size, self._items.shape[1])
         items, actions = self._items[:, begin:end], self._actions[:, begin:end]
-        self._model._fill(self._kv.buffer, self._offset + begin, items, actions)
+        self._model._fill(self._kv.buffer, self._offset + begin * self._per_event, items, actions)
         self._next = end
 
     def result(self) -> PrefixKV:
