@@ -8,7 +8,6 @@ and writes its own report (`bench.gpu_report`), rewritten after each of its stag
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import importlib.metadata
 import os
@@ -17,13 +16,14 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import overload
 
 from bench import gpu_report, report
 from bench.config import BenchConfig, load_config
 from bench.experiments import Bench
 from bench.gpu import GpuBench
 from bench.gpu_monitor import GpuMonitor, gpu_info
+from bench.results import GpuMeasurements, GpuRun, Machine, Measurements, Run, Versions, headline_ratios
 from services.launcher.procs import REPO_ROOT
 
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
@@ -40,20 +40,20 @@ def _first_line_with(path: str, prefix: str) -> str:
         return "unknown"
 
 
-def machine() -> dict[str, Any]:
+def machine() -> Machine:
     mem_kib = _first_line_with("/proc/meminfo", "MemTotal").split()[0]
-    return {
-        "cores": os.cpu_count(),
-        "cpu_model": _first_line_with("/proc/cpuinfo", "model name"),
-        "memory_gib": round(int(mem_kib) / 2**20, 1) if mem_kib.isdigit() else None,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "load_average_at_start": os.getloadavg(),
-        "gpu": gpu_info(),  # None without a GPU
-    }
+    return Machine(
+        cores=os.cpu_count(),
+        cpu_model=_first_line_with("/proc/cpuinfo", "model name"),
+        memory_gib=round(int(mem_kib) / 2**20, 1) if mem_kib.isdigit() else None,
+        platform=platform.platform(),
+        python=platform.python_version(),
+        load_average_at_start=list(os.getloadavg()),
+        gpu=gpu_info(),  # None without a GPU
+    )
 
 
-def versions() -> dict[str, str]:
+def versions() -> Versions:
     def git(*args: str) -> str:
         answer = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
         return answer.stdout.strip()
@@ -63,7 +63,7 @@ def versions() -> dict[str, str]:
     found = {name: importlib.metadata.version(name) for name in PACKAGES}
     found["torch_cuda"] = torch.version.cuda or "none"
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    return {**found, "git_commit": git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")}
+    return Versions(**found, git_commit=git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else ""))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -77,24 +77,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     bench = Bench(config, out_dir / "tmp" / "logs", log=lambda line: print(line, flush=True))
     measured = bench.run()
-    host["load_average_at_end"] = os.getloadavg()
+    host.load_average_at_end = list(os.getloadavg())
     results = assemble(config, measured, started_at.isoformat(), time.monotonic() - started, host, versions())
     report.write(results, out_dir)
     print(f"{summary(results)}; SLO P99 {config.slo_ms:g} ms; report: {out_dir / 'report.md'}", flush=True)
 
 
-def run_gpu(
-    config: BenchConfig, out_dir: Path, started_at: str, started: float, host: dict[str, Any]
-) -> None:
+def run_gpu(config: BenchConfig, out_dir: Path, started_at: str, started: float, host: Machine) -> None:
     """The gpu profile: `GpuBench` with a GPU monitor, its results written after every stage."""
     package_versions = versions()
     monitor = GpuMonitor.start()
-    print(f"GPU monitor: {monitor.source or 'none (no NVML, no nvidia-smi)'}; GPU: {host['gpu']}", flush=True)
+    print(f"GPU monitor: {monitor.source or 'none (no NVML, no nvidia-smi)'}; GPU: {host.gpu}", flush=True)
 
-    def results_of(measured: dict[str, Any]) -> dict[str, Any]:
+    def results_of(measured: GpuMeasurements) -> GpuRun:
         return assemble(config, measured, started_at, time.monotonic() - started, host, package_versions)
 
-    def checkpoint(measured: dict[str, Any]) -> None:
+    def checkpoint(measured: GpuMeasurements) -> None:
         gpu_report.write(results_of(measured), out_dir, plots=False)
 
     log_dir = out_dir / "tmp" / "logs"
@@ -103,57 +101,66 @@ def run_gpu(
         measured = bench.run()
     finally:
         monitor.close()
-    host["load_average_at_end"] = os.getloadavg()
+    host.load_average_at_end = list(os.getloadavg())
     results = results_of(measured)
     gpu_report.write(results, out_dir)
-    ratios = ", ".join(f"{label} {ratio}" for label, ratio in results["throughput_ratios"].items())
+    ratios = ", ".join(f"{label} {ratio}" for label, ratio in results.throughput_ratios.items())
     print(
-        f"length ratio {results['length_ratio']}; throughput ratios {ratios or 'not measured'}; "
-        f"{results['duration_s']:.0f} s; report: {out_dir / 'report.md'}",
+        f"length ratio {results.length_ratio}; throughput ratios {ratios or 'not measured'}; "
+        f"{results.duration_s:.0f} s; report: {out_dir / 'report.md'}",
         flush=True,
     )
 
 
+@overload
+def assemble(
+    config: BenchConfig, measured: Measurements, started_at: str, duration_s: float, host: Machine,
+    package_versions: Versions,
+) -> Run: ...  # fmt: skip
+@overload
+def assemble(
+    config: BenchConfig, measured: GpuMeasurements, started_at: str, duration_s: float, host: Machine,
+    package_versions: Versions,
+) -> GpuRun: ...  # fmt: skip
 def assemble(
     config: BenchConfig,
-    measured: dict[str, Any],
+    measured: Measurements | GpuMeasurements,
     started_at: str,
     duration_s: float,
-    host: dict[str, Any],
-    package_versions: dict[str, str],
-) -> dict[str, Any]:
-    """results.json's dictionary: the headline ratios first, then the run's context, then what
-    `Bench.run` measured."""
-    measured = dict(measured)
-    return {
-        "name": config.results_name,
-        "throughput_ratio": measured.pop("throughput_ratio"),
-        "throughput_ratios": measured.pop("throughput_ratios"),
-        "length_ratio": measured.pop("length_ratio"),
-        "started_at": started_at,
-        "duration_s": round(duration_s, 1),
-        "machine": host,
-        "versions": package_versions,
-        "configuration": dataclasses.asdict(config),
-        "profile": dataclasses.asdict(config.settings),
-        **measured,
-    }
+    host: Machine,
+    package_versions: Versions,
+) -> Run:
+    """The run's results: the headline ratios (from what it measured), the run's context, and what
+    `Bench.run` (a `Run`) or `GpuBench.run` (a `GpuRun`) measured."""
+    kind = GpuRun if isinstance(measured, GpuMeasurements) else Run
+    return kind(
+        name=config.results_name,
+        **headline_ratios(measured),
+        started_at=started_at,
+        duration_s=round(duration_s, 1),
+        machine=host,
+        versions=package_versions,
+        configuration=config,
+        profile=config.settings,
+        measured=measured,
+    )
 
 
-def summary(results: dict[str, Any]) -> str:
+def summary(results: Run) -> str:
     """The headline ratios in one line: length (with its relay window), each mix, each abandonment share."""
-    length = results["length_sweep"]
-    window = results["configuration"]["preprocess_delay_ms"]
+    measured = results.measured
+    length = measured.length_sweep
+    window = results.configuration.preprocess_delay_ms
     mixes = ", ".join(
-        f"{label} {mix['ratio']} ({mix['relay']['best']} vs {mix['baseline']['best']} req/s)"
-        for label, mix in results["throughput_sweeps"].items()
+        f"{label} {mix.ratio} ({mix.relay.best} vs {mix.baseline.best} req/s)"
+        for label, mix in measured.throughput_sweeps.items()
     )
     abandoned = ", ".join(
-        f"{entry['fraction']:.0%} {entry['ratio']}" for entry in results["abandonment"]["fractions"].values()
+        f"{entry.fraction:.0%} {entry.ratio}" for entry in measured.abandonment.fractions.values()
     )
     return (
-        f"length ratio {results['length_ratio']} ({length['relay']['best']} vs {length['baseline']['best']} "
-        f"events at {length['rate']:g} req/s, relay window {window:g} ms); throughput ratios {mixes}; "
+        f"length ratio {results.length_ratio} ({length.relay.best} vs {length.baseline.best} "
+        f"events at {length.rate:g} req/s, relay window {window:g} ms); throughput ratios {mixes}; "
         f"throughput ratios with requests abandoned {abandoned or 'not measured'}"
     )
 

@@ -1,4 +1,4 @@
-"""The experiments of the benchmark, baseline and RelayGR side by side, as one JSON-able result.
+"""The experiments of the benchmark, baseline and RelayGR side by side, as `bench.results.Measurements`.
 
 Order of a run:
 
@@ -48,7 +48,24 @@ from bench import probes
 from bench.config import BenchConfig
 from bench.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet, FleetShape, Mode
 from bench.floor import cached_rank_through_router, model_floor
-from bench.points import PointResult, PointSpec, run_point
+from bench.points import PointSpec, run_point
+from bench.results import (
+    Abandonment,
+    Ablations,
+    Cost,
+    Fraction,
+    LengthSweep,
+    Measurements,
+    Mix,
+    ModePair,
+    Point,
+    PointResult,
+    Repeat,
+    Sweep,
+    Waste,
+    ratio,
+    recorded,
+)  # fmt: skip
 from bench.stats import interleave, largest_passing_value
 from bench.workload import RevisitSampler, Universe, fixed_length_universe, mix_universe
 
@@ -71,19 +88,6 @@ class Plan:
     delay_ms: float
     abandon_fraction: float = 0.0
     revisits: bool = True
-
-
-@dataclasses.dataclass
-class Sweep:
-    """One mode's sweep: every point measured, and the largest value that met the SLO."""
-
-    points: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    best: float | None = None
-    at_grid_top: bool = False  # the best is the grid's last value: the true limit may be higher
-    refined: list[float] = dataclasses.field(default_factory=list)  # values measured between grid values
-    # The verdict points (the best, the first failure above it) measured again with other load seeds.
-    repeats: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    seeds_agree: bool | None = None  # every seed gave every repeated point its verdict (None: no repeats)
 
 
 class Bench:
@@ -126,9 +130,9 @@ class Bench:
 
     # ---- running points ----
 
-    def point(self, plan: Plan, universe: Universe, rate: float, seed_index: int = 0) -> dict[str, Any]:
-        """One point's result as JSON, with its load seed and what it cost the fleet (`cost`, warm-up
-        included). Its users are named by `users`."""
+    def point(self, plan: Plan, universe: Universe, rate: float, seed_index: int = 0) -> Point:
+        """One point's result, with its load seed and what it cost the fleet (`cost`, warm-up included).
+        Its users are named by `users`."""
         c = self.config
         fleet = plan.fleet
         address = fleet.stub(universe, plan.delay_ms, plan.abandon_fraction)
@@ -145,35 +149,33 @@ class Bench:
             max_error_fraction=c.max_error_fraction,
             seed=seed,
         )
-        result, cost, extra = self.drive(fleet, address, sampler, spec)
+        point = self.drive(fleet, address, sampler, spec)
         time.sleep(SETTLE_S)
-        self.log(f"{fleet.mode.name:<11} {namespace:<36} {rate:>6g}/s: {describe(result)}")
-        self.log(f"{'':<11} cost: {describe_cost(cost)}")
-        return {**result.as_json(), "seed": seed, "cost": cost, **extra}
+        self.log(f"{fleet.mode.name:<11} {namespace:<36} {rate:>6g}/s: {describe(point)}")
+        self.log(f"{'':<11} cost: {describe_cost(point.cost)}")
+        return point
 
-    def drive(
-        self, fleet: BenchFleet, address: str, sampler: RevisitSampler, spec: PointSpec
-    ) -> tuple[PointResult, dict[str, Any], dict[str, Any]]:
-        """Runs one point's load against the stub at `address`: its result, what it cost the fleet, and
-        what else a subclass records beside them (nothing here)."""
+    def drive(self, fleet: BenchFleet, address: str, sampler: RevisitSampler, spec: PointSpec) -> Point:
+        """Runs one point's load against the stub at `address`: its result, with its load seed and what it
+        cost the fleet (a subclass may record more beside them)."""
         before = probes.snapshot(fleet.pids(), fleet.ranker_metrics())
         result = asyncio.run(run_point(address, sampler, spec))
         cost = probes.difference(before, probes.snapshot(fleet.pids(), fleet.ranker_metrics()))
-        return result, cost, {}
+        return recorded(Point, result, seed=spec.seed, cost=Cost(**cost))
 
     def length_sweeps(self, plans: list[Plan]) -> list[Sweep]:
         """Experiment 1 for each plan: every user at one length, at the length sweep's rate."""
 
-        def measure(plan: Plan, length: float) -> dict[str, Any]:
+        def measure(plan: Plan, length: float) -> Point:
             point = self.point(plan, self.universe(int(length)), self.config.length_rate)
-            return {"long_term": int(length), "delay_ms": plan.delay_ms, **point}
+            return dataclasses.replace(point, long_term=int(length), delay_ms=plan.delay_ms)
 
         return self._sweeps(self.config.length_grid(), plans, measure, refine_steps=0)
 
     def load_sweeps(self, universe: Universe, plans: list[Plan]) -> list[Sweep]:
         """Experiment 2 for each plan: a length mix at one offered load, refined between grid values."""
 
-        def measure(plan: Plan, rate: float) -> dict[str, Any]:
+        def measure(plan: Plan, rate: float) -> Point:
             return self.point(plan, universe, rate)
 
         return self._sweeps(self.config.load_grid(), plans, measure, self.config.settings.refine_steps)
@@ -182,7 +184,7 @@ class Bench:
         self,
         grid: list[float],
         plans: list[Plan],
-        measure: Callable[[Plan, float], dict[str, Any]],
+        measure: Callable[[Plan, float], Point],
         refine_steps: int,
     ) -> list[Sweep]:
         """One sweep per plan over `grid`, one point of each in turn (refinements included)."""
@@ -193,7 +195,7 @@ class Bench:
                 sweep.points.append(measure(plan, value))
                 if value not in grid:
                     sweep.refined.append(value)
-                return sweep.points[-1]["meets_slo"]
+                return sweep.points[-1].meets_slo
 
             return passes
 
@@ -221,14 +223,14 @@ class Bench:
             return
         queues = []
         for plan, sweep in swept:
-            sweep.repeats = [repeat_record(point, role) for role, point in verdict_points(sweep, "rate")]
+            sweep.repeats = [repeat_record(point, role) for role, point in verdict_points(sweep)]
             queues.append([(plan, record, k) for record in sweep.repeats for k in range(1, seeds)])
         for job in itertools.chain.from_iterable(itertools.zip_longest(*queues)):
             if job is not None:
                 plan, record, k = job
-                add_seed(record, self.point(plan, universe, record["rate"], seed_index=k))
+                add_seed(record, self.point(plan, universe, record.rate, seed_index=k))
         for _, sweep in swept:
-            sweep.seeds_agree = all(record["agree"] for record in sweep.repeats)
+            sweep.seeds_agree = all(record.agree for record in sweep.repeats)
 
     def ranker_counters(self, fleet: BenchFleet, work: Callable[[], T]) -> tuple[T, dict[str, Any]]:
         """`work()`'s result and the change of the fleet's ranker counters over it, read after the
@@ -247,7 +249,7 @@ class Bench:
 
     # ---- the run ----
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> Measurements:
         c = self.config
         lengths, loads, window = c.length_grid(), c.load_grid(), c.preprocess_delay_ms
         self.log(f"in-process floor ({c.model_preset}, {c.torch_threads} thread(s)) at {lengths}")
@@ -271,8 +273,8 @@ class Bench:
         # The length sweep's rate is a first guess of the baseline's load: there it ranked long sequences.
         first_base = first_relay = last_within(loads, c.length_rate)
         first_relay += 2
-        throughput: dict[str, dict[str, Any]] = {}
-        abandonment: dict[str, dict[str, Any]] = {}
+        throughput: dict[str, Mix] = {}
+        abandonment: dict[str, Fraction] = {}
         with self.fleet(RELAY) as relay:
             with self.fleet(BASELINE) as baseline:
                 self.log("cached Rank through the router, idle fleet")
@@ -299,100 +301,87 @@ class Bench:
             delays = c.settings.window_delays_ms
             windows = self.length_sweeps([Plan(relay, length_guess(delay), delay) for delay in delays])
             # The ablations start from the grid load at or below RelayGR's best: RelayGR measured it too.
-            first = last_within(loads, first_mix["relay"]["best"] or loads[0])
+            first = last_within(loads, first_mix.relay.best or loads[0])
             ablation_rate = loads[first]
             shared = [mode for mode in ABLATIONS if mode.fleet == RELAY.fleet]
             plans = [Plan(relay, first, window, revisits=mode.revisits) for mode in shared]
-            ablations = {
-                mode.name: dataclasses.asdict(sweep)
-                for mode, sweep in zip(shared, self.load_sweeps(self.mix, plans), strict=True)
-            }
+            ablations = dict(
+                zip([mode.name for mode in shared], self.load_sweeps(self.mix, plans), strict=True)
+            )
         for mode in ABLATIONS:
             if mode in shared:
                 continue
             with self.fleet(mode) as fleet:
                 (sweep,) = self.load_sweeps(self.mix, [Plan(fleet, first, window, revisits=mode.revisits)])
-            ablations[mode.name] = dataclasses.asdict(sweep)
-        return {
-            "length_ratio": ratio(relay_length.best, base_length.best),
-            "throughput_ratio": first_mix["ratio"],
-            "throughput_ratios": {label: result["ratio"] for label, result in throughput.items()},
-            "floor": [dataclasses.asdict(p) for p in floor],
-            "cached_rank": [dataclasses.asdict(p) for p in cached],
-            "length_sweep": {
-                "rate": c.length_rate,
-                "baseline": dataclasses.asdict(base_length),
-                "relay": dataclasses.asdict(relay_length),
-            },
-            "throughput_sweeps": throughput,
-            "abandonment": {"universe": self.mix.label, "fractions": abandonment},
-            "window_sensitivity": {
-                f"{delay:g}": dataclasses.asdict(sweep) for delay, sweep in zip(delays, windows, strict=True)
-            },
-            "ablations": {"universe": self.mix.label, "rate": ablation_rate, "sweeps": ablations},
-            "modes": {m.name: dataclasses.asdict(m) for m in (BASELINE, RELAY, *ABLATIONS)},
-            "fleet": dataclasses.asdict(self.shape),
-            "mix_universes": [dataclasses.asdict(mix) for mix in self.mixes],
-        }
+            ablations[mode.name] = sweep
+        return Measurements(
+            floor=floor,
+            cached_rank=cached,
+            length_sweep=LengthSweep(rate=c.length_rate, baseline=base_length, relay=relay_length),
+            throughput_sweeps=throughput,
+            abandonment=Abandonment(universe=self.mix.label, fractions=abandonment),
+            window_sensitivity={f"{delay:g}": sweep for delay, sweep in zip(delays, windows, strict=True)},
+            ablations=Ablations(universe=self.mix.label, rate=ablation_rate, sweeps=ablations),
+            modes={m.name: m for m in (BASELINE, RELAY, *ABLATIONS)},
+            fleet=self.shape,
+            mix_universes=list(self.mixes),
+        )
 
     def abandonment(
-        self, fraction: float, baseline: BenchFleet, relay: BenchFleet, first_mix: dict[str, Any]
-    ) -> dict[str, Any]:
+        self, fraction: float, baseline: BenchFleet, relay: BenchFleet, first_mix: Mix
+    ) -> Fraction:
         """Both modes' load sweeps on the first mix with `fraction` of requests abandoned after retrieval,
         and RelayGR's wasted pre-inference over them; share 0 is the first mix's throughput sweep."""
         if fraction == 0:
-            return {
-                "fraction": 0.0,
-                "sweeps": None,  # the throughput sweep of the first mix
-                "baseline_best": first_mix["baseline"]["best"],
-                "relay_best": first_mix["relay"]["best"],
-                "ratio": first_mix["ratio"],
-                **{key: first_mix[key] for key in WASTE_KEYS},
-            }
+            return Fraction(
+                fraction=0.0,
+                sweeps=None,  # the throughput sweep of the first mix
+                baseline_best=first_mix.baseline.best,
+                relay_best=first_mix.relay.best,
+                ratio=first_mix.ratio,
+                waste=first_mix.waste,
+            )
         loads = self.config.load_grid()
         window = self.config.preprocess_delay_ms
         plans = [
-            Plan(fleet, last_within(loads, first_mix[mode]["best"] or loads[0]), window, fraction)
-            for fleet, mode in ((baseline, "baseline"), (relay, "relay"))
+            Plan(fleet, last_within(loads, mode.best or loads[0]), window, fraction)
+            for fleet, mode in ((baseline, first_mix.baseline), (relay, first_mix.relay))
         ]
         (base, rel), counters = self.ranker_counters(relay, lambda: self.load_sweeps(self.mix, plans))
-        return {
-            "fraction": fraction,
-            "sweeps": {"baseline": dataclasses.asdict(base), "relay": dataclasses.asdict(rel)},
-            "baseline_best": base.best,
-            "relay_best": rel.best,
-            "ratio": ratio(rel.best, base.best),
-            **waste(counters),
-        }
+        return Fraction(
+            fraction=fraction,
+            sweeps=ModePair(baseline=base, relay=rel),
+            baseline_best=base.best,
+            relay_best=rel.best,
+            ratio=ratio(rel.best, base.best),
+            waste=waste(counters),
+        )
 
 
-WASTE_KEYS = ("wasted_pre_infer_s", "device_s", "wasted_share", "pre_infer_tokens")
-
-
-def waste(counters: dict[str, Any]) -> dict[str, Any]:
+def waste(counters: dict[str, Any]) -> Waste:
     """RelayGR's rankers' wasted pre-inference (device seconds of prefixes no Rank consumed), their
     device-thread seconds, the wasted share of them, and pre-inferred tokens by fate (0 when the rankers
     do not export these counters)."""
     device_s = sum(counters.get("device_s", {}).values())
     wasted_s = counters.get("pre_infer_wasted_s", 0.0)
-    return {
-        "wasted_pre_infer_s": round(wasted_s, 3),
-        "device_s": round(device_s, 3),
-        "wasted_share": round(wasted_s / device_s, 4) if device_s else None,
-        "pre_infer_tokens": counters.get("pre_infer_tokens", {}),
-    }
+    return Waste(
+        wasted_pre_infer_s=round(wasted_s, 3),
+        device_s=round(device_s, 3),
+        wasted_share=round(wasted_s / device_s, 4) if device_s else None,
+        pre_infer_tokens=counters.get("pre_infer_tokens", {}),
+    )
 
 
-def mix_result(mix: Universe, baseline: Sweep, relay: Sweep, counters: dict[str, Any]) -> dict[str, Any]:
+def mix_result(mix: Universe, baseline: Sweep, relay: Sweep, counters: dict[str, Any]) -> Mix:
     """One mix's throughput sweeps, their ratio, and RelayGR's wasted pre-inference over them."""
-    return {
-        "universe": mix.label,
-        "max_long_term": mix.max_long_term,
-        "baseline": dataclasses.asdict(baseline),
-        "relay": dataclasses.asdict(relay),
-        "ratio": ratio(relay.best, baseline.best),
-        **waste(counters),
-    }
+    return Mix(
+        universe=mix.label,
+        max_long_term=mix.max_long_term,
+        baseline=baseline,
+        relay=relay,
+        ratio=ratio(relay.best, baseline.best),
+        waste=waste(counters),
+    )
 
 
 def users(universe: Universe, rate: float, plan: Plan, seed_index: int) -> str:
@@ -407,46 +396,39 @@ def users(universe: Universe, rate: float, plan: Plan, seed_index: int) -> str:
     return name
 
 
-def verdict_points(sweep: Sweep, key: str) -> list[tuple[str, dict[str, Any]]]:
-    """The points that decided a sweep: its best (when one passed) and the lowest failure above it."""
+def verdict_points(sweep: Sweep) -> list[tuple[str, Point]]:
+    """The points that decided a load sweep: its best (when one passed) and the lowest failure above it."""
     chosen = []
     if sweep.best is not None:
-        chosen.append(("best", next(p for p in sweep.points if p[key] == sweep.best)))
-    above = [p for p in sweep.points if not p["meets_slo"] and (sweep.best is None or p[key] > sweep.best)]
+        chosen.append(("best", next(p for p in sweep.points if p.rate == sweep.best)))
+    above = [p for p in sweep.points if not p.meets_slo and (sweep.best is None or p.rate > sweep.best)]
     if above:
-        chosen.append(("first_failure", min(above, key=lambda p: p[key])))
+        chosen.append(("first_failure", min(above, key=lambda p: p.rate)))
     return chosen
 
 
-def repeat_record(point: dict[str, Any], role: str) -> dict[str, Any]:
+def repeat_record(point: Point, role: str) -> Repeat:
     """The per-seed record of a verdict point, starting with the sweep's own measurement."""
-    record = {"role": role, "rate": point["rate"], "seeds": [], "rank_p99_ms": [], "rank_p99_ci_ms": [],
-              "meets_slo": [], "agree": True, "points": []}  # fmt: skip
+    record = Repeat(role=role, rate=point.rate, seeds=[], rank_p99_ms=[], rank_p99_ci_ms=[], meets_slo=[],
+                    agree=True, points=[])  # fmt: skip
     add_seed(record, point, keep=False)
     return record
 
 
-def add_seed(record: dict[str, Any], point: dict[str, Any], keep: bool = True) -> None:
+def add_seed(record: Repeat, point: Point, keep: bool = True) -> None:
     """Adds one seed's measurement of the record's load (`keep`: store the whole point with it)."""
-    record["seeds"].append(point["seed"])
-    record["rank_p99_ms"].append(point["rank_ms"]["p99"])
-    record["rank_p99_ci_ms"].append(point["rank_p99_ci_ms"])
-    record["meets_slo"].append(point["meets_slo"])
-    record["agree"] = len(set(record["meets_slo"])) == 1
+    record.seeds.append(point.seed)
+    record.rank_p99_ms.append(point.rank_ms.p99)
+    record.rank_p99_ci_ms.append(point.rank_p99_ci_ms)
+    record.meets_slo.append(point.meets_slo)
+    record.agree = len(set(record.meets_slo)) == 1
     if keep:
-        record["points"].append(point)
+        record.points.append(point)
 
 
 def last_within(values: list[float], bound: float) -> int:
     """Index of the last of the increasing `values` that is at most `bound` (0 when none is)."""
     return max(int(np.searchsorted(values, bound, side="right")) - 1, 0)
-
-
-def ratio(relay: float | None, baseline: float | None) -> float | None:
-    """RelayGR's best over the baseline's; None when the baseline met the SLO nowhere on the grid."""
-    if relay is None or not baseline:
-        return None
-    return round(relay / baseline, 3)
 
 
 def describe(result: PointResult) -> str:
@@ -457,17 +439,17 @@ def describe(result: PointResult) -> str:
     low, high = result.rank_p99_ci_ms
     dropped = f", {result.abandoned} abandoned" if result.abandoned else ""
     return (
-        f"rank P50 {rank['p50']} P99 {rank['p99']} [{low}, {high}] ms | e2e P99 {e2e['p99']} ms | "
+        f"rank P50 {rank.p50} P99 {rank.p99} [{low}, {high}] ms | e2e P99 {e2e.p99} ms | "
         f"{result.measured} req{dropped}, {result.errors} err | {sources} | {verdict}"
     )
 
 
-def describe_cost(cost: dict[str, Any]) -> str:
-    wall = cost["wall_s"] or 1.0
-    cores = " ".join(f"{name} {seconds / wall:.2f}" for name, seconds in sorted(cost["cpu_s"].items()))
-    rankers = cost["rankers"]
+def describe_cost(cost: Cost) -> str:
+    wall = cost.wall_s or 1.0
+    cores = " ".join(f"{name} {seconds / wall:.2f}" for name, seconds in sorted(cost.cpu_s.items()))
+    rankers = cost.rankers
     return (
-        f"cores used: {cores}, not ours {cost['foreign_cores']:.2f} | "
+        f"cores used: {cores}, not ours {cost.foreign_cores:.2f} | "
         f"productions {rankers.get('productions', {})} | pre_infer {rankers.get('pre_infer', {})} | "
         f"joins {rankers.get('joins', 0):g} | wasted pre-infer {rankers.get('pre_infer_wasted_s', 0):g} s"
     )

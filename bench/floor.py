@@ -16,7 +16,6 @@ fingerprinting, the device thread, and the answer's way back).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import statistics
 import time
 from collections.abc import Sequence
@@ -25,11 +24,12 @@ import grpc
 import numpy as np
 import torch
 
+from bench.results import CachedRankPoint, FloorPoint
 from bench.stats import percentile
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.ranker.app import build_model
 from services.ranker.config import RankerConfig
-from services.ranker.engine.latency_curve import LatencyPoint, measure
+from services.ranker.engine.latency_curve import measure
 from services.ranker.engine.runner import ModelRunner
 from services.ranker.engine.scheduler import Scheduler
 
@@ -45,7 +45,7 @@ def model_floor(
     repeats: int,
     chunk_tokens: int,
     device: str = "cpu",
-) -> list[LatencyPoint]:
+) -> list[FloorPoint]:
     """Median in-process latency of full, pre-infer and cached rank at each prefix length, on `device`
     (as the rankers' `--device`); an accelerator's cached memory is handed back afterwards, so that the
     rankers started next find it free."""
@@ -62,17 +62,12 @@ def model_floor(
         del model
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    return list(curve.points)
-
-
-@dataclasses.dataclass(frozen=True)
-class CachedRankPoint:
-    prefix_length: int
-    request_kib: float
-    serialize_ms: float  # client-side serialization of the Rank request (median)
-    rank_ms_p50: float | None  # client-observed Rank latency of the HBM-served Ranks (None: none was)
-    rank_ms_p99: float | None
-    sources: dict[str, int]
+    return [
+        FloorPoint(
+            prefix_length=p.prefix_length, full_ms=p.full_ms, pre_infer_ms=p.pre_infer_ms, rank_ms=p.rank_ms
+        )
+        for p in curve.points
+    ]
 
 
 def _behavior(length: int, first_item: int, rng: np.random.Generator) -> common_pb2.BehaviorSequence:

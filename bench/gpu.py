@@ -36,11 +36,27 @@ from typing import Any, TypeVar
 
 from bench import probes
 from bench.config import BenchConfig
-from bench.experiments import NUM_CANDIDATES, SETTLE_S, Bench, Plan, Sweep, last_within, mix_result, ratio
+from bench.experiments import NUM_CANDIDATES, SETTLE_S, Bench, Plan, last_within, waste
 from bench.fleets import BASELINE, RELAY, BenchFleet, Mode
 from bench.floor import cached_rank_through_router, model_floor
 from bench.gpu_monitor import GpuMonitor
-from bench.points import PointResult, PointSpec, run_point
+from bench.points import PointSpec, run_point
+from bench.results import (
+    BudgetedSweep,
+    CachedRankPoint,
+    Cost,
+    FloorPoint,
+    GpuBusy,
+    GpuLengthSweep,
+    GpuMeasurements,
+    GpuMix,
+    GpuPoint,
+    Point,
+    Sweep,
+    TimeBudget,
+    ratio,
+    recorded,
+)  # fmt: skip
 from bench.stats import Search, largest_passing_value
 from bench.workload import RevisitSampler, Universe
 
@@ -73,16 +89,6 @@ class Budget:
 
     def fits(self, seconds: float, now: float | None = None) -> bool:
         return seconds <= self.left(now)
-
-
-@dataclasses.dataclass
-class BudgetedSweep(Sweep):
-    """A sweep that the time budget may cut short: then `best` is None and the bounds say what was seen."""
-
-    cut_short: bool = False
-    cut_reason: str | None = None
-    passed_up_to: float | None = None  # the largest value that met the SLO (a lower bound when cut)
-    failed_from: float | None = None  # the smallest value above it that failed
 
 
 def interleave_within_budget(searches: Sequence[Search]) -> tuple[list[Any], list[bool], str | None]:
@@ -119,15 +125,23 @@ def close_sweep(sweep: BudgetedSweep, verdicts: list[tuple[float, bool]], grid: 
         sweep.cut_short, sweep.cut_reason = True, reason
 
 
-def headline(baseline: BudgetedSweep, relay: BudgetedSweep) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class Headline:
     """The ratio of two sweeps when both finished, else None; `ratio_at_least` where the baseline finished
     and RelayGR's cut sweep had passed somewhere (its answer is at least that)."""
+
+    ratio: float | None
+    complete: bool
+    ratio_at_least: float | None
+
+
+def headline(baseline: BudgetedSweep, relay: BudgetedSweep) -> Headline:
+    """Two sweeps' `Headline`."""
     complete = not (baseline.cut_short or relay.cut_short)
     at_least = None
     if not complete and not baseline.cut_short and relay.passed_up_to is not None:
         at_least = ratio(relay.passed_up_to, baseline.best)
-    return {"ratio": ratio(relay.best, baseline.best) if complete else None, "complete": complete,
-            "ratio_at_least": at_least}  # fmt: skip
+    return Headline(ratio(relay.best, baseline.best) if complete else None, complete, at_least)
 
 
 class GpuBench(Bench):
@@ -140,7 +154,7 @@ class GpuBench(Bench):
         log: Callable[[str], None],
         started: float,
         monitor: GpuMonitor,
-        checkpoint: Callable[[dict[str, Any]], None] = lambda _: None,
+        checkpoint: Callable[[GpuMeasurements], None] = lambda _: None,
     ) -> None:
         super().__init__(config, log_dir, log)
         self._started = started
@@ -152,13 +166,15 @@ class GpuBench(Bench):
         self.shape = dataclasses.replace(self.shape, ranker_args=args)
         self.skipped: dict[str, str] = {}
         self.errors: list[str] = []
-        self.results: dict[str, Any] = {}
+        self.results = GpuMeasurements(
+            modes={mode.name: mode for mode in (BASELINE, RELAY)},
+            fleet=self.shape,
+            mix_universes=list(self.mixes),
+        )
 
     # ---- points and sweeps within the budget ----
 
-    def drive(
-        self, fleet: BenchFleet, address: str, sampler: RevisitSampler, spec: PointSpec
-    ) -> tuple[PointResult, dict[str, Any], dict[str, Any]]:
+    def drive(self, fleet: BenchFleet, address: str, sampler: RevisitSampler, spec: PointSpec) -> GpuPoint:
         warmup_s = spec.warmup / spec.rate
         needed = warmup_s + spec.measured / spec.rate + SETTLE_S + POINT_OVERHEAD_S
         if not self.budget.fits(needed):
@@ -169,13 +185,15 @@ class GpuBench(Bench):
         end = time.monotonic()
         cost = probes.difference(before, probes.snapshot(fleet.pids(), fleet.ranker_metrics()))
         # The measured requests start after the warm-up's, about warmup / rate seconds in.
-        return result, cost, {"gpu": self.monitor.busy(start + warmup_s, end)}
+        busy = self.monitor.busy(start + warmup_s, end)
+        gpu = None if busy is None else GpuBusy(**busy)
+        return recorded(GpuPoint, result, seed=spec.seed, cost=Cost(**cost), gpu=gpu)
 
     def _sweeps(
         self,
         grid: list[float],
         plans: list[Plan],
-        measure: Callable[[Plan, float], dict[str, Any]],
+        measure: Callable[[Plan, float], Point],
         refine_steps: int,
     ) -> list[Sweep]:
         sweeps = [BudgetedSweep() for _ in plans]
@@ -187,10 +205,10 @@ class GpuBench(Bench):
                 sweep.points.append(point)
                 if value not in grid:
                     sweep.refined.append(value)
-                if point["cut"]:
+                if point.cut:
                     raise BudgetExhausted(f"the budget's end stopped the point at {value:g}")
-                seen.append((value, point["meets_slo"]))
-                return point["meets_slo"]
+                seen.append((value, point.meets_slo))
+                return point.meets_slo
 
             return passes
 
@@ -232,26 +250,20 @@ class GpuBench(Bench):
         return BenchFleet(mode, shape, self.mix, self.config.preprocess_delay_ms, self.log_dir / mode.name)
 
     def save(self) -> None:
-        self.results["time_budget"] = {
-            "seconds": self.config.time_budget_s, "reserve_s": self.budget.reserve_s,
-            "used_s": round(time.monotonic() - self.budget.started, 1), "skipped": dict(self.skipped),
-        }  # fmt: skip
-        self.results["errors"] = list(self.errors)
+        self.results.time_budget = TimeBudget(
+            seconds=self.config.time_budget_s, reserve_s=self.budget.reserve_s,
+            used_s=round(time.monotonic() - self.budget.started, 1), skipped=dict(self.skipped),
+        )  # fmt: skip
+        self.results.errors = list(self.errors)
         self.checkpoint(self.results)
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> GpuMeasurements:
         c = self.config
         lengths = c.length_grid()
         r = self.results
-        r.update(
-            length_ratio=None, throughput_ratio=None, throughput_ratios={}, floor=[], cached_rank=[],
-            length_sweep=None, throughput_sweeps={},
-            modes={mode.name: dataclasses.asdict(mode) for mode in (BASELINE, RELAY)},
-            fleet=dataclasses.asdict(self.shape), mix_universes=[dataclasses.asdict(m) for m in self.mixes],
-        )  # fmt: skip
         self.log(f"in-process floor ({c.model_preset} on {c.floor_device}) at {lengths}")
         floor = self.stage("floor", self.floor, [])
-        r["floor"] = [dataclasses.asdict(p) for p in floor]
+        r.floor = floor
         self.save()
         with contextlib.ExitStack() as fleets:
             relay = self.stage("relay fleet", lambda: fleets.enter_context(self.fleet(RELAY)), None, 30.0)
@@ -266,7 +278,7 @@ class GpuBench(Bench):
         self.save()
         return r
 
-    def floor(self) -> list[Any]:
+    def floor(self) -> list[FloorPoint]:
         c = self.config
         floor = model_floor(
             c.model_preset, c.torch_threads, c.length_grid(), c.short_term, NUM_CANDIDATES,
@@ -277,7 +289,7 @@ class GpuBench(Bench):
                      f"pre-infer {p.pre_infer_ms:.1f} ms, cached rank {p.rank_ms:.1f} ms")  # fmt: skip
         return floor
 
-    def measure(self, floor: list[Any], baseline: BenchFleet, relay: BenchFleet) -> None:
+    def measure(self, floor: list[FloorPoint], baseline: BenchFleet, relay: BenchFleet) -> None:
         """The cached Rank, the length sweep and the throughput sweeps, on running fleets."""
         c, r = self.config, self.results
         lengths, loads, window = c.length_grid(), c.load_grid(), c.preprocess_delay_ms
@@ -286,10 +298,10 @@ class GpuBench(Bench):
         ranks = c.settings.cached_rank_iterations
         router = relay.router()
         work = lambda: cached_rank_through_router(router, ends, c.short_term, NUM_CANDIDATES, ranks)  # noqa: E731
-        cached = self.stage("cached rank", work, [], CACHED_RANK_S)
+        cached: list[CachedRankPoint] = self.stage("cached rank", work, [], CACHED_RANK_S)
         for p in cached:
             self.log(f"cached Rank L={p.prefix_length}: P50 {p.rank_ms_p50} ms P99 {p.rank_ms_p99} ms")
-        r["cached_rank"] = [dataclasses.asdict(p) for p in cached]
+        r.cached_rank = cached
         self.save()
 
         # First guesses as `Bench.run` makes them: from the floor (half the SLO left for queueing and the
@@ -304,11 +316,10 @@ class GpuBench(Bench):
         if swept is not None:
             base, rel = swept
             line = headline(base, rel)
-            r["length_ratio"] = line["ratio"]
-            r["length_sweep"] = {
-                "rate": c.length_rate, "baseline": dataclasses.asdict(base), "relay": dataclasses.asdict(rel),
-                **line,
-            }  # fmt: skip
+            r.length_sweep = GpuLengthSweep(
+                rate=c.length_rate, baseline=base, relay=rel, ratio=line.ratio, complete=line.complete,
+                ratio_at_least=line.ratio_at_least,
+            )  # fmt: skip
         self.save()
         first_base = last_within(loads, c.length_rate)
         first_relay = first_base + 2
@@ -326,22 +337,24 @@ class GpuBench(Bench):
             took = time.monotonic() - began
             if result is None:
                 break
-            r["throughput_sweeps"][mix.label] = result
-            r["throughput_ratios"][mix.label] = result["ratio"]
-            if number == 0:
-                r["throughput_ratio"] = result["ratio"]
+            r.throughput_sweeps[mix.label] = result
             self.save()
-            if result["baseline"]["cut_short"] or result["relay"]["cut_short"]:
+            if result.baseline.cut_short or result.relay.cut_short:
                 break
             # The next mix is longer: one grid step below this one's answers.
-            first_base = max(last_within(loads, result["baseline"]["best"] or loads[0]) - 1, 0)
-            first_relay = max(last_within(loads, result["relay"]["best"] or loads[0]) - 1, 0)
+            first_base = max(last_within(loads, result.baseline.best or loads[0]) - 1, 0)
+            first_relay = max(last_within(loads, result.relay.best or loads[0]) - 1, 0)
 
     def mix_sweeps(
         self, mix: Universe, baseline: BenchFleet, relay: BenchFleet, first_base: int, first_relay: int
-    ) -> dict[str, Any]:
+    ) -> GpuMix:
         """Both modes' load sweeps on one mix, RelayGR's wasted pre-inference over them, the headline."""
         window = self.config.preprocess_delay_ms
         plans = [Plan(baseline, first_base, window), Plan(relay, first_relay, window)]
         (base, rel), counters = self.ranker_counters(relay, lambda: self.load_sweeps(mix, plans))
-        return {**mix_result(mix, base, rel, counters), **headline(base, rel)}
+        assert isinstance(base, BudgetedSweep) and isinstance(rel, BudgetedSweep)
+        line = headline(base, rel)
+        return GpuMix(
+            universe=mix.label, max_long_term=mix.max_long_term, baseline=base, relay=rel, ratio=line.ratio,
+            waste=waste(counters), complete=line.complete, ratio_at_least=line.ratio_at_least,
+        )  # fmt: skip

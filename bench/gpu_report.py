@@ -1,4 +1,4 @@
-"""The gpu profile's outputs: results.json, report.md and two plots, from its results dictionary alone.
+"""The gpu profile's outputs: results.json, report.md and two plots, from its results alone (`GpuRun`).
 
 The report leads with the two headline ratios (a sweep the time budget cut short shows what it had
 measured, never a ratio), then, at each mode's limit in each experiment, the GPU's busy fraction and the
@@ -8,123 +8,131 @@ the likely ceiling. Then the floor, the cached Rank, every point, and the machin
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
-from bench import report
-from bench.report import CPU_SERVICES, ms, point_row, table, times
+from bench.report.figures import CPU_SERVICES, cores_needed, cpu_ms_per_request, point_at
+from bench.report.markdown import machine_section
+from bench.report.plots import plot_sweeps
+from bench.report.tables import POINT_HEADER, ms, point_row, table, times
+from bench.results import BudgetedSweep, GpuLengthSweep, GpuMix, GpuPoint, GpuRun
 
 PLOTS = {"length": "p99_vs_length.png", "load": "p99_vs_load.png"}
 EXTRA_HEADER = ("GPU busy", "host CPU ms/request", "send lag P99 ms")
 
 
-def write(results: dict[str, Any], out_dir: Path, plots: bool = True) -> None:
+def write(run: GpuRun, out_dir: Path, plots: bool = True) -> None:
     """Writes results.json, report.md and (with `plots`) the plots into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    run.write(out_dir / "results.json")
     if plots:
-        plot_all(results, out_dir)
-    (out_dir / "report.md").write_text(render_markdown(results))
+        plot_all(run, out_dir)
+    (out_dir / "report.md").write_text(render_markdown(run))
 
 
-def busy(point: dict[str, Any] | None) -> str:
-    gpu = (point or {}).get("gpu")
+def busy(point: GpuPoint | None) -> str:
+    gpu = None if point is None else point.gpu
     if gpu is None:
         return "unknown (no GPU monitor)"
-    return "no sample" if gpu["busy"] is None else f"{gpu['busy']:.0%}"
+    return "no sample" if gpu.busy is None else f"{gpu.busy:.0%}"
 
 
-def limit(sweep: dict[str, Any], key: str) -> tuple[str, dict[str, Any] | None]:
+def limit(sweep: BudgetedSweep, key: str) -> tuple[str, GpuPoint | None]:
     """A sweep's answer as text and the point measured there (the largest passing one when cut short)."""
-    if sweep.get("cut_short"):
-        passed, failed = sweep["passed_up_to"], sweep["failed_from"]
+    if sweep.cut_short:
+        passed, failed = sweep.passed_up_to, sweep.failed_from
         text = "cut short: " + (f"passes at {passed:g}" if passed is not None else "nothing passed yet")
         text += f", fails at {failed:g}" if failed is not None else ""
-        return text, report.point_at(sweep, key, passed)
-    if sweep["best"] is None:
+        return text, _gpu_point(point_at(sweep, key, passed))
+    if sweep.best is None:
         return "none on the grid", None
-    top = " (grid top: may be higher)" if sweep["at_grid_top"] else ""
-    return f"{sweep['best']:g}{top}", report.point_at(sweep, key, sweep["best"])
+    top = " (grid top: may be higher)" if sweep.at_grid_top else ""
+    return f"{sweep.best:g}{top}", _gpu_point(point_at(sweep, key, sweep.best))
 
 
-def ratio_cell(entry: dict[str, Any]) -> str:
-    if entry["ratio"] is not None:
-        return times(entry["ratio"])
-    if entry.get("ratio_at_least") is not None:
-        return f"≥ {times(entry['ratio_at_least'])} (RelayGR cut short)"
-    return "n/a (cut short)" if not entry.get("complete", True) else "n/a (baseline passed nowhere)"
+def _gpu_point(point: object) -> GpuPoint | None:
+    assert point is None or isinstance(point, GpuPoint)
+    return point
 
 
-def experiments(results: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+def ratio_cell(entry: GpuLengthSweep | GpuMix) -> str:
+    if entry.ratio is not None:
+        return times(entry.ratio)
+    if entry.ratio_at_least is not None:
+        return f"≥ {times(entry.ratio_at_least)} (RelayGR cut short)"
+    return "n/a (cut short)" if not entry.complete else "n/a (baseline passed nowhere)"
+
+
+def experiments(run: GpuRun) -> list[tuple[str, str, GpuLengthSweep | GpuMix]]:
     """(title, point key, entry with `baseline`, `relay`, `ratio`) of every experiment measured."""
-    found = []
-    length = results.get("length_sweep")
+    found: list[tuple[str, str, GpuLengthSweep | GpuMix]] = []
+    length = run.measured.length_sweep
     if length is not None:
-        title = f"longest length under the SLO at {length['rate']:g} req/s, events"
+        title = f"longest length under the SLO at {length.rate:g} req/s, events"
         found.append((title, "long_term", length))
-    for label, mix in results.get("throughput_sweeps", {}).items():
+    for label, mix in run.measured.throughput_sweeps.items():
         found.append((f"highest SLO-compliant load, {label}, req/s", "rate", mix))
     return found
 
 
-def render_markdown(results: dict[str, Any]) -> str:
-    c = results["configuration"]
-    budget = results.get("time_budget", {})
-    gpus = (results["machine"].get("gpu") or {}).get("gpus") or []
+def modes(entry: GpuLengthSweep | GpuMix) -> dict[str, BudgetedSweep]:
+    return {"baseline": entry.baseline, "relay": entry.relay}
+
+
+def render_markdown(run: GpuRun) -> str:
+    c, machine, versions = run.configuration, run.machine, run.versions
+    budget = run.measured.time_budget
+    gpus = (machine.gpu or {}).get("gpus") or []
     gpu_names = ", ".join(f"{g['name']} ({g['memory_total_mib']} MiB, driver {g['driver']})" for g in gpus)
-    versions = results["versions"]
     lines = [
-        f"# RelayGR on a GPU: `{results['name']}` ({c['profile']} profile)",
-        f"{results['started_at']}, {results['duration_s']:.0f} s of a {budget.get('seconds', 0):g} s budget; "
-        f"GPU: {gpu_names or 'none found'}; {results['machine']['cores']} host cores "
-        f"({results['machine']['cpu_model']}); torch {versions['torch']} "
-        f"(CUDA {versions.get('torch_cuda')}); "
-        f"preset `{c['model_preset']}`, {c['rankers']} ranker(s), SLO P99 {c['slo_ms']:g} ms, relay window "
-        f"{c['preprocess_delay_ms']:g} ms; commit `{versions['git_commit']}`.",
+        f"# RelayGR on a GPU: `{run.name}` ({c.profile} profile)",
+        f"{run.started_at}, {run.duration_s:.0f} s of a {budget.seconds if budget else 0:g} s budget; "
+        f"GPU: {gpu_names or 'none found'}; {machine.cores} host cores "
+        f"({machine.cpu_model}); torch {versions.torch} "
+        f"(CUDA {versions.torch_cuda}); "
+        f"preset `{c.model_preset}`, {c.rankers} ranker(s), SLO P99 {c.slo_ms:g} ms, relay window "
+        f"{c.preprocess_delay_ms:g} ms; commit `{versions.git_commit}`.",
     ]
-    skipped = budget.get("skipped") or {}
+    skipped = budget.skipped if budget else {}
     notes = [f"- skipped {name}: {why}" for name, why in skipped.items()]
-    for title, _, entry in experiments(results):
-        for mode in ("baseline", "relay"):
-            if entry[mode].get("cut_short"):
-                notes.append(f"- cut short by the time budget: {title}, {mode}: {entry[mode]['cut_reason']}")
-    notes += [f"- error in {error}" for error in results.get("errors", [])]
+    for title, _, entry in experiments(run):
+        for mode, sweep in modes(entry).items():
+            if sweep.cut_short:
+                notes.append(f"- cut short by the time budget: {title}, {mode}: {sweep.cut_reason}")
+    notes += [f"- error in {error}" for error in run.measured.errors]
     if notes:
         lines.append("**Not everything ran:**\n\n" + "\n".join(notes))
     rows = []
-    for title, key, entry in experiments(results):
-        base, _ = limit(entry["baseline"], key)
-        relay, _ = limit(entry["relay"], key)
+    for title, key, entry in experiments(run):
+        base, _ = limit(entry.baseline, key)
+        relay, _ = limit(entry.relay, key)
         rows.append([title, base, relay, ratio_cell(entry)])
     headline = table(("", "baseline", "RelayGR", "ratio"), rows) if rows else "Nothing measured."
     lines += ["## Headline", headline]
-    lines.append(_at_limits(results))
-    lines.append(_floor(results))
-    for title, key, entry in experiments(results):
-        for mode in ("baseline", "relay"):
-            lines.append(f"### {title}: {mode}\n\n{_sweep_table(results, entry[mode], key)}")
-    described = json.dumps({"machine": results["machine"], "versions": results["versions"]}, indent=1)
-    lines.append(f"## Machine and versions\n\n```\n{described}\n```")
+    lines.append(_at_limits(run))
+    lines.append(_floor(run))
+    for title, key, entry in experiments(run):
+        for mode, sweep in modes(entry).items():
+            lines.append(f"### {title}: {mode}\n\n{_sweep_table(run, sweep, key)}")
+    lines.append(machine_section(run))
     return "\n\n".join(lines) + "\n"
 
 
-def _at_limits(results: dict[str, Any]) -> str:
+def _at_limits(run: GpuRun) -> str:
     services = [f"{service} ms" for service in CPU_SERVICES]
     header = ("experiment", "mode", "limit", "rank P99 ms", "GPU busy", *services, "host total ms",
               "host cores at that load")  # fmt: skip
     rows = []
-    for title, key, entry in experiments(results):
-        for mode in ("baseline", "relay"):
-            text, point = limit(entry[mode], key)
+    for title, key, entry in experiments(run):
+        for mode, sweep in modes(entry).items():
+            text, point = limit(sweep, key)
             if point is None:
                 rows.append([title, mode, text, "", "", *[""] * len(CPU_SERVICES), "", ""])
                 continue
-            used = report.cpu_ms_per_request(results, point)
+            used = cpu_ms_per_request(run, point)
             rows.append([
-                title, mode, text, ms(point["rank_ms"]["p99"]), busy(point),
+                title, mode, text, ms(point.rank_ms.p99), busy(point),
                 *(f"{used[service]:.2f}" for service in CPU_SERVICES), f"{used['total']:.2f}",
-                f"{report.cores_needed(results, point):.2f} of {results['machine']['cores']}",
+                f"{cores_needed(run, point):.2f} of {run.machine.cores}",
             ])  # fmt: skip
     return (
         "## GPU busy and host CPU per request at each mode's limit\n\n"
@@ -134,41 +142,41 @@ def _at_limits(results: dict[str, Any]) -> str:
     )
 
 
-def _floor(results: dict[str, Any]) -> str:
-    floor = results.get("floor") or []
+def _floor(run: GpuRun) -> str:
+    floor = run.measured.floor
     parts = ["## Where the time goes"]
     if floor:
-        rows = [[p["prefix_length"], f"{p['full_ms']:.2f}", f"{p['pre_infer_ms']:.2f}", f"{p['rank_ms']:.2f}"]
+        rows = [[p.prefix_length, f"{p.full_ms:.2f}", f"{p.pre_infer_ms:.2f}", f"{p.rank_ms:.2f}"]
                 for p in floor]  # fmt: skip
         header = ("long-term length", "full forward ms", "pre-infer ms", "cached rank ms")
-        device = results["configuration"]["floor_device"]
+        device = run.configuration.floor_device
         parts.append(f"In process (`--floor-device {device}`):\n\n" + table(header, rows))
-    cached = results.get("cached_rank") or []
+    cached = run.measured.cached_rank
     if cached:
-        rows = [[p["prefix_length"], p["request_kib"], ms(p["rank_ms_p50"]), ms(p["rank_ms_p99"]),
-                 p["sources"]] for p in cached]  # fmt: skip
+        rows = [[p.prefix_length, p.request_kib, ms(p.rank_ms_p50), ms(p.rank_ms_p99), p.sources]
+                for p in cached]  # fmt: skip
         header = ("long-term length", "Rank KiB", "P50 ms", "P99 ms", "sources")
         parts.append("Cached Rank through RelayGR's router, idle fleet:\n\n" + table(header, rows))
     return "\n\n".join(parts) if len(parts) > 1 else ""
 
 
-def _sweep_table(results: dict[str, Any], sweep: dict[str, Any], key: str) -> str:
+def _sweep_table(run: GpuRun, sweep: BudgetedSweep, key: str) -> str:
     rows = []
-    for point in sorted(sweep["points"], key=lambda p: p[key]):
-        row = point_row(point, f"{point[key]:g}")
-        if point.get("cut"):
+    for point in sorted(sweep.points, key=lambda p: getattr(p, key)):
+        row = point_row(point, f"{getattr(point, key):g}")
+        if point.cut:
             row[-1] = "cut by the budget"
-        total = report.cpu_ms_per_request(results, point)["total"]
-        rows.append([*row, busy(point), f"{total:.2f}", f"{point['send_lag_p99_ms']:.1f}"])
+        total = cpu_ms_per_request(run, point)["total"]
+        rows.append([*row, busy(point), f"{total:.2f}", f"{point.send_lag_p99_ms:.1f}"])
     if not rows:
         return "No point measured."
-    return table((key, *report.POINT_HEADER, *EXTRA_HEADER), rows)
+    return table((key, *POINT_HEADER, *EXTRA_HEADER), rows)
 
 
-def plot_all(results: dict[str, Any], out_dir: Path) -> None:
-    for title, key, entry in experiments(results)[:2]:
-        modes = {mode: entry[mode] for mode in ("baseline", "relay")}
+def plot_all(run: GpuRun, out_dir: Path) -> None:
+    for title, key, entry in experiments(run)[:2]:
+        sweeps = dict(modes(entry))
         name = PLOTS["length"] if key == "long_term" else PLOTS["load"]
         xlabel = "long-term length (events)" if key == "long_term" else "offered load (Recommend calls/s)"
-        if any(sweep["points"] for sweep in modes.values()):
-            report._plot_sweeps(results, modes, key, xlabel, title, out_dir / name)
+        if any(sweep.points for sweep in sweeps.values()):
+            plot_sweeps(run, sweeps, key, xlabel, title, out_dir / name)

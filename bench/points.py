@@ -23,10 +23,10 @@ import collections
 import dataclasses
 import math
 import time
-from typing import Any
 
 import grpc
 
+from bench.results import Percentiles, PointResult
 from bench.stats import bootstrap_ci, meets_slo, percentile, violation_budget
 from bench.workload import RevisitSampler
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
@@ -50,36 +50,6 @@ class PointSpec:
     seed: int
 
 
-@dataclasses.dataclass(frozen=True)
-class PointResult:
-    """What one point measured. Latency percentiles are None when they fall on a failed request."""
-
-    rate: float
-    measured: int  # measured requests sent (fewer than planned when aborted), abandoned ones included
-    planned: int
-    aborted: bool
-    cut: bool  # stopped at its `stop_at` before it had failed: neither a pass nor a failure
-    abandoned: int  # measured requests the stub abandoned after retrieval: no Rank, not in the verdict
-    abandoned_admitted: int  # of those, the ones whose Admit fired a pre-inference no Rank will consume
-    errors: int
-    error_codes: dict[str, int]
-    violations: int
-    rank_ms: dict[str, float | None]  # p50, p90, p99 of the ranking latency
-    rank_p99_ci_ms: list[float | None]  # bootstrap 95% interval of the P99 (None: an infinite bound)
-    e2e_ms: dict[str, float | None]  # p50, p90, p99 of the Recommend latency
-    hbm_hit_rank_p50_ms: float | None  # median ranking latency of the Ranks served from HBM
-    cache_sources: dict[str, int]  # hbm, dram, extended, miss
-    miss_reasons: dict[str, int]
-    admit_reasons: dict[str, int]
-    mean_long_term: float
-    send_lag_p99_ms: float
-    wall_s: float
-    meets_slo: bool
-
-    def as_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
 def admit_label(reason: int) -> str:
     """The trigger's reason, or `no_answer` when no Admit answered (the baseline, or a failed Admit)."""
     if reason == trigger_pb2.ADMIT_REASON_UNSPECIFIED:
@@ -91,8 +61,8 @@ def _finite_or_none(value: float) -> float | None:
     return None if math.isinf(value) or math.isnan(value) else round(value, 3)
 
 
-def _percentiles(samples: list[float]) -> dict[str, float | None]:
-    return {f"p{q}": _finite_or_none(percentile(samples, q)) for q in PERCENTILES}
+def _percentiles(samples: list[float]) -> Percentiles:
+    return Percentiles(**{f"p{q}": _finite_or_none(percentile(samples, q)) for q in PERCENTILES})
 
 
 def summarize(

@@ -1,16 +1,20 @@
 """Measured points without a fleet: call records summarized by the benchmark's own `summarize`, so that
-a point has exactly the keys and values a run gives it."""
+a point has exactly the keys and values a run gives it (as results.json holds it: `point`; as a run
+records it: `point_of`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
+from bench import codec
 from bench.points import PointSpec, summarize
+from bench.results import Cost, Point, recorded
 from relaygr.v1 import recommend_pb2
 from services.loadgen.openloop import CallRecord
 
+P = TypeVar("P", bound=Point)
 SLO_MS = 100.0
 CALLS = 100
 
@@ -53,8 +57,14 @@ def point(
         )
         for i in range(CALLS + abandoned)
     ]
-    result = summarize(calls, spec, aborted=False, wall_s=10.0).as_json()
-    return {**result, "seed": seed, "cost": cost(rankers), **extra}
+    result = summarize(calls, spec, aborted=False, wall_s=10.0)
+    recorded_point = recorded(Point, result, seed=seed, cost=Cost(**cost(rankers)))
+    return {**codec.to_json(recorded_point), **extra}
+
+
+def point_of(kind: type[P], *args: Any, **extra: Any) -> P:
+    """`point` as a run records it: a `kind` (`Point`, `GpuPoint`) with `extra` fields."""
+    return codec.from_json(kind, point(*args, **extra))
 
 
 def sweep(points: list[dict[str, Any]], best: float | None, **extra: Any) -> dict[str, Any]:

@@ -14,11 +14,10 @@ from bench import __main__ as entry
 from bench import experiments, probes, report
 from bench.config import BenchConfig
 from bench.experiments import Bench, Plan
-from bench.floor import CachedRankPoint
+from bench.results import CachedRankPoint, FloorPoint, Machine, Point, Run, Versions
 from bench.workload import Universe
 from relaygr.v1 import common_pb2
-from services.ranker.engine.latency_curve import LatencyPoint
-from tests.bench.synthetic import point
+from tests.bench.synthetic import point_of
 
 CONFIG = dataclasses.replace(BenchConfig(), profile="full")
 MIX1, MIX2 = "mix-m1024-s0.75-max2048", "mix-m1536-s0.75-max4096"
@@ -67,7 +66,7 @@ def run():
     counters: dict[str, dict[str, Any]] = {}
     measured: list[tuple] = []
 
-    def fake_point(self: Bench, plan: Plan, universe: Universe, rate: float, seed_index: int = 0) -> dict:
+    def fake_point(self: Bench, plan: Plan, universe: Universe, rate: float, seed_index: int = 0) -> Point:
         mode = plan.fleet.mode.name if plan.revisits else "no-revisit"
         measured.append((mode, universe.label, rate, plan.delay_ms, plan.abandon_fraction, seed_index))
         if universe.label.startswith("L"):
@@ -84,7 +83,7 @@ def run():
             fleet_counters["pre_infer_wasted_s"] += WASTED_S_PER_POINT * plan.abandon_fraction
         abandoned = round(100 * plan.abandon_fraction)
         source = common_pb2.CACHE_SOURCE_HBM if plan.fleet.mode.relay else common_pb2.CACHE_SOURCE_MISS
-        return point(rate, 40.0 if passes else 400.0, source, abandoned, seed=seed_index, **extra)
+        return point_of(Point, rate, 40.0 if passes else 400.0, source, abandoned, seed=seed_index, **extra)
 
     def fake_snapshot(pids: dict, metrics: dict) -> dict:
         rankers = {}
@@ -92,12 +91,24 @@ def run():
             probes._add(rankers, counters[url])
         return {"at": 0.0, "machine_busy_s": 0.0, "cpu_s": {}, "rankers": rankers}
 
-    floor = [LatencyPoint(n, n / 10, n / 40, 2.0) for n in CONFIG.length_grid()]
+    floor = [
+        FloorPoint(prefix_length=n, full_ms=n / 10, pre_infer_ms=n / 40, rank_ms=2.0)
+        for n in CONFIG.length_grid()
+    ]
     monkeypatch.setattr(experiments, "model_floor", lambda *args: floor)
     monkeypatch.setattr(
         experiments,
         "cached_rank_through_router",
-        lambda *args: [CachedRankPoint(2048, 40.0, 0.1, 6.0, 9.0, {"hbm": 100})],
+        lambda *args: [
+            CachedRankPoint(
+                prefix_length=2048,
+                request_kib=40.0,
+                serialize_ms=0.1,
+                rank_ms_p50=6.0,
+                rank_ms_p99=9.0,
+                sources={"hbm": 100},
+            )
+        ],
     )
     monkeypatch.setattr(experiments, "LEASE_SETTLE_S", 0.0)
     monkeypatch.setattr(probes, "snapshot", fake_snapshot)
@@ -105,13 +116,14 @@ def run():
     monkeypatch.setattr(Bench, "fleet", lambda self, mode: FakeFleet(mode, started, counters))
     try:
         bench = Bench(CONFIG, log_dir=None, log=lambda line: None)
+        machine = Machine(cores=2, cpu_model="x", memory_gib=8.0, platform="x", python="x")
         results = entry.assemble(
-            CONFIG, bench.run(), "2026-01-01T00:00:00+00:00", 3600.0, dict.fromkeys(report.MACHINE_KEYS, "x"),
-            {"torch": "2.x", "git_commit": "abc1234"},
+            CONFIG, bench.run(), "2026-01-01T00:00:00+00:00", 3600.0, machine,
+            Versions(torch="2.x", git_commit="abc1234"),
         )  # fmt: skip
     finally:
         monkeypatch.undo()
-    return results, started, measured
+    return results.to_json(), started, measured
 
 
 def test_the_fleets_start_in_order_and_no_revisit_runs_on_relays_own_fleet(run):
@@ -200,7 +212,9 @@ def test_every_ablation_is_swept_from_relays_best(run):
 
 
 def test_the_results_render_and_the_summary_names_every_ratio(run, tmp_path):
-    results, _, _ = run
+    # results.json as the run wrote it reads back as the same run.
+    results = Run.from_json(run[0])
+    assert results.to_json() == run[0]
     report.write(results, tmp_path)
     modes = {"relay", "admit-all", "dram-only", "no-affinity", "no-dram", "no-revisit"}
     assert set(report.hit_rate_points(results)) == modes  # each measured at the ablations' rate
@@ -211,4 +225,4 @@ def test_the_results_render_and_the_summary_names_every_ratio(run, tmp_path):
     assert f"throughput ratios {MIX1} {round(37.9 / 12.1, 3)} (37.9 vs 12.1 req/s)" in line
     assert "length ratio 2.0 (3072 vs 1536 events at 8 req/s, relay window 100 ms)" in line
     assert f"0% {round(37.9 / 12.1, 3)}, 10% {round(34.8 / 13.3, 3)}, 30% {round(29.4 / 16, 3)}" in line
-    assert not math.isnan(results["duration_s"])
+    assert not math.isnan(results.duration_s)

@@ -14,13 +14,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench import gpu_monitor, gpu_report
+from bench import codec, gpu_monitor, gpu_report
 from bench.config import PROFILE_DEFAULTS, PROFILE_SETTINGS, BenchConfig, load_config
 from bench.experiments import Plan
 from bench.fleets import RELAY
-from bench.gpu import Budget, BudgetExhausted, GpuBench, headline, interleave_within_budget
+from bench.gpu import Budget, BudgetExhausted, GpuBench, Headline, headline, interleave_within_budget
 from bench.gpu_monitor import GpuMonitor, parse_smi_info, parse_smi_sample
 from bench.points import PointSpec, run_point
+from bench.results import GpuPoint, GpuRun
 from bench.stats import largest_passing
 from bench.workload import RevisitSampler
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc
@@ -28,7 +29,7 @@ from services.common.config import load
 from services.ranker.config import RankerConfig
 from services.ranker.model.presets import get_preset
 from services.trigger.config import TriggerConfig
-from tests.bench.synthetic import point, sweep
+from tests.bench.synthetic import point, point_of, sweep
 
 HBM = common_pb2.CACHE_SOURCE_HBM
 
@@ -98,11 +99,11 @@ def test_a_sweep_cut_by_the_budget_is_marked_with_what_it_measured_and_the_finis
     grid = [1.0, 2.0, 4.0, 8.0, 16.0]
     limits = {"baseline": 2.0, "relay": 16.0}
 
-    def measure(plan: Plan, value: float) -> dict:
+    def measure(plan: Plan, value: float) -> GpuPoint:
         mode = "relay" if plan.delay_ms else "baseline"
         if mode == "relay" and value == 16.0:  # the budget's end stops this point
-            return point(value, 50.0, HBM, cut=True)
-        return point(value, 50.0 if value <= limits[mode] else 500.0, HBM)
+            return point_of(GpuPoint, value, 50.0, HBM, cut=True, gpu=None)
+        return point_of(GpuPoint, value, 50.0 if value <= limits[mode] else 500.0, HBM, gpu=None)
 
     plans = [Plan(None, 1, 0.0), Plan(None, 1, 100.0)]  # type: ignore[arg-type]
     base, relay = bench._sweeps(grid, plans, measure, refine_steps=0)
@@ -110,8 +111,8 @@ def test_a_sweep_cut_by_the_budget_is_marked_with_what_it_measured_and_the_finis
     # RelayGR galloped 2, 4, then 16, where the budget's end stopped it: 8 was never measured.
     assert (relay.best, relay.cut_short, relay.passed_up_to, relay.failed_from) == (None, True, 4.0, None)
     assert relay.cut_reason == "the budget's end stopped the point at 16"
-    assert [p["rate"] for p in relay.points] == [2.0, 4.0, 16.0]  # the cut point is kept, marked
-    assert headline(base, relay) == {"ratio": None, "complete": False, "ratio_at_least": 2.0}
+    assert [p.rate for p in relay.points] == [2.0, 4.0, 16.0]  # the cut point is kept, marked
+    assert headline(base, relay) == Headline(ratio=None, complete=False, ratio_at_least=2.0)
 
 
 def test_interleaving_stops_at_the_first_exhausted_budget_and_says_which_searches_finished():
@@ -201,19 +202,27 @@ def test_without_nvml_and_nvidia_smi_the_monitor_and_the_gpu_info_know_nothing(m
 # ---- the report ----
 
 
-def results(relay_sweep: dict) -> dict:
-    configuration = dataclasses.asdict(load_config(["--profile", "gpu"], {}))
-    base = sweep([point(50, 50.0, HBM), point(64, 500.0, HBM)], 50, cut_short=False)
-    return {
+def results(relay_sweep: dict) -> GpuRun:
+    config = load_config(["--profile", "gpu"], {})
+    base = sweep([point(50, 50.0, HBM, gpu=None), point(64, 500.0, HBM, gpu=None)], 50, cut_short=False)
+    waste = {"wasted_pre_infer_s": 0.0, "device_s": 0.0, "wasted_share": None, "pre_infer_tokens": {}}
+    bench = GpuBench(config, Path("unused"), lambda line: None, 0.0, GpuMonitor(None))
+    return GpuRun.from_json({
         "name": "gpu-fleet", "length_ratio": None, "throughput_ratio": None, "throughput_ratios": {},
         "started_at": "2025-01-01T00:00:00+00:00", "duration_s": 300.0,
-        "machine": {"cores": 16, "cpu_model": "x", "gpu": None},
+        "machine": {"cores": 16, "cpu_model": "x", "memory_gib": 8.0, "platform": "x", "python": "3"},
         "versions": {"torch": "2", "git_commit": "abc"},
-        "configuration": configuration, "time_budget": {"seconds": 330, "skipped": {"throughput m2": "late"}},
-        "errors": [], "floor": [], "cached_rank": [], "length_sweep": None,
-        "throughput_sweeps": {"m1": {"baseline": base, "relay": relay_sweep, "ratio": None, "complete": False,
+        "configuration": codec.to_json(config), "profile": codec.to_json(config.settings),
+        "floor": [], "cached_rank": [], "length_sweep": None,
+        "throughput_sweeps": {"m1": {"universe": "m1", "max_long_term": 8192, "baseline": base,
+                                     "relay": relay_sweep, "ratio": None, **waste, "complete": False,
                                      "ratio_at_least": 1.28}},
-    }  # fmt: skip
+        "modes": codec.to_json(bench.results.modes), "fleet": codec.to_json(bench.results.fleet),
+        "mix_universes": codec.to_json(bench.results.mix_universes),
+        "time_budget": {"seconds": 330, "reserve_s": 25.0, "used_s": 300.0,
+                        "skipped": {"throughput m2": "late"}},
+        "errors": [],
+    })  # fmt: skip
 
 
 def test_the_report_shows_a_cut_sweep_as_cut_with_its_bounds_and_no_gpu_as_unknown(tmp_path: Path):

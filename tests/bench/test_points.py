@@ -46,7 +46,7 @@ def records(slow: int = 0, errors: int = 0) -> list[CallRecord]:
 def test_warm_up_calls_are_not_counted_and_a_clean_point_meets_the_slo():
     result = summarize(records(), SPEC, aborted=False, wall_s=11.0)
     assert result.measured == 100 and result.violations == 0 and result.meets_slo
-    assert result.rank_ms["p99"] == 19.8 and result.e2e_ms["p99"] == 59.8
+    assert result.rank_ms.p99 == 19.8 and result.e2e_ms.p99 == 59.8
     assert result.cache_sources == {"hbm": 100} and result.hbm_hit_rank_p50_ms == 14.9
     low, high = result.rank_p99_ci_ms
     assert 19.0 <= low <= 19.8 <= high <= 19.9  # within the few slowest of 10.0 … 19.9 ms
@@ -56,14 +56,14 @@ def test_warm_up_calls_are_not_counted_and_a_clean_point_meets_the_slo():
 def test_one_slow_call_in_a_hundred_is_tolerated_two_are_not():
     assert summarize(records(slow=1), SPEC, aborted=False, wall_s=11.0).meets_slo
     two = summarize(records(slow=2), SPEC, aborted=False, wall_s=11.0)
-    assert not two.meets_slo and two.violations == 2 and two.rank_ms["p99"] == 80.0
+    assert not two.meets_slo and two.violations == 2 and two.rank_ms.p99 == 80.0
 
 
 def test_a_failed_call_is_a_violation_and_an_error_beyond_the_error_bound():
     result = summarize(records(errors=1), SPEC, aborted=False, wall_s=11.0)
     assert result.errors == 1 and result.error_codes == {"DEADLINE_EXCEEDED": 1} and result.violations == 1
-    assert result.rank_ms["p99"] is not None and not result.meets_slo  # P99 fine, but 1% errors ≥ 0.1%
-    assert summarize(records(errors=2), SPEC, aborted=False, wall_s=11.0).rank_ms["p99"] is None
+    assert result.rank_ms.p99 is not None and not result.meets_slo  # P99 fine, but 1% errors ≥ 0.1%
+    assert summarize(records(errors=2), SPEC, aborted=False, wall_s=11.0).rank_ms.p99 is None
 
 
 def test_a_point_stopped_early_never_meets_the_slo():
@@ -95,7 +95,7 @@ def test_abandoned_calls_are_counted_but_left_out_of_the_latencies_and_the_verdi
     result = summarize(calls, spec, aborted=False, wall_s=14.0)
     assert result.measured == 130 and result.abandoned == 30 and result.abandoned_admitted == 15
     assert result.meets_slo and result.violations == 1  # 1 slow Rank of the 100 that happened
-    assert result.rank_ms["p99"] == 19.8 and result.cache_sources == {"hbm": 100}
+    assert result.rank_ms.p99 == 19.8 and result.cache_sources == {"hbm": 100}
     assert result.admit_reasons == {"no_answer": 100}  # the abandoned calls' Admits are not among them
 
 
@@ -103,7 +103,7 @@ def test_a_point_with_every_call_abandoned_has_no_p99_and_fails():
     spec = dataclasses.replace(SPEC, warmup=0, measured=10)
     result = summarize([dropped(i) for i in range(10)], spec, aborted=False, wall_s=1.0)
     assert result.abandoned == 10 and not result.meets_slo
-    assert result.rank_ms["p99"] is None and result.rank_p99_ci_ms == [None, None]
+    assert result.rank_ms.p99 is None and result.rank_p99_ci_ms == [None, None]
 
 
 @pytest.mark.parametrize(

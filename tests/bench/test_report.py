@@ -1,4 +1,5 @@
-"""results.json's schema, and the report and plots rendered from it alone."""
+"""The report and plots rendered from a run's results alone, and a results file that lacks what they read
+refused."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import json
 
 import pytest
 
-from bench import report
+from bench import codec, report
 from bench.probes import LOAD_GENERATOR
+from bench.results import Point, Run
 from relaygr.v1 import common_pb2
 from tests.bench.synthetic import SLO_MS, point, sweep
 
@@ -47,6 +49,14 @@ CONFIGURATION = dict(
     mix_sigma=1.0, mix_max=2048, mix2_median=1536, mix2_max=4096,
 )  # fmt: skip
 MACHINE = {"cores": 2, "cpu_model": "test CPU", "memory_gib": 8.0, "platform": "Linux", "python": "3"}
+PROFILE = {
+    "measured": 100, "floor_repeats": 1, "cached_rank_iterations": 1, "window_delays_ms": [200.0],
+    "refine_steps": 2, "seeds": 3,
+}  # fmt: skip
+FLEET = {
+    "rankers": 2, "model_preset": "cpu-small", "hbm_budget_mb": 256.0, "dram_budget_mb": 1024.0,
+    "slo_ms": SLO_MS, "ranker_args": "", "max_long_term": 4096, "stub_args": "", "startup_timeout_s": 60.0,
+}  # fmt: skip
 
 
 def fraction(share, sweeps, baseline_best, relay_best, ratio, wasted) -> dict:
@@ -86,9 +96,18 @@ def results() -> dict:
         "machine": MACHINE,
         "versions": {"torch": "2.x", "git_commit": "abc1234"},
         "configuration": CONFIGURATION,
-        "profile": {"measured": 100, "refine_steps": 2, "seeds": 3},
+        "profile": PROFILE,
         "floor": floor,
-        "cached_rank": [{"prefix_length": 2048, "rank_ms_p50": 6.0, "rank_ms_p99": 9.0, "request_kib": 40.0}],
+        "cached_rank": [
+            {
+                "prefix_length": 2048,
+                "request_kib": 40.0,
+                "serialize_ms": 0.1,
+                "rank_ms_p50": 6.0,
+                "rank_ms_p99": 9.0,
+                "sources": {"hbm": 20},
+            }
+        ],
         "length_sweep": {
             "rate": 8.0,
             "baseline": sweep(base_length, 1024),
@@ -135,9 +154,17 @@ def results() -> dict:
             "relay": {"name": "relay", "description": "RelayGR"},
             "no-revisit": {"name": "no-revisit", "description": "no request revisits a user"},
         },
-        "fleet": {},
-        "mix_universes": [{}, {}],
+        "fleet": FLEET,
+        "mix_universes": [
+            {"label": MIX1, "stub_args": [], "max_long_term": 2048},
+            {"label": MIX2, "stub_args": [], "max_long_term": 4096},
+        ],
     }
+
+
+def run(data: dict | None = None) -> Run:
+    """The run a results dictionary holds (`results()` by default)."""
+    return Run.from_json(results() if data is None else data)
 
 
 def section(markdown: str, title: str) -> str:
@@ -145,7 +172,7 @@ def section(markdown: str, title: str) -> str:
 
 
 def test_results_json_holds_the_ratios_machine_and_points_and_the_report_and_plots_are_written(tmp_path):
-    report.write(results(), tmp_path)
+    report.write(run(), tmp_path)
     written = json.loads((tmp_path / "results.json").read_text())
     assert written["throughput_ratio"] == 5.65 and written["throughput_ratios"][MIX2] == 2.0
     assert written["machine"]["cpu_model"] == "test CPU"
@@ -166,7 +193,7 @@ def test_results_json_holds_the_ratios_machine_and_points_and_the_report_and_plo
 
 
 def test_each_mix_has_a_results_table_with_every_mode_its_best_and_its_p99_interval():
-    markdown = report.render_markdown(results())
+    markdown = report.render_markdown(run())
     first = markdown.split(f"### Mix `{MIX1}`")[1].split("### Mix")[0]
     # Every point's 100 calls took the same time: the interval is that time at both ends.
     assert "| relay | 22.6 | x5.65 | 60.0 [60.0, 60.0] | 32 | 130.0 [130.0, 130.0] | **no** |" in first
@@ -180,7 +207,7 @@ def test_each_mix_has_a_results_table_with_every_mode_its_best_and_its_p99_inter
 
 
 def test_the_abandonment_table_has_both_bests_the_ratio_and_the_wasted_device_time():
-    markdown = report.render_markdown(results())
+    markdown = report.render_markdown(run())
     abandonment = section(markdown, "Abandonment: pre-inference that no Rank consumes")
     assert "| 0% | 4 | 22.6 | x5.65 | 2.0 | 2.0% |" in abandonment
     assert "| 30% | 4 | 16 | x4.00 | 12.5 | 25.0% |" in abandonment
@@ -189,35 +216,42 @@ def test_the_abandonment_table_has_both_bests_the_ratio_and_the_wasted_device_ti
 
 
 def test_the_ablations_compare_every_mode_measured_at_relays_best_load():
-    ablations = section(report.render_markdown(results()), "Experiment 4: ablations and hit rates by tier")
+    ablations = section(report.render_markdown(run()), "Experiment 4: ablations and hit rates by tier")
     rows = [line for line in ablations.splitlines() if line.startswith(("| relay ", "| admit-all", "| no-"))]
     assert [row.split(" | ")[0] for row in rows] == ["| relay", "| admit-all", "| no-dram", "| no-revisit"]
     assert "`no-revisit`: no request revisits a user" in ablations
-    assert set(report.hit_rate_points(results())) == {"relay", "admit-all", "no-dram", "no-revisit"}
+    assert set(report.hit_rate_points(run())) == {"relay", "admit-all", "no-dram", "no-revisit"}
 
 
-def test_a_result_without_a_headline_ratio_or_a_point_field_is_refused(tmp_path):
+def test_a_result_without_a_headline_ratio_or_a_point_field_is_refused_naming_where():
     incomplete = results()
     del incomplete["throughput_ratios"]
-    with pytest.raises(ValueError, match="throughput_ratios"):
-        report.write(incomplete, tmp_path)
+    with pytest.raises(ValueError, match="results: the top level lacks throughput_ratios"):
+        run(incomplete)
     broken = results()
     del broken["throughput_sweeps"][MIX1]["relay"]["points"][0]["cost"]
-    with pytest.raises(ValueError, match=rf"throughput_sweeps\.{MIX1}\.relay lacks cost"):
-        report.check(broken)
+    with pytest.raises(ValueError, match=rf"throughput_sweeps\.{MIX1}\.relay\.points\.0 lacks cost"):
+        run(broken)
     no_interval = results()
     del no_interval["abandonment"]["fractions"]["0.3"]["sweeps"]["relay"]["points"][1]["rank_p99_ci_ms"]
-    with pytest.raises(ValueError, match=r"abandonment\.0\.3\.relay lacks rank_p99_ci_ms"):
-        report.check(no_interval)
+    with pytest.raises(ValueError, match=r"fractions\.0\.3\.sweeps\.relay\.points\.1 lacks rank_p99_ci_ms"):
+        run(no_interval)
     repeat_point = results()
     del repeat_point["throughput_sweeps"][MIX1]["relay"]["repeats"][0]["points"][0]["abandoned"]
-    with pytest.raises(ValueError, match=r"a repeated point of .* lacks abandoned"):
-        report.check(repeat_point)
+    with pytest.raises(ValueError, match=r"relay\.repeats\.0\.points\.0 lacks abandoned"):
+        run(repeat_point)
     no_waste = results()
     del no_waste["abandonment"]["fractions"]["0"]["wasted_share"]
-    with pytest.raises(ValueError, match=r"abandonment\.0 lacks wasted_share"):
-        report.check(no_waste)
-    assert not (tmp_path / "results.json").exists()
+    with pytest.raises(ValueError, match=r"abandonment\.fractions\.0 lacks wasted_share"):
+        run(no_waste)
+    unknown = results()
+    unknown["length_sweep"]["relay"]["points"][0]["p99"] = 1.0
+    with pytest.raises(ValueError, match=r"length_sweep\.relay\.points\.0 has unknown p99"):
+        run(unknown)
+    no_mix = results()
+    no_mix["throughput_sweeps"] = {}
+    with pytest.raises(ValueError, match="throughput_sweeps has no mix"):
+        run(no_mix)
 
 
 def test_a_baseline_that_met_the_slo_nowhere_gives_a_lower_bound_not_a_missing_ratio():
@@ -225,7 +259,7 @@ def test_a_baseline_that_met_the_slo_nowhere_gives_a_lower_bound_not_a_missing_r
     mix2 = measured["throughput_sweeps"][MIX2]
     mix2["baseline"] = sweep([point(1, 150, MISS), point(2, 160, MISS)], None)
     mix2["ratio"] = measured["throughput_ratios"][MIX2] = None
-    headline = section(report.render_markdown(measured), "Headline")
+    headline = section(report.render_markdown(run(measured)), "Headline")
     assert (
         f"on the mix `{MIX2}` | none | 4 | > x4.00 (the baseline met the SLO nowhere; it failed even at 1 "
         "req/s) |" in headline
@@ -238,7 +272,7 @@ def test_relay_is_set_against_dram_only_and_against_admit_all_at_every_load_admi
         [point(22.6, 140, MISS), point(16, 110, MISS), point(11.3, 80, MISS)], 11.3
     )
     text = section(
-        report.render_markdown(measured),
+        report.render_markdown(run(measured)),
         "RelayGR against the strongest no-relay serving and against admitting",
     )
     assert "met the SLO up to 11.3 req/s, RelayGR up to 22.6 req/s: x2.00." in text
@@ -247,9 +281,9 @@ def test_relay_is_set_against_dram_only_and_against_admit_all_at_every_load_admi
     assert "| 22.6 | 20.0 [20.0, 20.0] | 60.0 [60.0, 60.0] | meets | yes |" in text
     assert "| 32 | 90.0 [90.0, 90.0] | 130.0 [130.0, 130.0] | fails | **no** |" in text
     # A RelayGR failure whose interval reaches into admit-all's is noise, not a loss.
-    relay_32 = report.point_at(measured["throughput_sweeps"][MIX1]["relay"], "rate", 32)
+    relay_32 = next(p for p in measured["throughput_sweeps"][MIX1]["relay"]["points"] if p["rate"] == 32)
     relay_32["rank_p99_ci_ms"] = [85.0, 140.0]
-    text = section(report.render_markdown(measured), "RelayGR against the strongest no-relay serving")
+    text = section(report.render_markdown(run(measured)), "RelayGR against the strongest no-relay serving")
     assert "| 32 | 90.0 [90.0, 90.0] | 130.0 [85.0, 140.0] | fails | yes |" in text
 
 
@@ -269,8 +303,10 @@ def costly_point(rate: float, rank_ms: float) -> dict:
 
 
 def test_cpu_per_request_is_each_services_cpu_over_every_request_the_point_sent_warm_up_included():
-    measured = results()
-    busy = costly_point(180, 30)  # 5 s of warm-up at 180 req/s: 900 requests, then 100 measured
+    measured = run()
+    busy = codec.from_json(
+        Point, costly_point(180, 30)
+    )  # 5 s of warm-up at 180 req/s: 900 requests, then 100 measured
     assert report.requests_sent(measured, busy) == 1000
     per_request = report.cpu_ms_per_request(measured, busy)
     assert per_request == pytest.approx({
@@ -279,13 +315,14 @@ def test_cpu_per_request_is_each_services_cpu_over_every_request_the_point_sent_
     })  # fmt: skip
     assert report.cores_needed(measured, busy) == pytest.approx(0.558)  # 3.1 ms x 180 req/s
     # The synthetic cost: 6 s (5 of them the rankers') over 4 req/s x 5 s of warm-up + 100 measured.
-    assert report.cpu_ms_per_request(measured, point(4, 40, MISS))["total"] == pytest.approx(50.0)
+    synthetic = codec.from_json(Point, point(4, 40, MISS))
+    assert report.cpu_ms_per_request(measured, synthetic)["total"] == pytest.approx(50.0)
 
 
 def test_each_mix_shows_cpu_per_request_and_the_machines_ceiling_at_every_modes_best_load():
     measured = results()
     measured["throughput_sweeps"][MIX1]["relay"] = sweep([costly_point(180, 30), point(200, 130, HBM)], 180)
-    markdown = report.render_markdown(measured)
+    markdown = report.render_markdown(run(measured))
     first = markdown.split(f"### Mix `{MIX1}`")[1].split("### Mix")[0]
     assert (
         "| mode | best load req/s | requests (warm-up included) | rankers ms | router ms (target ≤ 0.6) | "
@@ -306,7 +343,7 @@ def test_each_mix_shows_cpu_per_request_and_the_machines_ceiling_at_every_modes_
 def test_a_run_that_did_not_record_its_cores_gives_its_ceiling_as_unknown():
     measured = results()
     measured["machine"] = {**MACHINE, "cores": None}
-    markdown = report.render_markdown(measured)
+    markdown = report.render_markdown(run(measured))
     assert "The machine's ceiling (unknown cores)" in markdown
     assert "5.0 minutes on unknown cores" in markdown
     # 6 s of CPU over 113 warm-up requests (22.6 req/s x 5 s) and 100 measured: 28.17 ms, 0.64 cores.

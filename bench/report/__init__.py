@@ -1,0 +1,43 @@
+"""The benchmark's outputs: results.json, report.md and the PNG plots, all from a run's results.
+
+`results.json` is the `bench.results.Run` written once (`Run.to_json`): everything measured (every point,
+with its cost), the headline ratios under `length_ratio`, `throughput_ratio` (the first mix) and
+`throughput_ratios` (every mix), the machine, the versions and the configuration. `report.md` and the
+plots are rendered from it alone, so a results file can always be rendered again:
+`python -m bench.report bench/results/<name>` reads its results.json (`Run.load`, which refuses one that
+lacks a field they read) and writes the report and the plots beside it.
+
+The package: `figures` (what the report derives from the results), `tables` (its markdown tables),
+`markdown` (`render_markdown`, section by section) and `plots` (`plot_all`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.report.figures import (
+    CPU_SERVICES,
+    CPU_TARGETS_MS,
+    cores_needed,
+    cpu_ms_per_request,
+    hit_rate_points,
+    point_at,
+    requests_sent,
+)  # fmt: skip
+from bench.report.markdown import render_markdown
+from bench.report.plots import PLOTS, plot_all
+from bench.results import Run
+
+__all__ = [
+    "CPU_SERVICES", "CPU_TARGETS_MS", "PLOTS", "cores_needed", "cpu_ms_per_request", "hit_rate_points",
+    "plot_all", "point_at", "render_markdown", "requests_sent", "write",
+]  # fmt: skip
+
+
+def write(run: Run, out_dir: Path, plots: bool = True) -> None:
+    """Writes results.json, the plots (with `plots`) and report.md into `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run.write(out_dir / "results.json")
+    if plots:
+        plot_all(run, out_dir)
+    (out_dir / "report.md").write_text(render_markdown(run))

@@ -1,0 +1,133 @@
+"""The report's PNG plots: ranking P99 against length and against load (each mode's sweep), where each
+Rank's prefix came from at the ablations' rate, and where the time goes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from bench.report.figures import hit_rate_points, load_modes, shares
+from bench.results import Run, Sweep
+from services.common.contract import CACHE_SOURCES
+
+SOURCE_COLOURS = {"hbm": "#2b8a3e", "dram": "#1c7ed6", "extended": "#f59f00", "miss": "#c92a2a"}
+MODE_STYLE = {
+    "baseline": ("#495057", "s"),
+    "relay": ("#1c7ed6", "o"),
+    "admit-all": ("#f59f00", "^"),
+    "dram-only": ("#0ca678", "v"),
+    "no-affinity": ("#7048e8", "D"),
+    "no-dram": ("#c92a2a", "X"),
+    "no-revisit": ("#a0522d", "P"),
+}
+OTHER_MODE_STYLE = ("#868e96", ".")
+PLOTS = {
+    "length": "p99_vs_length.png",
+    "load": "p99_vs_load.png",
+    "hits": "hit_rates_by_tier.png",
+    "floor": "where_time_goes.png",
+}
+
+
+def plot_all(run: Run, out_dir: Path) -> None:
+    length = run.measured.length_sweep
+    length_title = f"Ranking P99 against length at {length.rate:g} req/s"
+    modes = {"baseline": length.baseline, "relay": length.relay}
+    plot_sweeps(run, modes, "long_term", "long-term length (events)", length_title, out_dir / PLOTS["length"])
+    load_title = f"Ranking P99 against load, mix {run.first_mix[0]}"
+    plot_sweeps(
+        run, load_modes(run), "rate", "offered load (Recommend calls/s)", load_title, out_dir / PLOTS["load"]
+    )
+    _plot_hit_rates(run, out_dir / PLOTS["hits"])
+    _plot_floor(run, out_dir / PLOTS["floor"])
+
+
+def plot_sweeps(run: Run, sweeps: dict[str, Sweep], key: str, xlabel: str, title: str, path: Path) -> None:
+    """Each mode's sweep's P99 against `key` (`long_term`, `rate`), against the SLO."""
+    slo = run.configuration.slo_ms
+    cap = 5 * slo  # failed requests and far misses are drawn at the cap
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for mode, sweep in sweeps.items():
+        colour, marker = MODE_STYLE.get(mode, OTHER_MODE_STYLE)
+        points = sorted(sweep.points, key=lambda p: getattr(p, key))
+        xs = [getattr(p, key) for p in points]
+        ys = [min(cap if p.rank_ms.p99 is None else p.rank_ms.p99, cap) for p in points]
+        ax.plot(xs, ys, color=colour, marker=marker, label=f"{mode} (best {sweep.best})")
+        stopped = [(x, y) for x, y, p in zip(xs, ys, points, strict=True) if p.aborted]
+        if stopped:
+            ax.scatter(*zip(*stopped, strict=True), facecolors="white", edgecolors=colour, zorder=3, s=60)
+    ax.axhline(slo, color="#c92a2a", linestyle="--", label=f"SLO {slo:g} ms")
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="ranking P99 (ms, capped)")
+    ax.set_ylim(top=cap * 1.1)
+    on_grid = {
+        getattr(p, key)
+        for sweep in sweeps.values()
+        for p in sweep.points
+        if getattr(p, key) not in sweep.refined
+    }
+    _plain_ticks(ax, sorted(on_grid))
+    ax.set_title(
+        f"{title}\nhollow: stopped early (P99 of the requests sent); CPU: compare ratios only", fontsize=9
+    )
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plain_ticks(ax: plt.Axes, xs: Sequence[float]) -> None:
+    """Log axes labelled with plain numbers: the measured x values, and 1-2-5 steps of ms."""
+    ax.set_xticks(xs, [f"{x:g}" for x in xs])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 5)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+def _plot_hit_rates(run: Run, path: Path) -> None:
+    points = hit_rate_points(run)
+    names = list(points)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    bottoms = [0.0] * len(names)
+    for source in CACHE_SOURCES:
+        heights = [shares(points[name].cache_sources)[source] for name in names]
+        ax.bar(names, heights, bottom=bottoms, color=SOURCE_COLOURS[source], label=source)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    ax.set_ylabel("share of Ranks")
+    ax.set_title(f"Where each Rank's prefix came from, {run.measured.ablations.rate:g} req/s on the mix")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_floor(run: Run, path: Path) -> None:
+    floor = run.measured.floor
+    xs = [p.prefix_length for p in floor]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    lines = (
+        ("full_ms", "full forward", "#495057"),
+        ("pre_infer_ms", "pre-infer", "#f59f00"),
+        ("rank_ms", "cached rank (the floor)", "#2b8a3e"),
+    )
+    for key, label, colour in lines:
+        ax.plot(xs, [getattr(p, key) for p in floor], marker="o", color=colour, label=f"in-process {label}")
+    cached = [p for p in run.measured.cached_rank if p.rank_ms_p50 is not None]
+    ax.plot([p.prefix_length for p in cached], [p.rank_ms_p50 for p in cached], marker="^",
+            color="#1c7ed6", label="cached Rank through the router (P50)")  # fmt: skip
+    ax.axhline(run.configuration.slo_ms, color="#c92a2a", linestyle="--", label="SLO")
+    ax.set(xlabel="long-term length (events)", ylabel="latency (ms)", xscale="log", yscale="log")
+    _plain_ticks(ax, xs)
+    ax.set_title("Where the time goes (CPU: compare ratios only)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

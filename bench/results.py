@@ -1,0 +1,384 @@
+"""results.json's schema, written once: what a run measured, as dataclasses (`bench.codec` writes and
+reads them).
+
+A `Run` (`python -m bench --profile quick|full`) or a `GpuRun` (`--profile gpu`) is the headline ratios,
+the run's context (machine, versions, configuration, profile) and what `Bench.run` (`Measurements`) or
+`GpuBench.run` (`GpuMeasurements`) measured, written into the same object. A sweep is its `Point`s and
+its answer; the gpu profile's sweeps (`BudgetedSweep`) may be cut short by its time budget and its points
+(`GpuPoint`) say how busy the GPU was. Fields with a default are the ones older results files may lack:
+reading one, the default applies (`tests/bench/test_results.py` names them per committed file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bench import codec
+from bench.codec import FLAT, OMIT_NONE
+from bench.config import BenchConfig, Profile
+from bench.fleets import FleetShape, Mode
+from bench.workload import Universe
+
+R = TypeVar("R", bound="Run")
+P = TypeVar("P", bound="Point")
+schema = dataclasses.dataclass(kw_only=True)
+
+
+def _optional() -> Any:
+    """A field left out of results.json while it is None (older runs lack it; None reads as absent)."""
+    return dataclasses.field(default=None, metadata=OMIT_NONE)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Percentiles:
+    """Latency percentiles, ms; None where one falls on a failed request."""
+
+    p50: float | None
+    p90: float | None
+    p99: float | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PointResult:
+    """What one point measured (`bench.points.summarize`). The length sweep's points say at which long-term
+    length and relay window (`long_term`, `delay_ms`; absent from other points)."""
+
+    long_term: int | None = _optional()
+    delay_ms: float | None = _optional()
+    rate: float
+    measured: int  # measured requests sent (fewer than planned when aborted), abandoned ones included
+    planned: int
+    aborted: bool
+    cut: bool = False  # stopped at its `stop_at` before it had failed: neither a pass nor a failure
+    abandoned: int  # measured requests the stub abandoned after retrieval: no Rank, not in the verdict
+    abandoned_admitted: int  # of those, the ones whose Admit fired a pre-inference no Rank will consume
+    errors: int
+    error_codes: dict[str, int]
+    violations: int
+    rank_ms: Percentiles  # the ranking latency
+    rank_p99_ci_ms: list[float | None]  # bootstrap 95% interval of the P99 (None: an infinite bound)
+    e2e_ms: Percentiles  # the Recommend latency
+    hbm_hit_rank_p50_ms: float | None  # median ranking latency of the Ranks served from HBM
+    cache_sources: dict[str, int]  # hbm, dram, extended, miss
+    miss_reasons: dict[str, int]
+    admit_reasons: dict[str, int]
+    mean_long_term: float
+    send_lag_p99_ms: float
+    wall_s: float
+    meets_slo: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Cost:
+    """What a point cost the fleet, warm-up included (`bench.probes.difference`): CPU seconds by process,
+    the change of the rankers' counters (by metric: productions, pre_infer, joins, device_s, …), the
+    wall seconds, and the cores other users of the machine took."""
+
+    cpu_s: dict[str, float]
+    rankers: dict[str, Any]
+    wall_s: float
+    foreign_cores: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Point(PointResult):
+    """A measured point as a run records it: its load seed and its cost beside what it measured."""
+
+    seed: int
+    cost: Cost
+
+
+def recorded(cls: type[P], result: PointResult, **more: Any) -> P:
+    """A point as a run records it (`cls`: `Point`, `GpuPoint`), from what it measured and `more`."""
+    measured = {field.name: getattr(result, field.name) for field in dataclasses.fields(PointResult)}
+    return cls(**measured, **more)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GpuBusy:
+    """How busy the GPUs were over a point's measured requests (`bench.gpu_monitor.GpuMonitor.busy`)."""
+
+    source: str
+    busy: float | None  # the busiest GPU's mean utilization; None when no sample fell in the window
+    per_gpu: dict[str, float]
+    samples: int
+    memory_used_mib_max: float | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GpuPoint(Point):
+    gpu: GpuBusy | None  # None: no GPU monitor
+
+
+@schema
+class Repeat:
+    """A verdict point measured again with other load seeds, the sweep's own measurement first."""
+
+    role: str  # best, first_failure
+    rate: float
+    seeds: list[int]
+    rank_p99_ms: list[float | None]
+    rank_p99_ci_ms: list[list[float | None]]
+    meets_slo: list[bool]
+    agree: bool
+    points: list[Point]  # the other seeds' points
+
+
+@schema
+class Sweep:
+    """One mode's sweep: every point measured, and the largest value that met the SLO."""
+
+    points: list[Point] = dataclasses.field(default_factory=list)
+    best: float | None = None
+    at_grid_top: bool = False  # the best is the grid's last value: the true limit may be higher
+    refined: list[float] = dataclasses.field(default_factory=list)  # values measured between grid values
+    # The verdict points (the best, the first failure above it) measured again with other load seeds.
+    repeats: list[Repeat] = dataclasses.field(default_factory=list)
+    seeds_agree: bool | None = None  # every seed gave every repeated point its verdict (None: no repeats)
+
+
+@schema
+class BudgetedSweep(Sweep):
+    """A sweep that the time budget may cut short: then `best` is None and the bounds say what was seen."""
+
+    points: list[GpuPoint] = dataclasses.field(default_factory=list)  # type: ignore[assignment]
+    cut_short: bool = False
+    cut_reason: str | None = None
+    passed_up_to: float | None = None  # the largest value that met the SLO (a lower bound when cut)
+    failed_from: float | None = None  # the smallest value above it that failed
+
+
+@schema
+class Waste:
+    """RelayGR's rankers' wasted pre-inference over a pair of sweeps: device seconds of prefixes no Rank
+    consumed, their device-thread seconds, the wasted share of them (None without device time), and
+    pre-inferred tokens by fate."""
+
+    wasted_pre_infer_s: float
+    device_s: float
+    wasted_share: float | None
+    pre_infer_tokens: dict[str, float]
+
+
+@schema
+class LengthSweep:
+    """Experiment 1: both modes' length sweeps at one offered load."""
+
+    rate: float
+    baseline: Sweep
+    relay: Sweep
+
+
+@schema
+class Mix:
+    """Experiment 2 on one length mix: both modes' load sweeps, their ratio and the waste over them."""
+
+    universe: str
+    max_long_term: int
+    baseline: Sweep
+    relay: Sweep
+    ratio: float | None
+    waste: Waste = dataclasses.field(metadata=FLAT)
+
+
+@schema
+class ModePair:
+    baseline: Sweep
+    relay: Sweep
+
+
+@schema
+class Fraction:
+    """Both modes' load sweeps on the first mix at one share of abandoned requests (share 0: the first
+    mix's throughput sweeps, `sweeps` None)."""
+
+    fraction: float
+    sweeps: ModePair | None
+    baseline_best: float | None
+    relay_best: float | None
+    ratio: float | None
+    waste: Waste = dataclasses.field(metadata=FLAT)
+
+
+@schema
+class Abandonment:
+    universe: str
+    fractions: dict[str, Fraction]  # by share, as `f"{share:g}"`
+
+
+@schema
+class Ablations:
+    universe: str
+    rate: float  # the grid load at or below RelayGR's best, where every ablation's sweep starts
+    sweeps: dict[str, Sweep]  # by mode
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FloorPoint:
+    """The in-process floor at one prefix length: median ms of a full forward, a pre-inference and a rank
+    against the cached prefix (the ranker's `LatencyPoint`)."""
+
+    prefix_length: int
+    full_ms: float
+    pre_infer_ms: float
+    rank_ms: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CachedRankPoint:
+    """Ranks through the router against a prefix a PreInfer leased in HBM, on an idle fleet."""
+
+    prefix_length: int
+    request_kib: float
+    serialize_ms: float  # client-side serialization of the Rank request (median)
+    rank_ms_p50: float | None  # client-observed Rank latency of the HBM-served Ranks (None: none was)
+    rank_ms_p99: float | None
+    sources: dict[str, int]
+
+
+@schema
+class Machine:
+    cores: int | None
+    cpu_model: str
+    memory_gib: float | None
+    platform: str
+    python: str
+    load_average_at_start: list[float] | None = _optional()
+    gpu: dict[str, Any] | None = _optional()  # `bench.gpu_monitor.gpu_info`: absent without a GPU
+    load_average_at_end: list[float] | None = _optional()  # absent from a checkpoint before the end
+
+
+@schema
+class Versions:
+    """Package versions (absent: not recorded by an older run) and the commit."""
+
+    torch: str
+    numpy: str | None = _optional()
+    grpcio: str | None = _optional()
+    protobuf: str | None = _optional()
+    matplotlib: str | None = _optional()
+    torch_cuda: str | None = _optional()  # "none": a torch without CUDA
+    git_commit: str  # with `-dirty` when tracked files had changes
+
+
+@schema
+class Measurements:
+    """What `Bench.run` measured (see `bench.experiments`)."""
+
+    floor: list[FloorPoint]
+    cached_rank: list[CachedRankPoint]
+    length_sweep: LengthSweep
+    throughput_sweeps: dict[str, Mix]  # by mix label, the first mix first
+    abandonment: Abandonment
+    window_sensitivity: dict[str, Sweep]  # RelayGR's length sweep by relay window, as `f"{ms:g}"`
+    ablations: Ablations
+    modes: dict[str, Mode]
+    fleet: FleetShape
+    mix_universes: list[Universe]
+
+
+@schema
+class GpuLengthSweep(LengthSweep):
+    baseline: BudgetedSweep
+    relay: BudgetedSweep
+    ratio: float | None  # None unless both sweeps finished
+    complete: bool
+    ratio_at_least: float | None  # RelayGR cut short after passing somewhere: the ratio is at least this
+
+
+@schema
+class GpuMix(Mix):
+    baseline: BudgetedSweep
+    relay: BudgetedSweep
+    complete: bool
+    ratio_at_least: float | None
+
+
+@schema
+class TimeBudget:
+    seconds: float
+    reserve_s: float
+    used_s: float
+    skipped: dict[str, str]  # stage: why
+
+
+@schema
+class GpuMeasurements:
+    """What `GpuBench.run` measured so far (see `bench.gpu`): every stage fills its part."""
+
+    floor: list[FloorPoint] = dataclasses.field(default_factory=list)
+    cached_rank: list[CachedRankPoint] = dataclasses.field(default_factory=list)
+    length_sweep: GpuLengthSweep | None = None
+    throughput_sweeps: dict[str, GpuMix] = dataclasses.field(default_factory=dict)
+    modes: dict[str, Mode]
+    fleet: FleetShape
+    mix_universes: list[Universe]
+    time_budget: TimeBudget | None = None
+    errors: list[str] = dataclasses.field(default_factory=list)  # `stage: error` of each failed stage
+
+
+@schema
+class Run:
+    """A run's results.json: the headline ratios first, then the run's context, then what it measured."""
+
+    name: str
+    throughput_ratio: float | None  # the first mix's
+    throughput_ratios: dict[str, float | None]  # every mix's
+    length_ratio: float | None
+    started_at: str
+    duration_s: float
+    machine: Machine
+    versions: Versions
+    configuration: BenchConfig
+    profile: Profile
+    measured: Measurements = dataclasses.field(metadata=FLAT)
+
+    def to_json(self) -> dict[str, Any]:
+        return codec.to_json(self)
+
+    @classmethod
+    def from_json(cls: type[R], data: Any) -> R:
+        """The run a results dictionary holds; ValueError naming the first thing it lacks."""
+        run = codec.from_json(cls, data)
+        if isinstance(run.measured, Measurements) and not run.measured.throughput_sweeps:
+            raise ValueError("results: throughput_sweeps has no mix")
+        return run
+
+    @classmethod
+    def load(cls: type[R], path: Path) -> R:
+        return cls.from_json(json.loads(path.read_text()))
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @property
+    def first_mix(self) -> tuple[str, Mix]:
+        """The first mix's label and throughput sweeps."""
+        return next(iter(self.measured.throughput_sweeps.items()))
+
+
+@schema
+class GpuRun(Run):
+    measured: GpuMeasurements = dataclasses.field(metadata=FLAT)
+
+
+def ratio(relay: float | None, baseline: float | None) -> float | None:
+    """RelayGR's best over the baseline's; None when the baseline met the SLO nowhere on the grid (or a
+    sweep has no answer)."""
+    if relay is None or not baseline:
+        return None
+    return round(relay / baseline, 3)
+
+
+def headline_ratios(measured: Measurements | GpuMeasurements) -> dict[str, Any]:
+    """A run's headline ratios from what it measured: the length sweep's, each mix's and the first mix's."""
+    length = measured.length_sweep
+    ratios = {label: mix.ratio for label, mix in measured.throughput_sweeps.items()}
+    return {
+        "throughput_ratio": next(iter(ratios.values()), None),
+        "throughput_ratios": ratios,
+        "length_ratio": None if length is None else ratio(length.relay.best, length.baseline.best),
+    }

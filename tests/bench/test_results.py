@@ -1,0 +1,93 @@
+"""results.json's schema (`bench.results`): every committed run's results.json reads back through it and
+writes out as it was (older files gain only the fields added since, at their defaults), and the report a
+committed run renders to stays what it was."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import gpu_report, report
+from bench.results import GpuRun, Run
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+GOLDEN = Path(__file__).resolve().parent / "golden"
+# Fields newer than the CPU runs committed before them: reading one of those, the default applies, and
+# writing it out adds them (`cut`: False in every point; the gpu profile's settings; the profile's
+# per-rate point size).
+ADDED_SINCE_THE_CPU_RUNS = {
+    "configuration.floor_device", "configuration.ranker_profile_repeats", "configuration.time_budget_s",
+    "profile.measured_min", "profile.measured_s", "*.points.*.cut",
+}  # fmt: skip
+CPU_RUNS = ("full", "quick-batched", "quick-relay")
+GPU_RUNS = ("gpu-fleet", "gpu-fleet-graphs", "gpu-fleet-repeat")
+
+
+def run_files() -> list[Path]:
+    """Every committed results.json of a benchmark run (the other folders hold other records)."""
+    found = []
+    for path in sorted(RESULTS.glob("*/results.json")):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and "length_sweep" in data:
+            found.append(path)
+    return found
+
+
+def load(path: Path) -> Run:
+    data = json.loads(path.read_text())
+    kind = GpuRun if data["configuration"].get("profile") == "gpu" else Run
+    return kind.from_json(data)
+
+
+def added_keys(old: Any, new: Any, path: str = "") -> set[str]:
+    """The keys `new` has and `old` lacks, as dotted paths; AssertionError where a value they share
+    differs."""
+    if isinstance(old, dict):
+        assert isinstance(new, dict) and set(old) <= set(new), path
+        added = {f"{path}.{key}".lstrip(".") for key in set(new) - set(old)}
+        for key in old:
+            added |= added_keys(old[key], new[key], f"{path}.{key}")
+        return added
+    if isinstance(old, list):
+        assert isinstance(new, list) and len(old) == len(new), path
+        pairs = enumerate(zip(old, new, strict=True))
+        return set().union(*(added_keys(a, b, f"{path}.{number}") for number, (a, b) in pairs))
+    assert old == new and type(old) is type(new), f"{path}: {old!r} became {new!r}"
+    return set()
+
+
+def normalized(key: str) -> str:
+    """`length_sweep.relay.points.3.cut` and the like as `*.points.*.cut`."""
+    return re.sub(r"^.*\.points\.\d+\.([^.]+)$", r"*.points.*.\1", key)
+
+
+def test_every_committed_run_is_found():
+    assert {path.parent.name for path in run_files()} == {*CPU_RUNS, *GPU_RUNS}
+
+
+@pytest.mark.parametrize("path", run_files(), ids=lambda path: path.parent.name)
+def test_a_committed_run_reads_back_and_writes_out_as_it_was(path: Path):
+    text = path.read_text()
+    written = load(path).to_json()
+    added = {normalized(key) for key in added_keys(json.loads(text), written)}
+    if path.parent.name in GPU_RUNS:
+        assert json.dumps(written, indent=1) + "\n" == text  # byte for byte
+    else:
+        assert added == ADDED_SINCE_THE_CPU_RUNS
+
+
+@pytest.mark.parametrize("name", GPU_RUNS)
+def test_a_committed_gpu_run_renders_to_its_committed_report(name: str):
+    run = load(RESULTS / name / "results.json")
+    assert gpu_report.render_markdown(run) == (RESULTS / name / "report.md").read_text()
+
+
+def test_the_full_run_renders_to_the_same_report():
+    """The committed report.md of `full` predates the report's CPU-per-request tables: the golden copy is
+    what the report renders from its results.json today, and must stay so unless the report changes."""
+    run = load(RESULTS / "full" / "results.json")
+    assert report.render_markdown(run) == (GOLDEN / "full-report.md").read_text()
