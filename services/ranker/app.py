@@ -31,6 +31,7 @@ from services.ranker.engine.runner import ModelRunner
 from services.ranker.engine.scheduler import Op, Scheduler
 from services.ranker.model.hstu import HSTURanker
 from services.ranker.model.presets import get_preset
+from services.ranker.model.store import is_model_dir, load_model_dir
 from services.ranker.servicer import RankerServicer
 
 log = logging.getLogger("services.ranker")
@@ -38,13 +39,20 @@ MIB = 1024 * 1024
 
 
 def build_model(config: RankerConfig) -> tuple[HSTURanker, str, torch.device]:
-    """The model on its device, and its version (the preset's, plus the checkpoint's digest if any)."""
-    preset = get_preset(config.model_preset)
+    """The model on its device, and its version (the config's, plus the checkpoint's digest if any).
+
+    `--checkpoint DIR` (a model directory, `model/store.py`) brings its own architecture (`--model-preset` is
+    not read); `--checkpoint FILE` is a state_dict of the preset's model."""
     device = select_device(config.device)
     if config.torch_threads > 0:
         torch.set_num_threads(config.torch_threads)
-    model = HSTURanker.from_checkpoint(preset, config.checkpoint) if config.checkpoint else HSTURanker(preset)
-    return model.to(device=device, dtype=preset.dtype).eval(), model.version, device
+    if config.checkpoint and is_model_dir(config.checkpoint):
+        model = load_model_dir(config.checkpoint)
+    elif config.checkpoint:
+        model = HSTURanker.from_checkpoint(get_preset(config.model_preset), config.checkpoint)
+    else:
+        model = HSTURanker(get_preset(config.model_preset))
+    return model.to(device=device, dtype=model.preset.dtype).eval(), model.version, device
 
 
 def precreate_metrics() -> None:
@@ -107,7 +115,7 @@ class RankerApp:
     async def start(self) -> None:
         """Binds the ports (health NOT_SERVING), warms up, then turns SERVING."""
         await self.grpc.start()
-        preset, version = self.config.model_preset, self.runner.model_version
+        preset, version = self.runner.model.preset.name, self.runner.model_version
         log.info("warming up %s on %s (model %s)", preset, self.device, version)
         await self.warm_up()
         await self.grpc.set_serving()

@@ -33,7 +33,7 @@ import torch
 
 from services.ranker.config import RankerConfig
 from services.ranker.device.accelerator import backend
-from services.ranker.model.presets import ModelPreset, get_preset
+from services.ranker.model.presets import ModelPreset
 
 log = logging.getLogger("services.ranker")
 MIB = 1024 * 1024
@@ -140,7 +140,7 @@ def resolve_budgets(
 ) -> Budgets:
     """The tiers' budgets: each flag's value, or where it is -1 the auto budget (device memory read with
     the model already on `device`). Logged, since auto budgets depend on the machine."""
-    preset = get_preset(config.model_preset)
+    preset = config.model_config()
     explicit = [config.hbm_budget_mb, config.dram_budget_mb]
     if AUTO not in explicit:
         auto = None

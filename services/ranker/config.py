@@ -9,7 +9,9 @@ from services.common import validation
 from services.common.config import ServiceConfig, setting
 from services.common.errors import InvalidArgument
 from services.ranker.cache.tiers import POLICIES
+from services.ranker.model.family import ModelConfig
 from services.ranker.model.presets import PRESETS, get_preset
+from services.ranker.model.store import is_model_dir, read_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +22,12 @@ class RankerConfig(ServiceConfig):
         "", "stable member name the router hashes on (the StatefulSet pod name); empty: the host name"
     )
     model_preset: str = setting("cpu-small", f"model preset: {', '.join(PRESETS)}", choices=PRESETS)
-    checkpoint: str = setting("", "state_dict file loaded with weights_only=True; empty uses seeded weights")
+    checkpoint: str = setting(
+        "",
+        "a model directory (model.json + weights.pt, e.g. from services.ranker.convert: its architecture "
+        "replaces --model-preset), or a state_dict file of the preset's model; weights_only=True; empty: "
+        "seeded weights",
+    )
     device: str = setting("auto", "npu, cuda, cpu, or auto (first available in that order); e.g. cuda:1")
     hbm_budget_mb: float = setting(
         -1.0,
@@ -129,7 +136,7 @@ class RankerConfig(ServiceConfig):
         for flag, value in budgets:
             if value != -1 and not value >= 0:  # `not >=`: NaN is refused too
                 raise ValueError(f"{flag} must be -1 (auto) or not negative, got {value}")
-        preset = get_preset(self.model_preset)
+        preset = self.model_config()
         if self.max_long_term_events + self.max_short_term_events > preset.max_events:
             raise ValueError(
                 f"--max-long-term-events ({self.max_long_term_events}) + --max-short-term-events "
@@ -145,6 +152,12 @@ class RankerConfig(ServiceConfig):
             except InvalidArgument as exc:
                 raise ValueError(str(exc)) from None
         self.profile_length_list()
+
+    def model_config(self) -> ModelConfig:
+        """The served model's config: a model directory's model.json, else the preset."""
+        if self.checkpoint and is_model_dir(self.checkpoint):
+            return read_config(self.checkpoint)
+        return get_preset(self.model_preset)
 
     def profile_length_list(self) -> list[int]:
         try:

@@ -15,6 +15,7 @@ import numpy as np
 
 from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 from services.common import validation
+from services.common.errors import InvalidArgument
 from services.ranker.config import RankerConfig
 from services.ranker.dataplane import DataPlane
 from services.ranker.model.events import Events
@@ -26,9 +27,22 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
         self.plane = plane
         self.device = device
         self.num_action_types = plane.runner.model.preset.num_action_types
+        # An imported item table has rows for its ids only: an id without one is refused, by name.
+        self.items = plane.runner.model.item_index
+
+    def _known(self, item_ids: np.ndarray, field: str) -> None:
+        unknown = self.items.unknown(item_ids)
+        if unknown is not None:
+            raise InvalidArgument(
+                field, f"holds item id {unknown}, which the model's item table has no row for"
+            )
 
     def _events(self, seq, field: str, max_events: int, allow_empty: bool) -> Events:
-        return Events(*validation.sequence_arrays(seq, field, max_events, self.num_action_types, allow_empty))
+        events = Events(
+            *validation.sequence_arrays(seq, field, max_events, self.num_action_types, allow_empty)
+        )
+        self._known(events.item_ids, f"{field}.item_ids")
+        return events
 
     async def PreInfer(self, request: ranker_pb2.PreInferRequest, context) -> ranker_pb2.PreInferResponse:
         validation.user_id(request.user_id)
@@ -51,6 +65,7 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
         long_term = self._events(request.long_term, "long_term", self.config.max_long_term_events, False)
         short_term = self._events(request.short_term, "short_term", self.config.max_short_term_events, True)
         validation.candidates(request.candidate_item_ids, self.config.max_candidates)
+        self._known(np.array(request.candidate_item_ids, dtype=np.int64), "candidate_item_ids")
         result = await self.plane.rank(
             request.user_id,
             long_term,

@@ -48,8 +48,10 @@ class LatencyCurve:
         return max(0.0, y0 + (y1 - y0) * (length - x0) / (x1 - x0))
 
 
-def _synthetic(length: int, rng: np.random.Generator) -> Events:
-    return Events.of(rng.integers(0, 2**40, length), rng.integers(0, 8, length))
+def _synthetic(length: int, rng: np.random.Generator, model) -> Events:
+    """Events the model has rows for (an imported item table refuses other ids)."""
+    actions = min(8, model.preset.num_action_types)
+    return Events.of(model.item_index.sample(rng, length), rng.integers(0, actions, length))
 
 
 def measure(
@@ -57,15 +59,15 @@ def measure(
 ) -> LatencyCurve:
     """Times the three paths on the calling thread (call it before serving, nothing else runs)."""
     rng = np.random.default_rng(0)
-    short_events = _synthetic(short, rng)
-    candidate_ids = rng.integers(0, 2**40, candidates).tolist()
+    short_events = _synthetic(short, rng, runner.model)
+    candidate_ids = runner.model.item_index.sample(rng, candidates).tolist()
     # One untimed pass of every path at the longest length first: thread pools and the allocator are then
     # warm for every timed point (otherwise the first point measured can be 100x slow).
-    longest = _synthetic(max(lengths), rng)
+    longest = _synthetic(max(lengths), rng, runner.model)
     runner.uncached_sync(longest, short_events, candidate_ids)
     points = []
     for length in lengths:
-        long_events = _synthetic(length, rng)
+        long_events = _synthetic(length, rng, runner.model)
 
         def timed(fn):
             fn()  # warm kernels and the allocator

@@ -141,6 +141,13 @@ class ItemIndex(nn.Module):
             raise UnknownItemError(int(ids[bad][0]), "not a key of the item table")
         return rows.to(item_ids.device)
 
+    def sample(self, rng, n: int):
+        """`n` item ids that have rows (an int64 host array from numpy Generator `rng`), for warm-ups."""
+        if self.kind == "hashed":
+            return rng.integers(0, 2**40, n)
+        rows = rng.integers(0, self.rows_count, n)
+        return rows if self.kind == "rows" else self.keys.cpu().numpy()[rows]
+
     def unknown(self, item_ids) -> int | None:
         """The first id of an int64 host array without a row, or None (the servicer's check)."""
         if self.kind == "hashed" or len(item_ids) == 0:
