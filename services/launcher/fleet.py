@@ -56,6 +56,11 @@ class FleetConfig:
 
     rankers: int = setting(2, "number of rankers (named ranker-0 … ranker-N-1)")
     model_preset: str = setting("cpu-small", "every ranker's model preset: cpu-tiny, cpu-small or gpu-dlrmv3")
+    checkpoint: str | None = setting(
+        None,
+        "model every ranker serves: a model directory (e.g. from services.ranker.convert; its architecture "
+        "replaces --model-preset) or a state_dict file (unset: seeded weights)",
+    )
     hbm_budget_mb: float | None = setting(
         None,
         "HBM-tier byte budget of each ranker, MiB (-1: the ranker's auto one; unset: the ranker's default)",
@@ -216,6 +221,7 @@ class Fleet:
         return [
             "--instance-name", name, "--model-preset", c.model_preset,
             *given({"--hbm-budget-mb": c.hbm_budget_mb, "--dram-budget-mb": c.dram_budget_mb}),
+            *given({"--checkpoint": c.checkpoint}),
             *shlex.split(c.ranker_args),
         ]  # fmt: skip
 

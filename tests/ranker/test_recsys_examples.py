@@ -211,3 +211,13 @@ def test_unknown_item_ids_are_refused_by_name_over_grpc(tmp_path):
                 await ranker.stub.PreInfer(bad, timeout=10)
 
     asyncio.run(main())
+
+
+def test_make_run_passes_a_converted_checkpoint_to_every_ranker(tmp_path):
+    from services.launcher.fleet import Fleet, FleetConfig
+
+    config = FleetConfig(checkpoint=str(tmp_path / "model"), ranker_args="", log_dir=str(tmp_path / "logs"))
+    args = Fleet(config)._ranker_args("ranker-0")
+    assert args[args.index("--checkpoint") + 1] == str(tmp_path / "model")
+    seeded = FleetConfig(ranker_args="", log_dir=str(tmp_path / "l"))
+    assert "--checkpoint" not in Fleet(seeded)._ranker_args("ranker-0")
