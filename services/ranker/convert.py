@@ -27,7 +27,8 @@ candidates' states L2-normalised then the MLP head. CFG.json gives what the chec
 
 Refused, by name: scaling_seqlen -1 (their batch-max normaliser), contextual tables (not wired; their
 contextual tokens see the whole history), time encoding, item/contextual preprocessing MLPs, their unfused
-(native) layer layout, a target group size other than 1, any key or shape that does not fit.
+(native) layer layout, any key or shape that does not fit. Assumed, since neither the checkpoint nor CFG.json
+says otherwise: target_group_size 1 and causal attention (their ranking defaults), residual on.
 """
 
 from __future__ import annotations
