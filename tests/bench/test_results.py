@@ -89,6 +89,7 @@ def test_a_committed_gpu_run_renders_to_its_committed_report(name: str):
 
 def test_the_full_run_renders_to_the_same_report():
     """The committed report.md of `full-febe785` predates the report's CPU-per-request tables: the golden
-    copy is what the report renders from its results.json today, and must stay so unless the report changes."""
+    copy is what the report renders from its results.json today, and must stay so unless the report
+    changes."""
     run = load(RESULTS / "full-febe785" / "results.json")
     assert report.render_markdown(run) == (GOLDEN / "full-report.md").read_text()
