@@ -143,19 +143,25 @@ def measure_reload(runner: ModelRunner, accelerator: Accelerator, config: Accele
     }
 
 
+def rank_items(runner: ModelRunner, config: AcceleratorBenchConfig, length: int, seed: int) -> list:
+    """`--batch` users' cached ranks at `length`: their prefixes built, one short-term sequence and one
+    candidate list shared (drawn from `seed` and `seed + 1`; the prefixes from `seed * 25 + i`)."""
+    num_actions = runner.model.preset.num_action_types
+    short = synthetic(config.short_term, seed, num_actions)
+    candidates = np.random.default_rng(seed + 1).integers(0, 2**40, config.candidates).tolist()
+    return [
+        (runner.build_sync(synthetic(length, seed * 25 + i, num_actions), False).wait(), short, candidates)
+        for i in range(config.batch)
+    ]
+
+
 def measure_ranks(
     runner: ModelRunner, accelerator: Accelerator, config: AcceleratorBenchConfig
 ) -> list[dict]:
     """Cached rank P50/P99 per length; and a batch of `--batch` users against the same ranks one at a time."""
-    preset, timer, rows = runner.model.preset, Timer(accelerator), []
-    short = synthetic(config.short_term, 4, preset.num_action_types)
-    candidates = np.random.default_rng(5).integers(0, 2**40, config.candidates).tolist()
+    timer, rows = Timer(accelerator), []
     for length in config.length_list():
-        prefixes = [
-            runner.build_sync(synthetic(length, 100 + i, preset.num_action_types), False).wait()
-            for i in range(config.batch)
-        ]
-        items = [(prefix, short, candidates) for prefix in prefixes]
+        items = rank_items(runner, config, length, seed=4)
         for _ in range(3):
             runner.rank_sync(*items[0])
             runner.rank_batch_sync(items)
@@ -179,19 +185,13 @@ def measure_graphs(
     """Per length: the cached rank (one user, and `--batch` users) eager against replayed from a CUDA
     graph, with the ranker's default length buckets; the first graphed call of each shape is its capture.
     Off CUDA nothing is captured: the padded inputs run eagerly (`captured` false), which tests the path."""
-    preset, timer, rows = runner.model.preset, Timer(accelerator), []
+    timer, rows = Timer(accelerator), []
     buckets = RankerConfig().cuda_graph_bucket_list()
     graphs = RankGraphs(runner.model, accelerator, buckets, max_graphs=4 * len(buckets))
     graphed = ModelRunner(runner.model, runner.worker, config.chunk_tokens, None, runner.model_version,
                           accelerator, rank_batch_max=config.batch, graphs=graphs)  # fmt: skip
-    short = synthetic(config.short_term, 6, preset.num_action_types)
-    candidates = np.random.default_rng(7).integers(0, 2**40, config.candidates).tolist()
     for length in config.length_list():
-        prefixes = [
-            runner.build_sync(synthetic(length, 200 + i, preset.num_action_types), False).wait()
-            for i in range(config.batch)
-        ]
-        items = [(prefix, short, candidates) for prefix in prefixes]
+        items = rank_items(runner, config, length, seed=6)
         capture_ms = timer.ms(lambda i=items: graphed.rank_sync(*i[0]))
         batch_capture_ms = timer.ms(lambda i=items: graphed.rank_batch_sync(i))
         eager_scores = torch.tensor(runner.rank_batch_sync(items))
