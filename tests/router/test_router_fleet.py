@@ -36,10 +36,34 @@ def start_ranker(procs: Processes, name: str, port: int | None = None) -> Servic
 def start_router(
     procs: Processes, rankers: dict[str, ServiceProcess], name: str, members: list[str]
 ) -> ServiceProcess:
+    """Starts a router over `members` and waits until every one of them is routable: the router serves once
+    one member is healthy, and these tests assert affinity, which a member not yet checked would turn into a
+    failover (a first health check that times out on a busy machine leaves its member out until the next)."""
     listed = ",".join(f"{member}={rankers[member].address}" for member in members)
     router = procs.start(name, "services.router", RANKER_SERVICE, ["--rankers", listed, *ROUTER_ARGS])
     router.wait_healthy(30)
+    deadline = time.monotonic() + 30
+    while (routable := routable_members(router)) != set(members):
+        assert time.monotonic() < deadline, f"{name}: only {sorted(routable)} of {members} routable"
+        time.sleep(0.1)
     return router
+
+
+def router_metrics(router: ServiceProcess) -> Iterator[tuple[str, dict[str, str], float]]:
+    url = f"http://127.0.0.1:{router.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            yield sample.name, sample.labels, sample.value
+
+
+def routable_members(router: ServiceProcess) -> set[str]:
+    """The members whose `relaygr_router_member_healthy` gauge reads 1 on the router's own metrics."""
+    return {
+        labels["member"]
+        for name, labels, value in router_metrics(router)
+        if name == "relaygr_router_member_healthy" and value == 1
+    }
 
 
 class Fleet:
@@ -56,15 +80,9 @@ class Fleet:
         return start_router(self.procs, self.rankers, name, members)
 
     def decisions(self, method: str, decision: str) -> float:
-        url = f"http://127.0.0.1:{self.router.metrics_port}/metrics"
-        text = urllib.request.urlopen(url, timeout=5).read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "relaygr_router_decisions_total" and sample.labels == {
-                    "method": method,
-                    "decision": decision,
-                }:
-                    return sample.value
+        for name, labels, value in router_metrics(self.router):
+            if name == "relaygr_router_decisions_total" and labels == {"method": method, "decision": decision}:
+                return value
         return 0.0
 
 
