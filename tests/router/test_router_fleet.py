@@ -81,7 +81,10 @@ class Fleet:
 
     def decisions(self, method: str, decision: str) -> float:
         for name, labels, value in router_metrics(self.router):
-            if name == "relaygr_router_decisions_total" and labels == {"method": method, "decision": decision}:
+            if name == "relaygr_router_decisions_total" and labels == {
+                "method": method,
+                "decision": decision,
+            }:
                 return value
         return 0.0
 
