@@ -245,9 +245,24 @@ class ServiceConfig:
     max_connection_age_grace_s: float = setting(
         10.0, "seconds the calls in flight on such a connection get to finish before it closes", minimum=0
     )
+    otlp_endpoint: str = setting(
+        "",
+        "OpenTelemetry collector that receives traces over OTLP/gRPC (http://collector:4317 plaintext, "
+        "https:// TLS); empty: tracing off",
+    )
+    trace_sample_ratio: float = setting(
+        0.01,
+        "share of Recommends traced, decided where the trace starts (the retrieval stub); the other services "
+        "follow their caller's decision",
+        minimum=0,
+    )
 
     def validate(self) -> None:
         check(self)
+        if self.trace_sample_ratio > 1:
+            raise ValueError("--trace-sample-ratio must be at most 1")
+        if self.otlp_endpoint and not self.otlp_endpoint.startswith(("http://", "https://")):
+            raise ValueError("--otlp-endpoint must start with http:// (plaintext) or https:// (TLS)")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("--tls-cert and --tls-key must be given together")
         if not -1 <= self.health_port < 65536:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 import grpc
 from google.protobuf.message import DecodeError
 
+from services.common import tracing
 from services.common.errors import InvalidArgument, RequestError
 from services.common.metrics import GRPC_HANDLED, GRPC_HANDLING_SECONDS, GRPC_STARTED, Children
 
@@ -112,7 +113,8 @@ def instrument(handler: grpc.RpcMethodHandler, service: str, method: str) -> grp
                 if set_code not in (None, grpc.StatusCode.OK):
                     code = set_code
             handled("unary", service, method, code.name).inc()
-            seconds.observe(time.perf_counter() - started)
+            # A sampled call's trace id rides along as an exemplar: the P99 panel links to its trace.
+            seconds.observe(time.perf_counter() - started, tracing.exemplar())
 
     return grpc.unary_unary_rpc_method_handler(
         instrumented,

@@ -38,6 +38,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from services.common import tracing
 from services.common.config import ServiceConfig, load
 from services.common.interceptor import Interceptor
 from services.common.logs import setup_logging
@@ -112,9 +113,11 @@ def dial(
         ("grpc.dns_min_time_between_resolutions_ms", 10 * config.reconnect_backoff_ms),
     ]
     options = list({**dict(defaults), **dict(extra_options)}.items())  # the caller's options win
+    interceptors = tracing.client_interceptors() or None
     if config.tls:
-        return grpc.aio.secure_channel(target, channel_credentials(config), options=options)
-    return grpc.aio.insecure_channel(target, options=options)
+        credentials = channel_credentials(config)
+        return grpc.aio.secure_channel(target, credentials, options=options, interceptors=interceptors)
+    return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
 
 
 class GrpcServer:
@@ -130,7 +133,9 @@ class GrpcServer:
     ) -> None:
         self.config = config
         self.service_name = service_name
-        self.server = grpc.aio.server(options=grpc_options(config))
+        # Tracing on, OpenTelemetry's interceptor opens each traced call's server span around ours.
+        interceptors = tracing.server_interceptors() or None
+        self.server = grpc.aio.server(options=grpc_options(config), interceptors=interceptors)
         instrumented = Interceptor(self.server)
         register(instrumented)
         self.health = health.aio.HealthServicer()
@@ -245,14 +250,20 @@ def service_main(
     log_name: Callable[[C], str] | None = None,
 ) -> None:
     """A service's command line: settings from flags and `RELAYGR_…`, logging (as `log_name(config)`, or
-    `name`), then the app `make_app(config)` built and served (`serve_app`) on uvloop."""
+    `name`), tracing when `--otlp-endpoint` is set, then the app `make_app(config)` built and served
+    (`serve_app`) on uvloop; the spans still batched are exported on the way out."""
     config = load(config_class, argv, prog=f"python -m services.{name}", description=description)
-    setup_logging(config.log_level, name if log_name is None else log_name(config))
+    instance = name if log_name is None else log_name(config)
+    setup_logging(config.log_level, instance)
+    tracing.setup(config, name, instance if log_name is not None else "")
 
     async def main() -> None:
         await serve_app(make_app(config))
 
-    run(main)
+    try:
+        run(main)
+    finally:
+        tracing.shutdown()
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:

@@ -20,18 +20,20 @@ import dataclasses
 import time
 
 import numpy as np
+from opentelemetry.trace import Span
 
 from relaygr.v1 import common_pb2, ranker_pb2
+from services.common import tracing
 from services.common.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from services.common.metrics import enum_label
 from services.ranker import metrics
 from services.ranker.cache import PrefixLifecycle
-from services.ranker.cache.prefix_cache import Source
+from services.ranker.cache.prefix_cache import Acquired, Source
 from services.ranker.config import RankerConfig
 from services.ranker.engine.latency_curve import LatencyCurve, measure
 from services.ranker.engine.load import LoadReport
 from services.ranker.engine.runner import ModelRunner
-from services.ranker.engine.scheduler import FOR_RANKS, Op, Priority, Scheduler
+from services.ranker.engine.scheduler import FOR_RANKS, Op, Priority, Scheduler, device_time, trace_device
 from services.ranker.model.events import Events
 
 
@@ -105,7 +107,18 @@ class DataPlane:
 
     async def pre_infer(self, user_id: str, events: Events) -> PreInferResult:
         outcome, nbytes = await self.cache.pre_infer(user_id, events)
-        metrics.PRE_INFER_OUTCOMES.labels(enum_label(ranker_pb2.PreInferOutcome, outcome)).inc()
+        label = enum_label(ranker_pb2.PreInferOutcome, outcome)
+        metrics.PRE_INFER_OUTCOMES.labels(label).inc()
+        span = tracing.current()
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "relaygr.user_hash": tracing.user_hash(user_id),
+                    "relaygr.instance": self.config.instance_name,
+                    "relaygr.long_term_length": len(events),
+                    "relaygr.pre_infer_outcome": label,
+                }
+            )
         return PreInferResult(outcome, nbytes)
 
     async def rank(
@@ -125,12 +138,16 @@ class DataPlane:
         load, cost_ms = self.cache.load, self.cache.load.cost_ms("rank_ms", len(long_term))
         load.add_rank(cost_ms)
         try:
-            acquired = await self.cache.acquire(user_id, long_term, relay_instance, deadline)
+            with tracing.span("prefix") as prefix_span:
+                acquired = await self.cache.acquire(user_id, long_term, relay_instance, deadline)
+                _describe(prefix_span, acquired)
             try:
                 if acquired.entry is None:
-                    scores = await self.runner.uncached(long_term, short_term, candidates, deadline)
+                    job = self.runner.uncached(long_term, short_term, candidates, deadline)
                 else:
-                    scores = await self.runner.rank(acquired.entry.hbm, short_term, candidates, deadline)
+                    job = self.runner.rank(acquired.entry.hbm, short_term, candidates, deadline)
+                scores = await job
+                trace_device(job, "model", uncached=acquired.entry is None)
             finally:
                 self.cache.release(acquired)
         finally:
@@ -140,9 +157,24 @@ class DataPlane:
         metrics.RANK_REQUESTS.labels(source.label).inc()
         if lossy:
             metrics.RANK_LOSSY.labels(source.label).inc()
+        miss_label = enum_label(common_pb2.MissReason, acquired.miss_reason)
         if source is Source.MISS:
-            metrics.RANK_MISSES.labels(enum_label(common_pb2.MissReason, acquired.miss_reason)).inc()
-        metrics.RANK_LATENCY.labels(source.label).observe(time.perf_counter() - started)
+            metrics.RANK_MISSES.labels(miss_label).inc()
+        metrics.RANK_LATENCY.labels(source.label).observe(time.perf_counter() - started, tracing.exemplar())
+        span = tracing.current()
+        if span.is_recording():
+            timing = device_time(job)
+            span.set_attributes(
+                {
+                    "relaygr.user_hash": tracing.user_hash(user_id),
+                    "relaygr.instance": self.config.instance_name,
+                    "relaygr.long_term_length": len(long_term),
+                    "relaygr.cache_source": source.label,
+                    "relaygr.miss_reason": miss_label if source is Source.MISS else "",
+                    "relaygr.batch_size": timing.batch_size if timing is not None else 1,
+                    "relaygr.lossy": lossy,
+                }
+            )
         return RankResult(scores, source, acquired.miss_reason, lossy)
 
     def _admit(self, length: int, time_remaining_s: float | None) -> float | None:
@@ -162,3 +194,22 @@ class DataPlane:
                     f"{cheapest_ms:.1f} ms a rank takes"
                 )
         return time.monotonic() + time_remaining_s
+
+
+def _describe(span: Span, acquired: Acquired) -> None:
+    """What the Rank's wait for its prefix was, on its `prefix` span: served from HBM at once (`hit`), a
+    production joined (`joined`), or one it started (`reloaded`, `extended`, `computed`), or none
+    (`uncached`: no room to cache it); linked to the PreInfer whose prefix it consumes, when sampled."""
+    if not span.is_recording():
+        return
+    if acquired.joined:
+        how = "joined"
+    elif acquired.entry is None:
+        how = "uncached"
+    else:
+        how = {Source.HBM: "hit", Source.DRAM: "reloaded", Source.EXTENDED: "extended"}.get(
+            acquired.source, "computed"
+        )
+    span.set_attributes({"relaygr.production": how, "relaygr.cache_source": acquired.source.label})
+    if acquired.pre_infer is not None:
+        span.add_link(acquired.pre_infer, {"relaygr.relation": "pre_infer"})

@@ -40,7 +40,7 @@ from relaygr.v1 import (
     trigger_pb2,
     trigger_pb2_grpc,
 )
-from services.common import validation
+from services.common import tracing, validation
 from services.common.contract import cache_source_label
 from services.common.metrics import Children
 from services.retrieval_stub import metrics
@@ -97,12 +97,25 @@ class RecommendService(recommend_pb2_grpc.RecommendServiceServicer):
         candidates = self.universe.candidates(user_id, now_ms)
         long_term = history.long_term.to_proto()
 
+        span = tracing.current()
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "relaygr.user_hash": tracing.user_hash(user_id),
+                    "relaygr.long_term_length": len(long_term.item_ids),
+                }
+            )
         admit, _ = await asyncio.gather(
             self._admit(user_id, long_term, len(candidates)),
-            asyncio.sleep(self.config.preprocess_delay_ms / 1000),
+            self._preprocess(),
         )
+        if span.is_recording():
+            span.set_attributes(
+                {"relaygr.admitted": admit.admitted, "relaygr.relay_instance": admit.relay_instance}
+            )
         if abandoned(self.universe.config.universe_seed, user_id, now_ms, self.config.abandon_fraction):
             metrics.RECOMMEND_ABANDONED.inc()
+            span.set_attribute("relaygr.abandoned", True)
             return recommend_pb2.RecommendResponse(
                 abandoned=True,
                 admitted=admit.admitted,
@@ -129,8 +142,16 @@ class RecommendService(recommend_pb2_grpc.RecommendServiceServicer):
 
         scores = np.asarray(ranked.scores, dtype=np.float32)
         best = top_k_order(scores, top_k)
-        _LATENCY("rank").observe(rank_seconds)
-        _LATENCY("total").observe(time.perf_counter() - started)
+        exemplar = tracing.exemplar()
+        _LATENCY("rank").observe(rank_seconds, exemplar)
+        _LATENCY("total").observe(time.perf_counter() - started, exemplar)
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "relaygr.cache_source": cache_source_label(ranked.cache_source),
+                    "relaygr.instance": ranked.instance,
+                }
+            )
         _RECOMMENDS(cache_source_label(ranked.cache_source)).inc()
         return recommend_pb2.RecommendResponse(
             item_ids=candidates[best].tolist(),
@@ -145,6 +166,12 @@ class RecommendService(recommend_pb2_grpc.RecommendServiceServicer):
             long_term_length=len(history.long_term),
             request_time_ms=now_ms,
         )
+
+    async def _preprocess(self) -> None:
+        """Pre-processing (feature assembly upstream of ranking), simulated: the window in which the relay
+        pre-infers the prefix. A span of its own in a sampled trace."""
+        with tracing.span("preprocess", window_ms=self.config.preprocess_delay_ms):
+            await asyncio.sleep(self.config.preprocess_delay_ms / 1000)
 
     async def _admit(
         self, user_id: str, long_term: common_pb2.BehaviorSequence, num_candidates: int

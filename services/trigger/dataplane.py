@@ -31,7 +31,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from relaygr.v1 import ranker_pb2, trigger_pb2
-from services.common import validation
+from services.common import tracing, validation
 from services.common.errors import InvalidArgument, Unavailable
 from services.common.metrics import Children, precreate
 from services.trigger.admission import AdmissionPolicy, Brake, Decision, Limits, Prefix, Reason
@@ -147,6 +147,18 @@ class TriggerPlane:
         if decision.admitted:
             decision = await self._fire(key, payload, request.user_id, decision)
         self._record(decision)
+        span = tracing.current()
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "relaygr.user_hash": tracing.user_hash(request.user_id),
+                    "relaygr.long_term_length": length,
+                    "relaygr.admitted": decision.admitted,
+                    "relaygr.reason": decision.reason.name.lower(),
+                    "relaygr.relay_instance": decision.relay_instance,
+                    "relaygr.predicted_miss_ms": miss_ms,
+                }
+            )
         return decision
 
     def _validate(self, request: trigger_pb2.AdmitRequest) -> int:

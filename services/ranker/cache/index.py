@@ -15,6 +15,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
+from opentelemetry.trace import SpanContext
+
 from relaygr.v1 import common_pb2
 from services.ranker.model.events import Events
 from services.ranker.model.prefix_kv import PrefixKV
@@ -77,6 +79,8 @@ class CacheEntry:
     # consumed by a Rank, or wasted.
     relay_tokens: int = 0
     relay_ms: float = 0.0
+    # The sampled PreInfer that made or last renewed its lease: the Rank consuming that lease links to it.
+    pre_infer: SpanContext | None = None
 
     @property
     def length(self) -> int:

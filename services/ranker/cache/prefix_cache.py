@@ -33,7 +33,10 @@ import logging
 import time
 from collections.abc import Callable
 
+from opentelemetry.trace import SpanContext
+
 from relaygr.v1 import common_pb2, ranker_pb2
+from services.common import tracing
 from services.common.errors import DeadlineExceeded
 from services.ranker import metrics
 from services.ranker.cache.index import CacheEntry, Index, Pin, PrefixKey
@@ -78,6 +81,10 @@ class Acquired:
     source: Source
     miss_reason: int = Miss.MISS_REASON_UNSPECIFIED
     pin: Pin | None = None
+    # It waited for a production that was already running (a pre-inference, or another Rank's miss).
+    joined: bool = False
+    # The sampled PreInfer whose prefix it consumes (its lease, or the production it joined).
+    pre_infer: SpanContext | None = None
 
 
 class PrefixCache:
@@ -142,10 +149,12 @@ class PrefixCache:
         if production is not None:
             # Joining: the entry is leased when the shared production completes.
             production.lease = True
+            production.pre_infer = tracing.current_context() or production.pre_infer
             return Outcome.PRE_INFER_OUTCOME_ACCEPTED, nbytes
         entry = self.index.get(key)
         if entry is not None and entry.hbm is not None:
             self._lease(key, user_id)
+            entry.pre_infer = tracing.current_context()
             return Outcome.PRE_INFER_OUTCOME_ALREADY_CACHED, nbytes
         if not self.accepting or self.productions.pending_pre_infer() >= self.max_pending_pre_infer:
             return Outcome.PRE_INFER_OUTCOME_REJECTED_OVERLOAD, 0
@@ -176,8 +185,10 @@ class PrefixCache:
         key = self.key(user_id, events)
         entry = self.index.get(key)
         if entry is not None and entry.hbm is not None and key not in self.productions:
+            pre_infer = entry.pre_infer if entry.lease is not None else None
             self.leases.end(entry, consumed=True)
-            return Acquired(entry, Source.HBM, pin=entry.pin("rank"))
+            entry.pre_infer = None
+            return Acquired(entry, Source.HBM, pin=entry.pin("rank"), pre_infer=pre_infer)
         production = self.productions.get(key)
         if production is not None:
             metrics.PRODUCTION_JOINS.inc()
@@ -308,6 +319,8 @@ class PrefixCache:
         entry.hbm = kv
         if not production.for_rank:
             entry.relay_tokens, entry.relay_ms = production.tokens, production.cost_ms
+        if production.lease:
+            entry.pre_infer = production.pre_infer
         production.hand_out(entry)
         if kind is not Kind.RELOAD:
             self.index.insert(entry)
@@ -340,7 +353,8 @@ class PrefixCache:
             log.warning("production of %s failed", production.key, exc_info=True)
             return Acquired(None, Source.MISS, miss_reason or Miss.MISS_REASON_COLD)
         self.leases.end(entry, consumed=True)  # a pre-infer leased it: this Rank consumes the lease
-        return Acquired(entry, source, miss_reason, pin=pin)
+        entry.pre_infer = None
+        return Acquired(entry, source, miss_reason, pin=pin, joined=True, pre_infer=production.pre_infer)
 
     def _lease(self, key: PrefixKey, owner: str) -> None:
         entry = self.index.get(key)

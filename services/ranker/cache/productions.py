@@ -23,11 +23,14 @@ import dataclasses
 import enum
 from collections.abc import Callable, Iterator, Mapping
 
+from opentelemetry.trace import SpanContext
+
 from relaygr.v1 import common_pb2
+from services.common import tracing
 from services.ranker.cache.index import CacheEntry, Pin, PrefixKey
 from services.ranker.device.copier import TierCopier
 from services.ranker.engine.runner import ModelRunner
-from services.ranker.engine.scheduler import Op, Priority, Scheduler
+from services.ranker.engine.scheduler import Op, Priority, Scheduler, trace_device
 from services.ranker.model.events import Events
 from services.ranker.model.prefix_kv import PrefixKV
 
@@ -61,6 +64,8 @@ class Production:
     tokens: int = 0
     cost_ms: float = 0.0
     reserved_bytes: int = 0
+    # The sampled PreInfer call that started or joined it: a Rank served from its prefix links to it.
+    pre_infer: SpanContext | None = None
 
     @property
     def base(self) -> CacheEntry | None:
@@ -115,6 +120,8 @@ class Productions(Mapping[PrefixKey, Production]):
         past it, the device drops the work unstarted."""
         base_pin = None if base is None else base.pin(f"{kind.value} of {key.user_id}")
         production = Production(key, events, kind, for_rank, priority, base_pin=base_pin, lease=not for_rank)
+        if not for_rank:
+            production.pre_infer = tracing.current_context()
         work = self._run(production, deadline, finish, fail)
         production.task = asyncio.get_running_loop().create_task(work)
         # Its waiters may all be gone (cancelled) when it fails: mark the failure seen, or asyncio logs it.
@@ -123,6 +130,14 @@ class Productions(Mapping[PrefixKey, Production]):
         return production
 
     async def _run(
+        self, production: Production, deadline: float | None, finish: Finish, fail: Fail
+    ) -> CacheEntry:
+        # A task of the call that started it: in a sampled trace, a child span of that PreInfer or Rank
+        # that outlives the call when a PreInfer answered at once.
+        with tracing.span("production", kind=production.kind.value, tokens=production.tokens):
+            return await self._produce(production, deadline, finish, fail)
+
+    async def _produce(
         self, production: Production, deadline: float | None, finish: Finish, fail: Fail
     ) -> CacheEntry:
         try:
@@ -146,9 +161,11 @@ class Productions(Mapping[PrefixKey, Production]):
                 # so the consumer (this production's extension, or the Ranks it hands the entry to) waits
                 # layer by layer on its own stream. The production is done, for single flight, right here.
                 dram_copy = base.dram
-                base_kv = await self.copy_worker.submit(
+                copy = self.copy_worker.submit(
                     lambda: self.copier.to_hbm(dram_copy), production.priority, Op.RELOAD, deadline
                 )
+                base_kv = await copy
+                trace_device(copy, "reload", bytes=dram_copy.nbytes())
         if production.kind is Kind.RELOAD:
             return base_kv, reloaded
         if production.kind is Kind.EXTEND:
@@ -156,7 +173,9 @@ class Productions(Mapping[PrefixKey, Production]):
             production.job = self.runner.extend(base_kv, suffix, production.priority, deadline)
         else:
             production.job = self.runner.pre_infer(events, production.priority, deadline)
-        return await production.job, reloaded
+        kv = await production.job
+        trace_device(production.job, "compute", tokens=production.tokens)
+        return kv, reloaded
 
     def promote(self, production: Production) -> None:
         """A Rank waits on this production now: it must not wait behind later pre-inferences or misses."""

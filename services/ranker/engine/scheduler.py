@@ -10,6 +10,10 @@ pre-inference) `promote`s that job to `Priority.AWAITED`, so pre-inferences that
 starve it. A job whose deadline has passed, or whose awaiting future was cancelled, is dropped when it
 reaches the front, before any work starts.
 
+Every job's future carries its `DeviceTime` (`device_time(future)`): when it was queued, started and ended on
+the device thread, and the size of the batch it ran in. A traced request turns it into its queue-wait and
+model-pass spans (`trace_device`).
+
 Jobs submitted with a `Batch` (cached ranks) are run together: when one reaches the front, the jobs of the
 same batch queued right behind it at its priority join it, up to `Batch.max_size`, and `Batch.run` does
 them in one pass. Batching never waits for jobs to arrive: it takes what is queued, so it adds no latency
@@ -30,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from services.common import tracing
 from services.common.errors import DeadlineExceeded
 from services.ranker import metrics
 
@@ -81,6 +86,32 @@ class Batch:
 MODEL_PASSES = (Op.PRE_INFER, Op.EXTEND, Op.RANK, Op.UNCACHED)
 
 
+@dataclasses.dataclass
+class DeviceTime:
+    """When a job was queued, started and ended on the device thread (`time.time_ns()`, the clock traces
+    use; 0 until it happens) and how many jobs its pass ran. A nested job's time is inside its outer one's."""
+
+    queued_ns: int
+    started_ns: int = 0
+    ended_ns: int = 0
+    batch_size: int = 1
+
+
+def device_time(future: asyncio.Future) -> DeviceTime | None:
+    """The `DeviceTime` of the job that resolves `future` (None for a future no scheduler made)."""
+    return getattr(future, "device_time", None)
+
+
+def trace_device(future: asyncio.Future, name: str, **attributes: object) -> None:
+    """Tells a finished job's time on the device thread as two spans of the current (sampled) request: the
+    wait in the queue (`queue`), then the pass itself (`name`), with its batch size."""
+    timing = device_time(future)
+    if timing is None or not timing.ended_ns or not tracing.sampled():
+        return
+    tracing.record("queue", timing.queued_ns, timing.started_ns, op=name)
+    tracing.record(name, timing.started_ns, timing.ended_ns, batch_size=timing.batch_size, **attributes)
+
+
 @dataclasses.dataclass(order=True)
 class Job:
     """A queued callable. Jobs order by priority, then by submission (FIFO within a priority)."""
@@ -96,6 +127,7 @@ class Job:
     item: Any = dataclasses.field(default=None, compare=False)
     # Set for a job that yields between its steps: `fn` takes the running job's `Yield`.
     yields: bool = dataclasses.field(default=False, compare=False)
+    time: DeviceTime = dataclasses.field(default_factory=lambda: DeviceTime(time.time_ns()), compare=False)
 
 
 @dataclasses.dataclass
@@ -170,6 +202,7 @@ class Scheduler:
             if self._closed:
                 raise RuntimeError("device worker is closed")
             job = Job(priority, next(self._counter), deadline, fn, future, op, batch, item, yields)
+            future.device_time = job.time  # read back by `device_time(future)`
             heapq.heappush(self._heap, job)
             self._count(priority, +1)
             self._cond.notify()
@@ -274,13 +307,16 @@ class Scheduler:
     def _execute(self, job: Job, running: _Running) -> None:
         fn, future, op = job.fn, job.future, job.op
         loop = future.get_loop()
+        job.time.started_ns = time.time_ns()
         started = time.perf_counter()
         try:
             result = fn(Yield(self, running)) if job.yields else fn()
         except BaseException as exc:  # delivered to the awaiting coroutine, never lost on this thread
             log.debug("device job %s failed", op, exc_info=True)
+            job.time.ended_ns = time.time_ns()
             loop.call_soon_threadsafe(_set_exception, future, exc)
         else:
+            job.time.ended_ns = time.time_ns()
             loop.call_soon_threadsafe(_set_result, future, result)
         finally:
             metrics.MODEL_SECONDS.labels(op).observe(time.perf_counter() - started)
@@ -288,6 +324,7 @@ class Scheduler:
     def _execute_batch(self, jobs: list[Job], running: _Running) -> None:
         """One pass for every job of a batch; if it fails, each job alone (its own result or error). Batched
         jobs never yield."""
+        started_ns = time.time_ns()
         started = time.perf_counter()
         try:
             results = jobs[0].batch.run([job.item for job in jobs])
@@ -302,6 +339,9 @@ class Scheduler:
         for _ in jobs:
             metrics.MODEL_SECONDS.labels(jobs[0].op).observe(share)
         metrics.DEVICE_BATCH_SIZE.labels(jobs[0].op).observe(len(jobs))
+        ended_ns = time.time_ns()
+        for job in jobs:
+            job.time.started_ns, job.time.ended_ns, job.time.batch_size = started_ns, ended_ns, len(jobs)
         for job, result in zip(jobs, results, strict=True):
             job.future.get_loop().call_soon_threadsafe(_set_result, job.future, result)
 

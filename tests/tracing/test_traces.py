@@ -1,0 +1,199 @@
+"""One Recommend, one trace: the four services export their spans to a real OTLP/gRPC receiver.
+
+The receiver is the collector's protocol itself (`opentelemetry.proto.collector.trace.v1.TraceService`)
+served by grpc on loopback; the fleet is the launcher's, every service a process told where to export by
+its `RELAYGR_OTLP_ENDPOINT` twin, sampling every Recommend.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc
+from services.common.tracing import user_hash
+from services.launcher.fleet import STUB, Fleet, FleetConfig
+
+RANKER_SERVICE_SPAN = "/relaygr.v1.RankerService/"
+RECOMMEND_SPAN = "/relaygr.v1.RecommendService/Recommend"
+
+
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP/gRPC trace receiver: keeps every span it is sent, with its resource's service.name."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, trace_pb2.Span]] = []
+        self._lock = threading.Lock()
+
+    def Export(self, request, context):
+        with self._lock:
+            for resource_spans in request.resource_spans:
+                attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        self.spans.append((attributes["service.name"], span))
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def trace(self, trace_id: bytes) -> list[tuple[str, trace_pb2.Span]]:
+        with self._lock:
+            return [(service, span) for service, span in self.spans if span.trace_id == trace_id]
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[tuple[Receiver, int]]:
+    receiver = Receiver()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield receiver, port
+    server.stop(0)
+
+
+def attributes(span: trace_pb2.Span) -> dict[str, object]:
+    values: dict[str, object] = {}
+    for attribute in span.attributes:
+        value = attribute.value
+        values[attribute.key] = getattr(value, value.WhichOneof("value"))
+    return values
+
+
+def wait_for_root(receiver: Receiver, timeout_s: float = 30) -> trace_pb2.Span:
+    """The one Recommend span the stub exported: the root of the trace."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with receiver._lock:
+            roots = [
+                span for service, span in receiver.spans
+                if service == "relaygr-retrieval-stub" and span.name == RECOMMEND_SPAN
+            ]  # fmt: skip
+        if roots:
+            (root,) = roots
+            assert not root.parent_span_id
+            return root
+        assert time.monotonic() < deadline, "no Recommend span exported"
+        time.sleep(0.1)
+
+
+def wait_for_spans(
+    receiver: Receiver, trace_id: bytes, expected: set[tuple[str, str]], timeout_s: float = 30
+):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        spans = receiver.trace(trace_id)
+        if expected <= {(service, span.name) for service, span in spans}:
+            return spans
+        if time.monotonic() > deadline:
+            seen = sorted({(service, span.name) for service, span in spans})
+            raise AssertionError(f"missing {sorted(expected - set(seen))}; seen {seen}")
+        time.sleep(0.1)
+
+
+def test_a_relayed_recommend_is_one_trace_across_the_four_services(receiver, tmp_path, monkeypatch) -> None:
+    collector, port = receiver
+    monkeypatch.setenv("RELAYGR_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("RELAYGR_TRACE_SAMPLE_RATIO", "1")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # export within 0.1 s, not the SDK's 5 s
+    config = FleetConfig(
+        rankers=1, model_preset="cpu-tiny", base_port=0, metrics_base_port=0, log_dir=str(tmp_path / "logs"),
+        ranker_args="--profile-lengths 32,128 --profile-repeats 1",
+        # Admit everything, with a pre-processing window long enough for the prefix to be ready or joined.
+        trigger_args="--admit-all true",
+        stub_args="--history-max 256 --num-candidates 16 --rank-timeout-ms 20000 --preprocess-delay-ms 30",
+    )  # fmt: skip
+    with Fleet(config) as fleet:
+        endpoints = fleet.start()
+        with grpc.insecure_channel(endpoints[STUB].address) as channel:
+            stub = recommend_pb2_grpc.RecommendServiceStub(channel)
+            answer = stub.Recommend(
+                recommend_pb2.RecommendRequest(user_id="traced-user", top_k=4), timeout=30
+            )
+        assert answer.admitted and answer.cache_source == common_pb2.CACHE_SOURCE_HBM
+
+        root = wait_for_root(collector)
+        spans = wait_for_spans(
+            collector,
+            root.trace_id,
+            {
+                ("relaygr-retrieval-stub", RECOMMEND_SPAN),
+                ("relaygr-retrieval-stub", "preprocess"),
+                ("relaygr-trigger", "/relaygr.v1.TriggerService/Admit"),
+                ("relaygr-router", RANKER_SERVICE_SPAN + "PreInfer"),
+                ("relaygr-router", RANKER_SERVICE_SPAN + "Rank"),
+                ("relaygr-ranker", RANKER_SERVICE_SPAN + "PreInfer"),
+                ("relaygr-ranker", RANKER_SERVICE_SPAN + "Rank"),
+                ("relaygr-ranker", "production"),
+                ("relaygr-ranker", "compute"),
+                ("relaygr-ranker", "prefix"),
+                ("relaygr-ranker", "model"),
+            },
+        )
+    by_id = {span.span_id: (service, span) for service, span in spans}
+
+    def parent(service: str, name: str, kind: int | None = None) -> tuple[str, str]:
+        """(service, name) of the parent of the one span of `service` called `name` (of `kind`)."""
+        (span,) = [
+            s for svc, s in spans if svc == service and s.name == name and (kind is None or s.kind == kind)
+        ]
+        parent_service, parent_span = by_id[span.parent_span_id]
+        return parent_service, parent_span.name
+
+    server = trace_pb2.Span.SPAN_KIND_SERVER
+    # Admit -> PreInfer: stub (client) -> trigger (server) -> trigger's client -> router (server) -> ranker.
+    assert parent("relaygr-trigger", "/relaygr.v1.TriggerService/Admit", server) == (
+        "relaygr-retrieval-stub", "/relaygr.v1.TriggerService/Admit",
+    )  # fmt: skip
+    assert parent("relaygr-router", RANKER_SERVICE_SPAN + "PreInfer", server) == (
+        "relaygr-trigger", RANKER_SERVICE_SPAN + "PreInfer",
+    )  # fmt: skip
+    assert parent("relaygr-ranker", RANKER_SERVICE_SPAN + "PreInfer", server) == (
+        "relaygr-router", RANKER_SERVICE_SPAN + "PreInfer",
+    )  # fmt: skip
+    # Rank: stub -> router -> ranker, and the ranker's stages under its Rank.
+    assert parent("relaygr-router", RANKER_SERVICE_SPAN + "Rank", server) == (
+        "relaygr-retrieval-stub", RANKER_SERVICE_SPAN + "Rank",
+    )  # fmt: skip
+    assert parent("relaygr-ranker", RANKER_SERVICE_SPAN + "Rank", server) == (
+        "relaygr-router", RANKER_SERVICE_SPAN + "Rank",
+    )  # fmt: skip
+    rank_span = ("relaygr-ranker", RANKER_SERVICE_SPAN + "Rank")
+    assert parent("relaygr-ranker", "prefix") == rank_span
+    assert parent("relaygr-ranker", "model") == rank_span
+    # The pre-inference's production, queued and computed, under the ranker's PreInfer.
+    pre_infer_span = ("relaygr-ranker", RANKER_SERVICE_SPAN + "PreInfer")
+    assert parent("relaygr-ranker", "production") == pre_infer_span
+    assert parent("relaygr-ranker", "compute") == ("relaygr-ranker", "production")
+    assert parent("relaygr-retrieval-stub", "preprocess") == (
+        "relaygr-retrieval-stub", RECOMMEND_SPAN,
+    )  # fmt: skip
+
+    # The relay: the Rank's prefix span links to the ranker's PreInfer span, in the same trace.
+    (ranker_pre_infer,) = [s for svc, s in spans if (svc, s.name) == pre_infer_span and s.kind == server]
+    (prefix,) = [s for svc, s in spans if (svc, s.name) == ("relaygr-ranker", "prefix")]
+    assert [(link.trace_id, link.span_id) for link in prefix.links] == [
+        (ranker_pre_infer.trace_id, ranker_pre_infer.span_id)
+    ]
+    assert attributes(prefix)["relaygr.production"] in ("hit", "joined")
+
+    # What an operator asks, on the ranker's Rank span; the user only as its hash.
+    (ranker_rank,) = [s for svc, s in spans if (svc, s.name) == rank_span and s.kind == server]
+    rank_attributes = attributes(ranker_rank)
+    assert rank_attributes["relaygr.cache_source"] == "hbm"
+    assert rank_attributes["relaygr.instance"] == "ranker-0"
+    assert rank_attributes["relaygr.long_term_length"] == answer.long_term_length
+    assert rank_attributes["relaygr.batch_size"] >= 1
+    assert rank_attributes["relaygr.user_hash"] == user_hash("traced-user")
+    for _, span in spans:
+        assert "traced-user" not in {str(value) for value in attributes(span).values()}, span.name
+    (admit,) = [s for svc, s in spans if svc == "relaygr-trigger" and s.kind == server]
+    assert attributes(admit)["relaygr.admitted"] is True
+    assert attributes(admit)["relaygr.relay_instance"] == "ranker-0"
+    # Every span is inside its trace's root in time, apart from the production it outlived.
+    assert all(span.start_time_unix_nano >= root.start_time_unix_nano for _, span in spans)
