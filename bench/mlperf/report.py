@@ -1,0 +1,154 @@
+"""summary.md of a LoadGen run and of a search, and the one-line description the command prints.
+
+Every page says what the figures are not: synthetic weights and users, an MLPerf-shaped protocol run by
+MLCommons LoadGen, not an MLPerf submission.
+"""
+
+from __future__ import annotations
+
+from bench.mlperf.results import ModeSearch, RunResult, SearchResult
+from services.common.contract import CACHE_SOURCES
+
+CAVEAT = (
+    "Synthetic weights and users, MLCommons LoadGen driving this fleet: not an MLPerf submission, and not "
+    "comparable with MLPerf results."
+)
+CRITICAL_PATH_NOTE = (
+    "The history computed on the critical path is a lower bound: a MISS computes its long-term and "
+    "short-term events, every other Rank at least its short-term ones. The answers do not say how many "
+    "events an EXTENDED Rank appended, nor whether an HBM or DRAM Rank waited for a production still "
+    "running (bench.mlperf.tally)."
+)
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f} %"
+
+
+def rates(result: RunResult, later: bool = False) -> str:
+    """`hbm 61.2 % · dram 3.0 % · …` for all ranked answers (or the later visits only)."""
+    table = result.tiers.later_rates if later else result.tiers.rates
+    return " · ".join(f"{tier} {_pct(table.get(tier, 0.0))}" for tier in CACHE_SOURCES)
+
+
+def describe(result: RunResult) -> str:
+    """One line: the verdict, LoadGen's P99 and throughput, failures and hit rates."""
+    s, lg = result.settings, result.loadgen
+    verdict = "VALID" if result.valid else "INVALID"
+    why = "" if result.valid == lg.valid else f" (LoadGen: {lg.result}; {result.failed} failed)"
+    return (
+        f"{s.mode:<8} {s.scenario} {s.target_qps:g} qps: {verdict}{why}, P99 {_ms(lg.p99_ms)} ms, "
+        f"{lg.samples_per_s} samples/s, {result.completed}/{lg.issued_samples} completed, {result.failed} "
+        f"failed; {rates(result)}"
+    )
+
+
+def run_markdown(result: RunResult) -> str:
+    """The summary.md of one run."""
+    s, lg, t, h = result.settings, result.loadgen, result.tiers, result.history
+    checks = {
+        "performance constraints (P99)": lg.performance_constraints,
+        "min duration": lg.min_duration,
+        "min queries": lg.min_queries,
+        "early stopping": lg.early_stopping,
+    }
+    lines = [
+        f"# LoadGen {s.scenario}: {s.mode}, target {s.target_qps:g} QPS",
+        "",
+        CAVEAT,
+        "",
+        f"- **{'VALID' if result.valid else 'INVALID'}** (LoadGen: {lg.result}; "
+        + ", ".join(f"{name} {'yes' if ok else 'no'}" for name, ok in checks.items() if ok is not None)
+        + f"; {result.failed} of {result.completed} calls failed{_codes(result)})",
+        f"- target P99 {s.p99_target_ms:g} ms over the whole Recommend"
+        + ("" if s.relay_window_ms is None else f" (relay window {s.relay_window_ms:g} ms inside it)"),
+        f"- LoadGen: P50 {_ms(lg.p50_ms)} ms, P90 {_ms(lg.p90_ms)} ms, **P99 {_ms(lg.p99_ms)} ms**, "
+        f"max {_ms(lg.max_ms)} ms; {lg.samples_per_s} samples/s"
+        + ("" if lg.scheduled_per_s is None else f" ({lg.scheduled_per_s} scheduled)")
+        + f"; {lg.issued_samples} samples issued, {result.completed} completed",
+        f"- Rank through the router, as the stub timed it: P50 {_ms(result.rank_ms.p50)} ms, "
+        f"P99 {_ms(result.rank_ms.p99)} ms",
+        f"- users: {s.users} in the QSL, {result.distinct_users} visited, {result.visits_per_user} visits "
+        f"each on average; mean long-term length {h.mean_long_term}",
+        "",
+        "| tier | all Ranks | later visits of a user |",
+        "|---|---|---|",
+        *(
+            f"| {tier} | {t.counts.get(tier, 0)} ({_pct(t.rates.get(tier, 0.0))}) | "
+            f"{t.later_counts.get(tier, 0)} ({_pct(t.later_rates.get(tier, 0.0))}) |"
+            for tier in CACHE_SOURCES
+        ),
+        f"| ranked | {t.ranked} | {t.later_visits} |",
+        "",
+        f"Miss reasons: {_counts(t.miss_reasons)}. Admitted (pre-inference fired): {t.admitted}.",
+        "",
+        f"History computed on the Ranks' critical paths: at least {h.computed_at_least} of {h.tokens} events "
+        f"({_pct(h.computed_at_least_share)}); events gained since the previous visit, EXTENDED Ranks: "
+        f"{'—' if h.extended_appended_mean is None else h.extended_appended_mean}. {CRITICAL_PATH_NOTE}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _codes(result: RunResult) -> str:
+    return f": {_counts(result.error_codes)}" if result.error_codes else ""
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{key} {value}" for key, value in sorted(counts.items())) or "none"
+
+
+def search_markdown(search: SearchResult) -> str:
+    """The summary.md of a search: the highest VALID target QPS per mode, then every run."""
+    c = search.configuration
+    lines = [
+        f"# LoadGen Server search: highest VALID target QPS at P99 ≤ {c['p99_ms']:g} ms",
+        "",
+        CAVEAT,
+        "",
+        f"{c['preset']}, {c['rankers']} rankers, relay window {c['relay_window_ms']:g} ms, streaming users "
+        f"(long-term median {c['history_median']}, cap {c['history_max']}, {c['growth_events_per_min']:g} "
+        f"new events a minute, {c['visits_per_user']:g} visits a user), at least {c['min_query_count']} "
+        f"queries and {c['duration_s']:g} s a run; {search.wall_s / 60:.1f} minutes, commit "
+        f"{search.git_commit}, {search.cores} cores.",
+        "",
+        "| mode | highest VALID QPS | P99 there, ms | Rank P99, ms | hbm | dram | extended | miss |",
+        "|---|---|---|---|---|---|---|---|",
+        *(_best_row(mode) for mode in search.modes.values()),
+        "",
+        "Every run, in the order measured:",
+        "",
+        "| mode | target QPS | verdict | P99 ms | samples/s | failed | hbm | dram | extended | miss |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *(_run_row(run) for mode in search.modes.values() for run in mode.runs),
+        "",
+        CRITICAL_PATH_NOTE,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _best_row(mode: ModeSearch) -> str:
+    best = mode.best()
+    if best is None:
+        return f"| {mode.mode} | none VALID | — | — | — | — | — | — |"
+    r = best.tiers.rates
+    return (
+        f"| {mode.mode} | {mode.best_qps:g} | {_ms(best.loadgen.p99_ms)} | {_ms(best.rank_ms.p99)} | "
+        + " | ".join(_pct(r.get(tier, 0.0)) for tier in CACHE_SOURCES)
+        + " |"
+    )
+
+
+def _run_row(run: RunResult) -> str:
+    s, lg, r = run.settings, run.loadgen, run.tiers.rates
+    verdict = "VALID" if run.valid else f"INVALID{'' if lg.valid == run.valid else ' (failures)'}"
+    return (
+        f"| {s.mode} | {s.target_qps:g} | {verdict} | {_ms(lg.p99_ms)} | {lg.samples_per_s} | {run.failed} | "
+        + " | ".join(_pct(r.get(tier, 0.0)) for tier in CACHE_SOURCES)
+        + " |"
+    )
