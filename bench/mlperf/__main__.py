@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bench.mlperf import report
 from bench.mlperf.config import MlperfConfig, parse
-from bench.mlperf.fleet import local_fleet, run_stub, universe
+from bench.mlperf.fleet import local_fleet, run_stub, universe, wait_routable
 from bench.mlperf.results import RunResult
 from bench.mlperf.run import run_loadgen, run_settings
 from bench.mlperf.search import search
@@ -30,6 +30,7 @@ def single_run(config: MlperfConfig, out: Path) -> RunResult:
         return run_loadgen(settings, out, config.short_term)
     log(f"starting the {config.mode} fleet ({config.preset}, {config.rankers} rankers)")
     with local_fleet(config, config.mode, out / "tmp" / "logs") as fleet:
+        wait_routable(fleet, config.rankers, config.startup_timeout_s)
         address = run_stub(fleet, config)
         settings = run_settings(
             config, config.mode, address, config.target_qps, config.relay_window_ms, label

@@ -5,8 +5,10 @@ Both modes run the same rankers, model preset, budgets and ranker flags; only th
 baseline: no Admit, no hint, no DRAM tier). The trigger's ranking SLO is the part of the P99 target left
 after the relay window (`p99_ms - relay_window_ms`): the Rank's share of a sample's latency. Each LoadGen
 run gets a fresh retrieval stub (`run_stub`) whose universe starts at the run's own start
-(`bench.mlperf.workload`); the fleet's first stub stays idle. Leaving the `with` block of a `BenchFleet`
-stops every process it started.
+(`bench.mlperf.workload`); the fleet's first stub stays idle. The router answers once one ranker is
+healthy, so before the first run `wait_routable` waits until it routes to every ranker: a user's visits
+then reach one ranker from the start. Leaving the `with` block of a `BenchFleet` stops every process it
+started.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import grpc
+
 from bench.fleets import BASELINE, RELAY, BenchFleet, FleetShape, Mode
 from bench.mlperf.config import MlperfConfig
 from bench.mlperf.workload import streaming_universe
 from bench.workload import Universe
+from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 
 MODES: dict[str, Mode] = {"relay": RELAY, "baseline": BASELINE}
 NUM_CANDIDATES = 128  # the stub's retrieval size, also the rankers' profiled candidate count
@@ -71,3 +76,24 @@ def run_stub(fleet: BenchFleet, config: MlperfConfig) -> str:
     """The address of a retrieval stub started now for one run: its users' histories have their drawn
     lengths now and grow from here."""
     return fleet.stub(universe(config, time.time_ns() // 1_000_000), config.relay_window_ms)
+
+
+def wait_routable(fleet: BenchFleet, rankers: int, timeout_s: float) -> None:
+    """Waits until the fleet's router routes to all `rankers` (its GetProfile's `fleet_members`); raises
+    TimeoutError naming how many it routes to when `timeout_s` passes first."""
+    deadline = time.monotonic() + timeout_s
+    members = 0
+    with grpc.insecure_channel(fleet.router()) as channel:
+        stub = ranker_pb2_grpc.RankerServiceStub(channel)
+        while True:
+            try:
+                members = stub.GetProfile(ranker_pb2.GetProfileRequest(), timeout=2.0).fleet_members
+            except grpc.RpcError:
+                members = 0
+            if members >= rankers:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the router routes to {members} of {rankers} rankers after {timeout_s:g} s"
+                )
+            time.sleep(0.2)

@@ -29,7 +29,7 @@ from bench import codec
 from bench.fleets import BenchFleet
 from bench.mlperf import report
 from bench.mlperf.config import MlperfConfig
-from bench.mlperf.fleet import local_fleet, run_stub, universe
+from bench.mlperf.fleet import local_fleet, run_stub, universe, wait_routable
 from bench.mlperf.results import ModeSearch, RunResult, SearchResult, write_json
 from bench.mlperf.run import run_loadgen, run_settings
 from bench.stats import interleave, largest_passing_value
@@ -81,6 +81,7 @@ def search(config: MlperfConfig, out: Path, log: Callable[[str], None] = print) 
         for mode in modes:
             log(f"starting the {mode} fleet ({config.preset}, {config.rankers} rankers)")
             fleets[mode] = stack.enter_context(local_fleet(config, mode, out / "tmp" / "logs" / mode))
+            wait_routable(fleets[mode], config.rankers, config.startup_timeout_s)
         measured = {mode: measure(fleets[mode], config, mode, out, log) for mode in modes}
         bests = interleave(
             [(largest_passing_value(grid, first, config.search_refine), measured[mode][1]) for mode in modes]

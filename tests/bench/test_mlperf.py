@@ -1,0 +1,96 @@
+"""`python -m bench.mlperf`: real LoadGen runs, one against a real local fleet (cpu-tiny, relay mode).
+
+No timed assertion: LoadGen's verdict is recorded, never asserted (a few seconds at a low load end INVALID
+by early stopping anyway). What is asserted holds on any machine: LoadGen's logs are written and name the
+scenario, every sample LoadGen issued is completed (failures included, none lost), the tier shares add up
+to 1, a user's first visit can only be pre-inferred or a miss, and a later visit is served from a cache
+tier.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.mlperf.__main__ import main
+from bench.mlperf.results import RunResult, read_json
+from bench.mlperf.summary import DETAIL_FILE, SUMMARY_FILE, parse_summary
+from bench.mlperf.workload import StreamingUsers, user_count
+
+CACHE_TIERS = ("hbm", "dram", "extended")
+
+
+def test_a_short_server_run_against_a_local_relay_fleet(tmp_path: Path):
+    out = tmp_path / "run"
+    # Two users visited about 10 times each in 5 s; histories of 32-512 events that never reach the cap (so
+    # none slides and goes stale), growing by about 2 events a second.
+    main([
+        "--scenario", "Server", "--target-qps", "4", "--duration-s", "5", "--min-query-count", "10",
+        "--mode", "relay", "--preset", "cpu-tiny", "--rankers", "2", "--users", "2",
+        "--history-median", "64", "--history-sigma", "0.5", "--history-max", "512",
+        "--growth-events-per-min", "120", "--startup-timeout-s", "60", "--output", str(out),
+    ])  # fmt: skip
+    summary = (out / SUMMARY_FILE).read_text()
+    assert "Scenario : Server" in summary
+    assert (out / DETAIL_FILE).stat().st_size > 0
+    result = read_json(RunResult, out / "result.json")
+    assert (out / "summary.md").read_text().startswith("# LoadGen Server: relay, target 4 QPS")
+
+    # Every sample LoadGen issued was completed by the SUT; here every one was answered and ranked.
+    assert result.loadgen.issued_samples >= 10
+    assert result.completed == result.loadgen.issued_samples
+    assert result.failed == 0 and result.error_codes == {}
+    assert result.tiers.ranked == result.completed
+    assert result.loadgen.scenario == "Server" and result.loadgen.result in ("VALID", "INVALID")
+
+    tiers = result.tiers
+    assert sum(tiers.rates.values()) == pytest.approx(1.0, abs=1e-3)
+    assert sum(tiers.counts.values()) == tiers.ranked
+    assert tiers.later_visits == tiers.ranked - result.distinct_users
+    # A user's first visit finds nothing cached (its namespace is new): pre-inferred (HBM) or a miss.
+    first = {tier: tiers.counts[tier] - tiers.later_counts[tier] for tier in tiers.counts}
+    assert first["dram"] == 0 and first["extended"] == 0
+    # Relay: a later visit of a user is served from a cache tier (DRAM, extended or pre-inferred).
+    assert sum(tiers.later_counts[tier] for tier in CACHE_TIERS) > 0
+
+    history = result.history
+    assert 0 < history.computed_at_least <= history.tokens
+    assert history.short_term == 16 and history.mean_long_term >= 32
+
+
+def test_every_sample_is_completed_when_every_call_fails(tmp_path: Path):
+    """Nothing listens at the address: each call fails at once, and is completed and counted."""
+    out = tmp_path / "dead"
+    main([
+        "--recommend", "127.0.0.1:1", "--target-qps", "20", "--duration-s", "1", "--min-query-count", "15",
+        "--timeout-s", "1", "--output", str(out),
+    ])  # fmt: skip
+    result = read_json(RunResult, out / "result.json")
+    assert result.settings.mode == "external"
+    assert result.completed == result.loadgen.issued_samples >= 15
+    assert result.failed == result.completed and set(result.error_codes) == {"UNAVAILABLE"}
+    assert not result.valid and result.tiers.ranked == 0
+    assert result.tiers.rates == dict.fromkeys(("hbm", "dram", "extended", "miss"), 0.0)
+
+
+def test_the_summary_parser_reads_the_verdict_and_refuses_an_unfinished_log():
+    text = "Scenario : Offline\nSamples per second: 12.5\nResult is : VALID\n  Min duration satisfied : Yes\n"
+    parsed = parse_summary(text, {"result_query_count": 1, "generated_samples_per_query": 40})
+    assert (parsed.scenario, parsed.valid, parsed.samples_per_s, parsed.issued_samples) == (
+        "Offline",
+        True,
+        12.5,
+        40,
+    )
+    assert parsed.min_duration is True and parsed.early_stopping is None and parsed.p99_ms is None
+    with pytest.raises(ValueError, match="Result is"):
+        parse_summary("Scenario : Server\n", {"result_query_count": 3})
+
+
+def test_sample_indices_name_users_and_the_qsl_is_sized_by_visits():
+    users = StreamingUsers("ns", user_count(queries=100, visits_per_user=4))
+    assert users.count == 25 and users.user(0) == "ns-u0" and users.user(24) == "ns-u24"
+    with pytest.raises(IndexError):
+        users.user(25)
+    assert user_count(queries=100, visits_per_user=4, users=7) == 7
