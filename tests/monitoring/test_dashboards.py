@@ -13,9 +13,9 @@ from prometheus_client import REGISTRY
 from prometheus_client.utils import floatToGoString
 
 import services.common.metrics as relay_metrics
-from tools.dashboards import generate
+from tools.dashboards import generate, panels
 from tools.dashboards.panels import DEFAULT_SLO, SLO_CHOICES
-from tools.dashboards.queries import all_queries, dashboard_queries
+from tools.dashboards.queries import all_queries, dashboard_queries, exemplar_queries
 
 BOARDS = sorted(generate.DASHBOARD_DIR.glob("*.json"))
 SCRAPE_LABELS = {"namespace", "pod", "job", "instance"}
@@ -108,3 +108,56 @@ def test_the_query_list_covers_every_panel_target_and_recording_rule():
     ]
     assert {r["record"] for r in records} <= {q.expr for q in queries}
     assert {r["expr"] for r in records} <= {q.expr for q in queries}
+
+
+# The histograms the services observe with the request's trace id as an exemplar
+# (services/common/interceptor.py, services/ranker/dataplane.py, services/retrieval_stub/servicer.py).
+EXEMPLAR_HISTOGRAMS = {
+    "grpc_server_handling_seconds",
+    "relaygr_rank_latency_seconds",
+    "relaygr_recommend_latency_seconds",
+}
+_QUANTILE = re.compile(r"^histogram_quantile\(([0-9.]+), .*?\(rate\(([a-z_]+)_bucket\{")
+
+
+def test_p99_latency_panels_show_the_exemplars_that_link_to_traces():
+    """Every time series P99 of a histogram that carries trace ids asks Grafana for its exemplars (the
+    points a click turns into the slow request's trace); no other query does."""
+    with_exemplars = set()
+    for board in boards():
+        for panel in board["panels"]:
+            for target in panel.get("targets", []):
+                match = _QUANTILE.match(target["expr"])
+                expected = (
+                    panel["type"] == "timeseries"
+                    and match is not None
+                    and float(match.group(1)) == 0.99
+                    and match.group(2) in EXEMPLAR_HISTOGRAMS
+                )
+                assert target.get("exemplar", False) is expected, (
+                    board["uid"],
+                    panel["title"],
+                    target["expr"],
+                )
+                if expected:
+                    with_exemplars.add((board["uid"], panel["title"], match.group(2)))
+    assert with_exemplars == {
+        ("relaygr-fleet-overview", "Rank latency through the router", "grpc_server_handling_seconds"),
+        ("relaygr-fleet-overview", "Rank latency on the rankers", "relaygr_rank_latency_seconds"),
+        ("relaygr-fleet-overview", "Rank P99 by cache source", "relaygr_rank_latency_seconds"),
+        ("relaygr-fleet-overview", "Recommend latency", "relaygr_recommend_latency_seconds"),
+        ("relaygr-trigger-router", "Admit latency", "grpc_server_handling_seconds"),
+    }
+    assert {q.expr for q in exemplar_queries()} == {
+        t["expr"]
+        for board in boards()
+        for p in board["panels"]
+        for t in p.get("targets", [])
+        if t.get("exemplar")
+    }
+
+
+def test_the_histograms_with_exemplars_are_the_ones_the_services_label_with_trace_ids():
+    exported = exported_series_names()
+    assert {f"{name}_bucket" for name in EXEMPLAR_HISTOGRAMS} <= exported
+    assert set(panels.EXEMPLAR_HISTOGRAMS) == EXEMPLAR_HISTOGRAMS

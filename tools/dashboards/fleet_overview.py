@@ -11,6 +11,7 @@ from tools.dashboards.panels import (
     build_dashboard,
     fleet_jobs,
     latency_against_slo_panel,
+    p99_target,
     quantile,
     ratio,
     selector,
@@ -123,10 +124,7 @@ def build() -> dashboard.Dashboard:
                 "Ranker-side P99 per prefix source: a hit skips the long-term prefix, a miss computes it.",
                 "s",
                 [
-                    Target(
-                        quantile(0.99, "relaygr_rank_latency_seconds", RANKER, by="cache_source"),
-                        "{{cache_source}}",
-                    ),
+                    p99_target("relaygr_rank_latency_seconds", RANKER, "{{cache_source}}", by="cache_source"),
                     SLO_LINE,
                 ],
                 dashed="SLO",
@@ -174,9 +172,7 @@ def build() -> dashboard.Dashboard:
                     Target(
                         quantile(0.5, "relaygr_recommend_latency_seconds", STUB, by="stage"), "P50 {{stage}}"
                     ),
-                    Target(
-                        quantile(0.99, "relaygr_recommend_latency_seconds", STUB, by="stage"), "P99 {{stage}}"
-                    ),
+                    p99_target("relaygr_recommend_latency_seconds", STUB, "P99 {{stage}}", by="stage"),
                 ],
             ),
             timeseries_panel(

@@ -56,22 +56,41 @@ def ratio(numerator: str, denominator: str, matching: str = "") -> str:
     return f"{numerator}\n{operator}\n{denominator}"
 
 
+# The latency histograms whose sampled observations carry their trace id as an OpenMetrics exemplar
+# (`trace_id`, services/common/tracing.py): every service's gRPC handling time, the ranker's Rank latency
+# and the retrieval stub's Recommend latency. A P99 target over one of them asks Grafana for the
+# exemplars too, drawn as points a click turns into the slow request's trace (deploy/README.md, "Traces").
+EXEMPLAR_HISTOGRAMS = (
+    "grpc_server_handling_seconds",
+    "relaygr_rank_latency_seconds",
+    "relaygr_recommend_latency_seconds",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """One PromQL query of a panel and the legend of its series."""
+    """One PromQL query of a panel and the legend of its series; `exemplar` also queries the exemplars
+    of the histogram it reads (a P99 over one of EXEMPLAR_HISTOGRAMS)."""
 
     expr: str
     legend: str
+    exemplar: bool = False
+
+
+def p99_target(histogram: str, labels: str, legend: str = "P99", by: str = "") -> Target:
+    """The P99 of a latency histogram, with its exemplars when the histogram carries trace ids."""
+    return Target(quantile(0.99, histogram, labels, by=by), legend, exemplar=histogram in EXEMPLAR_HISTOGRAMS)
 
 
 SLO_LINE = Target("vector($slo)", "SLO")
 
 
 def _queries(targets: Sequence[Target]) -> list[prometheus.Dataquery]:
-    return [
-        prometheus.Dataquery().ref_id(chr(ord("A") + i)).expr(t.expr).legend_format(t.legend).range()
-        for i, t in enumerate(targets)
-    ]
+    queries = []
+    for i, t in enumerate(targets):
+        query = prometheus.Dataquery().ref_id(chr(ord("A") + i)).expr(t.expr).legend_format(t.legend).range()
+        queries.append(query.exemplar(True) if t.exemplar else query)
+    return queries
 
 
 def _thresholds(steps: Sequence[tuple[float | None, str]]) -> dashboard_builders.ThresholdsConfig:
@@ -225,10 +244,6 @@ def build_dashboard(
 
 
 def latency_against_slo_panel(title: str, description: str, histogram: str, labels: str) -> timeseries.Panel:
-    """P50 and P99 of a latency histogram, with the SLO drawn dashed."""
-    targets = [
-        Target(quantile(0.5, histogram, labels), "P50"),
-        Target(quantile(0.99, histogram, labels), "P99"),
-        SLO_LINE,
-    ]
+    """P50 and P99 of a latency histogram, with the SLO drawn dashed (and the P99's exemplars, if any)."""
+    targets = [Target(quantile(0.5, histogram, labels), "P50"), p99_target(histogram, labels), SLO_LINE]
     return timeseries_panel(title, description, "s", targets, dashed="SLO")

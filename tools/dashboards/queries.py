@@ -1,8 +1,9 @@
 """Every PromQL query the committed dashboards and recording rules run, as one machine-readable list.
 
 The live monitoring test starts a real Prometheus over a local fleet under load and asserts that each
-of these returns data. Queries are read from the committed files (what Grafana and Prometheus load),
-not from the generator; the drift check keeps the two equal.
+of these returns data; the live exemplar test, that Prometheus holds trace-id exemplars for each target
+that asks for them (`exemplar_queries`). Queries are read from the committed files (what Grafana and
+Prometheus load), not from the generator; the drift check keeps the two equal.
 
 Dashboard queries keep their Grafana variables (`$namespace`, `$pod`, `$slo`, `$__rate_interval`);
 `expand()` substitutes values for them. A `label_values(selector, label)` variable query becomes
@@ -73,6 +74,21 @@ def all_queries(dashboard_dir: Path = DASHBOARD_DIR, rules_file: Path = RULES_FI
     for path in sorted(dashboard_dir.glob("*.json")):
         found.extend(dashboard_queries(json.loads(path.read_text())))
     found.extend(recording_rule_queries(yaml.safe_load(rules_file.read_text())))
+    return found
+
+
+def exemplar_queries(dashboard_dir: Path = DASHBOARD_DIR) -> list[Query]:
+    """The dashboard targets that also ask for exemplars (`exemplar: true`): Grafana sends each one's
+    expression to Prometheus' /api/v1/query_exemplars and draws the trace ids it gets back."""
+    found = []
+    for path in sorted(dashboard_dir.glob("*.json")):
+        board = json.loads(path.read_text())
+        for panel in _panels(board["panels"]):
+            for target in panel.get("targets", []):
+                if target.get("exemplar"):
+                    found.append(
+                        Query(f"{board['uid']}: {panel['title']} [{target['refId']}]", target["expr"])
+                    )
     return found
 
 

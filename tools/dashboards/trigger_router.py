@@ -10,7 +10,7 @@ from tools.dashboards.panels import (
     build_dashboard,
     fleet_jobs,
     latency_against_slo_panel,
-    quantile,
+    p99_target,
     ratio,
     selector,
     summed_rate,
@@ -83,14 +83,7 @@ def build() -> dashboard.Dashboard:
                 "Admit latency",
                 "P99 of Admit as the trigger serves it, including the PreInfer signal it fires.",
                 "s",
-                [
-                    Target(
-                        quantile(
-                            0.99, "grpc_server_handling_seconds", selector("trigger", 'grpc_method="Admit"')
-                        ),
-                        "P99",
-                    )
-                ],
+                [p99_target("grpc_server_handling_seconds", selector("trigger", 'grpc_method="Admit"'))],
             ),
         ],
     )
