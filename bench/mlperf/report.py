@@ -6,7 +6,7 @@ MLCommons LoadGen, not an MLPerf submission.
 
 from __future__ import annotations
 
-from bench.mlperf.results import ModeSearch, RunResult, SearchResult
+from bench.mlperf.results import ModeSearch, RunResult, RunSettings, SearchResult
 from services.common.contract import CACHE_SOURCES
 
 CAVEAT = (
@@ -39,7 +39,7 @@ def describe(result: RunResult) -> str:
     """One line: the verdict, LoadGen's P99 and throughput, failures and hit rates."""
     s, lg = result.settings, result.loadgen
     verdict = "VALID" if result.valid else "INVALID"
-    why = "" if result.valid == lg.valid else f" (LoadGen: {lg.result}; {result.failed} failed)"
+    why = "" if result.valid else f" ({why_invalid(result)})"
     return (
         f"{s.mode:<8} {s.scenario} {s.target_qps:g} qps: {verdict}{why}, P99 {_ms(lg.p99_ms)} ms, "
         f"{lg.samples_per_s} samples/s, {result.completed}/{lg.issued_samples} completed, {result.failed} "
@@ -64,8 +64,7 @@ def run_markdown(result: RunResult) -> str:
         f"- **{'VALID' if result.valid else 'INVALID'}** (LoadGen: {lg.result}; "
         + ", ".join(f"{name} {'yes' if ok else 'no'}" for name, ok in checks.items() if ok is not None)
         + f"; {result.failed} of {result.completed} calls failed{_codes(result)})",
-        f"- target P99 {s.p99_target_ms:g} ms over the whole Recommend"
-        + ("" if s.relay_window_ms is None else f" (relay window {s.relay_window_ms:g} ms inside it)"),
+        _target(s),
         f"- LoadGen: P50 {_ms(lg.p50_ms)} ms, P90 {_ms(lg.p90_ms)} ms, **P99 {_ms(lg.p99_ms)} ms**, "
         f"max {_ms(lg.max_ms)} ms; {lg.samples_per_s} samples/s"
         + ("" if lg.scheduled_per_s is None else f" ({lg.scheduled_per_s} scheduled)")
@@ -94,6 +93,15 @@ def run_markdown(result: RunResult) -> str:
     return "\n".join(lines)
 
 
+def _target(s: RunSettings) -> str:
+    if s.scenario != "Server":
+        return (
+            f"- {s.scenario}: every sample at once (at most {s.max_in_flight} in flight), no latency target"
+        )
+    window = "" if s.relay_window_ms is None else f" (relay window {s.relay_window_ms:g} ms inside it)"
+    return f"- target P99 {s.p99_target_ms:g} ms over the whole Recommend{window}"
+
+
 def _codes(result: RunResult) -> str:
     return f": {_counts(result.error_codes)}" if result.error_codes else ""
 
@@ -114,16 +122,19 @@ def search_markdown(search: SearchResult) -> str:
         f"(long-term median {c['history_median']}, cap {c['history_max']}, {c['growth_events_per_min']:g} "
         f"new events a minute, {c['visits_per_user']:g} visits a user), at least {c['min_query_count']} "
         f"queries and {c['duration_s']:g} s a run; {search.wall_s / 60:.1f} minutes, commit "
-        f"{search.git_commit}, {search.cores} cores.",
+        f"{search.git_commit}, {search.cores} cores, load average {search.load_average_start[0]:g} at the "
+        f"start and {search.load_average_end[0]:g} at the end.",
         "",
-        "| mode | highest VALID QPS | P99 there, ms | Rank P99, ms | hbm | dram | extended | miss |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | highest VALID QPS | P99 there, ms | Rank P99, ms | hbm | dram | extended | miss | "
+        "history on the critical path |",
+        "|---|---|---|---|---|---|---|---|---|",
         *(_best_row(mode) for mode in search.modes.values()),
         "",
         "Every run, in the order measured:",
         "",
-        "| mode | target QPS | verdict | P99 ms | samples/s | failed | hbm | dram | extended | miss |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| mode | target QPS | verdict | P99 ms | max ms | samples/s | failed | hbm | dram | extended | "
+        "miss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *(_run_row(run) for mode in search.modes.values() for run in mode.runs),
         "",
         CRITICAL_PATH_NOTE,
@@ -135,20 +146,35 @@ def search_markdown(search: SearchResult) -> str:
 def _best_row(mode: ModeSearch) -> str:
     best = mode.best()
     if best is None:
-        return f"| {mode.mode} | none VALID | — | — | — | — | — | — |"
+        return f"| {mode.mode} | none VALID | — | — | — | — | — | — | — |"
     r = best.tiers.rates
     return (
         f"| {mode.mode} | {mode.best_qps:g} | {_ms(best.loadgen.p99_ms)} | {_ms(best.rank_ms.p99)} | "
         + " | ".join(_pct(r.get(tier, 0.0)) for tier in CACHE_SOURCES)
-        + " |"
+        + f" | ≥ {_pct(best.history.computed_at_least_share)} |"
     )
+
+
+def why_invalid(run: RunResult) -> str:
+    """The checks an INVALID run failed: LoadGen's (P99, early stopping, min duration, min queries) and
+    failed calls; empty for a VALID run."""
+    lg = run.loadgen
+    checks = {
+        "P99": lg.performance_constraints,
+        "early stopping": lg.early_stopping,
+        "min duration": lg.min_duration,
+        "min queries": lg.min_queries,
+        "failed calls": run.failed <= run.settings.max_error_fraction * run.completed,
+    }
+    return ", ".join(name for name, ok in checks.items() if ok is False)
 
 
 def _run_row(run: RunResult) -> str:
     s, lg, r = run.settings, run.loadgen, run.tiers.rates
-    verdict = "VALID" if run.valid else f"INVALID{'' if lg.valid == run.valid else ' (failures)'}"
+    verdict = "VALID" if run.valid else f"INVALID ({why_invalid(run)})"
     return (
-        f"| {s.mode} | {s.target_qps:g} | {verdict} | {_ms(lg.p99_ms)} | {lg.samples_per_s} | {run.failed} | "
+        f"| {s.mode} | {s.target_qps:g} | {verdict} | {_ms(lg.p99_ms)} | {_ms(lg.max_ms)} | "
+        f"{lg.samples_per_s} | {run.failed} | "
         + " | ".join(_pct(r.get(tier, 0.0)) for tier in CACHE_SOURCES)
         + " |"
     )

@@ -82,7 +82,8 @@ class SearchResult:
     wall_s: float
     git_commit: str
     cores: int | None
-    load_average: list[float]  # at the end
+    load_average_start: list[float]  # the machine's 1, 5 and 15 minute load averages at the start
+    load_average_end: list[float]
     configuration: dict[str, Any]  # the command's settings (bench.mlperf.config.MlperfConfig)
     modes: dict[str, ModeSearch]
 

@@ -73,6 +73,7 @@ def search(config: MlperfConfig, out: Path, log: Callable[[str], None] = print) 
     """Runs every mode's search and writes `<out>/result.json` and `<out>/summary.md`."""
     started_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
     started = time.monotonic()
+    load_start = [round(load, 2) for load in os.getloadavg()]
     grid = config.grid()
     first = first_index(grid, config.target_qps)
     modes = config.modes()
@@ -91,7 +92,8 @@ def search(config: MlperfConfig, out: Path, log: Callable[[str], None] = print) 
         wall_s=round(time.monotonic() - started, 1),
         git_commit=git_commit(),
         cores=os.cpu_count(),
-        load_average=[round(load, 2) for load in os.getloadavg()],
+        load_average_start=load_start,
+        load_average_end=[round(load, 2) for load in os.getloadavg()],
         configuration=codec.to_json(dataclasses.replace(config, output=str(out))),
         modes={
             mode: ModeSearch(mode=mode, runs=measured[mode][0], best_qps=best)
