@@ -7,16 +7,14 @@ its `RELAYGR_OTLP_ENDPOINT` twin, sampling every Recommend.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 
 import grpc
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
+from bench.otlp import OtlpReceiver
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc
 from services.common.tracing import user_hash
 from services.launcher.fleet import STUB, Fleet, FleetConfig
@@ -25,36 +23,10 @@ RANKER_SERVICE_SPAN = "/relaygr.v1.RankerService/"
 RECOMMEND_SPAN = "/relaygr.v1.RecommendService/Recommend"
 
 
-class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
-    """An OTLP/gRPC trace receiver: keeps every span it is sent, with its resource's service.name."""
-
-    def __init__(self) -> None:
-        self.spans: list[tuple[str, trace_pb2.Span]] = []
-        self._lock = threading.Lock()
-
-    def Export(self, request, context):
-        with self._lock:
-            for resource_spans in request.resource_spans:
-                attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
-                for scope_spans in resource_spans.scope_spans:
-                    for span in scope_spans.spans:
-                        self.spans.append((attributes["service.name"], span))
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    def trace(self, trace_id: bytes) -> list[tuple[str, trace_pb2.Span]]:
-        with self._lock:
-            return [(service, span) for service, span in self.spans if span.trace_id == trace_id]
-
-
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[tuple[Receiver, int]]:
-    receiver = Receiver()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield receiver, port
-    server.stop(0)
+def receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as receiver:
+        yield receiver
 
 
 def attributes(span: trace_pb2.Span) -> dict[str, object]:
@@ -65,15 +37,14 @@ def attributes(span: trace_pb2.Span) -> dict[str, object]:
     return values
 
 
-def wait_for_root(receiver: Receiver, timeout_s: float = 30) -> trace_pb2.Span:
+def wait_for_root(receiver: OtlpReceiver, timeout_s: float = 30) -> trace_pb2.Span:
     """The one Recommend span the stub exported: the root of the trace."""
     deadline = time.monotonic() + timeout_s
     while True:
-        with receiver._lock:
-            roots = [
-                span for service, span in receiver.spans
-                if service == "relaygr-retrieval-stub" and span.name == RECOMMEND_SPAN
-            ]  # fmt: skip
+        roots = [
+            span for service, span in receiver.spans()
+            if service == "relaygr-retrieval-stub" and span.name == RECOMMEND_SPAN
+        ]  # fmt: skip
         if roots:
             (root,) = roots
             assert not root.parent_span_id
@@ -83,7 +54,7 @@ def wait_for_root(receiver: Receiver, timeout_s: float = 30) -> trace_pb2.Span:
 
 
 def wait_for_spans(
-    receiver: Receiver, trace_id: bytes, expected: set[tuple[str, str]], timeout_s: float = 30
+    receiver: OtlpReceiver, trace_id: bytes, expected: set[tuple[str, str]], timeout_s: float = 30
 ):
     deadline = time.monotonic() + timeout_s
     while True:
@@ -97,8 +68,8 @@ def wait_for_spans(
 
 
 def test_a_relayed_recommend_is_one_trace_across_the_four_services(receiver, tmp_path, monkeypatch) -> None:
-    collector, port = receiver
-    monkeypatch.setenv("RELAYGR_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    collector = receiver
+    monkeypatch.setenv("RELAYGR_OTLP_ENDPOINT", collector.endpoint)
     monkeypatch.setenv("RELAYGR_TRACE_SAMPLE_RATIO", "1")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # export within 0.1 s, not the SDK's 5 s
     config = FleetConfig(

@@ -1,0 +1,232 @@
+"""What tracing costs: each setting's figures, their ratios against tracing off, and the report.
+
+A setting is one fresh fleet at one fixed load: tracing off, or exporting at one sample ratio. Its CPU is
+split by service (`cpu_ms_per_request`: ms of CPU per request sent, warm-up included, as the benchmark's
+`bench.report.cpu_ms_per_request`); `total` is the fleet's four services, without the load generator or the
+OTLP receiver (the collector's side, which a deployment runs elsewhere). `overhead` divides each setting's
+latency percentiles and CPU by tracing off's, measured in the same run, and gives the CPU it added per
+request in ms (the figure that does not depend on the model's own cost).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from bench.otlp import SpanRecord
+from bench.probes import LOAD_GENERATOR
+from bench.tracing.timeline import RelayFacts, group_traces, root
+
+RECEIVER = "otlp receiver"
+SERVICES = ("retrieval stub", "trigger", "router", "rankers")
+# CPU columns: the fleet's services and their total, then the processes beside the fleet.
+CPU_COLUMNS = (*SERVICES, "total", "load generator", RECEIVER)
+
+
+def service_of(process: str) -> str:
+    """The CPU column a process of the run belongs to."""
+    if process.startswith("ranker"):
+        return "rankers"
+    if process.startswith("retrieval-stub"):
+        return "retrieval stub"
+    if process == LOAD_GENERATOR:
+        return "load generator"
+    return process
+
+
+def cpu_ms_per_request(cpu_s: Mapping[str, float], requests: int) -> dict[str, float]:
+    """Ms of CPU per request by column of `CPU_COLUMNS`, from each process's CPU seconds."""
+    seconds = dict.fromkeys(CPU_COLUMNS, 0.0)
+    for process, used in cpu_s.items():
+        column = service_of(process)
+        seconds[column] = seconds.get(column, 0.0) + used
+    seconds["total"] = sum(seconds[service] for service in SERVICES)
+    return {column: round(1000 * used / requests, 3) if requests else 0.0 for column, used in seconds.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class SpanCounts:
+    """What the receiver got in one setting."""
+
+    spans: int
+    traces: int  # distinct trace ids
+    roots: int  # traces whose Recommend (root) span arrived
+    orphans: int  # spans whose parent is in no span received (a lost or never-exported parent)
+    spans_per_trace: float | None
+    by_name: dict[str, int]  # spans by "service span-name"
+
+
+def count_spans(spans: Sequence[SpanRecord]) -> SpanCounts:
+    traces = group_traces(spans)
+    ids = {span.span_id for span in spans}
+    by_name: dict[str, int] = {}
+    for span in spans:
+        key = f"{span.service.removeprefix('relaygr-')} {span.name}"
+        by_name[key] = by_name.get(key, 0) + 1
+    return SpanCounts(
+        spans=len(spans),
+        traces=len(traces),
+        roots=sum(root(trace) is not None for trace in traces.values()),
+        orphans=sum(1 for span in spans if span.parent_id and span.parent_id not in ids),
+        spans_per_trace=round(len(spans) / len(traces), 2) if traces else None,
+        by_name=dict(sorted(by_name.items())),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One setting's measurement."""
+
+    name: str  # off, or the sample ratio
+    sample_ratio: float | None  # None: tracing off
+    rate: float
+    requests: int  # sent, warm-up included (what the CPU is divided by)
+    measured: int  # of those, measured (latency)
+    errors: int
+    recommend_ms: dict[str, float | None]  # end-to-end Recommend latency percentiles (p50, p90, p99)
+    rank_ms: dict[str, float | None]  # the Rank stage, as the stub timed it
+    cache_sources: dict[str, int]
+    cpu_ms: dict[str, float]  # per request, by `CPU_COLUMNS`
+    foreign_cores: float  # cores other users of the machine took meanwhile
+    send_lag_p99_ms: float
+    wall_s: float
+    received: SpanCounts
+
+
+@dataclasses.dataclass(frozen=True)
+class Overhead:
+    """One setting against tracing off: ratios (setting / off) and CPU added per request (ms)."""
+
+    name: str
+    recommend_p50: float | None
+    recommend_p99: float | None
+    rank_p50: float | None
+    rank_p99: float | None
+    cpu: dict[str, float | None]  # ratio by service and total
+    cpu_added_ms: dict[str, float]  # setting minus off, ms per request, by service and total
+
+
+def ratio(value: float | None, base: float | None) -> float | None:
+    if value is None or not base:
+        return None
+    return round(value / base, 3)
+
+
+def overhead(setting: Setting, off: Setting) -> Overhead:
+    columns = (*SERVICES, "total")
+    return Overhead(
+        name=setting.name,
+        recommend_p50=ratio(setting.recommend_ms["p50"], off.recommend_ms["p50"]),
+        recommend_p99=ratio(setting.recommend_ms["p99"], off.recommend_ms["p99"]),
+        rank_p50=ratio(setting.rank_ms["p50"], off.rank_ms["p50"]),
+        rank_p99=ratio(setting.rank_ms["p99"], off.rank_ms["p99"]),
+        cpu={c: ratio(setting.cpu_ms[c], off.cpu_ms[c]) for c in columns},
+        cpu_added_ms={c: round(setting.cpu_ms[c] - off.cpu_ms[c], 3) for c in columns},
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+    """The relayed trace the picture draws, with its spans (so it can be drawn again)."""
+
+    picture: str  # file name in the results folder
+    facts: RelayFacts
+    spans: list[SpanRecord]
+
+
+@dataclasses.dataclass(frozen=True)
+class TracingRun:
+    """results.json of `python -m bench.tracing`."""
+
+    started_at: str
+    wall_s: float
+    git_commit: str
+    machine: dict[str, object]  # cores, load average at start and end, other benchmarks seen at start
+    configuration: dict[str, object]  # the command's settings, the fleet's shape and the universe
+    settings: list[Setting]
+    overhead: list[Overhead]
+    timeline: Timeline | None
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def times(value: float | None) -> str:
+    return "n/a" if value is None else f"x{value:.2f}"
+
+
+def markdown(run: TracingRun) -> str:
+    """report.md: the overhead tables, the picture and the trace it draws."""
+    c, m = run.configuration, run.machine
+    lines = [
+        "# Tracing overhead and one relayed request's timeline",
+        "",
+        f"`python -m bench.tracing` at {run.git_commit}, {run.started_at}, {run.wall_s:.0f} s. One fresh "
+        f"RelayGR fleet per setting ({c['rankers']} `{c['model_preset']}` rankers, router, trigger, "
+        f"retrieval stub), each at the same open-loop load: {c['rate']:g} Recommend/s, {c['warmup']} warm-up "
+        f"+ {c['requests']} measured requests, mix `{c['universe']}`, relay window "
+        f"{c['preprocess_delay_ms']:g} ms, the same users and arrivals in every setting. Spans go over "
+        f"OTLP/gRPC to a receiver process on loopback (the SDK's batch processor, schedule delay "
+        f"{c['bsp_schedule_delay_ms']} ms).",
+        "",
+        f"Machine: {m['cores']} cores, load average at start {m['load_average_at_start']}, at end "
+        f"{m['load_average_at_end']}; other benchmarks or tests running at start: "
+        f"{m['busy_at_start'] or 'none'}. On a shared CPU only the ratios count.",
+        "",
+        "| setting | Recommend P50 / P99 ms | Rank P50 / P99 ms | errors | CPU ms/request: stub | trigger "
+        "| router | rankers | **total** | spans (traces) | foreign cores |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in run.settings:
+        cpu = s.cpu_ms
+        lines.append(
+            f"| {s.name} | {fmt(s.recommend_ms['p50'], 1)} / {fmt(s.recommend_ms['p99'], 1)} | "
+            f"{fmt(s.rank_ms['p50'], 1)} / {fmt(s.rank_ms['p99'], 1)} | {s.errors} | "
+            f"{cpu['retrieval stub']:.2f} | {cpu['trigger']:.2f} | {cpu['router']:.2f} | "
+            f"{cpu['rankers']:.2f} | **{cpu['total']:.2f}** | {s.received.spans} ({s.received.traces}) | "
+            f"{s.foreign_cores:.2f} |"
+        )
+    lines += [
+        "",
+        "Against tracing off, measured in the same run (ratios; CPU added in ms per request):",
+        "",
+        "| setting | Recommend P50 | Recommend P99 | Rank P99 | CPU stub | trigger | router | rankers "
+        "| **total** | CPU added, total ms/request |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for o in run.overhead:
+        lines.append(
+            f"| {o.name} | {times(o.recommend_p50)} | {times(o.recommend_p99)} | {times(o.rank_p99)} | "
+            f"{times(o.cpu['retrieval stub'])} | {times(o.cpu['trigger'])} | {times(o.cpu['router'])} | "
+            f"{times(o.cpu['rankers'])} | **{times(o.cpu['total'])}** | {o.cpu_added_ms['total']:+.2f} |"
+        )
+    lines += [
+        "",
+        "CPU per request counts every request sent (warm-up included) and the fleet's four services; the "
+        "load generator and the OTLP receiver are beside the fleet:",
+        "",
+        "| setting | load generator ms/request | OTLP receiver ms/request | spans/trace | orphan spans |",
+        "|---|---|---|---|---|",
+    ]
+    for s in run.settings:
+        lines.append(
+            f"| {s.name} | {s.cpu_ms['load generator']:.2f} | {s.cpu_ms[RECEIVER]:.2f} | "
+            f"{fmt(s.received.spans_per_trace, 1)} | {s.received.orphans} |"
+        )
+    lines += ["", "## One relayed request", ""]
+    if run.timeline is None:
+        lines.append("No complete relayed trace was received: no picture.")
+    else:
+        f = run.timeline.facts
+        lines += [
+            f"![timeline]({run.timeline.picture})",
+            "",
+            f"Trace `{f.trace_id}` (from the highest sample ratio's run; the relayed trace whose Recommend "
+            f"took closest to the median): Recommend {f.recommend_ms:.1f} ms, {f.long_term_length} long-term "
+            f"events on {f.instance}. The prefix was computed from {f.compute_ms[0]:.1f} to "
+            f"{f.compute_ms[1]:.1f} ms, {f.compute_in_window:.0%} of it inside the pre-processing window "
+            f"({f.window_ms[0]:.1f} to {f.window_ms[1]:.1f} ms); the ranker's Rank ({f.rank_ms[0]:.1f} to "
+            f"{f.rank_ms[1]:.1f} ms) waited {f.prefix_wait_ms:.2f} ms for it (`{f.production}`).",
+        ]
+    return "\n".join(lines) + "\n"
