@@ -1,11 +1,14 @@
 """`python -m bench.mlperf`: one LoadGen test (Server or Offline) of the fleet's Recommend, or `--search`.
 
 Without `--recommend` it starts a local fleet of `--mode` (or, searching, one per mode), drives it, and
-stops every process it started before it returns, however it returns. `--help` lists every flag.
+stops every process it started before it returns, however it returns. Ctrl-C stops the fleets and exits
+at once (status 130), leaving LoadGen's run unfinished: LoadGen cannot be stopped mid-test. `--help` lists
+every flag.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,7 +43,15 @@ def single_run(config: MlperfConfig, out: Path) -> RunResult:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    config = parse(argv)
+    try:
+        run(parse(argv))
+    except KeyboardInterrupt:  # the fleets are stopped by now; LoadGen's thread may still be issuing
+        log("interrupted: every process this command started is stopped")
+        os._exit(130)
+
+
+def run(config: MlperfConfig) -> None:
+    """The command for parsed settings: a search, or one run."""
     out = Path(config.output)
     if config.search:
         result = search(config, out, log)

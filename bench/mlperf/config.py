@@ -62,9 +62,9 @@ class MlperfConfig:
     # The workload.
     visits_per_user: float = 4.0
     users: int = 0
-    history_median: int = 512
+    history_median: int = 256
     history_sigma: float = 0.75
-    history_max: int = 2048
+    history_max: int = 1024
     short_term: int = 16
     growth_events_per_min: float = 60.0
     universe_seed: int = 0

@@ -16,6 +16,7 @@ the seed as LoadGen's schedule, sample-index and QSL seeds.
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from pathlib import Path
 
@@ -85,18 +86,9 @@ def run_loadgen(settings: RunSettings, folder: Path, short_term: int) -> RunResu
     ) as sut:  # fmt: skip
         sut_handle = lg.ConstructSUT(sut.issue_queries, sut.flush_queries)
         qsl = lg.ConstructQSL(users.count, users.count, _nothing_to_load, _nothing_to_load)
-        try:
-            # The audit file is looked for in the run's folder, where there is none: no audit.
-            lg.StartTestWithLogSettings(
-                sut_handle,
-                qsl,
-                loadgen_settings(settings),
-                log_settings(folder),
-                str(folder / "audit.config"),
-            )
-        finally:
-            lg.DestroyQSL(qsl)
-            lg.DestroySUT(sut_handle)
+        _start_test(sut_handle, qsl, settings, folder)
+        lg.DestroyQSL(qsl)
+        lg.DestroySUT(sut_handle)
     answers = sut.answers
     wall_s = time.perf_counter() - started
     failed = collections.Counter(a.code for a in answers if not a.ok)
@@ -121,6 +113,29 @@ def run_loadgen(settings: RunSettings, folder: Path, short_term: int) -> RunResu
     write_json(result, folder / "result.json")
     (folder / "summary.md").write_text(report.run_markdown(result))
     return result
+
+
+def _start_test(sut_handle: int, qsl: int, settings: RunSettings, folder: Path) -> None:
+    """Runs LoadGen's test on a thread of its own and waits for it there, so that the main thread still
+    takes Ctrl-C (KeyboardInterrupt propagates with LoadGen still running: the process must then exit,
+    `bench.mlperf.__main__` does). The audit file is looked for in the run's folder, where there is none."""
+    failures: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            audit = str(folder / "audit.config")
+            lg.StartTestWithLogSettings(
+                sut_handle, qsl, loadgen_settings(settings), log_settings(folder), audit
+            )
+        except BaseException as exc:
+            failures.append(exc)
+
+    worker = threading.Thread(target=start, name="loadgen", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.5)
+    if failures:
+        raise failures[0]
 
 
 def _nothing_to_load(indices: list[int]) -> None:
