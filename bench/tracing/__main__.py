@@ -262,8 +262,8 @@ def timeline(spans: list[SpanRecord], out_dir: Path) -> Timeline | None:
     trace = sorted(group_traces(spans)[trace_id], key=lambda s: (s.start_ns, s.span_id))
     facts = relay_facts(trace)
     title = (
-        f"One relayed Recommend ({facts.long_term_length} long-term events, prefix {facts.production}), "
-        f"trace {trace_id[:16]}…"
+        f"One relayed Recommend: {facts.long_term_length} long-term events, the PreInfer's production "
+        f"{facts.production_kind}, the Rank's prefix {facts.production} (trace {trace_id[:12]}…)"
     )
     draw(trace, out_dir / PICTURE, title)
     return Timeline(picture=PICTURE, facts=facts, spans=trace)

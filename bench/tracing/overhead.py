@@ -222,9 +222,10 @@ def markdown(run: TracingRun) -> str:
         lines += [
             f"![timeline]({run.timeline.picture})",
             "",
-            f"Trace `{f.trace_id}` (from the highest sample ratio's run; the relayed trace whose Recommend "
-            f"took closest to the median): Recommend {f.recommend_ms:.1f} ms, {f.long_term_length} long-term "
-            f"events on {f.instance}. The prefix was computed from {f.compute_ms[0]:.1f} to "
+            f"Trace `{f.trace_id}` (from the highest sample ratio's run: the relayed trace whose Recommend "
+            f"took closest to the median, preferring PreInfers that computed the whole prefix): Recommend "
+            f"{f.recommend_ms:.1f} ms, {f.long_term_length} long-term events on {f.instance}, the PreInfer's "
+            f"production `{f.production_kind}`. The prefix was computed from {f.compute_ms[0]:.1f} to "
             f"{f.compute_ms[1]:.1f} ms, {f.compute_in_window:.0%} of it inside the pre-processing window "
             f"({f.window_ms[0]:.1f} to {f.window_ms[1]:.1f} ms); the ranker's Rank ({f.rank_ms[0]:.1f} to "
             f"{f.rank_ms[1]:.1f} ms) waited {f.prefix_wait_ms:.2f} ms for it (`{f.production}`).",

@@ -3,8 +3,9 @@
 `pick_relayed` chooses the trace: one whose ranker `prefix` span consumed a pre-inference (its
 `relaygr.production` is `hit` or `joined`, and it links to the ranker's PreInfer span of the same trace),
 complete enough to draw the race (the Recommend, its pre-processing window, the production's compute and
-the Rank's model pass), and among those the one whose Recommend took closest to the median of every
-sampled Recommend.
+the Rank's model pass); preferably one whose PreInfer computed the whole prefix (not a reload or an
+extension of a prefix kept in DRAM), and among those the one whose Recommend took closest to the median of
+every sampled Recommend.
 
 `draw` gives each service a lane (a ranker instance one of its own), packs each lane's spans into rows
 (a span below its parent, side by side where they do not overlap), and marks the relay: the
@@ -101,9 +102,19 @@ def drawable(trace: Sequence[SpanRecord]) -> bool:
     )
 
 
+def relayed_production(trace: Sequence[SpanRecord]) -> SpanRecord | None:
+    """The `production` span of the PreInfer whose prefix the Rank consumed (None when not relayed)."""
+    prefix = consumed_prefix(trace)
+    if prefix is None:
+        return None
+    linked = {span_id for _, span_id in prefix.links}
+    return next((s for s in trace if s.name == "production" and s.parent_id in linked), None)
+
+
 def pick_relayed(spans: Iterable[SpanRecord]) -> str | None:
-    """The id of the drawable relayed trace whose Recommend took closest to the median Recommend of all
-    traces received (None when no trace is drawable)."""
+    """The id of the drawable relayed trace to draw (None when no trace is drawable): one whose PreInfer
+    computed the whole prefix (a `compute` production, not a reload or an extension from DRAM) where there
+    is one, and of those the one whose Recommend took closest to the median Recommend of all traces."""
     traces = group_traces(spans)
     roots = [r for r in map(root, traces.values()) if r is not None]
     if not roots:
@@ -112,8 +123,13 @@ def pick_relayed(spans: Iterable[SpanRecord]) -> str | None:
     candidates = [r for r in roots if drawable(traces[r.trace_id])]
     if not candidates:
         return None
-    best = min(candidates, key=lambda r: (abs(r.duration_ms - median_ms), r.trace_id))
-    return best.trace_id
+
+    def preference(r: SpanRecord) -> tuple[bool, float, str]:
+        production = relayed_production(traces[r.trace_id])
+        computed = production is not None and production.attributes.get("relaygr.kind") == "compute"
+        return not computed, abs(r.duration_ms - median_ms), r.trace_id
+
+    return min(candidates, key=preference).trace_id
 
 
 def label(span: SpanRecord) -> str:
@@ -268,6 +284,7 @@ class RelayFacts:
     rank_ms: tuple[float, float]  # the ranker's Rank span
     prefix_wait_ms: float  # the Rank's wait for its prefix
     production: str  # hit or joined
+    production_kind: str  # what the PreInfer's production did: compute, reload (from DRAM) or extend
     long_term_length: int | None
     instance: str
 
@@ -289,6 +306,7 @@ def relay_facts(trace: Sequence[SpanRecord]) -> RelayFacts:
     )
     inside = max(0, min(compute.end_ns, window.end_ns) - max(compute.start_ns, window.start_ns))
     length = rank.attributes.get("relaygr.long_term_length")
+    made = relayed_production(trace)
     return RelayFacts(
         trace_id=start.trace_id,
         recommend_ms=round(start.duration_ms, 2),
@@ -298,6 +316,7 @@ def relay_facts(trace: Sequence[SpanRecord]) -> RelayFacts:
         rank_ms=(ms(rank.start_ns), ms(rank.end_ns)),
         prefix_wait_ms=round(prefix.duration_ms, 2),
         production=str(prefix.attributes.get("relaygr.production")),
+        production_kind=str(made.attributes.get("relaygr.kind", "")) if made is not None else "",
         long_term_length=int(length) if isinstance(length, int) else None,
         instance=str(rank.attributes.get("relaygr.instance", rank.instance)),
     )

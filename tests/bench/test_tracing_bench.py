@@ -44,7 +44,12 @@ _ids = itertools.count(1)
 
 
 def make_trace(
-    number: int, recommend_ms: float, production: str = "hit", link: bool = True, compute_ms: float = 40.0
+    number: int,
+    recommend_ms: float,
+    production: str = "hit",
+    link: bool = True,
+    compute_ms: float = 40.0,
+    kind: str = "compute",
 ) -> list[SpanRecord]:
     """One Recommend's spans as the fleet exports them (times in ms from its start): Admit and the
     PreInfer relayed through trigger and router to ranker-1, the production computing the prefix inside
@@ -73,7 +78,7 @@ def make_trace(
     pre_infer = span(
         RANKER, PRE_INFER_METHOD, forward, 2.6, 4.0, "server", **{"relaygr.instance": "ranker-1"}
     )
-    made = span(RANKER, "production", pre_infer, 2.8, 8.0 + compute_ms, **{"relaygr.kind": "compute"})
+    made = span(RANKER, "production", pre_infer, 2.8, 8.0 + compute_ms, **{"relaygr.kind": kind})
     span(RANKER, "queue", made, 3.0, 7.0, **{"relaygr.op": "compute"})
     span(RANKER, "compute", made, 7.0, 7.0 + compute_ms, **{"relaygr.batch_size": 1})
     rank_out = span(STUB, RANK_METHOD, recommend, 101.0, recommend_ms - 1, "client")
@@ -98,6 +103,11 @@ def test_the_picked_trace_is_relayed_and_near_the_median() -> None:
         *make_trace(5, 125.0, link=False),  # a hit without its PreInfer link: not relayed by this trace
     ]
     assert pick_relayed(spans) == f"{2:032x}"
+    # A PreInfer that computed the whole prefix is preferred to one that extended a prefix kept in DRAM.
+    assert pick_relayed([*spans, *make_trace(9, 120.0, kind="extend")]) == f"{2:032x}"
+    assert pick_relayed([*make_trace(10, 120.0, kind="extend"), *make_trace(11, 140.0, kind="reload")]) == (
+        f"{10:032x}"
+    )
     # A trace missing a span the picture needs is not drawable; none at all gives None.
     incomplete = [s for s in make_trace(6, 120.0) if s.name != "compute"]
     assert not drawable(incomplete)
@@ -124,7 +134,8 @@ def test_the_timeline_is_drawn_from_the_picked_trace(tmp_path) -> None:
             assert bar.row > parent.row, bar.span.name
 
     facts = relay_facts(spans)
-    assert facts.production == "joined" and facts.long_term_length == 1500 and facts.instance == "ranker-1"
+    assert facts.production == "joined" and facts.production_kind == "compute"
+    assert facts.long_term_length == 1500 and facts.instance == "ranker-1"
     assert facts.window_ms == (0.3, 100.5) and facts.compute_ms == (7.0, 117.0)
     assert facts.compute_in_window == pytest.approx(93.5 / 110, abs=1e-3)
 
