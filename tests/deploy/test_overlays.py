@@ -33,6 +33,7 @@ from tests.deploy.manifests import (
     render,
     selects,
     workloads,
+    yamllint_rendered,
 )
 
 CRD_KINDS = {"PodMonitor", "PrometheusRule"}
@@ -102,15 +103,7 @@ def test_yaml_sources_pass_yamllint():
 
 @pytest.mark.parametrize("tree", TREES)
 def test_rendered_manifests_pass_yamllint(tree):
-    # Same settings as the sources, but the line length: rendered ConfigMaps embed dashboard JSON and
-    # ghz data files whose lines are as long as their PromQL and request arrays.
-    config = f"{{extends: {REPO_ROOT / '.yamllint'}, rules: {{line-length: disable}}}}"
-    done = subprocess.run(
-        [sys.executable, "-m", "yamllint", "--strict", "-d", config, "-"],
-        input=render(tree),
-        capture_output=True,
-        text=True,
-    )
+    done = yamllint_rendered(tree)
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-import subprocess
-import sys
 import urllib.parse
 
 import pytest
@@ -23,7 +21,6 @@ from tests.deploy.manifests import (
     DEPLOY,
     NAMESPACE,
     OVERLAYS,
-    REPO_ROOT,
     container_ports,
     containers,
     environment,
@@ -32,6 +29,7 @@ from tests.deploy.manifests import (
     pod_labels,
     render,
     workloads,
+    yamllint_rendered,
 )
 from tests.deploy.network_policy import Pod, allowed
 from tests.deploy.test_network_policies import FLEET_PATHS
@@ -128,13 +126,7 @@ def test_tracing_overlay_passes_strict_validation_and_adds_one_config_map_and_on
     assert done.returncode == 0, done.stdout + done.stderr
     skipped = set(re.findall(r"Couldn't find schema for kind (\w+)", done.stdout))
     assert skipped == {"PodMonitor", "PrometheusRule"}
-    config = f"{{extends: {REPO_ROOT / '.yamllint'}, rules: {{line-length: disable}}}}"
-    lint = subprocess.run(
-        [sys.executable, "-m", "yamllint", "--strict", "-d", config, "-"],
-        input=render(TREE),
-        capture_output=True,
-        text=True,
-    )
+    lint = yamllint_rendered(TREE)
     assert lint.returncode == 0, lint.stdout + lint.stderr
     plain = {(m["kind"], m["metadata"]["name"]) for m in objects("overlays/cpu")}
     added = {(m["kind"], m["metadata"]["name"]) for m in objects(TREE)} - plain
