@@ -1,5 +1,6 @@
-"""The server interceptor every service runs: standard gRPC server metrics with true status codes, and
-domain errors mapped to their status codes.
+"""The server interceptor every service runs: standard gRPC server metrics with true status codes,
+domain errors mapped to their status codes, and, with tracing on, each request's place in its trace
+(`tracing.ServerSpan`: a server span when sampled).
 
 It intercepts at registration rather than per call: `Interceptor` stands in for the server while a service
 registers its handlers, and wraps each unary handler once, with the metric series of its method bound
@@ -77,6 +78,8 @@ def instrument(handler: grpc.RpcMethodHandler, service: str, method: str) -> grp
         return handler
     behavior = handler.unary_unary
     parse = handler.request_deserializer
+    full_method = f"/{service}/{method}"
+    traced = tracing.traced(service, method)  # decided once: tracing off adds nothing per call
     started_total = GRPC_STARTED.labels("unary", service, method)
     seconds = GRPC_HANDLING_SECONDS.labels("unary", service, method)
     handled = Children(GRPC_HANDLED)
@@ -85,6 +88,7 @@ def instrument(handler: grpc.RpcMethodHandler, service: str, method: str) -> grp
         started_total.inc()
         started = time.perf_counter()
         code = grpc.StatusCode.OK
+        span = tracing.ServerSpan(full_method, context.invocation_metadata()) if traced else None
         try:
             if parse is not None:
                 request = _parse(parse, request)
@@ -115,6 +119,8 @@ def instrument(handler: grpc.RpcMethodHandler, service: str, method: str) -> grp
             handled("unary", service, method, code.name).inc()
             # A sampled call's trace id rides along as an exemplar: the P99 panel links to its trace.
             seconds.observe(time.perf_counter() - started, tracing.exemplar())
+            if span is not None:
+                span.end(code)
 
     return grpc.unary_unary_rpc_method_handler(
         instrumented,

@@ -113,11 +113,9 @@ def dial(
         ("grpc.dns_min_time_between_resolutions_ms", 10 * config.reconnect_backoff_ms),
     ]
     options = list({**dict(defaults), **dict(extra_options)}.items())  # the caller's options win
-    interceptors = tracing.client_interceptors() or None
     if config.tls:
-        credentials = channel_credentials(config)
-        return grpc.aio.secure_channel(target, credentials, options=options, interceptors=interceptors)
-    return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
+        return grpc.aio.secure_channel(target, channel_credentials(config), options=options)
+    return grpc.aio.insecure_channel(target, options=options)
 
 
 class GrpcServer:
@@ -133,9 +131,7 @@ class GrpcServer:
     ) -> None:
         self.config = config
         self.service_name = service_name
-        # Tracing on, OpenTelemetry's interceptor opens each traced call's server span around ours.
-        interceptors = tracing.server_interceptors() or None
-        self.server = grpc.aio.server(options=grpc_options(config), interceptors=interceptors)
+        self.server = grpc.aio.server(options=grpc_options(config))
         instrumented = Interceptor(self.server)
         register(instrumented)
         self.health = health.aio.HealthServicer()

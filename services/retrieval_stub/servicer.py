@@ -41,7 +41,7 @@ from relaygr.v1 import (
     trigger_pb2_grpc,
 )
 from services.common import tracing, validation
-from services.common.contract import cache_source_label
+from services.common.contract import RANKER_SERVICE, TRIGGER_SERVICE, cache_source_label, method_path
 from services.common.metrics import Children
 from services.retrieval_stub import metrics
 from services.retrieval_stub.config import RetrievalStubConfig
@@ -50,6 +50,8 @@ from services.workload.universe import UserUniverse
 log = logging.getLogger(__name__)
 
 _LATENCY = Children(metrics.RECOMMEND_LATENCY)
+RANK_METHOD = method_path(RANKER_SERVICE, "Rank")
+ADMIT_METHOD = method_path(TRIGGER_SERVICE, "Admit")
 _RECOMMENDS = Children(metrics.RECOMMENDS)
 
 
@@ -125,19 +127,21 @@ class RecommendService(recommend_pb2_grpc.RecommendServiceServicer):
             )
 
         rank_started = time.perf_counter()
-        ranked = await self.ranker.Rank(
-            ranker_pb2.RankRequest(
-                user_id=user_id,
-                request_id=uuid.uuid4().hex,
-                long_term=long_term,
-                short_term=history.short_term.to_proto(),
-                candidate_item_ids=candidates.tolist(),
-                relay_instance=admit.relay_instance,
-            ),
-            timeout=self.config.rank_timeout_ms / 1000,
-            # A router that restarts is waited for within the deadline instead of failing the Recommend.
-            wait_for_ready=True,
-        )
+        with tracing.client_call(RANK_METHOD) as trace_context:
+            ranked = await self.ranker.Rank(
+                ranker_pb2.RankRequest(
+                    user_id=user_id,
+                    request_id=uuid.uuid4().hex,
+                    long_term=long_term,
+                    short_term=history.short_term.to_proto(),
+                    candidate_item_ids=candidates.tolist(),
+                    relay_instance=admit.relay_instance,
+                ),
+                timeout=self.config.rank_timeout_ms / 1000,
+                # A router that restarts is waited for within the deadline instead of failing the Recommend.
+                wait_for_ready=True,
+                metadata=trace_context,
+            )
         rank_seconds = time.perf_counter() - rank_started
 
         scores = np.asarray(ranked.scores, dtype=np.float32)
@@ -180,15 +184,17 @@ class RecommendService(recommend_pb2_grpc.RecommendServiceServicer):
         if not self.config.relay:
             return trigger_pb2.AdmitResponse()
         try:
-            return await self.trigger.Admit(
-                trigger_pb2.AdmitRequest(
-                    user_id=user_id,
-                    long_term=long_term,
-                    num_candidates=num_candidates,
-                    short_term_length=self.universe.config.short_term_length,
-                ),
-                timeout=self.config.admit_timeout_ms / 1000,
-            )
+            with tracing.client_call(ADMIT_METHOD) as trace_context:
+                return await self.trigger.Admit(
+                    trigger_pb2.AdmitRequest(
+                        user_id=user_id,
+                        long_term=long_term,
+                        num_candidates=num_candidates,
+                        short_term_length=self.universe.config.short_term_length,
+                    ),
+                    timeout=self.config.admit_timeout_ms / 1000,
+                    metadata=trace_context,
+                )
         except grpc.aio.AioRpcError as exc:
             metrics.RECOMMEND_ADMIT_FAILURES.labels(exc.code().name).inc()
             log.debug("Admit for %s failed (%s); ranking without relay", user_id, exc.code().name)

@@ -39,7 +39,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from relaygr.v1 import ranker_pb2, routing_pb2
-from services.common import validation
+from services.common import tracing, validation
 from services.common.contract import RANKER_SERVICE, method_path
 from services.common.errors import DeadlineExceeded, InvalidArgument
 from services.common.interceptor import Interceptor
@@ -146,8 +146,10 @@ class RankerProxy:
 
     @staticmethod
     async def _call(member: Member, method: str, request: bytes, timeout: float) -> bytes:
+        path = method_path(RANKER_SERVICE, method)
         try:
-            response = await member.method(method_path(RANKER_SERVICE, method))(request, timeout=timeout)
+            with tracing.client_call(path) as trace_context:
+                response = await member.method(path)(request, timeout=timeout, metadata=trace_context)
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in NO_ANSWER_CODES:
                 member.last_answer = time.monotonic()  # it answered, with an error

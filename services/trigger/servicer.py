@@ -10,6 +10,7 @@ from __future__ import annotations
 import grpc
 
 from relaygr.v1 import ranker_pb2, trigger_pb2, trigger_pb2_grpc
+from services.common import tracing
 from services.common.contract import RANKER_SERVICE, method_path
 from services.trigger.admission import Reason
 from services.trigger.dataplane import PreInferCall, PreInferFailed, TriggerPlane
@@ -26,7 +27,8 @@ def pre_infer_call(channel: grpc.aio.Channel) -> PreInferCall:
 
     async def pre_infer(payload: bytes, timeout_s: float) -> ranker_pb2.PreInferResponse:
         try:
-            return await call(payload, timeout=timeout_s)
+            with tracing.client_call(PRE_INFER_METHOD) as trace_context:
+                return await call(payload, timeout=timeout_s, metadata=trace_context)
         except grpc.aio.AioRpcError as exc:
             raise PreInferFailed(exc.code().name, exc.details() or "") from exc
 

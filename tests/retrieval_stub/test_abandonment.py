@@ -32,7 +32,10 @@ class FakeTrigger:
     def __init__(self) -> None:
         self.users: list[str] = []
 
-    async def Admit(self, request: trigger_pb2.AdmitRequest, timeout: float) -> trigger_pb2.AdmitResponse:
+    async def Admit(
+        self, request: trigger_pb2.AdmitRequest, timeout: float, metadata: object = None
+    ) -> trigger_pb2.AdmitResponse:
+        assert metadata is None  # tracing is off: no trace context travels
         self.users.append(request.user_id)
         return trigger_pb2.AdmitResponse(
             admitted=True, reason=trigger_pb2.ADMIT_REASON_ADMITTED, relay_instance="ranker-0"
@@ -46,8 +49,9 @@ class FakeRanker:
         self.users: list[str] = []
 
     async def Rank(
-        self, request: ranker_pb2.RankRequest, timeout: float, wait_for_ready: bool
+        self, request: ranker_pb2.RankRequest, timeout: float, wait_for_ready: bool, metadata: object = None
     ) -> ranker_pb2.RankResponse:
+        assert metadata is None  # tracing is off: no trace context travels
         self.users.append(request.user_id)
         return ranker_pb2.RankResponse(
             scores=[float(i) for i in range(len(request.candidate_item_ids))],

@@ -168,3 +168,11 @@ def test_a_relayed_recommend_is_one_trace_across_the_four_services(receiver, tmp
     assert attributes(admit)["relaygr.relay_instance"] == "ranker-0"
     # Every span is inside its trace's root in time, apart from the production it outlived.
     assert all(span.start_time_unix_nano >= root.start_time_unix_nano for _, span in spans)
+    # Only the request was traced: no health check, reflection or GetProfile poll of the fleet's start-up
+    # and steady state started a trace of its own, and every span exported is this Recommend's.
+    assert {span.trace_id for _, span in collector.spans()} == {root.trace_id}
+    assert all(span.status.code != span.status.STATUS_CODE_ERROR for _, span in spans)
+    (ranker_rank_client,) = [
+        s for svc, s in spans if (svc, s.name) == ("relaygr-router", rank_span[1]) and s.kind != server
+    ]
+    assert attributes(ranker_rank_client)["rpc.grpc.status_code"] == 0

@@ -193,7 +193,7 @@ class PrefixCache:
         if production is not None:
             metrics.PRODUCTION_JOINS.inc()
             self.productions.promote(production)
-            return await self._join(production)
+            return await self._join(production, joined=True)
         miss_reason = self._miss_reason(user_id, events, relay_instance)
         if entry is not None:
             production = self._start(
@@ -208,7 +208,7 @@ class PrefixCache:
         if production is None:
             return Acquired(None, Source.MISS, miss_reason)
         production.miss_reason = miss_reason
-        return await self._join(production)
+        return await self._join(production, joined=False)
 
     def release(self, acquired: Acquired) -> None:
         if acquired.pin is None:
@@ -337,8 +337,9 @@ class PrefixCache:
         if superseded and not base.pinned and base.lease is None and self.index.holds(base):
             self.moves.remove(base, "superseded")
 
-    async def _join(self, production: Production) -> Acquired:
-        """Waits for a shared production; when it fails, this Rank computes on its own."""
+    async def _join(self, production: Production, joined: bool) -> Acquired:
+        """Waits for a production, one this Rank started or (`joined`) one already running; when it fails,
+        this Rank computes on its own."""
         source = self._source_of(production)
         miss_reason = production.miss_reason if source is Source.MISS else Miss.MISS_REASON_UNSPECIFIED
         try:
@@ -354,7 +355,7 @@ class PrefixCache:
             return Acquired(None, Source.MISS, miss_reason or Miss.MISS_REASON_COLD)
         self.leases.end(entry, consumed=True)  # a pre-infer leased it: this Rank consumes the lease
         entry.pre_infer = None
-        return Acquired(entry, source, miss_reason, pin=pin, joined=True, pre_infer=production.pre_infer)
+        return Acquired(entry, source, miss_reason, pin=pin, joined=joined, pre_infer=production.pre_infer)
 
     def _lease(self, key: PrefixKey, owner: str) -> None:
         entry = self.index.get(key)
