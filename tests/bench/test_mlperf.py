@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from bench.mlperf import report
 from bench.mlperf.__main__ import main
-from bench.mlperf.results import RunResult, read_json
+from bench.mlperf.results import RunResult, SearchResult, read_json
 from bench.mlperf.summary import DETAIL_FILE, SUMMARY_FILE, parse_summary
 from bench.mlperf.workload import StreamingUsers, user_count
 
 CACHE_TIERS = ("hbm", "dram", "extended")
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 
 def test_a_short_server_run_against_a_local_relay_fleet(tmp_path: Path):
@@ -94,3 +96,16 @@ def test_sample_indices_name_users_and_the_qsl_is_sized_by_visits():
     with pytest.raises(IndexError):
         users.user(25)
     assert user_count(queries=100, visits_per_user=4, users=7) == 7
+
+
+@pytest.mark.parametrize("name", ["mlperf", "mlperf-m512"])
+def test_the_committed_searches_read_back_and_render_as_committed(name: str):
+    search = read_json(SearchResult, RESULTS / name / "result.json")
+    assert (RESULTS / name / "summary.md").read_text() == report.search_markdown(search)
+    for mode in search.modes.values():
+        assert mode.best_qps is not None and mode.best().valid
+        for run in mode.runs:
+            assert run.completed == run.loadgen.issued_samples and run.failed == 0
+            assert (
+                RESULTS / name / mode.mode / f"q{run.settings.target_qps:g}" / "mlperf_log_summary.txt"
+            ).exists()
