@@ -9,6 +9,7 @@ tier.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ def test_a_short_server_run_against_a_local_relay_fleet(tmp_path: Path):
         "--history-median", "64", "--history-sigma", "0.5", "--history-max", "512",
         "--growth-events-per-min", "120", "--startup-timeout-s", "60", "--output", str(out),
     ])  # fmt: skip
+    assert fleet_children() == [], "the command left processes of its fleet behind"
     summary = (out / SUMMARY_FILE).read_text()
     assert "Scenario : Server" in summary
     assert (out / DETAIL_FILE).stat().st_size > 0
@@ -59,6 +61,19 @@ def test_a_short_server_run_against_a_local_relay_fleet(tmp_path: Path):
     history = result.history
     assert 0 < history.computed_at_least <= history.tokens
     assert history.short_term == 16 and history.mean_long_term >= 32
+
+
+def fleet_children() -> list[int]:
+    """Processes still running that the launcher started for this process (services.launcher.child <pid>)."""
+    marker = f"services.launcher.child\0{os.getpid()}\0".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            continue
+    return found
 
 
 def test_every_sample_is_completed_when_every_call_fails(tmp_path: Path):
