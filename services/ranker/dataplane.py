@@ -61,6 +61,8 @@ class RankResult:
     source: Source
     miss_reason: int  # a common_pb2.MissReason
     lossy: bool
+    computed_prefix_events: int  # long-term events computed on this Rank's critical path
+    prefix_wait_ms: float  # the wait for the prefix (its production, when there was one)
 
 
 class DataPlane:
@@ -138,9 +140,11 @@ class DataPlane:
         load, cost_ms = self.cache.load, self.cache.load.cost_ms("rank_ms", len(long_term))
         load.add_rank(cost_ms)
         try:
+            waited = time.perf_counter()
             with tracing.span("prefix") as prefix_span:
                 acquired = await self.cache.acquire(user_id, long_term, relay_instance, deadline)
                 _describe(prefix_span, acquired)
+            prefix_wait_ms = (time.perf_counter() - waited) * 1000
             try:
                 if acquired.entry is None:
                     job = self.runner.uncached(long_term, short_term, candidates, deadline)
@@ -175,7 +179,9 @@ class DataPlane:
                     "relaygr.lossy": lossy,
                 }
             )
-        return RankResult(scores, source, acquired.miss_reason, lossy)
+        # Without an entry the runner computed the whole prefix on the Rank's path (`uncached`).
+        computed = len(long_term) if acquired.entry is None else acquired.computed_events
+        return RankResult(scores, source, acquired.miss_reason, lossy, computed, prefix_wait_ms)
 
     def _admit(self, length: int, time_remaining_s: float | None) -> float | None:
         """Sheds a Rank before any work when the device queue is full or its deadline cannot be met;

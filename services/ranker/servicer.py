@@ -81,6 +81,8 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
             instance=self.config.instance_name,
             miss_reason=result.miss_reason,
             lossy=result.lossy,
+            computed_prefix_events=result.computed_prefix_events,
+            prefix_wait_ms=result.prefix_wait_ms,
         )
 
     async def GetProfile(self, request, context) -> ranker_pb2.GetProfileResponse:

@@ -167,6 +167,8 @@ class RecommendService(recommend_pb2_grpc.RecommendServiceServicer):
             admit_reason=admit.reason,
             miss_reason=ranked.miss_reason,
             rank_latency_ms=rank_seconds * 1000,
+            computed_prefix_events=ranked.computed_prefix_events,
+            prefix_wait_ms=ranked.prefix_wait_ms,
             long_term_length=len(history.long_term),
             request_time_ms=now_ms,
         )

@@ -160,6 +160,9 @@ def test_the_baseline_sends_no_admit_and_no_hint(fleet):
         assert response.cache_source == common_pb2.CACHE_SOURCE_MISS
         assert response.miss_reason == common_pb2.MISS_REASON_NEVER_PRE_INFERRED
         assert len(response.item_ids) == TOP_K
+        # The Rank's own account, passed through: the whole long-term history computed on its path.
+        assert response.computed_prefix_events == response.long_term_length
+        assert response.prefix_wait_ms > 0
 
 
 def test_a_failed_admit_only_costs_the_relay_hint(fleet):

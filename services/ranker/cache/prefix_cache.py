@@ -85,6 +85,9 @@ class Acquired:
     joined: bool = False
     # The sampled PreInfer whose prefix it consumes (its lease, or the production it joined).
     pre_infer: SpanContext | None = None
+    # Long-term events a production this Rank started computed for it (a miss's, or an extension's
+    # appended ones); 0 for a prefix found, reloaded or joined.
+    computed_events: int = 0
 
 
 class PrefixCache:
@@ -355,7 +358,11 @@ class PrefixCache:
             return Acquired(None, Source.MISS, miss_reason or Miss.MISS_REASON_COLD)
         self.leases.end(entry, consumed=True)  # a pre-infer leased it: this Rank consumes the lease
         entry.pre_infer = None
-        return Acquired(entry, source, miss_reason, pin=pin, joined=joined, pre_infer=production.pre_infer)
+        computed = 0 if joined else production.tokens
+        return Acquired(
+            entry, source, miss_reason, pin=pin, joined=joined, pre_infer=production.pre_infer,
+            computed_events=computed,
+        )  # fmt: skip
 
     def _lease(self, key: PrefixKey, owner: str) -> None:
         entry = self.index.get(key)
