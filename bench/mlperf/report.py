@@ -7,6 +7,7 @@ MLCommons LoadGen, not an MLPerf submission.
 from __future__ import annotations
 
 from bench.mlperf.results import ModeSearch, RunResult, RunSettings, SearchResult
+from bench.mlperf.tally import Latencies
 from services.common.contract import CACHE_SOURCES
 
 CAVEAT = (
@@ -14,9 +15,11 @@ CAVEAT = (
     "comparable with MLPerf results."
 )
 CRITICAL_PATH_NOTE = (
-    "The history computed on the critical path is a lower bound: a MISS computes its long-term and "
-    "short-term events, every other Rank at least its short-term ones. The answers do not say how many "
-    "events an EXTENDED Rank appended, nor whether an HBM or DRAM Rank waited for a production still "
+    "History on the critical path: the long-term events each Rank computed itself (its answer's "
+    "computed_prefix_events: all of them on a MISS, the appended ones of an extension it started, 0 for a "
+    "prefix found in HBM, reloaded from DRAM or joined) plus the short-term events every Rank computes, as a "
+    "share of the ranked answers' long-term + short-term events. Prefix wait: how long a Rank waited for "
+    "its long-term prefix (prefix_wait_ms); for HBM, a relayed Rank's wait for a pre-inference still "
     "running (bench.mlperf.tally)."
 )
 
@@ -49,7 +52,7 @@ def describe(result: RunResult) -> str:
 
 def run_markdown(result: RunResult) -> str:
     """The summary.md of one run."""
-    s, lg, t, h = result.settings, result.loadgen, result.tiers, result.history
+    s, lg, t, h, w = result.settings, result.loadgen, result.tiers, result.history, result.prefix_wait_ms
     checks = {
         "performance constraints (P99)": lg.performance_constraints,
         "min duration": lg.min_duration,
@@ -74,20 +77,27 @@ def run_markdown(result: RunResult) -> str:
         f"- users: {s.users} in the QSL, {result.distinct_users} visited, {result.visits_per_user} visits "
         f"each on average; mean long-term length {h.mean_long_term}",
         "",
-        "| tier | all Ranks | later visits of a user |",
-        "|---|---|---|",
+        "| tier | all Ranks | later visits of a user | history on the critical path | "
+        "prefix wait P50 / P99, ms |",
+        "|---|---|---|---|---|",
         *(
             f"| {tier} | {t.counts.get(tier, 0)} ({_pct(t.rates.get(tier, 0.0))}) | "
-            f"{t.later_counts.get(tier, 0)} ({_pct(t.later_rates.get(tier, 0.0))}) |"
+            f"{t.later_counts.get(tier, 0)} ({_pct(t.later_rates.get(tier, 0.0))}) | "
+            f"{h.computed_by_tier.get(tier, 0)} of {h.tokens_by_tier.get(tier, 0)} "
+            f"({_pct(h.computed_share_by_tier.get(tier, 0.0))}) | {_waits(w.by_tier.get(tier))} |"
             for tier in CACHE_SOURCES
         ),
-        f"| ranked | {t.ranked} | {t.later_visits} |",
+        f"| ranked | {t.ranked} | {t.later_visits} | {h.computed} of {h.tokens} ({_pct(h.computed_share)}) | "
+        f"{_waits(w.all)} |",
         "",
         f"Miss reasons: {_counts(t.miss_reasons)}. Admitted (pre-inference fired): {t.admitted}.",
         "",
-        f"History computed on the Ranks' critical paths: at least {h.computed_at_least} of {h.tokens} events "
-        f"({_pct(h.computed_at_least_share)}); events gained since the previous visit, EXTENDED Ranks: "
-        f"{'—' if h.extended_appended_mean is None else h.extended_appended_mean}. {CRITICAL_PATH_NOTE}",
+        f"History computed on the Ranks' critical paths: {h.computed} of {h.tokens} events "
+        f"(**{_pct(h.computed_share)}**): {h.computed_prefix} long-term events the Ranks computed themselves "
+        f"+ {h.computed_short_term} short-term events ({h.short_term} a Rank); EXTENDED Ranks computed "
+        f"{'—' if h.extended_computed_mean is None else h.extended_computed_mean} long-term events each on "
+        f"average. HBM Ranks that waited over 1 ms for a pre-inference still running: {w.hbm_over_1ms} of "
+        f"{t.counts.get('hbm', 0)}. {CRITICAL_PATH_NOTE}",
         "",
     ]
     return "\n".join(lines)
@@ -100,6 +110,10 @@ def _target(s: RunSettings) -> str:
         )
     window = "" if s.relay_window_ms is None else f" (relay window {s.relay_window_ms:g} ms inside it)"
     return f"- target P99 {s.p99_target_ms:g} ms over the whole Recommend{window}"
+
+
+def _waits(waits: Latencies | None) -> str:
+    return "—" if waits is None or waits.p50 is None else f"{_ms(waits.p50)} / {_ms(waits.p99)}"
 
 
 def _codes(result: RunResult) -> str:
@@ -126,15 +140,15 @@ def search_markdown(search: SearchResult) -> str:
         f"start and {search.load_average_end[0]:g} at the end.",
         "",
         "| mode | highest VALID QPS | P99 there, ms | Rank P99, ms | hbm | dram | extended | miss | "
-        "history on the critical path |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "history on the critical path | prefix wait P50 / P99, ms | HBM prefix wait P50 / P99, ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *(_best_row(mode) for mode in search.modes.values()),
         "",
         "Every run, in the order measured:",
         "",
         "| mode | target QPS | verdict | P99 ms | max ms | samples/s | failed | hbm | dram | extended | "
-        "miss |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "miss | critical path | prefix wait P99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(_run_row(run) for mode in search.modes.values() for run in mode.runs),
         "",
         CRITICAL_PATH_NOTE,
@@ -146,12 +160,13 @@ def search_markdown(search: SearchResult) -> str:
 def _best_row(mode: ModeSearch) -> str:
     best = mode.best()
     if best is None:
-        return f"| {mode.mode} | none VALID | — | — | — | — | — | — | — |"
+        return f"| {mode.mode} | none VALID | — | — | — | — | — | — | — | — | — |"
     r = best.tiers.rates
     return (
         f"| {mode.mode} | {mode.best_qps:g} | {_ms(best.loadgen.p99_ms)} | {_ms(best.rank_ms.p99)} | "
         + " | ".join(_pct(r.get(tier, 0.0)) for tier in CACHE_SOURCES)
-        + f" | ≥ {_pct(best.history.computed_at_least_share)} |"
+        + f" | {_pct(best.history.computed_share)} | {_waits(best.prefix_wait_ms.all)} | "
+        f"{_waits(best.prefix_wait_ms.by_tier.get('hbm'))} |"
     )
 
 
@@ -176,5 +191,5 @@ def _run_row(run: RunResult) -> str:
         f"| {s.mode} | {s.target_qps:g} | {verdict} | {_ms(lg.p99_ms)} | {_ms(lg.max_ms)} | "
         f"{lg.samples_per_s} | {run.failed} | "
         + " | ".join(_pct(r.get(tier, 0.0)) for tier in CACHE_SOURCES)
-        + " |"
+        + f" | {_pct(run.history.computed_share)} | {_ms(run.prefix_wait_ms.all.p99)} |"
     )

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from bench import codec
 from bench.mlperf.summary import LoadGenSummary
-from bench.mlperf.tally import History, Latencies, Tiers
+from bench.mlperf.tally import History, Latencies, PrefixWait, Tiers
 
 RESULT_FILE = "result.json"
 T = TypeVar("T")
@@ -53,7 +53,8 @@ class RunResult:
     error_codes: dict[str, int]
     valid: bool  # LoadGen's VALID and failures within max_error_fraction
     tiers: Tiers
-    history: History
+    history: History  # history tokens, and those computed on the Ranks' critical paths (exact)
+    prefix_wait_ms: PrefixWait  # the Ranks' waits for their long-term prefix, overall and per tier
     rank_ms: Latencies  # the Rank through the router, as the stub timed it
     recommend_ms: Latencies  # the whole Recommend, issue to answer, as the SUT timed it
     distinct_users: int  # users with at least one answered visit

@@ -27,7 +27,7 @@ from bench.mlperf.config import MlperfConfig
 from bench.mlperf.results import RunResult, RunSettings, write_json
 from bench.mlperf.summary import read_summary
 from bench.mlperf.sut import RecommendSUT
-from bench.mlperf.tally import history, latencies, ranked, tiers
+from bench.mlperf.tally import history, latencies, prefix_wait, ranked, tiers
 from bench.mlperf.workload import StreamingUsers, expected_queries, namespace, user_count
 
 SCENARIOS = {"Server": lg.TestScenario.Server, "Offline": lg.TestScenario.Offline}
@@ -104,6 +104,7 @@ def run_loadgen(settings: RunSettings, folder: Path, short_term: int) -> RunResu
         valid=summary.valid and sum(failed.values()) <= settings.max_error_fraction * len(answers),
         tiers=tiers(answers),
         history=history(answers, short_term),
+        prefix_wait_ms=prefix_wait(answers),
         rank_ms=latencies([a.response.rank_latency_ms for a in answered]),
         recommend_ms=latencies([a.latency_s * 1000 for a in answered]),
         distinct_users=len(visited),

@@ -8,13 +8,18 @@ its `miss_reason`). `rates` are shares of the ranked answers and add up to 1; `l
 visits after a user's first answered visit of the run (ordered by the stub's request time), which is what
 streaming users return for.
 
-Critical path. A Rank computes its short-term events and candidates in every case, and its whole
-long-term prefix on a MISS. What the answers do not carry: how many tokens an EXTENDED Rank appended (the
-cached base's length), and whether an HBM or DRAM Rank found its prefix ready or joined a production still
-running (and waited for part of it). So the history computed on the critical path is known only as a
-lower bound, `computed_at_least`: every MISS's long-term + short-term events, every other Rank's
-short-term events. `extended_appended_mean` is a client-side observation beside it, not the ranker's
-count: for EXTENDED Ranks, how many long-term events the user gained since its previous answered visit.
+Critical path. Every answer says how many long-term events its Rank computed on its own critical path
+(`computed_prefix_events`: all of them on a MISS, the appended ones of an extension it started itself, 0 for
+a prefix found in HBM, reloaded from DRAM, or joined while a pre-inference was computing it), and every
+Rank computes its `short_term` short-term events (and its candidates, not history). So the history computed
+on the critical path is exact: `computed` = `computed_prefix` (the sum of `computed_prefix_events`) +
+`computed_short_term` (short-term events times ranked answers), with its share of the history `tokens`
+(long-term + short-term events of the ranked answers), overall and per tier.
+
+Prefix wait. Every answer also says how long its Rank waited for its long-term prefix (`prefix_wait_ms`):
+about 0 for a prefix ready in HBM, the rest of a pre-inference still running for a Rank that joined it, the
+whole computation, reload or extension for one it started. `PrefixWait` gives its percentiles over all
+ranked answers and per tier; for HBM, how long relayed Ranks waited for a pre-inference still running.
 """
 
 from __future__ import annotations
@@ -46,15 +51,20 @@ class Tiers:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class History:
-    """History tokens (long-term + short-term events) of the ranked answers."""
+    """History tokens (long-term + short-term events) of the ranked answers, and those computed on the
+    Ranks' critical paths."""
 
     short_term: int  # short-term events per request (the stub's --short-term-length)
     tokens: int
     tokens_by_tier: dict[str, int]
-    computed_at_least: int  # on the Ranks' critical paths: MISS's long + short term, the others' short
-    computed_at_least_share: float  # of `tokens`
+    computed: int  # on the Ranks' critical paths: computed_prefix + computed_short_term
+    computed_prefix: int  # long-term events: the sum of the answers' computed_prefix_events
+    computed_short_term: int  # short-term events: every ranked answer's `short_term`
+    computed_share: float  # computed / tokens
+    computed_by_tier: dict[str, int]  # per tier: its answers' computed_prefix_events + short-term events
+    computed_share_by_tier: dict[str, float]  # computed_by_tier / tokens_by_tier (0 for an empty tier)
     mean_long_term: float
-    extended_appended_mean: float | None  # EXTENDED: events gained since the user's previous visit
+    extended_computed_mean: float | None  # EXTENDED: mean computed_prefix_events (0 for a joined extension)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -120,26 +130,52 @@ def tiers(answers: Sequence[Answer]) -> Tiers:
 def history(answers: Sequence[Answer], short_term: int) -> History:
     """The history tally of a run's answers, `short_term` events per request."""
     by_tier = dict.fromkeys(CACHE_SOURCES, 0)
-    at_least = 0
-    previous: dict[str, int] = {}
-    appended: list[int] = []
+    computed_by_tier = dict.fromkeys(CACHE_SOURCES, 0)
+    extended: list[int] = []
     rows = ranked(answers)
     for answer in rows:
         response = answer.response
         tier = cache_source_label(response.cache_source)
-        long_term = response.long_term_length
-        by_tier[tier] = by_tier.get(tier, 0) + long_term + short_term
-        at_least += long_term + short_term if tier == "miss" else short_term
-        if tier == "extended" and answer.user in previous:
-            appended.append(long_term - previous[answer.user])
-        previous[answer.user] = long_term
+        by_tier[tier] = by_tier.get(tier, 0) + response.long_term_length + short_term
+        computed_by_tier[tier] = computed_by_tier.get(tier, 0) + response.computed_prefix_events + short_term
+        if tier == "extended":
+            extended.append(response.computed_prefix_events)
     tokens = sum(by_tier.values())
+    computed = sum(computed_by_tier.values())
     return History(
         short_term=short_term,
         tokens=tokens,
         tokens_by_tier=by_tier,
-        computed_at_least=at_least,
-        computed_at_least_share=_share(at_least, tokens),
+        computed=computed,
+        computed_prefix=sum(a.response.computed_prefix_events for a in rows),
+        computed_short_term=short_term * len(rows),
+        computed_share=_share(computed, tokens),
+        computed_by_tier=computed_by_tier,
+        computed_share_by_tier={tier: _share(computed_by_tier[tier], by_tier[tier]) for tier in by_tier},
         mean_long_term=round(sum(a.response.long_term_length for a in rows) / len(rows), 1) if rows else 0.0,
-        extended_appended_mean=round(sum(appended) / len(appended), 1) if appended else None,
+        extended_computed_mean=round(sum(extended) / len(extended), 1) if extended else None,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PrefixWait:
+    """The Ranks' waits for their long-term prefix (`prefix_wait_ms`), ms, of the ranked answers."""
+
+    all: Latencies
+    by_tier: dict[str, Latencies]  # hbm: a prefix ready (about 0) or a pre-inference still running (joined)
+    hbm_over_1ms: int  # HBM answers that waited over 1 ms: they joined a pre-inference still running
+
+
+def prefix_wait(answers: Sequence[Answer]) -> PrefixWait:
+    """The prefix-wait tally of a run's answers."""
+    rows = ranked(answers)
+    by_tier: dict[str, list[float]] = {tier: [] for tier in CACHE_SOURCES}
+    for answer in rows:
+        by_tier.setdefault(cache_source_label(answer.response.cache_source), []).append(
+            answer.response.prefix_wait_ms
+        )
+    return PrefixWait(
+        all=latencies([a.response.prefix_wait_ms for a in rows]),
+        by_tier={tier: latencies(waits) for tier, waits in by_tier.items()},
+        hbm_over_1ms=sum(1 for wait in by_tier["hbm"] if wait > 1.0),
     )

@@ -4,7 +4,8 @@ No timed assertion: LoadGen's verdict is recorded, never asserted (a few seconds
 by early stopping anyway). What is asserted holds on any machine: LoadGen's logs are written and name the
 scenario, every sample LoadGen issued is completed (failures included, none lost), the tier shares add up
 to 1, a user's first visit can only be pre-inferred or a miss, and a later visit is served from a cache
-tier.
+tier; the history computed on the Ranks' critical paths is the answers' computed_prefix_events plus every
+Rank's short-term events, none of the prefix for an HBM or DRAM answer, all of it for a MISS.
 """
 
 from __future__ import annotations
@@ -18,9 +19,16 @@ from bench.mlperf import report
 from bench.mlperf.__main__ import main
 from bench.mlperf.results import RunResult, SearchResult, read_json
 from bench.mlperf.summary import DETAIL_FILE, SUMMARY_FILE, parse_summary
+from bench.mlperf.sut import OK, Answer
+from bench.mlperf.tally import history, prefix_wait
 from bench.mlperf.workload import StreamingUsers, user_count
+from relaygr.v1 import common_pb2, recommend_pb2
 
 CACHE_TIERS = ("hbm", "dram", "extended")
+HBM, DRAM, EXTENDED, MISS = (
+    common_pb2.CACHE_SOURCE_HBM, common_pb2.CACHE_SOURCE_DRAM,
+    common_pb2.CACHE_SOURCE_EXTENDED, common_pb2.CACHE_SOURCE_MISS,
+)  # fmt: skip
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 
@@ -59,8 +67,66 @@ def test_a_short_server_run_against_a_local_relay_fleet(tmp_path: Path):
     assert sum(tiers.later_counts[tier] for tier in CACHE_TIERS) > 0
 
     history = result.history
-    assert 0 < history.computed_at_least <= history.tokens
     assert history.short_term == 16 and history.mean_long_term >= 32
+    assert (
+        history.computed
+        == history.computed_prefix + history.computed_short_term
+        == sum(history.computed_by_tier.values())
+    )
+    assert history.computed_short_term == 16 * tiers.ranked
+    # Relay: a visit served from HBM (pre-inferred, or joined) or DRAM computed no long-term event itself.
+    for tier in ("hbm", "dram"):
+        assert history.computed_by_tier[tier] == 16 * tiers.counts[tier]
+    # A MISS computed its whole long-term prefix on its critical path.
+    assert history.computed_by_tier["miss"] == history.tokens_by_tier["miss"]
+    assert history.computed_share < 1.0 and history.computed <= history.tokens
+    waits = result.prefix_wait_ms
+    assert waits.all.p50 is not None and 0 <= waits.all.p50 <= waits.all.p99
+    assert waits.hbm_over_1ms <= tiers.counts["hbm"]
+
+
+def test_a_baseline_miss_computes_its_whole_long_term_history(tmp_path: Path):
+    out = tmp_path / "baseline"
+    main([
+        "--scenario", "Server", "--target-qps", "4", "--duration-s", "2", "--min-query-count", "6",
+        "--mode", "baseline", "--preset", "cpu-tiny", "--rankers", "1", "--users", "6",
+        "--history-median", "64", "--history-sigma", "0.5", "--history-max", "512",
+        "--startup-timeout-s", "60", "--output", str(out),
+    ])  # fmt: skip
+    result = read_json(RunResult, out / "result.json")
+    tiers, history = result.tiers, result.history
+    assert tiers.ranked == result.completed >= 6 and tiers.counts["miss"] > 0
+    assert history.computed_by_tier["miss"] == history.tokens_by_tier["miss"] > 16 * tiers.counts["miss"]
+    assert history.computed_share_by_tier["miss"] == 1.0
+    assert history.computed == history.computed_prefix + 16 * tiers.ranked
+
+
+def answer(user: str, source: int, long_term: int, computed: int, wait_ms: float, at_ms: int) -> Answer:
+    response = recommend_pb2.RecommendResponse(
+        cache_source=source, long_term_length=long_term, computed_prefix_events=computed,
+        prefix_wait_ms=wait_ms, request_time_ms=at_ms,
+    )  # fmt: skip
+    return Answer(at_ms, 0, user, at_ms / 1000, 0.01, OK, "", response)
+
+
+def test_the_tally_counts_the_critical_path_the_answers_report():
+    answers = [
+        answer("a", MISS, 300, 300, 40.0, 1),  # computed in full
+        answer("a", HBM, 310, 0, 0.1, 2),  # pre-inferred and ready
+        answer("b", HBM, 200, 0, 12.0, 3),  # joined a pre-inference still running
+        answer("a", EXTENDED, 320, 10, 3.0, 4),  # extended by the 10 events appended
+        answer("b", DRAM, 200, 0, 2.0, 5),  # reloaded
+        Answer(6, 0, "c", 0.006, 2.0, "DEADLINE_EXCEEDED", "", None),  # failed: not counted
+    ]
+    h = history(answers, short_term=16)
+    assert h.tokens == 300 + 310 + 200 + 320 + 200 + 5 * 16
+    assert (h.computed_prefix, h.computed_short_term, h.computed) == (310, 80, 390)
+    assert h.computed_by_tier == {"hbm": 32, "dram": 16, "extended": 26, "miss": 316}
+    assert h.computed_share_by_tier["miss"] == 1.0 and h.computed_share == round(390 / h.tokens, 4)
+    assert h.extended_computed_mean == 10.0
+    w = prefix_wait(answers)
+    assert w.hbm_over_1ms == 1 and w.by_tier["miss"].p99 == 40.0 and w.by_tier["hbm"].p99 > 11.0
+    assert w.all.p50 == 3.0
 
 
 def fleet_children() -> list[int]:
