@@ -17,7 +17,8 @@ CAVEAT = (
 CRITICAL_PATH_NOTE = (
     "History on the critical path: the long-term events each Rank computed itself (its answer's "
     "computed_prefix_events: all of them on a MISS, the appended ones of an extension it started, 0 for a "
-    "prefix found in HBM, reloaded from DRAM or joined) plus the short-term events every Rank computes, as a "
+    "prefix found in HBM, reloaded from DRAM or joined, a MISS that joined a concurrent Rank's computation "
+    "included) plus the short-term events every Rank computes, as a "
     "share of the ranked answers' long-term + short-term events. Prefix wait: how long a Rank waited for "
     "its long-term prefix (prefix_wait_ms); for HBM, a relayed Rank's wait for a pre-inference still "
     "running (bench.mlperf.tally)."

@@ -10,9 +10,10 @@ streaming users return for.
 
 Critical path. Every answer says how many long-term events its Rank computed on its own critical path
 (`computed_prefix_events`: all of them on a MISS, the appended ones of an extension it started itself, 0 for
-a prefix found in HBM, reloaded from DRAM, or joined while a pre-inference was computing it), and every
-Rank computes its `short_term` short-term events (and its candidates, not history). So the history computed
-on the critical path is exact: `computed` = `computed_prefix` (the sum of `computed_prefix_events`) +
+a prefix found in HBM, reloaded from DRAM, or joined while a pre-inference or a concurrent Rank of the same
+user was computing it: a MISS that joined another Rank's computation counts 0), and every Rank computes
+its `short_term` short-term events (and its candidates, not history). So the history computed on the
+critical path is exact: `computed` = `computed_prefix` (the sum of `computed_prefix_events`) +
 `computed_short_term` (short-term events times ranked answers), with its share of the history `tokens`
 (long-term + short-term events of the ranked answers), overall and per tier.
 

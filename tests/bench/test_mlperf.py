@@ -77,8 +77,9 @@ def test_a_short_server_run_against_a_local_relay_fleet(tmp_path: Path):
     # Relay: a visit served from HBM (pre-inferred, or joined) or DRAM computed no long-term event itself.
     for tier in ("hbm", "dram"):
         assert history.computed_by_tier[tier] == 16 * tiers.counts[tier]
-    # A MISS computed its whole long-term prefix on its critical path.
-    assert history.computed_by_tier["miss"] == history.tokens_by_tier["miss"]
+    # A MISS computed its whole long-term prefix on its critical path, unless it joined a computation of the
+    # same prefix that a concurrent Rank of its user had started (then 0).
+    assert 16 * tiers.counts["miss"] <= history.computed_by_tier["miss"] <= history.tokens_by_tier["miss"]
     assert history.computed_share < 1.0 and history.computed <= history.tokens
     waits = result.prefix_wait_ms
     assert waits.all.p50 is not None and 0 <= waits.all.p50 <= waits.all.p99
@@ -89,12 +90,13 @@ def test_a_baseline_miss_computes_its_whole_long_term_history(tmp_path: Path):
     out = tmp_path / "baseline"
     main([
         "--scenario", "Server", "--target-qps", "4", "--duration-s", "2", "--min-query-count", "6",
-        "--mode", "baseline", "--preset", "cpu-tiny", "--rankers", "1", "--users", "6",
+        "--mode", "baseline", "--preset", "cpu-tiny", "--rankers", "1", "--users", "60",
         "--history-median", "64", "--history-sigma", "0.5", "--history-max", "512",
         "--startup-timeout-s", "60", "--output", str(out),
     ])  # fmt: skip
     result = read_json(RunResult, out / "result.json")
     tiers, history = result.tiers, result.history
+    # 60 users for about 8 visits: no two Ranks of a user at once, so no MISS joined another's computation.
     assert tiers.ranked == result.completed >= 6 and tiers.counts["miss"] > 0
     assert history.computed_by_tier["miss"] == history.tokens_by_tier["miss"] > 16 * tiers.counts["miss"]
     assert history.computed_share_by_tier["miss"] == 1.0
