@@ -1,8 +1,10 @@
 """The dependency rules of the code base, checked over its import graph (every import statement, and every
 module named to `importlib.import_module`, in services/, bench/ and tools/):
 
-- `services/common` (shared plumbing) and `services/workload` (the synthetic user universe the retrieval
-  stub serves and tools draw requests from) are service-neutral: they import no service;
+- `services/common` (shared plumbing), `services/affinity` (affinity routing to the rankers, which the
+  router runs for its clients and the trigger and retrieval stub run in process) and `services/workload`
+  (the synthetic user universe the retrieval stub serves and tools draw requests from) are
+  service-neutral: they import no service;
 - services talk to each other over gRPC only: no service imports another service;
 - the launcher, the load generator, `bench/` and `tools/` build processes from flags and speak gRPC: they
   import no module of a service, neither a servicer, proxy or data-plane module nor its config (a process
@@ -27,7 +29,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = {"ranker", "router", "trigger", "retrieval_stub"}
-NEUTRAL = ("common", "workload")  # packages under services/ that every service and client may import
+# Packages under services/ that every service and client may import.
+NEUTRAL = ("common", "workload", "affinity")
 CLIENTS = ("launcher", "loadgen", "bench", "tools")
 # In-process harnesses, by path, and the one service whose internals each measures (see the docstring).
 IN_PROCESS = {
@@ -78,7 +81,7 @@ def violations() -> list[str]:
             target = parts[1]
             rule = None
             if here in NEUTRAL and target in SERVICES:
-                rule = "a service-neutral package (services/common, services/workload) imports no service"
+                rule = "a service-neutral package (services/common, affinity, workload) imports no service"
             elif here in SERVICES and target in SERVICES and target != here:
                 rule = "no service imports another service"
             elif here in CLIENTS and target in SERVICES and IN_PROCESS.get(where) != target:

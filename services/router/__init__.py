@@ -1,7 +1,7 @@
 """The affinity router: serves `relaygr.v1.RankerService` in front of N rankers.
 
-`ring` places users on members (consistent hashing, bounded load), `membership` keeps the members and
-their health, `routing` picks the member for each request (relay hint, ring, failover), `proxy` forwards
-the raw request bytes, `server` wires them behind one gRPC server, and `__main__` runs it
-(`python -m services.router`).
+The routing itself is `services.affinity`'s (the ring, the membership and its health, the policy, the
+client that calls the chosen member), shared with the trigger and the retrieval stub when they route
+directly; `proxy` serves it to the router's clients, forwarding the raw request bytes, `app` wires them
+behind one gRPC server, and `__main__` runs it (`python -m services.router`).
 """

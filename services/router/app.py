@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from services.affinity.client import AffinityClient
+from services.affinity.discovery import DnsLookup, srv_lookup
 from services.common.contract import RANKER_SERVICE
 from services.common.server import GrpcServer
 from services.router.config import RouterConfig
-from services.router.discovery import DnsLookup, srv_lookup
-from services.router.membership import Membership
 from services.router.proxy import RankerProxy
-from services.router.routing import RoutingPolicy
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +26,10 @@ class RouterApp:
 
     def __init__(self, config: RouterConfig, lookup: DnsLookup = srv_lookup) -> None:
         self.config = config
-        self.membership = Membership.from_config(config, lookup)
-        self.policy = RoutingPolicy(self.membership, config.routing_policy)
-        proxy = RankerProxy(self.policy, config.deadline_margin_ms, config.default_timeout_ms)
+        self.client = AffinityClient.from_config(config, config, lookup)
+        self.membership = self.client.membership
+        self.policy = self.client.policy
+        proxy = RankerProxy(self.client, config.deadline_margin_ms, config.default_timeout_ms)
         self.grpc = GrpcServer(config, RANKER_SERVICE, proxy.register)
         self._ready: asyncio.Task | None = None
 
@@ -39,7 +39,7 @@ class RouterApp:
 
     async def start(self) -> None:
         await self.grpc.start()
-        await self.membership.start()
+        await self.client.start()
         self._ready = asyncio.create_task(self._serve_once_a_member_is_healthy())
 
     async def _serve_once_a_member_is_healthy(self) -> None:
@@ -59,4 +59,4 @@ class RouterApp:
     async def close(self) -> None:
         if self._ready is not None:
             self._ready.cancel()
-        await self.membership.close()
+        await self.client.close()

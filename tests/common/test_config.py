@@ -80,9 +80,10 @@ def test_every_declared_bound_refuses_a_value_outside_it_naming_the_flag(cls, fi
 
 
 def test_choices_come_from_the_registries_they_name():
+    from services.affinity.settings import ROUTING_POLICIES
     from services.ranker.cache.tiers import POLICIES
     from services.ranker.model.presets import PRESETS
-    from services.router.config import ROUTING_POLICIES, RouterConfig
+    from services.router.config import RouterConfig
 
     fields = {f.name: f for f in dataclasses.fields(RankerConfig)}
     assert fields["model_preset"].metadata["choices"] == tuple(PRESETS)

@@ -28,9 +28,9 @@ from grpc_health.v1 import health_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
+from services.affinity.discovery import srv_lookup
 from services.common.contract import cache_source_label
 from services.launcher.procs import health_status
-from services.router.discovery import srv_lookup
 from tests.reliability.harness import BackgroundLoad, recommend_load
 
 log = logging.getLogger("driver")

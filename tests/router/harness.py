@@ -17,10 +17,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from relaygr.v1 import common_pb2, ranker_pb2
+from services.affinity.discovery import DnsLookup, srv_lookup
 from services.common.contract import RANKER_SERVICE
 from services.router.app import RouterApp
 from services.router.config import RouterConfig
-from services.router.discovery import DnsLookup, srv_lookup
 
 
 @dataclasses.dataclass(frozen=True)

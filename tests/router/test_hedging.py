@@ -15,8 +15,8 @@ import grpc
 import pytest
 
 from relaygr.v1 import ranker_pb2_grpc
+from services.affinity.metrics import ROUTER_INFLIGHT
 from services.router.app import RouterApp
-from services.router.metrics import ROUTER_INFLIGHT
 from tests.router.harness import StubRanker, eventually
 from tests.router.test_proxy import decisions, rank_request, stub_named, through_router
 

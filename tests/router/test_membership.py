@@ -8,12 +8,12 @@ import grpc
 import pytest
 
 from relaygr.v1 import ranker_pb2
+from services.affinity.discovery import DiscoveryFailed, SrvRecord, members_from_srv
+from services.affinity.membership import CircuitBreaker, Membership
+from services.affinity.metrics import ROUTER_FAILURES, ROUTER_MEMBER_HEALTHY
 from services.common.config import load
 from services.common.contract import RANKER_SERVICE
 from services.router.config import RouterConfig
-from services.router.discovery import DiscoveryFailed, SrvRecord, members_from_srv
-from services.router.membership import CircuitBreaker, Membership
-from services.router.metrics import ROUTER_FAILURES, ROUTER_MEMBER_HEALTHY
 from tests.router.harness import eventually, stub_rankers
 
 SRV_NAME = "_grpc._tcp.ranker-headless.relaygr.svc.cluster.local"
@@ -106,7 +106,7 @@ def test_srv_discovery_adds_removes_keeps_and_clears_members() -> None:
     async def scenario() -> None:
         dns = FixedDns([pod("ranker-0"), pod("ranker-1")])
         config = RouterConfig(rankers_srv=SRV_NAME, dns_refresh_s=0.05, health_interval_s=30)
-        membership = Membership.from_config(config, lookup=dns)
+        membership = Membership.from_config(config, config, lookup=dns)
         await membership.start()
         try:
             assert {n: m.address for n, m in membership.members.items()} == {
@@ -150,7 +150,7 @@ def test_unhealthy_members_are_not_routable_and_come_back() -> None:
         async with stub_rankers(2) as (zero, one):
             rankers = f"ranker-0={zero.address},ranker-1={one.address}"
             config = RouterConfig(rankers=rankers, health_interval_s=0.05)
-            membership = Membership.from_config(config)
+            membership = Membership.from_config(config, config)
             await membership.start()
             try:
                 await asyncio.wait_for(membership.wait_until_any_healthy(), 5)
@@ -179,7 +179,7 @@ def test_a_member_slow_to_answer_its_health_check_stays_until_several_checks_tim
             config = RouterConfig(
                 rankers=f"ranker-0={zero.address}", health_interval_s=0.1, health_timeouts=3
             )
-            membership = Membership.from_config(config)
+            membership = Membership.from_config(config, config)
             await membership.start()
             try:
                 await asyncio.wait_for(membership.wait_until_any_healthy(), 5)
@@ -230,7 +230,7 @@ def test_member_faults_open_the_circuit_but_client_errors_do_not() -> None:
                 circuit_failures=3,
                 circuit_open_s=0.3,
             )
-            membership = Membership.from_config(config)
+            membership = Membership.from_config(config, config)
             await membership.start()
             try:
                 member = membership.get("ranker-0")
@@ -258,7 +258,7 @@ def test_a_leaving_member_is_off_the_ring_at_once_and_finishes_its_forwards() ->
         async with stub_rankers(1) as (stub,):
             stub.delay_s = 0.3
             config = RouterConfig(rankers=f"ranker-0={stub.address}", health_interval_s=0.05, drain_grace_s=5)
-            membership = Membership.from_config(config)
+            membership = Membership.from_config(config, config)
             await membership.start()
             member = membership.get("ranker-0")
             await eventually(lambda: member.routable)

@@ -10,11 +10,11 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
+from services.affinity.metrics import ROUTER_DECISIONS, ROUTER_INFLIGHT
 from services.common.contract import RANKER_SERVICE
 from services.launcher.procs import health_status
 from services.router.app import RouterApp
 from services.router.config import RouterConfig
-from services.router.metrics import ROUTER_DECISIONS, ROUTER_INFLIGHT
 from tests.router.harness import StubRanker, eventually, router_config, running_router, stub_rankers
 
 Scenario = Callable[[RouterApp, ranker_pb2_grpc.RankerServiceStub, list[StubRanker]], Awaitable[None]]

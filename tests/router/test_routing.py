@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from services.affinity.membership import Membership
+from services.affinity.routing import RoutingDecision, RoutingPolicy
 from services.common.errors import Unavailable
-from services.router.membership import Membership
-from services.router.routing import RoutingDecision, RoutingPolicy
 from tests.router.harness import StubRanker, eventually, router_config, stub_rankers
 
 USERS = [f"user-{i}" for i in range(50)]
@@ -24,7 +24,8 @@ def with_policy(
 
     async def main() -> None:
         async with stub_rankers(3) as stubs:
-            membership = Membership.from_config(router_config(stubs, **overrides))
+            config = router_config(stubs, **overrides)
+            membership = Membership.from_config(config, config)
             await membership.start()
             try:
                 await eventually(lambda: len(membership.routable()) == 3)

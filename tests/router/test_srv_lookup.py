@@ -16,9 +16,9 @@ import grpc
 import pytest
 
 from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
+from services.affinity.discovery import DiscoveryFailed, SrvRecord, srv_lookup
+from services.affinity.membership import Membership
 from services.router.config import RouterConfig
-from services.router.discovery import DiscoveryFailed, SrvRecord, srv_lookup
-from services.router.membership import Membership
 from tests.router.harness import StubRanker, eventually, running_router
 from tests.router.loopback_dns import LoopbackDns
 
@@ -65,7 +65,7 @@ def test_membership_keeps_its_members_through_a_dns_outage_and_empties_on_nxdoma
         server.set(SRV_NAME, "SRV", ["0 0 50051 ranker-0.ranker-headless.relaygr.svc.cluster.local."])
         config = RouterConfig(rankers_srv=SRV_NAME, dns_refresh_s=0.05, health_interval_s=30)
         lookup = functools.partial(srv_lookup, resolver=server.resolver(lifetime_s=0.2))
-        membership = Membership.from_config(config, lookup=lookup)
+        membership = Membership.from_config(config, config, lookup=lookup)
         await membership.start()
         try:
             assert {n: m.address for n, m in membership.members.items()} == {

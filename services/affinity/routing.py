@@ -1,4 +1,5 @@
-"""Which member serves a request, and why: the routing policy of the router, free of transport.
+"""Which member serves a request, and why: the routing policy (the router's, and a directly routing
+trigger's or stub's), free of transport.
 
 Order of preference for a request of user `u` carrying relay hint `h` (the `instance` its PreInfer named):
 1. `hint`: the member named `h`, while it is routable — the prefix cache lives there, whatever the ring
@@ -21,9 +22,9 @@ import dataclasses
 import enum
 import random
 
+from services.affinity.membership import Member, Membership
+from services.affinity.settings import ROUTING_POLICIES
 from services.common.errors import Unavailable
-from services.router.config import ROUTING_POLICIES
-from services.router.membership import Member, Membership
 
 
 class RoutingDecision(enum.StrEnum):
@@ -42,7 +43,7 @@ class Route:
 
 
 class RoutingPolicy:
-    """Chooses members from the live membership; reads the in-flight counts that the proxy keeps."""
+    """Chooses members from the live membership; reads the in-flight counts that the client keeps."""
 
     def __init__(
         self, membership: Membership, policy: str = "affinity", rng: random.Random | None = None

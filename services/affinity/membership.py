@@ -1,4 +1,5 @@
-"""The rankers behind the router: who they are, whether they are healthy, whether their circuit is open.
+"""The rankers a routing process calls (the router, or a trigger or stub routing directly): who they are,
+whether they are healthy, whether their circuit is open.
 
 Contract:
 - Members are named by stable names (StatefulSet pod names), which are what the ring hashes and what a
@@ -11,7 +12,7 @@ Contract:
 - `CircuitBreaker`: `failures` consecutive failed forwards open the circuit for `open_s`; afterwards
   traffic may try again, a success closes it and one more failure re-opens it at once.
 
-Not thread-safe: everything runs on the router's event loop (blocking DNS calls run in its executor).
+Not thread-safe: everything runs on the routing process's event loop (blocking DNS calls run in its executor).
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from collections.abc import Callable, Mapping
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.affinity.discovery import Discovery, DnsLookup, srv_discovery, srv_lookup, static_discovery
+from services.affinity.metrics import ROUTER_FAILURES, ROUTER_INFLIGHT, ROUTER_MEMBER_HEALTHY
+from services.affinity.settings import AffinitySettings
+from services.common.config import ServiceConfig
 from services.common.contract import RANKER_SERVICE
 from services.common.ring import AffinityRing
 from services.common.server import dial
-from services.router.config import RouterConfig
-from services.router.discovery import Discovery, DnsLookup, srv_discovery, srv_lookup, static_discovery
-from services.router.metrics import ROUTER_FAILURES, ROUTER_INFLIGHT, ROUTER_MEMBER_HEALTHY
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,7 @@ class CircuitBreaker:
 
 
 class Member:
-    """One ranker: stable name, address, channel, last health, circuit, and the router's in-flight count."""
+    """One ranker: stable name, address, channel, last health, circuit, and our in-flight count."""
 
     def __init__(self, name: str, address: str, channel: grpc.aio.Channel, breaker: CircuitBreaker) -> None:
         self.name = name
@@ -87,8 +89,8 @@ class Member:
         # A health check has told whether it serves: it answered, was refused, or timed out too often.
         self.checked = False
         self.in_flight = 0
-        # When this router last had an answer from it (time.monotonic()): a Rank is hedged only away from
-        # a member that has been silent for a while (services.router.proxy).
+        # When this process last had an answer from it (time.monotonic()): a Rank is hedged only away from
+        # a member that has been silent for a while (services.affinity.client).
         self.last_answer = -math.inf
         self._methods: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
 
@@ -146,7 +148,10 @@ class Membership:
         self._checked = asyncio.Event()  # pulsed whenever a health check finishes
 
     @classmethod
-    def from_config(cls, config: RouterConfig, lookup: DnsLookup = srv_lookup) -> Membership:
+    def from_config(
+        cls, config: AffinitySettings, service: ServiceConfig, lookup: DnsLookup = srv_lookup
+    ) -> Membership:
+        """The members `config` names, dialled with `service`'s channel settings (TLS, message sizes)."""
         if config.rankers_srv:
             discover, refresh_s = srv_discovery(config.srv_name(), lookup), config.dns_refresh_s
         else:
@@ -159,7 +164,7 @@ class Membership:
         )
         return cls(
             discover=discover,
-            connect=lambda address: dial(address, config, options),
+            connect=lambda address: dial(address, service, options),
             ring=AffinityRing(
                 virtual_nodes=config.virtual_nodes,
                 load_factor=config.load_factor,
@@ -170,7 +175,7 @@ class Membership:
             circuit_failures=config.circuit_failures,
             circuit_open_s=config.circuit_open_s,
             refresh_s=refresh_s,
-            close_grace_s=config.drain_grace_s,
+            close_grace_s=service.drain_grace_s,
         )
 
     @property

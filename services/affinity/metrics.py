@@ -1,4 +1,8 @@
-"""The router's metrics: routing decisions, in-flight forwards, member health and failures."""
+"""Routing metrics: decisions, calls in flight, member health and failures.
+
+Named `relaygr_router_*` wherever the routing runs: in the router, or in a trigger or retrieval stub that
+routes directly (their `job` label tells them apart), so one dashboard panel shows every decision.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Where the router's members come from: a fixed list, or the SRV records of a Kubernetes headless Service.
+"""Where the members come from: a fixed list, or the SRV records of a Kubernetes headless Service.
 
 From `--rankers name=host:port,...` the names are given. From DNS, `--rankers-srv` names an SRV record
 (`_grpc._tcp.ranker-headless.relaygr.svc.cluster.local`: the headless Service's port named `grpc`), which
@@ -11,7 +11,7 @@ zone is needed.
 Lookups go through dnspython with the system resolver configuration (`/etc/resolv.conf`, read afresh for
 each lookup; under `ip netns exec NS` that is `/etc/netns/NS/resolv.conf`). A name that does not exist
 (NXDOMAIN) or has no SRV records means there are no members; any other failure (no server answered, a
-SERVFAIL, a timeout) raises `DiscoveryFailed`, and the router keeps the members it has.
+SERVFAIL, a timeout) raises `DiscoveryFailed`, and the membership keeps the members it has.
 """
 
 from __future__ import annotations
