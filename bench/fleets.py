@@ -12,7 +12,8 @@ names differs:
 - `dram-only`: no Admit and no hint (the stub's `--relay false`), but the rankers keep their DRAM tier,
   so a revisit may reload or extend the prefix its last Rank computed: the expander's share of the gain,
   without the relay.
-- `no-affinity`: the router draws a member at random for every PreInfer and Rank, ignoring hints.
+- `no-affinity`: every process that routes (the router, the trigger and the stubs, which route directly)
+  draws a member at random for every PreInfer and Rank, ignoring hints.
 - `no-dram`: the rankers keep no DRAM tier.
 - `no-revisit`: a workload variant, not another fleet: RelayGR's own fleet on the same mix with revisit
   probability 0, so every request is a new user and neither the DRAM tier nor extension can help.
@@ -22,7 +23,10 @@ names differs:
 
 `BenchFleet` also serves other user universes, relay windows and abandonment shares than the fleet's own
 stub: it runs one extra retrieval stub next to the fleet (replaced whenever another universe, window or
-share is asked for), wired to the fleet's router and trigger exactly like the fleet's stub.
+share is asked for), wired to the rankers and the trigger exactly like the fleet's stub.
+
+The trigger and the stubs route their own PreInfer and Rank calls (the launcher's `--routing direct`, its
+default), so the router takes no part in a measured request.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class Mode:
     description: str
     relay: bool = True  # the stub sends Admit and the relay hint
     dram: bool = True  # the rankers keep a DRAM tier
-    router_args: str = ""
+    router_args: str = ""  # flags of every routing process: the router, the trigger and the stubs
     trigger_args: str = ""
     revisits: bool = True  # False: a workload variant where no request revisits a user
 
@@ -119,7 +123,7 @@ class BenchFleet:
             startup_timeout_s=shape.startup_timeout_s,
             ranker_args=f"{shape.ranker_args} {limit}",
             router_args=mode.router_args,
-            trigger_args=f"{mode.trigger_args} {limit}",
+            trigger_args=f"{mode.trigger_args} {mode.router_args} {limit}",
             stub_args=shlex.join(self._stub_flags(universe, delay_ms, 0.0)),
         )
         self.fleet = Fleet(self.config)
@@ -134,6 +138,7 @@ class BenchFleet:
         return [
             *shlex.split(self.shape.stub_args), "--preprocess-delay-ms", str(delay_ms), *admit_timeout,
             "--abandon-fraction", str(abandon_fraction), *universe.stub_args,
+            *shlex.split(self.mode.router_args),
         ]  # fmt: skip
 
     def __enter__(self) -> BenchFleet:
@@ -155,7 +160,7 @@ class BenchFleet:
             return self._extra[1].address
         self._extra_processes.close()
         args = [
-            "--router", self.fleet.address(ROUTER), "--trigger", self.fleet.address(TRIGGER),
+            *self.fleet.ranker_route_args(), "--trigger", self.fleet.address(TRIGGER),
             "--relay", str(self.mode.relay).lower(), *self._stub_flags(*wanted),
         ]  # fmt: skip
         name = f"{STUB}-{universe.label}-d{delay_ms:g}-a{abandon_fraction:g}"

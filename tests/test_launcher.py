@@ -46,11 +46,13 @@ def fleet_config(tmp_path, **overrides) -> FleetConfig:
 def test_the_fleet_passes_only_the_flags_it_sets(tmp_path):
     # Unset budgets and SLO are not passed: the ranker's and the trigger's own defaults apply.
     fleet = Fleet(fleet_config(tmp_path, ranker_args=""))
+    fleet.ranker_route_args = lambda: ["--rankers", "ranker-0=127.0.0.1:1"]
     assert fleet._ranker_args("ranker-0") == ["--instance-name", "ranker-0", "--model-preset", "cpu-tiny"]
-    assert fleet._trigger_args("127.0.0.1:1") == ["--router", "127.0.0.1:1", "--reuse-port", "true"]
+    assert fleet._trigger_args() == ["--rankers", "ranker-0=127.0.0.1:1", "--reuse-port", "true"]
     fleet = Fleet(fleet_config(tmp_path, hbm_budget_mb=64.0, dram_budget_mb=-1.0, slo_ms=80.0))
+    fleet.ranker_route_args = lambda: ["--router", "127.0.0.1:1"]
     assert fleet._ranker_args("ranker-1")[4:8] == ["--hbm-budget-mb", "64.0", "--dram-budget-mb", "-1.0"]
-    assert fleet._trigger_args("127.0.0.1:1")[2:4] == ["--slo-ms", "80.0"]
+    assert fleet._trigger_args()[2:4] == ["--slo-ms", "80.0"]
     launcher = load(LauncherConfig, ["--hbm-budget-mb", "32"], {"RELAYGR_SLO_MS": "90"})
     assert (launcher.hbm_budget_mb, launcher.dram_budget_mb, launcher.slo_ms) == (32.0, None, 90.0)
 

@@ -1,7 +1,9 @@
 """The local fleet: N rankers, the router, the trigger and the retrieval stub as child processes.
 
 `Fleet` starts the services tier by tier (rankers, router, trigger, retrieval stub), each once the tier
-it calls is healthy, and stops them front door first. Every child runs in its own process group under
+it calls is healthy (with `--routing direct`, the default, the trigger and the stub are given the rankers
+and route their own calls; the router serves the clients that call RankerService, such as ghz), and
+stops them front door first. Every child runs in its own process group under
 `services.launcher.procs.Processes`, so `stop()` (and leaving the `with` block, however it is left) ends
 them all. `check()` raises `ServiceExited` for a child that died on its own, naming it with its log tail;
 `kill` / `restart` (and `kill_ranker` / `restart_ranker`) take one service down and bring it back on the
@@ -36,6 +38,7 @@ from services.launcher.procs import Processes, ServiceProcess
 # Health-checked service names; the router serves RankerService like a ranker.
 
 ROUTER, TRIGGER, STUB = "router", "trigger", "retrieval-stub"
+ROUTINGS = ("direct", "router")
 PORT_OFFSETS = {ROUTER: 0, TRIGGER: 2, STUB: 3}
 RANKER_PORT_OFFSET = 10
 # A free port is picked by the launcher and bound by the child, so another process may take it in
@@ -75,6 +78,13 @@ class FleetConfig:
         "trigger's default)",
     )
     relay: bool = setting(True, "run the relay; false starts the baseline (retrieval stub without Admit)")
+    routing: str = setting(
+        "direct",
+        "how the trigger and the retrieval stub reach the rankers: direct (each routes its own PreInfer and "
+        "Rank with the router's policy, given the rankers: one hop less each way) or router (through the "
+        "router); the router runs either way, for clients that call RankerService",
+        choices=ROUTINGS,
+    )
     base_port: int = setting(50050, "gRPC port of the router; the others follow it (0: free ports)")
     metrics_base_port: int = setting(9100, "metrics port of the router; the others follow it (0: free ports)")
     log_dir: str = setting(".run/logs", "folder of the services' logs, one <service>.log each")
@@ -201,15 +211,13 @@ class Fleet:
             self._spawn(name, "services.ranker", RANKER_SERVICE, self._ranker_args(name))
         for name in self.ranker_names:
             self._wait_healthy(name)
-        members = ",".join(f"{name}={self.children[name].address}" for name in self.ranker_names)
-        router_args = ["--rankers", members, "--reuse-port", "true", *shlex.split(c.router_args)]
+        router_args = ["--rankers", self.members(), "--reuse-port", "true", *shlex.split(c.router_args)]
         self._spawn(ROUTER, "services.router", RANKER_SERVICE, router_args)
         self._wait_healthy(ROUTER)
-        router = self.address(ROUTER)
-        self._spawn(TRIGGER, "services.trigger", TRIGGER_SERVICE, self._trigger_args(router))
+        self._spawn(TRIGGER, "services.trigger", TRIGGER_SERVICE, self._trigger_args())
         self._wait_healthy(TRIGGER)
         stub_args = [
-            "--router", router, "--trigger", self.address(TRIGGER), "--relay", str(c.relay).lower(),
+            *self.ranker_route_args(), "--trigger", self.address(TRIGGER), "--relay", str(c.relay).lower(),
             *shlex.split(c.stub_args),
         ]  # fmt: skip
         self._spawn(STUB, "services.retrieval_stub", RECOMMEND_SERVICE, stub_args)
@@ -225,10 +233,20 @@ class Fleet:
             *shlex.split(c.ranker_args),
         ]  # fmt: skip
 
-    def _trigger_args(self, router: str) -> list[str]:
+    def members(self) -> str:
+        """The rankers as `--rankers` lists them: name=host:port,..."""
+        return ",".join(f"{name}={self.children[name].address}" for name in self.ranker_names)
+
+    def ranker_route_args(self) -> list[str]:
+        """The flags that give a trigger or retrieval stub its way to the rankers (`--routing`)."""
+        if self.config.routing == "direct":
+            return ["--rankers", self.members()]
+        return ["--router", self.address(ROUTER)]
+
+    def _trigger_args(self) -> list[str]:
         c = self.config
         return [
-            "--router", router, *given({"--slo-ms": c.slo_ms}), "--reuse-port", "true",
+            *self.ranker_route_args(), *given({"--slo-ms": c.slo_ms}), "--reuse-port", "true",
             *shlex.split(c.trigger_args),
         ]  # fmt: skip
 

@@ -1,15 +1,18 @@
-"""Assembles a retrieval stub: its user universe, channels to the router and the trigger, RecommendService.
+"""Assembles a retrieval stub: its user universe, its way to the rankers (through the router, or routed
+directly with `--rankers`/`--rankers-srv`), its channel to the trigger, RecommendService.
 
 `RetrievalStubApp` is what `python -m services.retrieval_stub` runs (`services.common.server.serve_app`):
-`start()` binds the ports and turns SERVING at once (the stub depends on nothing to answer: the router and
-the trigger are dialled lazily), `close()` closes its channels after the drain.
+`start()` binds the ports, starts watching the rankers when it routes directly, and turns SERVING at once
+(the stub depends on nothing to answer: a Rank waits for start-up within its deadline, the router and the
+trigger are dialled lazily), `close()` closes its channels after the drain.
 """
 
 from __future__ import annotations
 
 import logging
 
-from relaygr.v1 import ranker_pb2_grpc, recommend_pb2_grpc, trigger_pb2_grpc
+from relaygr.v1 import recommend_pb2_grpc, trigger_pb2_grpc
+from services.affinity.calls import describe, ranker_calls
 from services.common.contract import RECOMMEND_SERVICE
 from services.common.server import GrpcServer, dial
 from services.retrieval_stub.config import RetrievalStubConfig
@@ -23,12 +26,12 @@ class RetrievalStubApp:
     def __init__(self, config: RetrievalStubConfig) -> None:
         self.config = config
         self.universe = UserUniverse(config)
-        self._router = dial(config.router, config)
+        self.rankers = ranker_calls(config, config, config.router)
         self._trigger = dial(config.trigger, config) if config.relay else None
         self.service = RecommendService(
             config,
             self.universe,
-            ranker_pb2_grpc.RankerServiceStub(self._router),
+            self.rankers,
             trigger_pb2_grpc.TriggerServiceStub(self._trigger) if self._trigger is not None else None,
         )
         self.grpc = GrpcServer(
@@ -39,11 +42,13 @@ class RetrievalStubApp:
 
     async def start(self) -> None:
         await self.grpc.start()
+        await self.rankers.start()
+        log.info("Rank goes %s", describe(self.rankers))
         epoch, relay = self.universe.epoch_ms, "on" if self.config.relay else "off (baseline)"
         log.info("universe epoch %d ms (--universe-epoch-ms %d reproduces it); relay %s", epoch, epoch, relay)
         await self.grpc.set_serving()
 
     async def close(self) -> None:
-        for channel in (self._router, self._trigger):
-            if channel is not None:
-                await channel.close()
+        await self.rankers.close()
+        if self._trigger is not None:
+            await self._trigger.close()

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 
+from services.affinity.settings import AffinitySettings
 from services.common.config import ServiceConfig, check_target, setting
 from services.workload.universe import UniverseConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class RetrievalStubConfig(UniverseConfig, ServiceConfig):
+class RetrievalStubConfig(UniverseConfig, AffinitySettings, ServiceConfig):
     port: int = setting(50053, "gRPC port (0 picks a free port)")
     metrics_port: int = setting(9103, "Prometheus metrics port (0 picks a free port; -1 disables)")
     router: str = setting(
         "127.0.0.1:50050",
         "gRPC target of the routers (or of one ranker), host:port, dns:///name:port (every address, "
-        "balanced by --lb-policy) or ipv4:a:p,b:q: Rank goes there",
+        "balanced by --lb-policy) or ipv4:a:p,b:q: Rank goes there, unless --rankers or --rankers-srv "
+        "route directly",
     )
     trigger: str = setting(
         "127.0.0.1:50052",
@@ -42,9 +44,11 @@ class RetrievalStubConfig(UniverseConfig, ServiceConfig):
     def validate(self) -> None:
         ServiceConfig.validate(self)
         UniverseConfig.validate(self)
-        if not self.router:
-            raise ValueError("--router must not be empty")
-        check_target(self.router, "--router")
+        self.validate_affinity()
+        if not self.routes_directly:
+            if not self.router:
+                raise ValueError("--router must not be empty")
+            check_target(self.router, "--router")
         if self.relay and not self.trigger:
             raise ValueError("--trigger must not be empty when --relay is on")
         if self.relay:

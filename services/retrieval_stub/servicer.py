@@ -13,8 +13,9 @@ One Recommend:
    Rank will consume) and answers OK with `abandoned` set and nothing ranked. Which requests are abandoned
    is a hash of (universe seed, user, request time) (`abandoned`), not a process's random state, so the
    relay and the baseline abandon the same requests;
-5. ranks the candidates through the router, passing the Admit answer's `relay_instance` as the hint
-   (waiting for the router within the Rank deadline when it is not reachable, e.g. while it restarts);
+5. ranks the candidates, passing the Admit answer's `relay_instance` as the hint: through the router
+   (waited for within the Rank deadline when it is not reachable, e.g. while it restarts), or routed
+   directly to the ranker (`services.affinity`, with `--rankers`/`--rankers-srv`);
 6. answers the top-k candidates by score, best first, with where the ranking's prefix came from.
 
 A failed Rank fails the Recommend with the Rank's own status code.
@@ -34,14 +35,14 @@ import numpy as np
 from relaygr.v1 import (
     common_pb2,
     ranker_pb2,
-    ranker_pb2_grpc,
     recommend_pb2,
     recommend_pb2_grpc,
     trigger_pb2,
     trigger_pb2_grpc,
 )
+from services.affinity.calls import RankerCalls
 from services.common import tracing, validation
-from services.common.contract import RANKER_SERVICE, TRIGGER_SERVICE, cache_source_label, method_path
+from services.common.contract import TRIGGER_SERVICE, cache_source_label, method_path
 from services.common.metrics import Children
 from services.retrieval_stub import metrics
 from services.retrieval_stub.config import RetrievalStubConfig
@@ -50,7 +51,6 @@ from services.workload.universe import UserUniverse
 log = logging.getLogger(__name__)
 
 _LATENCY = Children(metrics.RECOMMEND_LATENCY)
-RANK_METHOD = method_path(RANKER_SERVICE, "Rank")
 ADMIT_METHOD = method_path(TRIGGER_SERVICE, "Admit")
 _RECOMMENDS = Children(metrics.RECOMMENDS)
 
@@ -71,20 +71,20 @@ def abandoned(universe_seed: int, user_id: str, request_time_ms: int, fraction: 
 
 
 class RecommendService(recommend_pb2_grpc.RecommendServiceServicer):
-    """The retrieval stub's servicer. Stateless apart from its channels' stubs; safe for concurrent RPCs."""
+    """The retrieval stub's servicer. Stateless apart from its channels; safe for concurrent RPCs."""
 
     def __init__(
         self,
         config: RetrievalStubConfig,
         universe: UserUniverse,
-        ranker: ranker_pb2_grpc.RankerServiceStub,
+        rankers: RankerCalls,
         trigger: trigger_pb2_grpc.TriggerServiceStub | None,
     ) -> None:
         if config.relay and trigger is None:
             raise ValueError("the relay needs a trigger stub")
         self.config = config
         self.universe = universe
-        self.ranker = ranker
+        self.rankers = rankers
         self.trigger = trigger
 
     async def Recommend(
@@ -127,21 +127,18 @@ class RecommendService(recommend_pb2_grpc.RecommendServiceServicer):
             )
 
         rank_started = time.perf_counter()
-        with tracing.client_call(RANK_METHOD) as trace_context:
-            ranked = await self.ranker.Rank(
-                ranker_pb2.RankRequest(
-                    user_id=user_id,
-                    request_id=uuid.uuid4().hex,
-                    long_term=long_term,
-                    short_term=history.short_term.to_proto(),
-                    candidate_item_ids=candidates.tolist(),
-                    relay_instance=admit.relay_instance,
-                ),
-                timeout=self.config.rank_timeout_ms / 1000,
-                # A router that restarts is waited for within the deadline instead of failing the Recommend.
-                wait_for_ready=True,
-                metadata=trace_context,
-            )
+        request = ranker_pb2.RankRequest(
+            user_id=user_id,
+            request_id=uuid.uuid4().hex,
+            long_term=long_term,
+            short_term=history.short_term.to_proto(),
+            candidate_item_ids=candidates.tolist(),
+            relay_instance=admit.relay_instance,
+        )
+        answer = await self.rankers.rank(
+            request.SerializeToString(), user_id, admit.relay_instance, self.config.rank_timeout_ms / 1000
+        )
+        ranked = ranker_pb2.RankResponse.FromString(answer)
         rank_seconds = time.perf_counter() - rank_started
 
         scores = np.asarray(ranked.scores, dtype=np.float32)

@@ -6,6 +6,6 @@ afford it.
 - `fleet_profile`: what the trigger takes from a GetProfile answer (cost models, KV size, ring members).
 - `fleet_load`: each ranker's load from the reports on PreInfer answers, aged between them.
 - `admission`: `AdmissionPolicy`, the decision, its brakes and reasons; pure logic with an injectable clock.
-- `servicer`: `TriggerService.Admit`, the gRPC adapter that fires PreInfer through the router.
-- `server`: the process lifecycle (server, router channel, profile refresh).
+- `servicer`: `TriggerService.Admit`, the gRPC adapter that fires PreInfer (`pre_infer_call`).
+- `app`: the process's wiring (server, the way to the rankers, profile refresh).
 """

@@ -1,8 +1,8 @@
-"""Assembles a trigger: its data plane, servicer, gRPC server, channel to the router and the profile it
-keeps fresh.
+"""Assembles a trigger: its data plane, servicer, gRPC server, its way to the rankers (`RankerCalls`:
+through the router, or routed directly with `--rankers`/`--rankers-srv`) and the profile it keeps fresh.
 
 Health of `relaygr.v1.TriggerService` turns SERVING once the first GetProfile answer has calibrated the
-cost model (tried every `--profile-retry-s` until the router answers), and the profile is refreshed every
+cost model (tried every `--profile-retry-s` until a ranker answers), and the profile is refreshed every
 `--profile-refresh-s`; a failed refresh keeps the last good profile. `TriggerApp` is what
 `python -m services.trigger` runs (`services.common.server.serve_app`); tests use it in-process through
 `start()` / `stop()`.
@@ -15,10 +15,12 @@ import logging
 
 import grpc
 
-from relaygr.v1 import ranker_pb2, ranker_pb2_grpc, trigger_pb2_grpc
+from relaygr.v1 import ranker_pb2, trigger_pb2_grpc
+from services.affinity.calls import describe, ranker_calls
 from services.common.contract import TRIGGER_SERVICE
+from services.common.errors import RequestError
 from services.common.interceptor import Interceptor
-from services.common.server import GrpcServer, dial
+from services.common.server import GrpcServer
 from services.trigger.config import TriggerConfig
 from services.trigger.dataplane import TriggerPlane
 from services.trigger.fleet_profile import FleetProfile
@@ -30,9 +32,8 @@ log = logging.getLogger(__name__)
 class TriggerApp:
     def __init__(self, config: TriggerConfig) -> None:
         self.config = config
-        self._channel = dial(config.router, config)
-        self._router = ranker_pb2_grpc.RankerServiceStub(self._channel)
-        self.plane = TriggerPlane(config, pre_infer_call(self._channel))
+        self.rankers = ranker_calls(config, config, config.router)
+        self.plane = TriggerPlane(config, pre_infer_call(self.rankers))
         self.service = TriggerService(self.plane)
         self.grpc = GrpcServer(config, TRIGGER_SERVICE, self._register)
         self._profile_task: asyncio.Task | None = None
@@ -46,13 +47,15 @@ class TriggerApp:
 
     async def start(self) -> None:
         await self.grpc.start()
+        await self.rankers.start()
+        log.info("PreInfer and GetProfile go %s", describe(self.rankers))
         self._profile_task = asyncio.create_task(self._keep_profile_fresh())
 
     async def close(self) -> None:
-        """Stops refreshing the profile and closes the channel to the router (after the drain)."""
+        """Stops refreshing the profile and closes the way to the rankers (after the drain)."""
         if self._profile_task is not None:
             self._profile_task.cancel()
-        await self._channel.close()
+        await self.rankers.close()
 
     async def stop(self) -> None:
         """Drains and closes, in-process (a process does the same on SIGTERM through `serve_app`)."""
@@ -76,12 +79,14 @@ class TriggerApp:
 
     async def _fetch_profile(self) -> FleetProfile | None:
         try:
-            response = await self._router.GetProfile(
-                ranker_pb2.GetProfileRequest(), timeout=self.config.profile_refresh_s
+            response = await self.rankers.get_profile(
+                ranker_pb2.GetProfileRequest().SerializeToString(), self.config.profile_refresh_s
             )
             return FleetProfile.from_response(response)
         except grpc.aio.AioRpcError as exc:
-            log.warning("GetProfile from %s: %s %s", self.config.router, exc.code().name, exc.details())
+            log.warning("GetProfile %s: %s %s", describe(self.rankers), exc.code().name, exc.details())
+        except RequestError as exc:
+            log.warning("GetProfile %s: %s %s", describe(self.rankers), exc.code.name, exc.message)
         except ValueError as exc:
-            log.warning("GetProfile from %s is unusable: %s", self.config.router, exc)
+            log.warning("GetProfile %s is unusable: %s", describe(self.rankers), exc)
         return None

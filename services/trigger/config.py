@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 
+from services.affinity.settings import AffinitySettings
 from services.common.config import ServiceConfig, check_target, setting
 
 
 @dataclasses.dataclass(frozen=True)
-class TriggerConfig(ServiceConfig):
+class TriggerConfig(AffinitySettings, ServiceConfig):
     port: int = setting(50052, "gRPC port (0 picks a free port)")
     metrics_port: int = setting(9102, "Prometheus metrics port (0 picks a free port; -1 disables)")
     router: str = setting(
         "127.0.0.1:50050",
         "gRPC target of the routers (or of one ranker) for PreInfer and GetProfile: host:port, "
-        "dns:///name:port (every address, balanced by --lb-policy) or ipv4:a:p,b:q",
+        "dns:///name:port (every address, balanced by --lb-policy) or ipv4:a:p,b:q; unused when "
+        "--rankers or --rankers-srv route directly",
     )
     slo_ms: float = setting(
         50.0,
@@ -85,9 +87,11 @@ class TriggerConfig(ServiceConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not self.router:
-            raise ValueError("--router must not be empty")
-        check_target(self.router, "--router")
+        self.validate_affinity()
+        if not self.routes_directly:
+            if not self.router:
+                raise ValueError("--router must not be empty")
+            check_target(self.router, "--router")
         # A refused PreInfer refunds its admission; the admission must still be in the window to be refunded.
         if self.pre_infer_timeout_ms >= self.lease_window_ms:
             raise ValueError("--pre-infer-timeout-ms must be shorter than --lease-window-ms")

@@ -7,12 +7,13 @@ here, each step once:
            -> fire the PreInfer signal (admitted only) -> the decision, metrics
 
 The predictions are the fleet profile's cost models', the decision `admission.AdmissionPolicy`'s, the
-rankers' load `fleet_load.FleetLoad`'s. An admitted request's PreInfer goes through the router with a short
-deadline (`--pre-infer-timeout-ms`); the ranker answers as soon as it accepts or refuses, so Admit never
-waits for the computation, and its answer carries its load report, which the fleet view takes. The
-answer's `instance` becomes `relay_instance`. A refusal or a failed call (`PreInferFailed`) is
-RANKER_REFUSED and the admission's reservation is released. A DUPLICATE answers admitted=false with the
-instance remembered from the first admission, so the caller's Rank keeps its hint.
+rankers' load `fleet_load.FleetLoad`'s. An admitted request's PreInfer goes to its ranker (through the
+router, or routed directly) with a short deadline (`--pre-infer-timeout-ms`); the ranker answers as soon
+as it accepts or refuses, so Admit never waits for the computation, and its answer carries its load
+report, which the fleet view takes. The answer's `instance` becomes `relay_instance`. A refusal or a
+failed call (`PreInferFailed`) is RANKER_REFUSED and the admission's reservation is released. A
+DUPLICATE answers admitted=false with the instance remembered from the first admission, so the caller's
+Rank keeps its hint.
 
 The PreInfer payload is the Admit request itself: the protos state that AdmitRequest's fields 1 (user_id)
 and 2 (long_term) are PreInferRequest's, so with the Admit-only fields (`ADMIT_ONLY_FIELDS`) cleared its
@@ -78,8 +79,8 @@ class PreInferFailed(Exception):
         self.details = details
 
 
-# Sends a serialised PreInferRequest with a timeout in seconds; raises PreInferFailed.
-PreInferCall = Callable[[bytes, float], Awaitable[ranker_pb2.PreInferResponse]]
+# Sends a serialised PreInferRequest of a user with a timeout in seconds; raises PreInferFailed.
+PreInferCall = Callable[[bytes, str, float], Awaitable[ranker_pb2.PreInferResponse]]
 
 
 def limits(config: TriggerConfig) -> Limits:
@@ -182,7 +183,7 @@ class TriggerPlane:
 
     async def _fire(self, key: bytes, payload: bytes, user_id: str, decision: Decision) -> Decision:
         try:
-            answer = await self._pre_infer(payload, self.config.pre_infer_timeout_ms / 1000.0)
+            answer = await self._pre_infer(payload, user_id, self.config.pre_infer_timeout_ms / 1000.0)
         except PreInferFailed as exc:
             log.warning("PreInfer for user %s failed: %s %s", user_id, exc.code, exc.details)
             TRIGGER_PRE_INFER_FAILURES.labels(exc.code).inc()

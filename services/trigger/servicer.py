@@ -2,7 +2,8 @@
 
 Everything an Admit does (validate, predict, decide, fire the PreInfer signal) is `TriggerPlane.admit`'s;
 the servicer only translates the decision into an AdmitResponse. `pre_infer_call` is the PreInfer transport
-the plane is given: RankerService.PreInfer through the router, taking the already-serialised request.
+the plane is given: RankerService.PreInfer through the router or routed directly (`RankerCalls`), taking
+the already-serialised request.
 """
 
 from __future__ import annotations
@@ -10,27 +11,26 @@ from __future__ import annotations
 import grpc
 
 from relaygr.v1 import ranker_pb2, trigger_pb2, trigger_pb2_grpc
-from services.common import tracing
-from services.common.contract import RANKER_SERVICE, method_path
+from services.affinity.calls import RankerCalls
+from services.common.errors import RequestError
 from services.trigger.admission import Reason
 from services.trigger.dataplane import PreInferCall, PreInferFailed, TriggerPlane
-
-PRE_INFER_METHOD = method_path(RANKER_SERVICE, "PreInfer")
 
 _PROTO_REASONS = {reason: trigger_pb2.AdmitReason.Value(f"ADMIT_REASON_{reason.name}") for reason in Reason}
 
 
-def pre_infer_call(channel: grpc.aio.Channel) -> PreInferCall:
-    """RankerService.PreInfer over `channel`, taking an already-serialised PreInferRequest; a failed call
+def pre_infer_call(rankers: RankerCalls) -> PreInferCall:
+    """RankerService.PreInfer through `rankers`, taking an already-serialised PreInferRequest; a failed call
     raises `PreInferFailed` with its status code's name."""
-    call = channel.unary_unary(PRE_INFER_METHOD, response_deserializer=ranker_pb2.PreInferResponse.FromString)
 
-    async def pre_infer(payload: bytes, timeout_s: float) -> ranker_pb2.PreInferResponse:
+    async def pre_infer(payload: bytes, user_id: str, timeout_s: float) -> ranker_pb2.PreInferResponse:
         try:
-            with tracing.client_call(PRE_INFER_METHOD) as trace_context:
-                return await call(payload, timeout=timeout_s, metadata=trace_context)
+            answer = await rankers.pre_infer(payload, user_id, timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise PreInferFailed(exc.code().name, exc.details() or "") from exc
+        except RequestError as exc:  # direct routing: no ranker routable
+            raise PreInferFailed(exc.code.name, exc.message) from exc
+        return ranker_pb2.PreInferResponse.FromString(answer)
 
     return pre_infer
 

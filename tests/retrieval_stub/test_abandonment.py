@@ -43,21 +43,21 @@ class FakeTrigger:
 
 
 class FakeRanker:
-    """Scores candidates by their position, from HBM, and remembers who was ranked."""
+    """The rankers as the stub calls them (`RankerCalls.rank`): scores candidates by their position, from
+    HBM, and remembers who was ranked."""
 
     def __init__(self) -> None:
         self.users: list[str] = []
 
-    async def Rank(
-        self, request: ranker_pb2.RankRequest, timeout: float, wait_for_ready: bool, metadata: object = None
-    ) -> ranker_pb2.RankResponse:
-        assert metadata is None  # tracing is off: no trace context travels
-        self.users.append(request.user_id)
+    async def rank(self, request: bytes, user_id: str, hint: str, timeout: float) -> bytes:
+        rank = ranker_pb2.RankRequest.FromString(request)
+        assert (rank.user_id, rank.relay_instance) == (user_id, hint)
+        self.users.append(user_id)
         return ranker_pb2.RankResponse(
-            scores=[float(i) for i in range(len(request.candidate_item_ids))],
+            scores=[float(i) for i in range(len(rank.candidate_item_ids))],
             cache_source=common_pb2.CACHE_SOURCE_HBM,
-            instance=request.relay_instance or "ranker-1",
-        )
+            instance=hint or "ranker-1",
+        ).SerializeToString()
 
 
 def serve(config: RetrievalStubConfig, users: list[str]) -> tuple[list, FakeTrigger, FakeRanker]:
