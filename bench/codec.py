@@ -8,7 +8,8 @@ leaves a field out while it is None (a field only some records of a kind have).
 `from_json` reads one back by the field types: a key that a field without a default needs and the object
 lacks, or a key that no field takes, is a ValueError naming where it is (`throughput_sweeps.<mix>.relay.
 points.0 lacks cost`), so a results file is checked as it is read. A field with a default may be absent
-(an older results file): the default applies. Numbers, strings and booleans are taken as they are.
+(an older results file): the default applies, or the field's `absent` value where it declares what an
+older file meant (`bench.config.absent_means`). Numbers, strings and booleans are taken as they are.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def _fields_from(cls: type, data: dict[str, Any], where: str) -> tuple[dict[str,
         elif field.name in data:
             values[field.name] = _decode(hint, data[field.name], f"{where}.{field.name}".lstrip("."))
             used.add(field.name)
+        elif "absent" in field.metadata:  # what a file from before the field existed meant
+            values[field.name] = field.metadata["absent"]
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             missing.append(field.name)
     if missing:

@@ -89,8 +89,15 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from services.common.config import env_name, flag_name, load, setting
+from services.launcher.fleet import ROUTINGS
 
 PROFILES = ("quick", "full", "gpu")
+
+
+def absent_means(value: object, field: dataclasses.Field) -> dataclasses.Field:
+    """`field`, read as `value` from a results file that lacks it (one written before it existed), whatever
+    its default for a new run (`bench.codec`)."""
+    return dataclasses.field(default=field.default, metadata={**field.metadata, "absent": value})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,7 +212,7 @@ class BenchConfig:
         choices=PROFILES,
     )
     name: str = setting("", "results go to bench/results/<name>/ (empty: the profile's name)")
-    slo_ms: float = setting(100.0, "ranking-latency P99 SLO (Rank through the router, as the stub sees it)")
+    slo_ms: float = setting(100.0, "ranking-latency P99 SLO (the Rank as the stub sees it)")
     max_error_fraction: float = setting(0.001, "a point meets the SLO only with fewer errors than this share")
     preprocess_delay_ms: float = setting(100.0, "the stub's pre-processing delay: the relay window")
     model_preset: str = setting("cpu-small", "every ranker's model preset")
@@ -258,6 +265,15 @@ class BenchConfig:
     )
     floor_device: str = setting(
         "cpu", "device of the in-process floor: cpu, cuda, npu or auto (as the rankers' --device)"
+    )
+    routing: str = absent_means(
+        "router",
+        setting(
+            "direct",
+            "how each fleet's trigger and stubs reach the rankers (the launcher's --routing): direct, or "
+            "router (every PreInfer and Rank through the router, as every run before direct routing)",
+            choices=ROUTINGS,
+        ),
     )
 
     def validate(self) -> None:

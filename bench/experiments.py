@@ -243,8 +243,9 @@ class Bench:
 
     def fleet(self, mode: Mode) -> BenchFleet:
         self.log(f"starting the {mode.name} fleet: {mode.description}")
+        c = self.config
         return BenchFleet(
-            mode, self.shape, self.mix, self.config.preprocess_delay_ms, self.log_dir / mode.name
+            mode, self.shape, self.mix, c.preprocess_delay_ms, self.log_dir / mode.name, c.routing
         )
 
     # ---- the run ----

@@ -105,7 +105,13 @@ class BenchFleet:
     """One mode's fleet and the retrieval stub under test. Use as a context manager; stops everything."""
 
     def __init__(
-        self, mode: Mode, shape: FleetShape, universe: Universe, delay_ms: float, log_dir: Path
+        self,
+        mode: Mode,
+        shape: FleetShape,
+        universe: Universe,
+        delay_ms: float,
+        log_dir: Path,
+        routing: str = "direct",
     ) -> None:
         self.mode = mode
         self.shape = shape
@@ -117,6 +123,7 @@ class BenchFleet:
             dram_budget_mb=shape.dram_budget_mb if mode.dram else 0.0,
             slo_ms=shape.slo_ms,
             relay=mode.relay,
+            routing=routing,
             base_port=0,
             metrics_base_port=0,
             log_dir=str(log_dir),

@@ -247,7 +247,8 @@ class GpuBench(Bench):
         timeout = max(min(self.config.startup_timeout_s, left), 10.0)
         self.log(f"starting the {mode.name} fleet ({self.left()}): {mode.description}")
         shape = dataclasses.replace(self.shape, startup_timeout_s=timeout)
-        return BenchFleet(mode, shape, self.mix, self.config.preprocess_delay_ms, self.log_dir / mode.name)
+        c = self.config
+        return BenchFleet(mode, shape, self.mix, c.preprocess_delay_ms, self.log_dir / mode.name, c.routing)
 
     def save(self) -> None:
         self.results.time_budget = TimeBudget(

@@ -217,6 +217,13 @@ def _length_section(run: Run) -> str:
     return "\n\n".join(parts)
 
 
+_ROUTING_NOTE = {
+    "direct": " The trigger and the retrieval stubs routed their own PreInfer and Rank calls to the rankers "
+    "(direct routing): the router took part in no request, and its column is what it spends meanwhile "
+    "(its health checks of the rankers)."
+}
+
+
 def _throughput_section(run: Run) -> str:
     c = run.configuration
     parts = [
@@ -231,7 +238,7 @@ def _throughput_section(run: Run) -> str:
         "point. The machine's ceiling: the cores our whole fleet needs at that load (its CPU per request "
         f"times the offered load) against the machine's {machine_cores(run)} cores, beside the cores "
         "it used as measured (CPU seconds over the point's wall time) and those other users of the machine "
-        "took.",
+        "took." + _ROUTING_NOTE.get(c.routing, ""),
     ]
     for number, (label, mix) in enumerate(run.measured.throughput_sweeps.items()):
         pair = {"baseline": mix.baseline, "relay": mix.relay}
