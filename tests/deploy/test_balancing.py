@@ -1,12 +1,15 @@
 """Balancing and discovery as deployed, in every rendered overlay: the headless Services clients resolve,
 the `dns:///` targets they dial with round_robin and a server connection age, the rankers' SRV records
-the router discovers members from, and the plaintext health-only port the probes use (and nothing else
-reaches)."""
+that the router, the trigger and the retrieval stub (direct routing) discover members from with the same
+ring settings, and the plaintext health-only port the probes use (and nothing else reaches)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from services.affinity.settings import AffinitySettings
 from tests.deploy.manifests import (
     NAMESPACE,
     OVERLAYS,
@@ -29,6 +32,8 @@ DOMAIN = f"{NAMESPACE}.svc.cluster.local"
 # workload -> its headless Service, whose records name its ready pods.
 HEADLESS = {"ranker": "ranker-headless", "router": "router-headless", "trigger": "trigger-headless"}
 PROMETHEUS = Pod("prometheus-0", "monitoring", {"app.kubernetes.io/name": "prometheus"})
+# Every process that routes to the rankers, by workload; the trigger and the stub route directly.
+ROUTING = ("router", "trigger", "retrieval-stub")
 
 
 @pytest.fixture(params=OVERLAYS)
@@ -69,11 +74,8 @@ def test_routers_triggers_and_rankers_have_headless_services_listing_only_ready_
 def test_clients_dial_every_replica_by_dns_with_round_robin(overlay):
     manifests = objects(f"overlays/{overlay}")
     configs = loaded_configs(overlay)
-    dialled = {
-        ("trigger", "router"): configs["trigger"].router,
-        ("retrieval-stub", "router"): configs["retrieval-stub"].router,
-        ("retrieval-stub", "trigger"): configs["retrieval-stub"].trigger,
-    }
+    # The trigger and the stub route to the rankers themselves: no fleet pod dials the routers.
+    dialled = {("retrieval-stub", "trigger"): configs["retrieval-stub"].trigger}
     for (caller, callee), target in dialled.items():
         service = headless_service(manifests, callee)
         expected = f"dns:///{service['metadata']['name']}.{DOMAIN}:{grpc_port(service)['port']}"
@@ -99,6 +101,41 @@ def test_the_router_finds_rankers_by_the_srv_records_of_their_pods_stable_names(
     assert grpc_port(service)["port"] == configs["ranker"].port
     (container,) = containers(ranker)
     assert environment(manifests, ranker, container)["RELAYGR_INSTANCE_NAME"] == pod_name(ranker)
+
+
+def test_the_trigger_and_the_stub_route_directly_to_the_routers_rankers(overlay):
+    """Direct routing: the trigger and the retrieval stub get the router's RELAYGR_RANKERS_SRV, so they
+    route their own calls to the same members, and no router target (they would call it instead)."""
+    manifests = objects(f"overlays/{overlay}")
+    configs = loaded_configs(overlay)
+    srv = f"_grpc._tcp.{headless_service(manifests, 'ranker')['metadata']['name']}.{DOMAIN}"
+    envs = {}
+    for name in ROUTING:
+        workload = named(manifests, "Deployment", name)
+        (container,) = containers(workload)
+        envs[name] = environment(manifests, workload, container)
+    assert envs["router"]["RELAYGR_RANKERS_SRV"] == srv
+    for name in ("trigger", "retrieval-stub"):
+        assert envs[name]["RELAYGR_RANKERS_SRV"] == envs["router"]["RELAYGR_RANKERS_SRV"] == srv, name
+        assert "RELAYGR_RANKERS" not in envs[name] and "RELAYGR_ROUTER" not in envs[name], name
+        config = configs[name]
+        assert config.routes_directly and config.srv_name() == configs["router"].srv_name() == srv, name
+
+
+def test_every_routing_process_places_users_with_the_same_ring_and_health_settings(overlay):
+    """A user lands on the same ranker whoever places it, and a ranker leaves every ring alike, only if
+    the router, the trigger and the stub agree on every routing setting: members, DNS refresh, virtual
+    nodes, bounded load, policy, health checks and circuit."""
+    configs = loaded_configs(overlay)
+    # RELAYGR_RANKERS_SRV overrides --rankers (whose default differs between the router and the others).
+    fields = [f.name for f in dataclasses.fields(AffinitySettings) if f.name != "rankers"]
+    assert {"rankers_srv", "dns_refresh_s", "virtual_nodes", "load_factor", "routing_policy"} <= set(fields)
+    assert all(configs[name].rankers_srv for name in ROUTING)
+    settings = {name: {f: getattr(configs[name], f) for f in fields} for name in ROUTING}
+    assert settings["trigger"] == settings["router"], overlay
+    assert settings["retrieval-stub"] == settings["router"], overlay
+    assert settings["router"]["routing_policy"] == "affinity"
+    assert settings["router"]["dns_refresh_s"] == 5
 
 
 def test_probes_use_the_plaintext_health_port_that_no_pod_can_reach(overlay):

@@ -1,5 +1,7 @@
 """The NetworkPolicies allow the fleet's own paths and nothing else, evaluated over every pair of pods
-and every port they expose, plus Prometheus, cluster DNS and strangers inside and outside the namespace."""
+and every port they expose, plus Prometheus, cluster DNS and strangers inside and outside the namespace.
+The paths are those the services' own settings dial: the trigger and the retrieval stub route to the
+rankers directly, and no fleet pod calls the router, which serves callers from outside the fleet."""
 
 from __future__ import annotations
 
@@ -7,24 +9,32 @@ import itertools
 
 import pytest
 
+from tests.deploy.compose import composed
 from tests.deploy.manifests import (
     NAMESPACE,
     OVERLAYS,
+    Manifest,
     container_ports,
     containers,
+    named,
     objects,
     of_kind,
     pod_labels,
+    selects,
     workloads,
 )
 from tests.deploy.network_policy import Pod, allowed
+from tests.deploy.test_service_config import loaded_configs
 
+# Every process that routes to the rankers (PreInfer, GetProfile, Rank and its gRPC health checks of each
+# ranker) reaches them on 50051: the trigger and the retrieval stub directly, the router for its callers.
 FLEET_PATHS = {
     ("retrieval-stub", "trigger", 50052),
-    ("retrieval-stub", "router", 50050),
-    ("trigger", "router", 50050),
+    ("retrieval-stub", "ranker", 50051),
+    ("trigger", "ranker", 50051),
     ("router", "ranker", 50051),
 }
+COMPONENTS = ("tls", "tracing", "autoscaling", "keda")
 PROMETHEUS = Pod("prometheus-0", "monitoring", {"app.kubernetes.io/name": "prometheus"})
 KUBE_DNS = Pod("coredns-1", "kube-system", {"k8s-app": "kube-dns"})
 NEIGHBOUR = Pod("neighbour", NAMESPACE, {"app.kubernetes.io/name": "neighbour"})
@@ -33,7 +43,10 @@ OUTSIDER = Pod("outsider", "default", {"app.kubernetes.io/name": "router"})  # a
 
 def fleet(tree: str) -> tuple[list[dict], dict[str, Pod], dict[str, dict[str, int]]]:
     """The tree's policies, its pods by workload name, and each pod's named ports."""
-    manifests = objects(tree)
+    return fleet_of(objects(tree))
+
+
+def fleet_of(manifests: list[Manifest]) -> tuple[list[dict], dict[str, Pod], dict[str, dict[str, int]]]:
     pods, ports = {}, {}
     for workload in workloads(manifests):
         name = workload["metadata"]["name"]
@@ -42,16 +55,87 @@ def fleet(tree: str) -> tuple[list[dict], dict[str, Pod], dict[str, dict[str, in
     return of_kind(manifests, "NetworkPolicy"), pods, ports
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_only_the_fleets_own_paths_are_open_between_its_pods(overlay):
-    policies, pods, ports = fleet(f"overlays/{overlay}")
-    open_paths = {
+def open_paths(policies: list[dict], pods: dict[str, Pod], ports: dict[str, dict[str, int]]) -> set:
+    """(source, destination, port) for every pair of fleet pods and every port the destination exposes
+    that the policies let the source connect to."""
+    return {
         (source, destination, port)
         for source, destination in itertools.permutations(pods, 2)
         for port in ports[destination].values()
         if allowed(policies, pods[source], pods[destination], port)
     }
-    assert open_paths == FLEET_PATHS
+
+
+def serving(manifests: list[Manifest], host: str) -> tuple[str, Manifest]:
+    """The workload behind a Service name `<service>.<namespace>.svc.cluster.local`, and the Service."""
+    service = named(manifests, "Service", host.removesuffix(f".{NAMESPACE}.svc.cluster.local"))
+    selector = {"matchLabels": service["spec"]["selector"]}
+    (workload,) = [w for w in workloads(manifests) if selects(selector, pod_labels(w))]
+    return workload["metadata"]["name"], service
+
+
+def dialled_paths(overlay: str) -> set[tuple[str, str, int]]:
+    """(caller, callee, port) for every connection the fleet's services are configured to open, from the
+    settings each one's own config loader parses out of its rendered environment: a service that routes
+    to the rankers (the router; the trigger and the stub when given RELAYGR_RANKERS_SRV) dials each SRV
+    target on the port of the headless Service's `grpc` records; otherwise the stub and the trigger dial
+    their `router` target. The stub also dials its `trigger` target (relay on)."""
+    manifests = objects(f"overlays/{overlay}")
+    configs = loaded_configs(overlay)
+    assert configs["router"].routes_directly and configs["router"].rankers_srv
+    paths = set()
+    for caller in ("router", "trigger", "retrieval-stub"):
+        config = configs[caller]
+        if config.routes_directly:
+            # _grpc._tcp.<service>.<namespace>.svc.cluster.local lists <service>'s port named grpc.
+            labels = config.srv_name().split(".")
+            assert labels[:2] == ["_grpc", "_tcp"], config.rankers_srv
+            callee, service = serving(manifests, ".".join(labels[2:]))
+            (port,) = [p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc"]
+            paths.add((caller, callee, port))
+        else:
+            host, _, port = config.router.removeprefix("dns:///").rpartition(":")
+            paths.add((caller, serving(manifests, host)[0], int(port)))
+    stub = configs["retrieval-stub"]
+    assert stub.relay
+    host, _, port = stub.trigger.removeprefix("dns:///").rpartition(":")
+    paths.add(("retrieval-stub", serving(manifests, host)[0], int(port)))
+    return paths
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_only_the_fleets_own_paths_are_open_between_its_pods(overlay):
+    assert open_paths(*fleet(f"overlays/{overlay}")) == FLEET_PATHS
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_open_paths_are_exactly_those_the_services_settings_dial(overlay):
+    """Direct routing as deployed: the trigger and the retrieval stub dial the rankers, not the router."""
+    dialled = dialled_paths(overlay)
+    assert dialled == open_paths(*fleet(f"overlays/{overlay}")) == FLEET_PATHS
+    assert {("trigger", "ranker", 50051), ("retrieval-stub", "ranker", 50051)} <= dialled
+    assert not {path for path in dialled if path[1] == "router"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_trigger_and_the_stub_reach_the_rankers_but_not_the_router(overlay):
+    policies, pods, ports = fleet(f"overlays/{overlay}")
+    assert ports["ranker"]["grpc"] == 50051 and ports["router"]["grpc"] == 50050
+    for caller in ("trigger", "retrieval-stub", "router"):
+        assert allowed(policies, pods[caller], pods["ranker"], 50051), caller
+        # The ranker's other ports stay closed to them: metrics is Prometheus's, health the kubelet's.
+        for port in (ports["ranker"]["metrics"], ports["ranker"]["health"]):
+            assert not allowed(policies, pods[caller], pods["ranker"], port), (caller, port)
+    for caller in ("trigger", "retrieval-stub"):
+        assert not allowed(policies, pods[caller], pods["router"], 50050), caller
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_component_changes_the_fleets_paths(overlay, component):
+    """TLS, tracing and autoscaling of routers, triggers or rankers leave the paths between the pods as
+    they are (tracing adds egress to the collector only, test_tracing.py)."""
+    assert open_paths(*fleet_of(composed(f"overlays/{overlay}", component))) == FLEET_PATHS
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -96,5 +180,7 @@ def test_the_ghz_job_reaches_the_router_and_the_retrieval_stub_only():
     }
     assert reachable == {("router", 50050), ("retrieval-stub", 50053)}
     assert allowed(policies, ghz, KUBE_DNS, 53, "UDP")
-    # Opening the router to ghz opens it to nothing else.
-    assert not allowed(policies, NEIGHBOUR, pods["router"], 50050)
+    # Opening the router to ghz opens it to nothing else, the fleet's own pods included.
+    for source in (NEIGHBOUR, pods["trigger"], pods["retrieval-stub"], pods["ranker"]):
+        assert not allowed(policies, source, pods["router"], 50050), source.name
+    assert open_paths(policies, pods, ports) == FLEET_PATHS

@@ -1,7 +1,8 @@
 """Scaling: the autoscaling component (HPAs for routers and triggers on CPU) and the keda component (a
 ScaledObject for the rankers on their exported queue metric), composed with every overlay; and what a
-ranker scale step costs, measured on the routers' real hash ring as deployed: the share of users whose
-ranker changes, which deploy/README.md's "Scaling" section states.
+ranker scale step costs, measured on the real hash ring as deployed (the router's, which the trigger and the
+retrieval stub share, test_balancing.py): the share of users whose ranker changes, which
+deploy/README.md's "Scaling" section states.
 
 kubernetes-validate validates the HPAs (autoscaling/v2 is a core kind) and, through a synthetic HPA, the
 scaling behavior the ScaledObject hands KEDA's HPA; the ScaledObject's own fields are checked against
@@ -245,7 +246,8 @@ def test_both_scaling_components_compose_and_validate(tmp_path):
 
 
 def deployed_ring(members: int) -> AffinityRing:
-    """The routers' ring over a StatefulSet of `members` rankers, with the routers' deployed settings."""
+    """The ring over a StatefulSet of `members` rankers, with the deployed settings of the router (and so
+    of the trigger and the retrieval stub, which route with the same ones)."""
     router = loaded_configs("cpu")["router"]
     names = [f"ranker-{i}" for i in range(members)]
     return AffinityRing(names, router.virtual_nodes, router.load_factor, router.load_floor)

@@ -97,14 +97,12 @@ def test_every_service_listens_where_its_pod_and_probes_say(overlay):
 
 
 def test_every_address_a_service_dials_is_a_fleet_service_port(overlay):
-    """Clients dial `dns:///<headless Service>.<namespace>.svc.cluster.local:<port>`; the router finds the
-    rankers by the SRV records of their headless Service's `grpc` port (test_balancing.py says more)."""
+    """Clients dial `dns:///<headless Service>.<namespace>.svc.cluster.local:<port>`; the router, the
+    trigger and the retrieval stub find the rankers by the SRV records of their headless Service's `grpc`
+    port (direct routing for the latter two; test_balancing.py says more)."""
     manifests = objects(f"overlays/{overlay}")
     configs = loaded_configs(overlay)
-    targets = {
-        "trigger": [configs["trigger"].router],
-        "retrieval-stub": [configs["retrieval-stub"].router, configs["retrieval-stub"].trigger],
-    }
+    targets = {"retrieval-stub": [configs["retrieval-stub"].trigger]}
     suffix = f".{NAMESPACE}.svc.cluster.local"
     for caller, addresses in targets.items():
         for address in addresses:
@@ -113,7 +111,8 @@ def test_every_address_a_service_dials_is_a_fleet_service_port(overlay):
             service = named(manifests, "Service", host.removesuffix(suffix))
             assert int(port) in {p["port"] for p in service["spec"]["ports"]}, (caller, address)
     ranker = named(manifests, "StatefulSet", "ranker")
-    assert configs["router"].srv_name() == f"_grpc._tcp.{ranker['spec']['serviceName']}{suffix}"
+    for name in ("router", "trigger", "retrieval-stub"):
+        assert configs[name].srv_name() == f"_grpc._tcp.{ranker['spec']['serviceName']}{suffix}", name
     headless = named(manifests, "Service", ranker["spec"]["serviceName"])
     (grpc_port,) = [p["port"] for p in headless["spec"]["ports"] if p["name"] == "grpc"]
     assert grpc_port == configs["ranker"].port

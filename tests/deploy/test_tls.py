@@ -136,24 +136,29 @@ def dns_target_host(target: str) -> str:
 
 def dialled_names(tree_overlay: str) -> dict[str, set[str]]:
     """{caller: the DNS names it dials}, from the settings each service's own config loader parses out of
-    the rendered environment. The router dials each ranker the SRV record lists by its target name,
-    which for a StatefulSet's pod is `<pod>.<governing service>.<namespace>.svc.<domain>`."""
+    the rendered environment. A service that routes to the rankers (the router; the trigger and the
+    retrieval stub directly) dials each ranker the SRV record lists by its target name, which for a
+    StatefulSet's pod is `<pod>.<governing service>.<namespace>.svc.<domain>`; one that does not dials
+    its `router` target."""
     manifests = objects(f"overlays/{tree_overlay}")
     configs = loaded_configs(tree_overlay)
     ranker = named(manifests, "StatefulSet", "ranker")
-    srv = configs["router"].srv_name()
-    prefix = "_grpc._tcp."
-    assert srv.startswith(prefix), srv
-    domain = srv.removeprefix(prefix)
-    assert domain == f"{ranker['spec']['serviceName']}.{NAMESPACE}.svc.{DOMAIN}"
-    members = {f"ranker-{i}.{domain}" for i in range(ranker["spec"]["replicas"])}
+
+    def rankers(name: str) -> set[str]:
+        config = configs[name]
+        if not config.routes_directly:
+            return {dns_target_host(config.router)}
+        srv = config.srv_name()
+        prefix = "_grpc._tcp."
+        assert srv.startswith(prefix), srv
+        domain = srv.removeprefix(prefix)
+        assert domain == f"{ranker['spec']['serviceName']}.{NAMESPACE}.svc.{DOMAIN}"
+        return {f"ranker-{i}.{domain}" for i in range(ranker["spec"]["replicas"])}
+
     return {
-        "router": members,
-        "trigger": {dns_target_host(configs["trigger"].router)},
-        "retrieval-stub": {
-            dns_target_host(configs["retrieval-stub"].router),
-            dns_target_host(configs["retrieval-stub"].trigger),
-        },
+        "router": rankers("router"),
+        "trigger": rankers("trigger"),
+        "retrieval-stub": {*rankers("retrieval-stub"), dns_target_host(configs["retrieval-stub"].trigger)},
     }
 
 
@@ -231,7 +236,14 @@ def test_service_certificates_chain_to_one_bootstrapped_ca():
 def test_every_name_a_peer_dials_is_on_the_certificate_it_is_served_with():
     manifests = objects(TREE)
     dialled = dialled_names("cpu-tls")
-    assert all(dialled.values())
+    # Direct routing: the trigger and the stub dial each ranker by its pod name, as the router does, so
+    # the ranker's certificate must answer to them and accept their certificates as clients.
+    members = {f"ranker-{i}.ranker-headless.{NAMESPACE}.svc.{DOMAIN}" for i in range(3)}
+    assert dialled == {
+        "router": members,
+        "trigger": members,
+        "retrieval-stub": {*members, f"trigger-headless.{NAMESPACE}.svc.{DOMAIN}"},
+    }
     for caller, hosts in dialled.items():
         client = certificate_of(manifests, named(manifests, "Deployment", caller))
         # Mutual TLS: a server with a CA requires the caller's certificate, presented as a client.
