@@ -20,8 +20,9 @@ from tools.dashboards.queries import all_queries, dashboard_queries, exemplar_qu
 BOARDS = sorted(generate.DASHBOARD_DIR.glob("*.json"))
 SCRAPE_LABELS = {"namespace", "pod", "job", "instance"}
 # A metric name, but not the middle of a recording rule's name (relaygr:<name>:<operations>).
-# Each service declares its own metrics; a dashboard may use any of them.
-SERVICES = ("ranker", "trigger", "router", "retrieval_stub")
+# Each service declares its own metrics, and services/affinity the routing metrics of every process that
+# routes (router, trigger, retrieval stub); a dashboard may use any of them.
+METRICS_MODULES = sorted(path.parent.name for path in (generate.REPO_ROOT / "services").glob("*/metrics.py"))
 _METRIC = re.compile(r"(?<![:\w])((?:relaygr|grpc_server)_[a-z_]+)\b(?!:)")
 
 
@@ -75,8 +76,8 @@ def test_slo_choices_are_latency_bucket_boundaries():
 
 def exported_series_names() -> set[str]:
     """Every series name the services' metrics modules export, with the suffixes of each metric type."""
-    for service in SERVICES:
-        importlib.import_module(f"services.{service}.metrics")
+    for module in METRICS_MODULES:
+        importlib.import_module(f"services.{module}.metrics")
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
     return {
         family.name + suffix
@@ -142,8 +143,8 @@ def test_p99_latency_panels_show_the_exemplars_that_link_to_traces():
                 if expected:
                     with_exemplars.add((board["uid"], panel["title"], match.group(2)))
     assert with_exemplars == {
-        ("relaygr-fleet-overview", "Rank latency through the router", "grpc_server_handling_seconds"),
-        ("relaygr-fleet-overview", "Rank latency on the rankers", "relaygr_rank_latency_seconds"),
+        ("relaygr-fleet-overview", "Rank latency on the rankers", "grpc_server_handling_seconds"),
+        ("relaygr-fleet-overview", "Rank queueing and model time", "relaygr_rank_latency_seconds"),
         ("relaygr-fleet-overview", "Rank P99 by cache source", "relaygr_rank_latency_seconds"),
         ("relaygr-fleet-overview", "Recommend latency", "relaygr_recommend_latency_seconds"),
         ("relaygr-trigger-router", "Admit latency", "grpc_server_handling_seconds"),
@@ -161,3 +162,69 @@ def test_the_histograms_with_exemplars_are_the_ones_the_services_label_with_trac
     exported = exported_series_names()
     assert {f"{name}_bucket" for name in EXEMPLAR_HISTOGRAMS} <= exported
     assert set(panels.EXEMPLAR_HISTOGRAMS) == EXEMPLAR_HISTOGRAMS
+
+
+def panel_exprs(uid: str) -> dict[str, list[str]]:
+    """Each panel of a committed dashboard, by title, with its targets' expressions."""
+    board = json.loads(generate.dashboard_path(uid).read_text())
+    return {p["title"]: [t["expr"] for t in p["targets"]] for p in board["panels"] if p["type"] != "row"}
+
+
+@pytest.mark.parametrize("board", boards(), ids=lambda b: b["uid"])
+def test_panel_titles_are_unique_within_a_dashboard(board):
+    """A query's source (dashboard, panel title, refId) names one target: the live checks key on it."""
+    titles = [p["title"] for p in board["panels"] if p["type"] != "row"]
+    assert len(titles) == len(set(titles)), titles
+
+
+def test_metrics_modules_include_the_services_and_the_routing_library():
+    assert {"common", "ranker", "trigger", "retrieval_stub", "affinity"} <= set(METRICS_MODULES)
+    assert {"relaygr_router_decisions_total", "relaygr_router_member_healthy"} <= exported_series_names()
+
+
+# Every Rank ends on a ranker, however it was routed: the retrieval stubs route theirs directly and only
+# external callers go through the router, so the ranking SLO reads the rankers' gRPC handling of Rank.
+RANKER_RANK = 'namespace="$namespace", pod=~"$pod", job="ranker", grpc_method="Rank"'
+
+
+def test_rank_latency_and_slo_panels_measure_every_rank_on_the_rankers():
+    exprs = panel_exprs("relaygr-fleet-overview")
+    compliance = (
+        f'sum (rate(grpc_server_handling_seconds_bucket{{{RANKER_RANK}, le="$slo"}}[$__rate_interval]))\n/\n'
+        f"sum (rate(grpc_server_handling_seconds_count{{{RANKER_RANK}}}[$__rate_interval]))"
+    )
+    p99 = (
+        "histogram_quantile(0.99, sum by (le) "
+        f"(rate(grpc_server_handling_seconds_bucket{{{RANKER_RANK}}}[$__rate_interval])))"
+    )
+    assert exprs["Rank P99"] == [p99]
+    assert exprs["Rank SLO compliance"] == [compliance]
+    assert exprs["Rank latency on the rankers"] == [p99.replace("0.99", "0.5"), p99, "vector($slo)"]
+    assert exprs["SLO compliance"][0] == compliance
+
+
+def test_routing_panels_read_every_routing_process():
+    """The trigger (PreInfer), the retrieval stub (Rank) and the router (external callers) all route and
+    export the same series; each routing panel reads all three, per process where each keeps its own."""
+    routing = 'namespace="$namespace", pod=~"$pod", job=~"trigger|retrieval-stub|router"'
+    exprs = panel_exprs("relaygr-trigger-router")
+    assert exprs["Routing decisions (trigger, stub, router)"] == [
+        "sum by (job, method, decision) "
+        f"(rate(relaygr_router_decisions_total{{{routing}}}[$__rate_interval]))"
+    ]
+    assert exprs["In flight per member (trigger, stub, router)"] == [
+        f"sum by (job, member) (relaygr_router_inflight{{{routing}}})"
+    ]
+    assert exprs["Routable members (trigger, stub, router)"] == [
+        f"min by (job, pod, member) (relaygr_router_member_healthy{{{routing}}})"
+    ]
+    routing_queries = [q for q in all_queries() if "relaygr_router_" in q.expr]
+    assert routing_queries and all(routing in q.expr for q in routing_queries), routing_queries
+    board = json.loads(generate.dashboard_path("relaygr-trigger-router").read_text())
+    pod_jobs = {v["name"]: v["query"] for v in board["templating"]["list"]}["pod"]
+    assert 'job=~"trigger|retrieval-stub|router|ranker"' in pod_jobs
+
+
+def test_no_query_reads_the_router_alone():
+    """The router sees only external callers' traffic, so no panel or rule is about it alone."""
+    assert not [q for q in all_queries() if 'job="router"' in q.expr]

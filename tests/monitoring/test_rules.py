@@ -73,3 +73,49 @@ def test_recording_rules_follow_the_naming_convention():
     """level:metric:operations, with the fleet's `relaygr` level."""
     for rule in (r for r in rules() if "record" in r):
         assert re.fullmatch(r"relaygr:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
+
+
+SLO_RULES = (
+    "relaygr:rank_handling_seconds:p50_5m",
+    "relaygr:rank_handling_seconds:p99_5m",
+    "relaygr:rank_slo_compliance:ratio_rate5m",
+)
+
+
+def test_rank_slo_rules_read_the_rankers_handling_of_every_rank():
+    """Every Rank ends on a ranker, whichever process routed it (the retrieval stubs route their own, only
+    external callers go through the router): the SLO rules read the rankers' Rank histogram, and the SLO
+    alert reads them."""
+    by_name = {rule.get("record", rule.get("alert")): rule for rule in rules()}
+    for name in SLO_RULES:
+        expr = by_name[name]["expr"]
+        assert 'job="ranker", grpc_method="Rank"' in expr and "router" not in expr, name
+        assert re.search(r"grpc_server_handling_seconds_(bucket|count)\{", expr), name
+    assert by_name["RelayGRRankP99OverSLO"]["expr"] == "relaygr:rank_handling_seconds:p99_5m > 0.05"
+
+
+def test_promtool_unit_tests_catch_an_slo_read_through_the_router(promtool, tmp_path):
+    """The unit tests' router series (external callers' Ranks, all slow) would change every SLO value and
+    fire the alert in the quiet case: the SLO rules reading the router instead of the rankers fail them."""
+    ranker = 'job="ranker", grpc_method="Rank"'
+    text = RULES_FILE.read_text()
+    assert text.count(ranker) == 4
+    (tmp_path / "rules.yaml").write_text(text.replace(ranker, 'job=~"ranker|router", grpc_method="Rank"'))
+    (tmp_path / "rules_test.yaml").write_text(RULE_TESTS.read_text())
+    done = subprocess.run(
+        [promtool, "test", "rules", "rules_test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    for name in (*SLO_RULES, "RelayGRRankP99OverSLO"):
+        assert name in output, name
+
+
+def test_unroutable_alert_reads_every_routing_process():
+    """The trigger (PreInfer), the retrieval stub (Rank) and the router (external callers) each keep their
+    own view of the rankers; a ranker is unroutable only when all of them have marked it."""
+    alert = next(rule for rule in rules() if rule.get("alert") == "RelayGRRankerUnroutable")
+    assert " ".join(alert["expr"].split()) == (
+        "max by (namespace, member) ( "
+        'relaygr_router_member_healthy{job=~"trigger|retrieval-stub|router"}) == 0'
+    )

@@ -25,8 +25,10 @@ UID = "relaygr-fleet-overview"
 RANKER = selector("ranker")
 RANKER_HITS = selector("ranker", 'cache_source!="miss"')
 RANKER_WITHIN_SLO = selector("ranker", 'le="$slo"')
-ROUTER_RANK = selector("router", 'grpc_method="Rank"')
-ROUTER_RANK_WITHIN_SLO = selector("router", 'grpc_method="Rank"', 'le="$slo"')
+# Every Rank ends on a ranker, whichever process routed it (the retrieval stubs route their own directly,
+# external callers go through the router): the rankers' gRPC handling of Rank is what the SLO measures.
+RANKER_RANK = selector("ranker", 'grpc_method="Rank"')
+RANKER_RANK_WITHIN_SLO = selector("ranker", 'grpc_method="Rank"', 'le="$slo"')
 FLEET = selector(fleet_jobs())
 FLEET_ERRORS = selector(fleet_jobs(), 'grpc_code!="OK"')
 STUB = selector("retrieval-stub")
@@ -39,10 +41,10 @@ HIT_RATIO_BY_TIER = ratio(
     matching="ignoring(cache_source) group_left",
 )
 SLO_COMPLIANCE = ratio(
-    summed_rate("grpc_server_handling_seconds_bucket", ROUTER_RANK_WITHIN_SLO),
-    summed_rate("grpc_server_handling_seconds_count", ROUTER_RANK),
+    summed_rate("grpc_server_handling_seconds_bucket", RANKER_RANK_WITHIN_SLO),
+    summed_rate("grpc_server_handling_seconds_count", RANKER_RANK),
 )
-RANKER_SLO_COMPLIANCE = ratio(
+MODEL_SLO_COMPLIANCE = ratio(
     summed_rate("relaygr_rank_latency_seconds_bucket", RANKER_WITHIN_SLO),
     summed_rate("relaygr_rank_latency_seconds_count", RANKER),
 )
@@ -62,17 +64,19 @@ def build() -> dashboard.Dashboard:
                 thresholds=((None, "red"), (0.3, "orange"), (0.6, "green")),
             ),
             stat_panel(
-                "SLO compliance (router)",
-                "Share of Ranks through the router answered within the SLO.",
+                "Rank SLO compliance",
+                "Share of Ranks the rankers answered within the SLO (their gRPC handling time), every Rank "
+                "whichever process routed it.",
                 "percentunit",
                 Target(SLO_COMPLIANCE, "within SLO"),
                 thresholds=_PERCENT_GOOD,
             ),
             stat_panel(
-                "Rank P99 (router)",
-                "Rank P99 through the router: what callers of the fleet see.",
+                "Rank P99",
+                "Rank P99 on the rankers (gRPC handling time), every Rank whichever process routed it: the "
+                "retrieval stubs' own and external callers' through the router. The SLO alert's measure.",
                 "s",
-                Target(quantile(0.99, "grpc_server_handling_seconds", ROUTER_RANK), "P99"),
+                Target(quantile(0.99, "grpc_server_handling_seconds", RANKER_RANK), "P99"),
                 thresholds=((None, "green"), (0.05, "red")),
             ),
             stat_panel(
@@ -108,14 +112,16 @@ def build() -> dashboard.Dashboard:
         "Ranking latency",
         [
             latency_against_slo_panel(
-                "Rank latency through the router",
-                "P50 and P99 of Rank as the router serves it (gRPC handling time), against the SLO.",
+                "Rank latency on the rankers",
+                "P50 and P99 of Rank as the rankers serve it (gRPC handling time, from arrival to answer), "
+                "against the SLO: every Rank, whichever process routed it. What the SLO alert measures.",
                 "grpc_server_handling_seconds",
-                ROUTER_RANK,
+                RANKER_RANK,
             ),
             latency_against_slo_panel(
-                "Rank latency on the rankers",
-                "P50 and P99 of the ranker-side Rank latency (queueing and model), against the SLO.",
+                "Rank queueing and model time",
+                "P50 and P99 of the ranker-side Rank latency (queueing, prefix wait and model) of the Ranks "
+                "the rankers ran, against the SLO; shed and failed Ranks are left out.",
                 "relaygr_rank_latency_seconds",
                 RANKER,
             ),
@@ -131,9 +137,10 @@ def build() -> dashboard.Dashboard:
             ),
             timeseries_panel(
                 "SLO compliance",
-                "Share of Ranks within the SLO, through the router and on the rankers.",
+                "Share of Ranks within the SLO on the rankers: by their gRPC handling time (every Rank, the "
+                "SLO's measure) and by their queueing and model time (the Ranks they ran).",
                 "percentunit",
-                [Target(SLO_COMPLIANCE, "router"), Target(RANKER_SLO_COMPLIANCE, "rankers")],
+                [Target(SLO_COMPLIANCE, "gRPC handling"), Target(MODEL_SLO_COMPLIANCE, "queueing and model")],
             ),
         ],
     )

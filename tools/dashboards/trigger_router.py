@@ -1,4 +1,9 @@
-"""The trigger and the router: why pre-inference was admitted or refused, and where traffic went."""
+"""The trigger and the routing: why pre-inference was admitted or refused, and where traffic went.
+
+Routing runs in every process that calls the rankers: the trigger routes its PreInfers, the retrieval
+stub its Ranks, and the router the calls of callers from outside the fleet. Each exports the same
+`relaygr_router_*` series, told apart by `job`, so the routing panels read all three.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ UID = "relaygr-trigger-router"
 
 TRIGGER = selector("trigger")
 TRIGGER_ADMITTED = selector("trigger", 'decision="admit"')
-ROUTER = selector("router")
+ROUTING_JOBS = fleet_jobs("trigger", "retrieval-stub", "router")
+ROUTING = selector(ROUTING_JOBS)
 RANKER = selector("ranker")
 
 ADMISSION_RATIO = ratio(
@@ -87,35 +93,39 @@ def build() -> dashboard.Dashboard:
             ),
         ],
     )
-    router = Row(
-        "Router",
+    routing = Row(
+        "Routing",
         [
             timeseries_panel(
-                "Route decisions",
-                "Requests per second by method and routing decision: affinity (the hash ring), hint (the "
-                "relay hint), spill (bounded load), failover, hint_unavailable.",
+                "Routing decisions (trigger, stub, router)",
+                "Calls routed per second by the process that routed them, method and routing decision: "
+                "affinity (the hash ring), hint (the relay hint), spill (bounded load), failover, "
+                "hint_unavailable, random. The trigger routes PreInfer, the retrieval stub Rank, the router "
+                "the calls of callers from outside the fleet.",
                 "reqps",
                 [
                     Target(
-                        summed_rate("relaygr_router_decisions_total", ROUTER, by="method, decision"),
-                        "{{method}} {{decision}}",
+                        summed_rate("relaygr_router_decisions_total", ROUTING, by="job, method, decision"),
+                        "{{job}} {{method}} {{decision}}",
                     )
                 ],
                 stacked=True,
             ),
             timeseries_panel(
-                "In flight per member",
-                "Requests each router has in flight to each ranker: the load the bounded-load ring balances.",
+                "In flight per member (trigger, stub, router)",
+                "Calls each kind of routing process (its pods summed) has in flight to each ranker. Each "
+                "process balances its own calls with the bounded-load ring.",
                 "short",
-                [Target(f"sum by (member) (relaygr_router_inflight{ROUTER})", "{{member}}")],
+                [Target(f"sum by (job, member) (relaygr_router_inflight{ROUTING})", "{{job}} → {{member}}")],
             ),
             timeseries_panel(
-                "Routable members",
-                "1 while a router may route to a ranker; 0 after failed health checks or an open circuit.",
+                "Routable members (trigger, stub, router)",
+                "1 while a routing process (a trigger, retrieval stub or router pod) may route to a ranker; "
+                "0 after failed health checks or an open circuit. Each process keeps its own view.",
                 "short",
                 [
                     Target(
-                        f"min by (pod, member) (relaygr_router_member_healthy{ROUTER})",
+                        f"min by (job, pod, member) (relaygr_router_member_healthy{ROUTING})",
                         "{{pod}} → {{member}}",
                     )
                 ],
@@ -136,8 +146,9 @@ def build() -> dashboard.Dashboard:
     return build_dashboard(
         UID,
         "RelayGR / Trigger and router",
-        "Admission of pre-inference by reason, the trigger's footprint and load bounds, routing decisions "
-        "and per-member load and health.",
-        fleet_jobs("trigger", "router", "ranker"),
-        [trigger, router],
+        "Admission of pre-inference by reason, the trigger's footprint and load bounds, and the routing "
+        "of every process that routes to the rankers (trigger, retrieval stub, router): decisions, "
+        "per-member load and health.",
+        fleet_jobs("trigger", "retrieval-stub", "router", "ranker"),
+        [trigger, routing],
     )
