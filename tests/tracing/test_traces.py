@@ -1,4 +1,4 @@
-"""One Recommend, one trace: the four services export their spans to a real OTLP/gRPC receiver.
+"""One Recommend, one trace: every service it passes exports its spans to a real OTLP/gRPC receiver.
 
 The receiver is the collector's protocol itself (`opentelemetry.proto.collector.trace.v1.TraceService`)
 served by grpc on loopback; the fleet is the launcher's, every service a process told where to export by
@@ -67,13 +67,20 @@ def wait_for_spans(
         time.sleep(0.1)
 
 
-def test_a_relayed_recommend_is_one_trace_across_the_four_services(receiver, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("routing", ["direct", "router"])
+def test_a_relayed_recommend_is_one_trace_across_the_services(
+    receiver, tmp_path, monkeypatch, routing
+) -> None:
+    """Direct routing: stub -> trigger -> ranker and stub -> ranker; through the router, each call to a
+    ranker passes the router's server span and its forward."""
     collector = receiver
+    via = "relaygr-router" if routing == "router" else None
     monkeypatch.setenv("RELAYGR_OTLP_ENDPOINT", collector.endpoint)
     monkeypatch.setenv("RELAYGR_TRACE_SAMPLE_RATIO", "1")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # export within 0.1 s, not the SDK's 5 s
     config = FleetConfig(
         rankers=1, model_preset="cpu-tiny", base_port=0, metrics_base_port=0, log_dir=str(tmp_path / "logs"),
+        routing=routing,
         ranker_args="--profile-lengths 32,128 --profile-repeats 1",
         # Admit everything, with a pre-processing window long enough for the prefix to be ready or joined.
         trigger_args="--admit-all true",
@@ -96,8 +103,11 @@ def test_a_relayed_recommend_is_one_trace_across_the_four_services(receiver, tmp
                 ("relaygr-retrieval-stub", RECOMMEND_SPAN),
                 ("relaygr-retrieval-stub", "preprocess"),
                 ("relaygr-trigger", "/relaygr.v1.TriggerService/Admit"),
-                ("relaygr-router", RANKER_SERVICE_SPAN + "PreInfer"),
-                ("relaygr-router", RANKER_SERVICE_SPAN + "Rank"),
+                *(
+                    [(via, RANKER_SERVICE_SPAN + "PreInfer"), (via, RANKER_SERVICE_SPAN + "Rank")]
+                    if via
+                    else []
+                ),
                 ("relaygr-ranker", RANKER_SERVICE_SPAN + "PreInfer"),
                 ("relaygr-ranker", RANKER_SERVICE_SPAN + "Rank"),
                 ("relaygr-ranker", "production"),
@@ -117,23 +127,18 @@ def test_a_relayed_recommend_is_one_trace_across_the_four_services(receiver, tmp
         return parent_service, parent_span.name
 
     server = trace_pb2.Span.SPAN_KIND_SERVER
-    # Admit -> PreInfer: stub (client) -> trigger (server) -> trigger's client -> router (server) -> ranker.
+    # Admit -> PreInfer: stub (client) -> trigger (server) -> trigger's client -> [router] -> ranker.
     assert parent("relaygr-trigger", "/relaygr.v1.TriggerService/Admit", server) == (
         "relaygr-retrieval-stub", "/relaygr.v1.TriggerService/Admit",
     )  # fmt: skip
-    assert parent("relaygr-router", RANKER_SERVICE_SPAN + "PreInfer", server) == (
-        "relaygr-trigger", RANKER_SERVICE_SPAN + "PreInfer",
-    )  # fmt: skip
-    assert parent("relaygr-ranker", RANKER_SERVICE_SPAN + "PreInfer", server) == (
-        "relaygr-router", RANKER_SERVICE_SPAN + "PreInfer",
-    )  # fmt: skip
-    # Rank: stub -> router -> ranker, and the ranker's stages under its Rank.
-    assert parent("relaygr-router", RANKER_SERVICE_SPAN + "Rank", server) == (
-        "relaygr-retrieval-stub", RANKER_SERVICE_SPAN + "Rank",
-    )  # fmt: skip
-    assert parent("relaygr-ranker", RANKER_SERVICE_SPAN + "Rank", server) == (
-        "relaygr-router", RANKER_SERVICE_SPAN + "Rank",
-    )  # fmt: skip
+    # Rank: stub -> [router] -> ranker, and the ranker's stages under its Rank.
+    for method, caller in (("PreInfer", "relaygr-trigger"), ("Rank", "relaygr-retrieval-stub")):
+        if via:
+            assert parent(via, RANKER_SERVICE_SPAN + method, server) == (caller, RANKER_SERVICE_SPAN + method)
+            caller = via
+        assert parent("relaygr-ranker", RANKER_SERVICE_SPAN + method, server) == (
+            caller, RANKER_SERVICE_SPAN + method,
+        )  # fmt: skip
     rank_span = ("relaygr-ranker", RANKER_SERVICE_SPAN + "Rank")
     assert parent("relaygr-ranker", "prefix") == rank_span
     assert parent("relaygr-ranker", "model") == rank_span
@@ -173,6 +178,8 @@ def test_a_relayed_recommend_is_one_trace_across_the_four_services(receiver, tmp
     assert {span.trace_id for _, span in collector.spans()} == {root.trace_id}
     assert all(span.status.code != span.status.STATUS_CODE_ERROR for _, span in spans)
     (ranker_rank_client,) = [
-        s for svc, s in spans if (svc, s.name) == ("relaygr-router", rank_span[1]) and s.kind != server
+        s
+        for svc, s in spans
+        if (svc, s.name) == (via or "relaygr-retrieval-stub", rank_span[1]) and s.kind != server
     ]
     assert attributes(ranker_rank_client)["rpc.grpc.status_code"] == 0
