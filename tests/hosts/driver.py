@@ -5,9 +5,10 @@ this module in a host (`python -m services.launcher.child PID tests.hosts.driver
 and talks to it over stdin and stdout, one JSON object a line each way: a command `{"op": ..., args}` and
 its answer `{"ok": true, "result": ...}` or `{"ok": false, "error": "..."}`. Logs go to stderr.
 
-Commands: `serving` (one gRPC health check), `srv` (the SRV records of a name, looked up as the router
-looks them up), `members` (the router's routable members, by GetProfile), `scrape` (a metrics page),
-`start_load` / `stop_load` (open-loop Recommend load in the background, and every call's outcome).
+Commands: `serving` (one gRPC health check), `srv` (the SRV records of a name, looked up as the router,
+the trigger and the stub look them up), `members` (the router's routable members, by GetProfile), `scrape`
+(a metrics page), `start_load` / `stop_load` (open-loop Recommend load in the background, and every call's
+outcome).
 `Driver` is the test's side of the conversation.
 """
 
