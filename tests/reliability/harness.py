@@ -30,15 +30,18 @@ RANKER_ARGS = (
     "--torch-threads 1 --profile-lengths 32,128,512 --profile-repeats 1 --profile-candidates 16 "
     "--drain-grace-s 4 --drain-min-s 0.6 --lease-ttl-ms 1000"
 )
-ROUTER_ARGS = "--health-interval-s 0.2 --circuit-open-s 1 --drain-grace-s 2"
+# How every routing process watches the rankers: the router, and the trigger and stub, which route their
+# own calls (the launcher's --routing direct).
+ROUTING_ARGS = "--health-interval-s 0.2 --circuit-open-s 1"
+ROUTER_ARGS = f"{ROUTING_ARGS} --drain-grace-s 2"
 # cpu-tiny's short histories save less than the default relay overhead: relay them all, so every request
 # runs the whole relay (Admit, PreInfer, the hint).
-TRIGGER_ARGS = "--profile-retry-s 0.2 --drain-grace-s 2 --relay-overhead-ms 0"
+TRIGGER_ARGS = f"--profile-retry-s 0.2 --drain-grace-s 2 --relay-overhead-ms 0 {ROUTING_ARGS}"
 # Short histories and few candidates keep each Recommend cheap. The Rank deadline is the stub's default
 # (--rank-timeout-ms 1000): the fault tests hold with the deadlines users run.
 STUB_ARGS = (
     "--history-min 20 --history-median 64 --history-max 256 --num-candidates 16 --preprocess-delay-ms 5 "
-    "--admit-timeout-ms 200 --drain-grace-s 2"
+    f"--admit-timeout-ms 200 --drain-grace-s 2 {ROUTING_ARGS}"
 )
 # Callers' deadlines: a Rank as long as the stub's default Rank deadline, a Recommend as long as the stub's
 # whole budget (Admit, pre-processing, Rank) with room to spare.

@@ -130,10 +130,22 @@ def test_a_rolling_restart_with_sigterm_costs_no_failed_call(fleet: Fleet) -> No
     assert served == {name: name for name in fleet.ranker_names}
 
 
+@pytest.fixture
+def routed_fleet(tmp_path) -> Iterator[Fleet]:
+    """The fleet with the trigger and the stub calling the rankers through the router (`--routing router`),
+    for the router's own faults: with direct routing, the default, the router carries no Recommend."""
+    with Fleet(fleet_config(tmp_path / "logs", slo_ms=1.0, routing="router")) as running:
+        yield running
+
+
 @pytest.mark.parametrize("service", [ROUTER, TRIGGER])
-def test_a_router_or_trigger_replaced_under_load_loses_no_recommend(fleet: Fleet, service: str) -> None:
+def test_a_router_or_trigger_replaced_under_load_loses_no_recommend(
+    request: pytest.FixtureRequest, service: str
+) -> None:
     """A rolling update of the sole router or trigger, at the default deadlines (Rank 1 s): the new process
-    serves on the same port (SO_REUSEPORT) before the old one drains, as Kubernetes' surge does."""
+    serves on the same port (SO_REUSEPORT) before the old one drains, as Kubernetes' surge does. The router
+    is replaced in a fleet that routes through it."""
+    fleet: Fleet = request.getfixturevalue("routed_fleet" if service == ROUTER else "fleet")
     recommends = recommend_load(fleet.address(STUB), RATE, users=USERS, seed=5).start()
     old = fleet.children[service]
     try:
@@ -163,12 +175,14 @@ def test_a_router_or_trigger_replaced_under_load_loses_no_recommend(fleet: Fleet
 
 @pytest.fixture
 def patient_fleet(tmp_path) -> Iterator[Fleet]:
-    """The fleet with a Rank deadline (5 s) longer than the gap of a crashed sole router's restart: its
+    """The fleet, routing through the router, with a Rank deadline (5 s) longer than the gap of a crashed
+    sole router's restart: its
     drain (~0.45 s) plus a new process's start (~0.25 s) plus the stub's redial (a first retry after
     --reconnect-backoff-ms, growing). No process listens meanwhile, so a 1 s deadline is ridden out only
     mostly; a restart without a gap is `replace` (above), which deployments get from two replicas or surge."""
     stub_args = f"{STUB_ARGS} --rank-timeout-ms 5000"
-    with Fleet(fleet_config(tmp_path / "logs", slo_ms=1.0, stub_args=stub_args)) as running:
+    config = fleet_config(tmp_path / "logs", slo_ms=1.0, stub_args=stub_args, routing="router")
+    with Fleet(config) as running:
         yield running
 
 

@@ -23,8 +23,9 @@ RANKER_SERVICE_SPAN = "/relaygr.v1.RankerService/"
 RECOMMEND_SPAN = "/relaygr.v1.RecommendService/Recommend"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def receiver() -> Iterator[OtlpReceiver]:
+    """A receiver of one test's spans only."""
     with OtlpReceiver() as receiver:
         yield receiver
 
