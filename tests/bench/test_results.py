@@ -24,7 +24,7 @@ ADDED_SINCE_THE_CPU_RUNS = {
     "profile.measured_min", "profile.measured_s", "*.points.*.cut", "configuration.routing",
 }  # fmt: skip
 CPU_RUNS = ("full-febe785", "quick-batched", "quick-relay")  # written before the results were typed
-TYPED_CPU_RUNS = ("full",)  # written by bench.results: read back byte for byte
+TYPED_CPU_RUNS = ("full-b893f0b",)  # written by bench.results: read back byte for byte
 GPU_RUNS = ("gpu-fleet", "gpu-fleet-graphs", "gpu-fleet-repeat")
 
 
