@@ -39,6 +39,17 @@ GRPC_HANDLING_SECONDS = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 
+GC_PAUSE_SECONDS = Histogram(
+    "relaygr_gc_pause_seconds",
+    "How long each of the process's garbage collections stopped it, by generation (2: a full collection).",
+    ["generation"],
+    buckets=LATENCY_BUCKETS,
+)
+GC_FROZEN_OBJECTS = Gauge(
+    "relaygr_gc_frozen_objects",
+    "Objects the process froze out of the collector's way once warm (0: --gc-freeze false, or not warm yet).",
+)
+
 
 def enum_label(enum_type, value: int) -> str:
     """A protobuf enum value as a metric label: MISS_REASON_STALE_PREFIX → stale_prefix."""

@@ -5,7 +5,8 @@
 1. `start()` binds the gRPC port, the health-only port when `--health-port` asks for one, and the
    Prometheus metrics port (port 0 picks a free one; the bound ports are exposed), with health
    NOT_SERVING for the service's full name;
-2. the caller warms up, then calls `set_serving()`;
+2. the caller warms up, then calls `set_serving()` (in a service process, the warm heap is frozen out of the
+   garbage collector's way first: `services/common/garbage.py`);
 3. `wait()` serves until SIGTERM or SIGINT (or `stop()`), then drains: health goes NOT_SERVING at once
    so load balancers stop sending, the `on_drain` hook runs, and in-flight RPCs get `drain_grace_s`.
 
@@ -38,7 +39,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from services.common import tracing
+from services.common import garbage, tracing
 from services.common.config import ServiceConfig, load
 from services.common.interceptor import Interceptor
 from services.common.logs import setup_logging
@@ -183,6 +184,7 @@ class GrpcServer:
         SERVING.set(int(status == health_pb2.HealthCheckResponse.SERVING))
 
     async def set_serving(self) -> None:
+        garbage.on_serving()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
     def install_signal_handlers(self) -> None:
@@ -251,6 +253,7 @@ def service_main(
     config = load(config_class, argv, prog=f"python -m services.{name}", description=description)
     instance = name if log_name is None else log_name(config)
     setup_logging(config.log_level, instance)
+    garbage.install(config.gc_freeze)
     tracing.setup(config, name, instance if log_name is not None else "")
 
     async def main() -> None:

@@ -193,6 +193,21 @@ def build() -> dashboard.Dashboard:
                     )
                 ],
             ),
+            timeseries_panel(
+                "Garbage-collection pauses",
+                "P99 of the pauses the Python garbage collector stopped each service for, by generation (2: "
+                "a full collection; every call in flight waits for it). Services freeze their warm heap "
+                "(--gc-freeze), so a full collection should take milliseconds.",
+                "s",
+                [
+                    p99_target(
+                        "relaygr_gc_pause_seconds",
+                        FLEET,
+                        "P99 {{job}} gen {{generation}}",
+                        by="job, generation",
+                    )
+                ],
+            ),
         ],
     )
     return build_dashboard(
