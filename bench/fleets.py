@@ -130,7 +130,9 @@ class BenchFleet:
             startup_timeout_s=shape.startup_timeout_s,
             ranker_args=f"{shape.ranker_args} {limit}",
             router_args=mode.router_args,
-            trigger_args=f"{mode.trigger_args} {mode.router_args} {limit}",
+            # The trigger places prefixes by the fleet's own window (other stubs' windows share it); a mode's
+            # own flags come after, so they win.
+            trigger_args=f"--relay-window-ms {delay_ms:g} {mode.trigger_args} {mode.router_args} {limit}",
             stub_args=shlex.join(self._stub_flags(universe, delay_ms, 0.0)),
         )
         self.fleet = Fleet(self.config)

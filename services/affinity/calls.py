@@ -35,9 +35,13 @@ class RankerCalls(Protocol):
 
     async def close(self) -> None: ...
 
-    async def pre_infer(self, request: bytes, user_id: str, timeout: float) -> bytes: ...
+    async def pre_infer(self, request: bytes, user_id: str, timeout: float, member: str = "") -> bytes: ...
 
     async def rank(self, request: bytes, user_id: str, hint: str, timeout: float) -> bytes: ...
+
+    def routable_members(self) -> tuple[str, ...] | None:
+        """The members calls can go to now, by name (sorted); None when another process routes them."""
+        ...
 
     async def get_profile(self, request: bytes, timeout: float) -> ranker_pb2.GetProfileResponse: ...
 
@@ -60,7 +64,8 @@ class ThroughTarget:
     async def close(self) -> None:
         await self.channel.close()
 
-    async def pre_infer(self, request: bytes, user_id: str, timeout: float) -> bytes:
+    async def pre_infer(self, request: bytes, user_id: str, timeout: float, member: str = "") -> bytes:
+        """`member` is not passed on: the router places PreInfer by its own ring."""
         with tracing.client_call(PRE_INFER) as trace_context:
             return await self._pre_infer(request, timeout=timeout, metadata=trace_context)
 
@@ -71,6 +76,10 @@ class ThroughTarget:
 
     async def get_profile(self, request: bytes, timeout: float) -> ranker_pb2.GetProfileResponse:
         return await self._get_profile(request, timeout=timeout)
+
+    def routable_members(self) -> None:
+        """Unknown here: the router behind the target routes."""
+        return None
 
 
 def ranker_calls(

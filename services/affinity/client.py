@@ -85,9 +85,12 @@ class AffinityClient:
     async def close(self) -> None:
         await self.membership.close()
 
-    async def pre_infer(self, request: bytes, user_id: str, timeout: float) -> bytes:
+    async def pre_infer(self, request: bytes, user_id: str, timeout: float, member: str = "") -> bytes:
+        """To `member` when the caller placed the prefix (the trigger, by the rankers' queues) and it is
+        routable, else by the ring."""
         timeout = await self._started(timeout)
-        return await self._send(self.policy.choose(user_id), "PreInfer", request, timeout)
+        route = self.policy.place(user_id, member) if member else self.policy.choose(user_id)
+        return await self._send(route, "PreInfer", request, timeout)
 
     async def rank(self, request: bytes, user_id: str, hint: str, timeout: float) -> bytes:
         timeout = await self._started(timeout)
@@ -109,6 +112,10 @@ class AffinityClient:
             return await _first_answer(attempts)
         finally:
             _settle(attempts)
+
+    def routable_members(self) -> tuple[str, ...]:
+        """The routable members' names, sorted: the ring that `choose` places users on now."""
+        return tuple(sorted(member.name for member in self.membership.routable()))
 
     async def get_profile(self, request: bytes, timeout: float) -> ranker_pb2.GetProfileResponse:
         timeout = await self._started(timeout)

@@ -10,6 +10,10 @@ Order of preference for a request of user `u` carrying relay hint `h` (the `inst
 3. `failover`: after UNAVAILABLE, the first routable member clockwise on the user's walk other than the one
    that failed, regardless of load (ranking is idempotent: the new member recomputes).
 
+A PreInfer that the trigger placed itself (on another member than the owner when the owner's queues could
+not have the prefix ready in time, `services/trigger/fleet_load.py`) goes to that member while it is
+routable (`place`: `affinity` or `spill`); the Rank then follows it by its hint.
+
 With `--routing-policy random` (an ablation: relay without affinity) steps 1 and 2 are replaced by a
 uniform draw among the routable members (`random`), which ignores both the hint and the ring.
 
@@ -74,6 +78,20 @@ class RoutingPolicy:
         else:
             decision = RoutingDecision.SPILL if placement.spilled else RoutingDecision.AFFINITY
         return Route(self.membership.members[placement.member], decision)
+
+    def place(self, user_id: str, member: str) -> Route:
+        """A call its caller placed on `member` (the trigger's PreInfer, placed by the rankers' queues):
+        `affinity` when that is the user's first routable member, `spill` otherwise; when `member` is not
+        routable (or under `random`), the policy chooses as for any request."""
+        chosen = self.membership.get(member)
+        if self.random or chosen is None or not chosen.routable:
+            return self.choose(user_id)
+        first = next((name for name in self.membership.ring.walk(user_id) if self._routable(name)), None)
+        return Route(chosen, RoutingDecision.AFFINITY if first == member else RoutingDecision.SPILL)
+
+    def _routable(self, name: str) -> bool:
+        member = self.membership.get(name)
+        return member is not None and member.routable
 
     def failover(self, user_id: str, failed: str) -> Route | None:
         """The first routable member on the user's walk other than `failed`; None when there is none."""

@@ -46,6 +46,12 @@ lease TTL, which the window equals), and is never more than the ranker's last re
 admissions not yet answered (that report includes every own admission answered before it, so leases
 consumed since an answer stop counting at the next one).
 
+Placement. An admitted prefix goes to the user's owner on the ring unless the owner's reported queues
+say it could not be ready within `relay_window_ms` (when the request's Rank arrives) while another member's
+say it could (`FleetLoad.place`): a Rank that arrives before its prefix waits for the owner's whole queue,
+which under a burst of long prefixes on one ranker is the fleet's P99, while the other ranker idles. The
+brakes and the must-relay test read the member placed on.
+
 A request must relay when the queue wait at its target ranker plus its miss is predicted to exceed the SLO:
 it is exempt from shedding (not from the limits: a budget is never exceeded). `admit_all` (an ablation)
 admits every request that is not a duplicate, with no gain test and no brakes.
@@ -98,6 +104,7 @@ class Decision:
     reason: Reason
     relay_instance: str = ""
     must_relay: bool = False
+    target: str = ""  # admitted: the member the PreInfer goes to (`FleetLoad.place`)
 
     @property
     def admitted(self) -> bool:
@@ -132,6 +139,7 @@ class Limits:
     floor_events: int
     max_events: int
     admit_all: bool = False
+    relay_window_ms: float = 0.0  # until the Rank arrives: a prefix its owner cannot finish by then moves
     replicas: int = 1  # triggers admitting to the same rankers; each keeps within 1/replicas of a share
 
 
@@ -173,7 +181,7 @@ class AdmissionPolicy:
         earlier = self._admissions.get(prefix.key)
         if earlier is not None:
             return Decision(Reason.DUPLICATE, earlier.relay_instance)
-        target = self.fleet.target(prefix.user_id)
+        target = self.fleet.place(prefix.user_id, prefix.pre_infer_ms, limits.relay_window_ms)
         must_relay = self.fleet.rank_wait_ms(target) + prefix.miss_ms > limits.slo_ms
         if not limits.admit_all:
             refusal = self._brake(prefix, target, must_relay, now)
@@ -186,7 +194,7 @@ class AdmissionPolicy:
         self._holding.append(admission)
         self._held_bytes[target] += prefix.nbytes
         self.fleet.reserve(target, prefix.pre_infer_ms, prefix.nbytes)
-        return Decision(Reason.ADMITTED, must_relay=must_relay)
+        return Decision(Reason.ADMITTED, must_relay=must_relay, target=target)
 
     def _brake(self, prefix: Prefix, target: str, must_relay: bool, now: float) -> Reason | None:
         limits, fleet = self.limits, self.fleet

@@ -33,7 +33,7 @@ class TriggerApp:
     def __init__(self, config: TriggerConfig) -> None:
         self.config = config
         self.rankers = ranker_calls(config, config, config.router)
-        self.plane = TriggerPlane(config, pre_infer_call(self.rankers))
+        self.plane = TriggerPlane(config, pre_infer_call(self.rankers), self.rankers.routable_members)
         self.service = TriggerService(self.plane)
         self.grpc = GrpcServer(config, TRIGGER_SERVICE, self._register)
         self._profile_task: asyncio.Task | None = None

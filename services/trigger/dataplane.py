@@ -7,13 +7,13 @@ here, each step once:
            -> fire the PreInfer signal (admitted only) -> the decision, metrics
 
 The predictions are the fleet profile's cost models', the decision `admission.AdmissionPolicy`'s, the
-rankers' load `fleet_load.FleetLoad`'s. An admitted request's PreInfer goes to its ranker (through the
-router, or routed directly) with a short deadline (`--pre-infer-timeout-ms`); the ranker answers as soon
-as it accepts or refuses, so Admit never waits for the computation, and its answer carries its load
-report, which the fleet view takes. The answer's `instance` becomes `relay_instance`. A refusal or a
-failed call (`PreInferFailed`) is RANKER_REFUSED and the admission's reservation is released. A
-DUPLICATE answers admitted=false with the instance remembered from the first admission, so the caller's
-Rank keeps its hint.
+rankers' load `fleet_load.FleetLoad`'s. An admitted request's PreInfer goes to the ranker the
+admission placed it on (routed directly; through the router, by the router's ring) with a short
+deadline (`--pre-infer-timeout-ms`); the ranker answers as soon as it accepts or refuses, so Admit never
+waits for the computation, and its answer carries its load report, which the fleet view takes. The
+answer's `instance` becomes `relay_instance`. A refusal or a failed call (`PreInferFailed`) is
+RANKER_REFUSED and the admission's reservation is released. A DUPLICATE answers admitted=false with the
+instance remembered from the first admission, so the caller's Rank keeps its hint.
 
 The PreInfer payload is the Admit request itself: the protos state that AdmitRequest's fields 1 (user_id)
 and 2 (long_term) are PreInferRequest's, so with the Admit-only fields (`ADMIT_ONLY_FIELDS`) cleared its
@@ -79,8 +79,9 @@ class PreInferFailed(Exception):
         self.details = details
 
 
-# Sends a serialised PreInferRequest of a user with a timeout in seconds; raises PreInferFailed.
-PreInferCall = Callable[[bytes, str, float], Awaitable[ranker_pb2.PreInferResponse]]
+# Sends a serialised PreInferRequest of a user, with a timeout in seconds, to the member the admission
+# placed it on (routed there when it is routable); raises PreInferFailed.
+PreInferCall = Callable[[bytes, str, float, str], Awaitable[ranker_pb2.PreInferResponse]]
 
 
 def limits(config: TriggerConfig) -> Limits:
@@ -100,15 +101,25 @@ def limits(config: TriggerConfig) -> Limits:
         max_events=config.max_long_term_events,
         admit_all=config.admit_all,
         replicas=config.replicas,
+        # Through a router, the router's ring places PreInfer: the trigger's own view follows it.
+        relay_window_ms=config.relay_window_ms if config.routes_directly else 0.0,
     )
 
 
 class TriggerPlane:
-    def __init__(self, config: TriggerConfig, pre_infer: PreInferCall) -> None:
+    def __init__(
+        self,
+        config: TriggerConfig,
+        pre_infer: PreInferCall,
+        members: Callable[[], tuple[str, ...] | None] = lambda: None,
+    ) -> None:
+        """`members`: the rankers the PreInfer calls can go to now (routing directly), or None (through a
+        router: the profile's members, refreshed with it)."""
         self.config = config
         self.fleet = FleetLoad(config.waste_window_s)
         self.policy = AdmissionPolicy(limits(config), self.fleet)
         self._pre_infer = pre_infer
+        self._members = members
         self._profile: FleetProfile | None = None
         precreate(
             TRIGGER_DECISIONS,
@@ -129,6 +140,9 @@ class TriggerPlane:
         if profile is None:
             raise Unavailable("no latency profile from the router yet")
         length = self._validate(request)
+        live = self._members()
+        if live is not None:  # the users' placement follows the ring the PreInfer is routed on, as it is now
+            self.fleet.set_members(live, profile.virtual_nodes)
         miss_ms = profile.full.predict_ms(length, request.short_term_length, request.num_candidates)
         TRIGGER_PREDICTED_SECONDS.observe(miss_ms / 1000.0)
         for field in ADMIT_ONLY_FIELDS:
@@ -183,7 +197,9 @@ class TriggerPlane:
 
     async def _fire(self, key: bytes, payload: bytes, user_id: str, decision: Decision) -> Decision:
         try:
-            answer = await self._pre_infer(payload, user_id, self.config.pre_infer_timeout_ms / 1000.0)
+            answer = await self._pre_infer(
+                payload, user_id, self.config.pre_infer_timeout_ms / 1000.0, decision.target
+            )
         except PreInferFailed as exc:
             log.warning("PreInfer for user %s failed: %s %s", user_id, exc.code, exc.details)
             TRIGGER_PRE_INFER_FAILURES.labels(exc.code).inc()

@@ -1,8 +1,10 @@
 """The trigger's view of each ranker's load, from the load reports that come back on PreInfer answers.
 
 Which ranker a user loads is the router's affinity ring over the routable members (GetProfile names them
-and the ring's virtual nodes): the trigger places the user on the same ring (`target`). Bounded-load spill
-can send a request elsewhere; the ranker then applies its own limits (it keeps the final say).
+and the ring's virtual nodes): the trigger places the user on the same ring (`target`). A prefix its owner
+cannot have ready before the request's Rank arrives (the relay window), by the owner's reported queues,
+goes to the next member along the user's walk that can (`place`); the Rank follows it there by the relay
+hint. The ranker then applies its own limits (it keeps the final say).
 
 A report is exact when it arrives and ages until the next one, so a ranker the trigger stopped sending to
 (a brake bound) is not held braked by a stale figure:
@@ -62,6 +64,23 @@ class FleetLoad:
     def target(self, user_id: str) -> str:
         """The member the user's requests reach (its first member on the ring); "" with no members."""
         return self._ring.owner(user_id) or ""
+
+    def finish_ms(self, name: str, pre_infer_ms: float) -> float:
+        """When a prefix of `pre_infer_ms` admitted to `name` now is predicted to be ready, in ms from now:
+        the Ranks queued there, the pre-inference queued before it, then the prefix itself."""
+        return self.rank_wait_ms(name) + self.pre_infer_backlog_ms(name) + pre_infer_ms
+
+    def place(self, user_id: str, pre_infer_ms: float, window_ms: float) -> str:
+        """The member that computes the user's prefix: its owner on the ring, unless the owner is predicted
+        not to have it ready within `window_ms` (when the request's Rank arrives) and another member is:
+        then the first such member along the user's walk (its Rank follows the relay hint there). When no
+        member can, the owner keeps it (spilling would only move the overload). `window_ms` 0: the owner.
+        "" with no members."""
+        walk = self._ring.walk(user_id)
+        owner = next(walk, "")
+        if window_ms <= 0 or not owner or self.finish_ms(owner, pre_infer_ms) <= window_ms:
+            return owner
+        return next((name for name in walk if self.finish_ms(name, pre_infer_ms) <= window_ms), owner)
 
     def observe(self, report: ranker_pb2.LoadReport) -> None:
         """Takes a fresh report (an empty one, from a ranker that sent none, is ignored)."""

@@ -23,9 +23,11 @@ def pre_infer_call(rankers: RankerCalls) -> PreInferCall:
     """RankerService.PreInfer through `rankers`, taking an already-serialised PreInferRequest; a failed call
     raises `PreInferFailed` with its status code's name."""
 
-    async def pre_infer(payload: bytes, user_id: str, timeout_s: float) -> ranker_pb2.PreInferResponse:
+    async def pre_infer(
+        payload: bytes, user_id: str, timeout_s: float, member: str
+    ) -> ranker_pb2.PreInferResponse:
         try:
-            answer = await rankers.pre_infer(payload, user_id, timeout_s)
+            answer = await rankers.pre_infer(payload, user_id, timeout_s, member)
         except grpc.aio.AioRpcError as exc:
             raise PreInferFailed(exc.code().name, exc.details() or "") from exc
         except RequestError as exc:  # direct routing: no ranker routable

@@ -6,14 +6,24 @@ mechanism), by the ring owner each user landed on, and by the Rank finding its p
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import grpc
 import pytest
 
-from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
+from relaygr.v1 import (
+    common_pb2,
+    ranker_pb2,
+    ranker_pb2_grpc,
+    recommend_pb2,
+    recommend_pb2_grpc,
+    trigger_pb2,
+    trigger_pb2_grpc,
+)
 from services.common.ring import AffinityRing
 from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet, FleetConfig
+from tests.ranker.harness import history, pre_infer_request, sequence
 from tests.reliability.harness import scrape, total
 
 USERS = [f"user-{i}" for i in range(8)]
@@ -121,3 +131,53 @@ def test_routing_through_the_router_places_users_the_same_way(tmp_path):
         assert decisions(fleet, ROUTER, "PreInfer", decision="affinity") == n
         assert decisions(fleet, ROUTER, "Rank", decision="hint") == n
         assert decisions(fleet, TRIGGER, "PreInfer") == decisions(fleet, STUB, "Rank") == 0
+
+
+def test_a_prefix_its_owner_cannot_have_ready_in_the_window_is_placed_on_the_next_member(tmp_path):
+    """The trigger's placement by the rankers' queues, over real processes: with ranker-0's pre-inference
+    queue filled far past the relay window (PreInfers sent to it directly, as other triggers' would be), a
+    user whose ring owner is ranker-0 has its prefix computed on ranker-1, and its Rank follows the hint there
+    and is served from HBM. The trigger counted that PreInfer as a spill. The queue is the ranker's own
+    prediction (its warm-up curve, noisy on a busy machine), so the margins are wide: a window of 400 ms
+    against a queue predicted at 1500 ms or more, and really of 40 prefixes of 2048 events."""
+    config = dataclasses.replace(
+        fleet_config(tmp_path, "direct"),
+        trigger_args="--admit-all true --pre-infer-timeout-ms 2000 --health-interval-s 0.2 "
+        "--relay-window-ms 400",
+        ranker_args="--profile-lengths 256,2048 --profile-repeats 3 --max-pending-pre-infer 4096 "
+        "--max-pre-infer-backlog-ms 100000 --hbm-budget-mb 2048",
+    )
+    with Fleet(config) as fleet:
+        for service in (TRIGGER, STUB):
+            wait_until(lambda service=service: every_member_routable(fleet, service))
+        busy, idle = fleet.ranker_names
+        first, second = [
+            user for user in (f"user-{i}" for i in range(100)) if ring_owner(fleet, user) == busy
+        ][:2]
+        with grpc.insecure_channel(fleet.address(busy)) as channel:
+            ranker = ranker_pb2_grpc.RankerServiceStub(channel)
+            backlog, flood = 0.0, 0
+            while backlog < 1500.0 or flood < 40:  # predicted, and really: 40 prefixes of 2048 events
+                flood += 1
+                assert flood <= 1000, backlog
+                answer = ranker.PreInfer(
+                    pre_infer_request(f"flood-{flood}", history(flood, 2048)), timeout=30
+                )
+                assert answer.outcome == ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED, answer
+                backlog = answer.load.pre_infer_backlog_ms
+        # The trigger learns ranker-0's queue from the answer to its next PreInfer there...
+        with grpc.insecure_channel(fleet.address(TRIGGER)) as channel:
+            admitted = trigger_pb2_grpc.TriggerServiceStub(channel).Admit(
+                trigger_pb2.AdmitRequest(
+                    user_id=first, long_term=sequence(history(1, 64)), num_candidates=8, short_term_length=16
+                ),
+                timeout=30,
+            )
+        assert (admitted.admitted, admitted.relay_instance) == (True, busy)
+        # ...and places the next prefix of a ranker-0 user on ranker-1, where its Rank finds it.
+        answer = recommend(fleet, second)
+        assert answer.admitted and answer.instance == idle
+        assert answer.cache_source == common_pb2.CACHE_SOURCE_HBM
+        assert decisions(fleet, TRIGGER, "PreInfer", decision="spill") == 1
+        assert decisions(fleet, TRIGGER, "PreInfer", decision="affinity") == 1
+        assert decisions(fleet, STUB, "Rank", decision="hint") == 1

@@ -157,3 +157,34 @@ def test_the_random_policy_ignores_hints_and_the_ring_and_draws_only_routable_me
 def test_an_unknown_routing_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="routing policy"):
         RoutingPolicy(None, "round-robin")  # type: ignore[arg-type]
+
+
+def test_a_call_placed_by_its_caller_goes_there_labelled_by_the_ring() -> None:
+    """The trigger's PreInfer placed on a member by the rankers' queues: `affinity` on the user's owner,
+    `spill` elsewhere, the policy's own choice when the member is unknown or not routable."""
+
+    async def scenario(policy: RoutingPolicy, stubs: list[StubRanker]) -> None:
+        owner, second, third = policy.membership.ring.walk("alice")
+        assert (policy.place("alice", owner).member.name, policy.place("alice", owner).decision) == (
+            owner,
+            RoutingDecision.AFFINITY,
+        )
+        for member in (second, third):
+            route = policy.place("alice", member)
+            assert (route.member.name, route.decision) == (member, RoutingDecision.SPILL)
+        route = policy.place("alice", "ranker-9")
+        assert (route.member.name, route.decision) == (owner, RoutingDecision.AFFINITY)
+
+        down = next(stub for stub in stubs if stub.name == second)
+        await down.set_serving(False)
+        await eventually(lambda: not policy.membership.get(second).routable)
+        route = policy.place("alice", second)
+        assert (route.member.name, route.decision) == (owner, RoutingDecision.AFFINITY)
+        # With the owner down, the next routable member on the walk is the user's first: `affinity`.
+        owner_stub = next(stub for stub in stubs if stub.name == owner)
+        await owner_stub.set_serving(False)
+        await eventually(lambda: not policy.membership.get(owner).routable)
+        route = policy.place("alice", third)
+        assert (route.member.name, route.decision) == (third, RoutingDecision.AFFINITY)
+
+    with_policy(scenario)

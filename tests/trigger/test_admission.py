@@ -262,3 +262,65 @@ def test_admissions_never_lease_more_than_the_share_of_a_rankers_hbm(steps):
                 held[member] = fleet.leased_bytes(member)
                 policy.answered(item.key, member, held=True)
                 fleet.observe(report(member, leased_bytes=held[member]))
+
+
+WINDOW = dataclasses.replace(LIMITS, relay_window_ms=100.0)
+
+
+def test_a_prefix_its_owner_cannot_have_ready_in_the_window_goes_to_the_next_member():
+    """Placement by the rankers' reported queues: the prefix (32 ms here) stays on its owner while the
+    owner's Ranks and pre-inference queued before it leave it ready within the window (100 ms), and goes to
+    the next member along the user's walk otherwise, if that one can have it ready; the reservation and
+    the brakes follow it there."""
+    policy, fleet, _ = make(WINDOW)
+    user = user_on(fleet, "ranker-a")
+    fleet.observe(report("ranker-a", pre_infer_backlog_ms=60.0, rank_backlog_ms=8.0))  # 100 ms: ready in time
+    decision = policy.decide(prefix(user, seq=0))
+    assert (decision.reason, decision.target) == (Reason.ADMITTED, "ranker-a")
+
+    fleet.observe(report("ranker-a", pre_infer_backlog_ms=60.0, rank_backlog_ms=10.0))  # 32 reserved: 134
+    busy = fleet.pre_infer_backlog_ms("ranker-a")
+    decision = policy.decide(prefix(user, seq=1))
+    assert (decision.reason, decision.target) == (Reason.ADMITTED, "ranker-b")
+    assert fleet.pre_infer_backlog_ms("ranker-b") == pytest.approx(32.0)
+    assert fleet.pre_infer_backlog_ms("ranker-a") == pytest.approx(busy)
+
+    # Both too busy: the owner keeps it (spilling would only move the overload).
+    fleet.observe(report("ranker-b", pre_infer_backlog_ms=90.0))
+    decision = policy.decide(prefix(user, seq=2))
+    assert (decision.reason, decision.target) == (Reason.ADMITTED, "ranker-a")
+
+    # The brakes read the member placed on: ranker-b's HBM full refuses the prefix that would go there.
+    other = user_on(fleet, "ranker-a", start=int(user[1:]) + 1)
+    fleet.observe(report("ranker-b", leased_bytes=32 * MIB))
+    assert policy.decide(prefix(other)).reason is Reason.HBM_LIMIT
+
+
+def test_without_a_window_every_prefix_stays_on_its_owner():
+    policy, fleet, _ = make()  # relay_window_ms 0
+    user = user_on(fleet, "ranker-a")
+    fleet.observe(report("ranker-a", pre_infer_backlog_ms=300.0, rank_backlog_ms=100.0))
+    decision = policy.decide(prefix(user))
+    assert (decision.reason, decision.target) == (Reason.ADMITTED, "ranker-a")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    backlog_a=st.floats(0, 400),
+    backlog_b=st.floats(0, 400),
+    ranks_a=st.floats(0, 100),
+    cost=st.floats(1, 150),
+)
+def test_placement_keeps_the_owner_unless_another_member_is_ready_in_time_and_the_owner_is_not(
+    backlog_a, backlog_b, ranks_a, cost
+):
+    fleet = FleetLoad(waste_window_s=10.0, clock=Clock())
+    fleet.set_members(RANKERS)
+    user = user_on(fleet, "ranker-a")
+    fleet.observe(report("ranker-a", pre_infer_backlog_ms=backlog_a, rank_backlog_ms=ranks_a))
+    fleet.observe(report("ranker-b", pre_infer_backlog_ms=backlog_b))
+    placed = fleet.place(user, cost, 100.0)
+    owner_in_time = ranks_a + backlog_a + cost <= 100.0
+    other_in_time = backlog_b + cost <= 100.0
+    assert placed == ("ranker-b" if other_in_time and not owner_in_time else "ranker-a")
+    assert fleet.place(user, cost, 0.0) == "ranker-a"
