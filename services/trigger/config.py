@@ -36,10 +36,10 @@ class TriggerConfig(AffinitySettings, ServiceConfig):
     relay_window_ms: float = setting(
         30.0,
         "ms from an Admit until its request's Rank reaches the ranker (the retrieval-to-ranking window, the "
-        "retrieval stub's --preprocess-delay-ms): a "
-        "prefix the user's ring owner is predicted, by its reported queues, not to have ready by then goes "
-        "to the next member on the user's ring walk that can, and the Rank follows the relay hint there "
-        "(direct routing only: a router places PreInfer by its own ring); 0 keeps every prefix on its owner",
+        "retrieval stub's --preprocess-delay-ms): a prefix the user's ring owner is predicted, by its "
+        "reported queues, not to have ready by then goes to the next member on the user's ring walk that "
+        "can, and the Rank follows the relay hint there (direct routing only: a router places PreInfer by "
+        "its own ring); 0 keeps every prefix on its owner",
         minimum=0,
     )
     lease_window_ms: int = setting(
