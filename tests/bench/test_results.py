@@ -24,10 +24,10 @@ ADDED_SINCE_THE_CPU_RUNS = {
     "profile.measured_min", "profile.measured_s", "*.points.*.cut", "configuration.routing",
 }  # fmt: skip
 CPU_RUNS = ("full-febe785", "quick-batched", "quick-relay")  # written before the results were typed
-TYPED_CPU_RUNS = ("full-b893f0b", "full-5e3657a")  # written by bench.results: read back byte for byte
+TYPED_CPU_RUNS = ("full-b893f0b", "full-5e3657a", "full")  # written by bench.results: read back byte for byte
 GPU_RUNS = ("gpu-fleet", "gpu-fleet-graphs", "gpu-fleet-repeat")
 # Runs whose trigger and stubs routed their own calls (every other run went through the router).
-DIRECT_RUNS = ("full-5e3657a",)
+DIRECT_RUNS = ("full-5e3657a", "full")
 
 
 def run_files() -> list[Path]:
