@@ -34,6 +34,13 @@ MODEL_SECONDS = Histogram(
     ["op"],
     buckets=LATENCY_BUCKETS,
 )
+MODEL_CPU_SECONDS = Counter(
+    "relaygr_model_cpu_seconds",
+    "CPU time of the ranker's device and copy threads inside their jobs (thread CPU time, which on an "
+    "accelerator is the host's launch cost), by op as relaygr_model_seconds: what the host spends on the "
+    "model itself, apart from serving.",
+    ["op"],
+)
 DEVICE_BATCH_SIZE = Histogram(
     "relaygr_device_batch_size",
     "Jobs run together in one device pass (cached ranks of several users), by op.",

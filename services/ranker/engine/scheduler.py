@@ -10,6 +10,10 @@ pre-inference) `promote`s that job to `Priority.AWAITED`, so pre-inferences that
 starve it. A job whose deadline has passed, or whose awaiting future was cancelled, is dropped when it
 reaches the front, before any work starts.
 
+Each job's thread CPU time is counted by op (`relaygr_model_cpu_seconds`): what the host spends inside
+model passes, which the serving-overhead benchmark subtracts from the process's CPU. The thread takes
+its own name as the OS's thread name, so `top -H` and /proc tell the device thread from the event loop.
+
 Every job's future carries its `DeviceTime` (`device_time(future)`): when it was queued, started and ended on
 the device thread, and the size of the batch it ran in. A traced request turns it into its queue-wait and
 model-pass spans (`trace_device`).
@@ -36,6 +40,8 @@ from typing import Any, TypeVar
 
 from services.common import tracing
 from services.common.errors import DeadlineExceeded
+from services.common.metrics import Children
+from services.common.threads import name_os_thread
 from services.ranker import metrics
 
 log = logging.getLogger(__name__)
@@ -166,6 +172,7 @@ class Scheduler:
         self._running: list[_Running] = []
         # Seconds the thread has spent running jobs (nested ones are inside their outer job's time).
         self.busy_s = 0.0
+        self._cpu_seconds = Children(metrics.MODEL_CPU_SECONDS)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -266,6 +273,7 @@ class Scheduler:
         metrics.DEVICE_QUEUE_DEPTH.labels(priority.name.lower()).set(self._depth[priority])
 
     def _loop(self) -> None:
+        name_os_thread(self._thread.name)
         while True:
             with self._cond:
                 while not self._heap and not self._closed:
@@ -308,7 +316,7 @@ class Scheduler:
         fn, future, op = job.fn, job.future, job.op
         loop = future.get_loop()
         job.time.started_ns = time.time_ns()
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         try:
             result = fn(Yield(self, running)) if job.yields else fn()
         except BaseException as exc:  # delivered to the awaiting coroutine, never lost on this thread
@@ -320,12 +328,13 @@ class Scheduler:
             loop.call_soon_threadsafe(_set_result, future, result)
         finally:
             metrics.MODEL_SECONDS.labels(op).observe(time.perf_counter() - started)
+            self._cpu_seconds(op).inc(time.thread_time() - started_cpu)
 
     def _execute_batch(self, jobs: list[Job], running: _Running) -> None:
         """One pass for every job of a batch; if it fails, each job alone (its own result or error). Batched
         jobs never yield."""
         started_ns = time.time_ns()
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         try:
             results = jobs[0].batch.run([job.item for job in jobs])
         except Exception:
@@ -335,6 +344,7 @@ class Scheduler:
             return
         # Each job is counted with its share of the pass: the count stays the jobs served, the sum the
         # device time.
+        self._cpu_seconds(jobs[0].op).inc(time.thread_time() - started_cpu)
         share = (time.perf_counter() - started) / len(jobs)
         for _ in jobs:
             metrics.MODEL_SECONDS.labels(jobs[0].op).observe(share)

@@ -1,0 +1,64 @@
+"""`python -m bench.null_ranker`: RankerService on the services' own server stack, with no ranker behind it.
+
+The serving floor of `bench.serving`: the same `GrpcServer` as a ranker (interceptor and its metrics,
+health, reflection, the health-only port, uvloop), the same requests parsed by gRPC, answers of the same
+size (one score per candidate), and nothing else: no validation, no cache, no model, no device thread.
+What a ranker spends per request beyond this process is the ranker's own serving code; what this process
+spends is the floor that gRPC in Python and the shared plumbing set under every service.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+
+from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
+from services.common.config import ServiceConfig, setting
+from services.common.contract import RANKER_SERVICE
+from services.common.server import GrpcServer, service_main
+
+
+@dataclasses.dataclass(frozen=True)
+class NullRankerConfig(ServiceConfig):
+    instance_name: str = setting("null-ranker", "the member name it answers with")
+
+
+class NullServicer(ranker_pb2_grpc.RankerServiceServicer):
+    def __init__(self, instance: str) -> None:
+        self.instance = instance
+
+    async def PreInfer(self, request: ranker_pb2.PreInferRequest, context) -> ranker_pb2.PreInferResponse:
+        return ranker_pb2.PreInferResponse(
+            outcome=ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED, instance=self.instance
+        )
+
+    async def Rank(self, request: ranker_pb2.RankRequest, context) -> ranker_pb2.RankResponse:
+        return ranker_pb2.RankResponse(
+            scores=[0.5] * len(request.candidate_item_ids),
+            cache_source=common_pb2.CACHE_SOURCE_HBM,
+            instance=self.instance,
+        )
+
+
+class NullRankerApp:
+    def __init__(self, config: NullRankerConfig) -> None:
+        servicer = NullServicer(config.instance_name)
+        self.grpc = GrpcServer(
+            config, RANKER_SERVICE, lambda s: ranker_pb2_grpc.add_RankerServiceServicer_to_server(servicer, s)
+        )
+
+    async def start(self) -> None:
+        await self.grpc.start()
+        await self.grpc.set_serving()
+
+    async def close(self) -> None:
+        return None
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    service_main(NullRankerConfig, NullRankerApp, argv, "null_ranker", __doc__.split("\n")[0])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
