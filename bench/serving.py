@@ -103,14 +103,18 @@ class ServingConfig:
 # ---- the ranker's CPU, by thread, and its own counters ----
 
 
+THREAD_GROUPS = ("event_loop", "device", "copy", "other")
+
+
 def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds of each thread group of process `pid`: event_loop (its main thread), device, copy,
-    other (every thread the service did not name)."""
-    groups = {"event_loop": 0.0, "device": 0.0, "copy": 0.0, "other": 0.0}
+    other (every thread the service did not name); and `switches`, the context switches of them all
+    (voluntary and not: a thread that waits for the GIL or a wake-up switches)."""
+    groups = dict.fromkeys((*THREAD_GROUPS, "switches", "page_faults"), 0.0)
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as stat:
-                text = stat.read()
+            task = Path(f"/proc/{pid}/task/{tid}")
+            text, state = (task / "stat").read_text(), (task / "status").read_text()
         except OSError:  # the thread ended meanwhile
             continue
         comm = text[text.index("(") + 1 : text.rindex(")")]
@@ -118,6 +122,10 @@ def thread_cpu(pid: int) -> dict[str, float]:
         seconds = (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
         group = "event_loop" if int(tid) == pid else comm if comm in ("device", "copy") else "other"
         groups[group] += seconds
+        groups["page_faults"] += int(fields[7]) + int(fields[9])  # minor and major
+        groups["switches"] += sum(
+            int(line.split()[1]) for line in state.splitlines() if "ctxt_switches:" in line
+        )
     return groups
 
 
@@ -247,6 +255,8 @@ class Point:
     cpu_ms: dict[str, float]  # per pair, by thread group, and "total"
     model_ms: float  # per pair: CPU inside model passes, in the service
     non_model_ms: float  # per pair: total - model
+    switches: float  # per pair: the process's context switches
+    page_faults: float  # per pair: the process's page faults
     in_process_model_ms: float  # per pair: the same passes in this process
     rank_p50_ms: float
     rank_p99_ms: float
@@ -279,8 +289,10 @@ async def measure_point(
     answers = await driver.run(measured, rate, delay_s)
     wall_s = time.perf_counter() - started
     cpu_after, model_after = thread_cpu(ranker.popen.pid), model_cpu_s(metrics_url)
-    cpu_ms = {group: (cpu_after[group] - cpu_before[group]) * 1000 / pairs for group in cpu_before}
+    cpu_ms = {group: (cpu_after[group] - cpu_before[group]) * 1000 / pairs for group in THREAD_GROUPS}
     cpu_ms["total"] = sum(cpu_ms.values())
+    switches = (cpu_after["switches"] - cpu_before["switches"]) / pairs
+    page_faults = (cpu_after["page_faults"] - cpu_before["page_faults"]) / pairs
     model_ms = (model_after - model_before) * 1000 / pairs
     return Point(
         length=length,
@@ -291,6 +303,8 @@ async def measure_point(
         cpu_ms={k: round(v, 3) for k, v in cpu_ms.items()},
         model_ms=round(model_ms, 3),
         non_model_ms=round(cpu_ms["total"] - model_ms, 3),
+        switches=round(switches, 1),
+        page_faults=round(page_faults, 1),
         in_process_model_ms=round(in_process_ms, 3),
         rank_p50_ms=round(percentile(answers.latency_ms, 50), 3),
         rank_p99_ms=round(percentile(answers.latency_ms, 99), 3),
@@ -384,9 +398,17 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
 ]  # fmt: skip
 
 
+# Threads of gRPC and of the metrics server, named by py-spy after their Python target.
+THREAD_STAGES = {"(_poll_wrapper)": "gRPC server and event loop", "(serve_forever)": "metrics and tracing"}
+
+
 def classify(stack: str) -> str:
-    """The stage of one sampled stack (`frame;frame;...`, outermost first)."""
-    for frame in reversed(stack.split(";")):
+    """The stage of one sampled stack (`thread (tid): name;frame;frame;...`, outermost first)."""
+    thread, _, frames = stack.partition(";")
+    for mark, stage in THREAD_STAGES.items():
+        if mark in thread:
+            return "waiting" if "Condition.wait (" in frames else stage
+    for frame in reversed(frames.split(";")):
         for stage, marks in STAGES:
             if any(mark in frame for mark in marks):
                 return stage
@@ -432,14 +454,16 @@ def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     return float(np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)[0])
 
 
-def start_ranker(procs: Processes, config: ServingConfig, max_length: int) -> ServiceProcess:
+def start_ranker(procs: Processes, config: ServingConfig, module: str) -> ServiceProcess:
+    """A ranker (`services.ranker`, or `bench.null_model`: its model passes free) for every shape."""
+    max_length = max([*_ints(config.lengths), config.capacity_length])
     args = [
         "--model-preset", config.model_preset, "--torch-threads", str(config.torch_threads),
         "--device", "cpu", "--instance-name", "ranker-serving",
         "--max-long-term-events", str(max(max_length, 1)), "--max-candidates", "1024",
         "--profile-lengths", "128,1024", "--profile-repeats", "2", "--lease-ttl-ms", "10000",
     ]  # fmt: skip
-    ranker = procs.start("ranker-serving", "services.ranker", RANKER_SERVICE, args)
+    ranker = procs.start("ranker-serving", module, RANKER_SERVICE, args)
     ranker.wait_healthy(180)
     return ranker
 
@@ -454,9 +478,10 @@ def start_null_ranker(procs: Processes) -> ServiceProcess:
 
 def idle_cpu_ms_per_s(pid: int, seconds: float = 3.0) -> float:
     """What the process spends a second with no request (timers, the sweeper, gRPC's own threads)."""
-    before = sum(thread_cpu(pid).values())
+    before = thread_cpu(pid)
     time.sleep(seconds)
-    return (sum(thread_cpu(pid).values()) - before) * 1000 / seconds
+    after = thread_cpu(pid)
+    return sum(after[g] - before[g] for g in THREAD_GROUPS) * 1000 / seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -467,6 +492,10 @@ class Shape:
     pairs: int
     in_process_ms: float
     tag: str
+
+    @property
+    def capacity(self) -> bool:
+        return self.tag.startswith("cap")
 
 
 def shapes(config: ServingConfig, in_process: InProcess) -> list[Shape]:
@@ -501,7 +530,7 @@ async def drive(
         points = []
         for shape in todo:
             spy = None
-            if config.stages and label == "ranker" and not shape.tag.startswith("cap"):
+            if config.stages and label == "ranker":
                 spy = sample_stages(target.popen.pid, shape.pairs / shape.rate)
             point = await measure_point(
                 driver, target, config, f"{label}-{shape.tag}", shape.length, shape.candidates, shape.rate,
@@ -518,23 +547,29 @@ async def drive(
 
 
 async def run(config: ServingConfig) -> dict:
+    """The floor, then the ranker, then the ranker with free model passes, one process at a time on the same
+    shapes and rates (so no process shares the machine with another under test)."""
     lengths = _ints(config.lengths)
     in_process = InProcess(config)
     try:
         todo = shapes(config, in_process)
+        overhead = [shape for shape in todo if not shape.capacity]
         with tempfile.TemporaryDirectory() as logs, Processes(Path(logs)) as procs:
             null = start_null_ranker(procs)
-            floor_idle = idle_cpu_ms_per_s(null.popen.pid)
+            idle_cpu = {"floor": idle_cpu_ms_per_s(null.popen.pid)}
             floor = await drive(config, null, todo, "floor")
             null.stop()
-            ranker = start_ranker(procs, config, max([*lengths, config.capacity_length]))
-            ranker_idle = idle_cpu_ms_per_s(ranker.popen.pid)
-            points = await drive(config, ranker, todo, "ranker")
+            ranker = start_ranker(procs, config, "services.ranker")
+            idle_cpu["ranker"] = idle_cpu_ms_per_s(ranker.popen.pid)
+            points = await drive(config, ranker, overhead, "ranker")
             idle = await _idle_latency(config, ranker, in_process, lengths)
+            ranker.stop()
+            free = start_ranker(procs, config, "bench.null_model")
+            idle_cpu["null_model"] = idle_cpu_ms_per_s(free.popen.pid)
+            null_model = await drive(config, free, todo, "null-model")
     finally:
         in_process.close()
-    idle_cpu = {"ranker": ranker_idle, "floor": floor_idle}
-    return _result(config, lengths, [s.tag for s in todo], points, floor, idle, idle_cpu)
+    return _result(config, lengths, todo, floor, points, null_model, idle, idle_cpu)
 
 
 async def _idle_latency(config, ranker: ServiceProcess, in_process: InProcess, lengths) -> dict:
@@ -562,27 +597,39 @@ async def _idle_latency(config, ranker: ServiceProcess, in_process: InProcess, l
 
 
 def _result(
-    config, lengths, tags: list[str], points: list[Point], floor: list[Point], idle: dict, idle_cpu: dict
+    config: ServingConfig,
+    lengths: list[int],
+    todo: list[Shape],
+    floor: list[Point],
+    points: list[Point],
+    null_model: list[Point],
+    idle: dict,
+    idle_cpu: dict,
 ) -> dict:
-    rows = []
-    for point, under, under_tag in zip(points, floor, tags, strict=True):
-        rows.append(
-            {
-                **dataclasses.asdict(point),
-                "floor_ms": under.cpu_ms["total"],
-                "ranker_own_ms": round(point.non_model_ms - under.cpu_ms["total"], 3),
-                "capacity": under_tag.startswith("cap"),
-            }
-        )
-    overhead = [r for r in rows if not r["capacity"]]
-    base = [r for r in overhead if r["candidates"] == config.candidates]
-    at_first = [r for r in overhead if r["length"] == lengths[0]]
+    """Each shape's rows: the ranker's (overhead shapes) and the null-model ranker's, each with the floor's
+    CPU at that shape and what the ranker spends beyond it."""
+
+    def row(point: Point, under: Point) -> dict:
+        floor_ms = under.cpu_ms["total"]
+        return {
+            **dataclasses.asdict(point),
+            "floor_ms": floor_ms,
+            "ranker_own_ms": round(point.non_model_ms - floor_ms, 3),
+        }
+
+    floors = dict(zip((s.tag for s in todo), floor, strict=True))
+    overhead = [s for s in todo if not s.capacity]
+    rows = [row(p, floors[s.tag]) for s, p in zip(overhead, points, strict=True)]
+    free = [row(p, floors[s.tag]) for s, p in zip(todo, null_model, strict=True)]
+    base = [r for r in rows if r["candidates"] == config.candidates]
+    at_first = [r for r in rows if r["length"] == lengths[0]]
     return {
         "configuration": dataclasses.asdict(config),
         "provenance": _provenance(),
         "idle_cpu_ms_per_s": {k: round(v, 3) for k, v in idle_cpu.items()},
-        "points": overhead,
-        "capacity": [r for r in rows if r["capacity"]],
+        "points": rows,
+        "null_model": [r for s, r in zip(todo, free, strict=True) if not s.capacity],
+        "capacity": [r for s, r in zip(todo, free, strict=True) if s.capacity],
         "idle": idle,
         "non_model_ns_per_event": round(
             slope([r["length"] for r in base], [r["non_model_ms"] for r in base]) * 1e6, 1
@@ -618,45 +665,69 @@ def _provenance() -> dict:
     }
 
 
-def summary(result: dict) -> str:
-    rows = [
-        "| long-term events | candidates | pairs/s | ranker CPU per pair | model (service) "
-        "| model (in process) | not the model | event loop | device | other | serving floor "
-        "| the ranker's own | Rank P50 / P99 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+def _table(rows: list[dict]) -> list[str]:
+    lines = [
+        "| long-term events | candidates | pairs/s | CPU per pair | model (service) | model (in process) "
+        "| not the model | event loop | device | other | serving floor | beyond the floor | switches "
+        "| page faults | Rank P50 / P99 | answers |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for p in result["points"] + result["capacity"]:
+    for p in rows:
         c = p["cpu_ms"]
-        rows.append(
-            f"| {p['length']} | {p['candidates']} | {p['rate']:.1f} | {c['total']:.2f} ms "
+        answers = ", ".join(f"{k.removeprefix('CACHE_SOURCE_').lower()} {v}" for k, v in p["sources"].items())
+        answers += "".join(f", {k} {v}" for k, v in p["errors"].items())
+        lines.append(
+            f"| {p['length']} | {p['candidates']} | {p['rate']:.1f} | {c['total']:.2f} "
             f"| {p['model_ms']:.2f} | {p['in_process_model_ms']:.2f} | {p['non_model_ms']:.2f} "
-            f"| {c['event_loop']:.2f} "
-            f"| {c['device']:.2f} | {c['other']:.2f} | {p['floor_ms']:.2f} | {p['ranker_own_ms']:.2f} "
-            f"| {p['rank_p50_ms']:.1f} / {p['rank_p99_ms']:.1f} ms |"
+            f"| {c['event_loop']:.2f} | {c['device']:.2f} | {c['other']:.2f} | {p['floor_ms']:.2f} "
+            f"| {p['ranker_own_ms']:.2f} | {p['switches']:.0f} | {p['page_faults']:.0f} "
+            f"| {p['rank_p50_ms']:.1f} / {p['rank_p99_ms']:.1f} | {answers} |"
         )
-    provenance = result["provenance"]
+    return lines
+
+
+def summary(result: dict) -> str:
+    provenance, configuration = result["provenance"], result["configuration"]
     idle_cpu = result["idle_cpu_ms_per_s"]
     lines = [
         f"# Serving overhead at {provenance['commit']}{' (dirty)' if provenance['dirty'] else ''}",
         "",
-        f"`python -m bench.serving`, {result['configuration']['model_preset']}, "
-        f"{result['configuration']['torch_threads']} torch thread, {provenance['cores']} cores, torch "
-        f"{provenance['torch']}, {provenance['date']}. CPU per pair in ms. The serving floor is the same "
-        "requests at the same rate answered by `bench.null_ranker` (the services' server stack, no ranker); "
-        f"idle, the ranker spends {idle_cpu['ranker']:.1f} ms of CPU a second, the floor "
-        f"{idle_cpu['floor']:.1f}.",
+        f"`python -m bench.serving`, {configuration['model_preset']}, {configuration['torch_threads']} torch "
+        f"thread, {configuration['short_term']} short-term events, a Rank "
+        f"{configuration['relay_delay_ms']:g} ms after its PreInfer with the relay hint; "
+        f"{provenance['cores']} cores, torch {provenance['torch']}, {provenance['date']}. "
+        "CPU in ms per PreInfer + Rank pair; latency in ms from the Rank's intended send time. The "
+        "serving floor is the same requests at the same rate answered by `bench.null_ranker` "
+        "(the services' server stack, no ranker). Idle, each process spends a second: "
+        + ", ".join(f"{name} {ms:.1f} ms" for name, ms in idle_cpu.items())
+        + ".",
         "",
-        *rows,
+        "## The ranker",
         "",
-        f"Slope of the non-model CPU: {result['non_model_ns_per_event']} ns per history event, "
+        *_table(result["points"]),
+        "",
+        f"Slope of the CPU that is not the model: {result['non_model_ns_per_event']} ns per history event, "
         f"{result['non_model_ns_per_candidate']} ns per candidate.",
+        "",
+        "## The ranker with free model passes (`bench.null_model`), same shapes and rates",
+        "",
+        *_table(result["null_model"]),
+        "",
+        "## Capacity: free model passes at production rates",
+        "",
+        *_table(result["capacity"]),
     ]
     if result["idle"]:
-        lines += ["", "| long-term events | idle cached Rank P50, service | in process |", "|---|---|---|"]
+        lines += [
+            "",
+            "## A cached Rank on an idle ranker, one pair at a time",
+            "",
+            "| long-term events | through the service, P50 | in process, P50 | difference |",
+            "|---|---|---|---|",
+        ]
         for length, idle in result["idle"].items():
-            lines.append(
-                f"| {length} | {idle['service_p50_ms']:.2f} ms | {idle['in_process_p50_ms']:.2f} ms |"
-            )
+            service, alone = idle["service_p50_ms"], idle["in_process_p50_ms"]
+            lines.append(f"| {length} | {service:.2f} ms | {alone:.2f} ms | {service - alone:+.2f} ms |")
     for p in result["points"]:
         if p["stages"]:
             lines += ["", f"Where the ranker's sampled CPU went at {p['length']} events (py-spy):", ""]

@@ -11,8 +11,10 @@ module named to `importlib.import_module`, in services/, bench/ and tools/):
   they start gets the flags they set, and a flag they leave out keeps the service's own default), nor its
   internals. Exempt are the in-process harnesses in `IN_PROCESS`, each for the one service it measures in
   process, without gRPC (`bench/floor.py` and `bench/accelerator.py` time the ranker's model, engine and
-  device layers as a floor under the fleet's numbers; issue 25's record in bench/results/gain-stability
-  fits the trigger's cost model): they may import that service's internals and config, never its handlers.
+  device layers as a floor under the fleet's numbers; `bench/serving.py` times the same passes in process
+  against the ranker's, and `bench/null_model.py` serves the ranker with its model passes made free;
+  issue 25's record in bench/results/gain-stability fits the trigger's cost model): they may import that
+  service's internals and config, never its handlers.
   `tools/docs.py` renders every command's settings class into docs/configuration.md, which is its job: it
   loads them by name, out of this check's sight;
 - the ranker's packages are layers, `model` < `device` < `engine` < `cache` < its top-level modules: a
@@ -36,6 +38,8 @@ CLIENTS = ("launcher", "loadgen", "bench", "tools")
 IN_PROCESS = {
     "bench/floor.py": "ranker",
     "bench/accelerator.py": "ranker",
+    "bench/serving.py": "ranker",
+    "bench/null_model.py": "ranker",
     "bench/results/gain-stability/stability.py": "trigger",
 }
 # Modules that hold a service's request handling: only the service itself may import them.

@@ -102,7 +102,7 @@ def candidates(item_ids, max_candidates: int, field: str = "candidate_item_ids")
         raise InvalidArgument(field, "must not be empty")
     if n > max_candidates:
         raise InvalidArgument(field, f"has {n} candidates, more than the limit of {max_candidates}")
-    if np.array(item_ids, dtype=np.int64).min() < 0:
+    if np.asarray(item_ids, dtype=np.int64).min() < 0:
         raise InvalidArgument(field, "must be non-negative")
     return n
 

@@ -111,7 +111,10 @@ class RankerConfig(ServiceConfig):
         above=0,
     )
     sweep_interval_ms: int = setting(
-        50, "ms between sweeps that release expired leases and DRAM entries idle past their TTL", above=0
+        50,
+        "least ms between two sweeps that release expired leases and DRAM entries idle past their TTL (the "
+        "sweeper wakes when the soonest of them is due, not on a tick)",
+        above=0,
     )
     max_queued_ranks: int = setting(
         256, "Ranks waiting for the device beyond this get RESOURCE_EXHAUSTED", above=0

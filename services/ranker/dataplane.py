@@ -25,7 +25,7 @@ from opentelemetry.trace import Span
 from relaygr.v1 import common_pb2, ranker_pb2
 from services.common import tracing
 from services.common.errors import DeadlineExceeded, ResourceExhausted, Unavailable
-from services.common.metrics import enum_label
+from services.common.metrics import Children, enum_label
 from services.ranker import metrics
 from services.ranker.cache import PrefixLifecycle
 from services.ranker.cache.prefix_cache import Acquired, Source
@@ -65,6 +65,11 @@ class RankResult:
     prefix_wait_ms: float  # the wait for the prefix (its production, when there was one)
 
 
+# Metric labels of the protobuf enums, named once.
+_OUTCOMES = {v: enum_label(ranker_pb2.PreInferOutcome, v) for v in ranker_pb2.PreInferOutcome.values()}
+_MISSES = {v: enum_label(common_pb2.MissReason, v) for v in common_pb2.MissReason.values()}
+
+
 class DataPlane:
     def __init__(
         self, config: RankerConfig, runner: ModelRunner, cache: PrefixLifecycle, scheduler: Scheduler
@@ -75,6 +80,12 @@ class DataPlane:
         self.scheduler = scheduler
         # Measured by `warm_up`, before the service reports SERVING.
         self.curve: LatencyCurve | None = None
+        # Each labelled series looked up once, not on every request.
+        self._outcomes = Children(metrics.PRE_INFER_OUTCOMES)
+        self._ranks = Children(metrics.RANK_REQUESTS)
+        self._lossy = Children(metrics.RANK_LOSSY)
+        self._misses = Children(metrics.RANK_MISSES)
+        self._latency = Children(metrics.RANK_LATENCY)
 
     async def warm_up(self) -> LatencyCurve:
         """Measures the latency curve on the device thread; shedding and GetProfile use it from then on."""
@@ -107,10 +118,14 @@ class DataPlane:
             config.instance_name, cache.leased_bytes(), cache.budgets()[0], config.lease_ttl_ms
         )
 
+    def decoded(self, user_id: str, wire_digest: bytes) -> Events | None:
+        """Events already decoded from the same wire bytes of this user's history (see the cache)."""
+        return self.cache.decoded(user_id, wire_digest)
+
     async def pre_infer(self, user_id: str, events: Events) -> PreInferResult:
         outcome, nbytes = await self.cache.pre_infer(user_id, events)
-        label = enum_label(ranker_pb2.PreInferOutcome, outcome)
-        metrics.PRE_INFER_OUTCOMES.labels(label).inc()
+        label = _OUTCOMES[outcome]
+        self._outcomes(label).inc()
         span = tracing.current()
         if span.is_recording():
             span.set_attributes(
@@ -158,13 +173,13 @@ class DataPlane:
             load.add_rank(-cost_ms)
         source = acquired.source
         lossy = acquired.entry is not None and acquired.entry.lossy
-        metrics.RANK_REQUESTS.labels(source.label).inc()
+        self._ranks(source.label).inc()
         if lossy:
-            metrics.RANK_LOSSY.labels(source.label).inc()
-        miss_label = enum_label(common_pb2.MissReason, acquired.miss_reason)
+            self._lossy(source.label).inc()
+        miss_label = _MISSES[acquired.miss_reason]
         if source is Source.MISS:
-            metrics.RANK_MISSES.labels(miss_label).inc()
-        metrics.RANK_LATENCY.labels(source.label).observe(time.perf_counter() - started, tracing.exemplar())
+            self._misses(miss_label).inc()
+        self._latency(source.label).observe(time.perf_counter() - started, tracing.exemplar())
         span = tracing.current()
         if span.is_recording():
             timing = device_time(job)

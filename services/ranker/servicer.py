@@ -3,11 +3,14 @@
 It validates each request into `Events` and arrays, calls `DataPlane` once, and writes the answer; it
 decides nothing. Errors are raised as `services.common.errors` exceptions and mapped to status codes by
 the shared interceptor.
+
+PreInfer and Rank are parsed with the wire views of `services.ranker.wire` (`add_to_server`): the long-term
+history arrives as bytes, and a history whose bytes the ranker has already decoded (the Rank of a relayed
+PreInfer) is taken from the cache instead of being decoded again.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import grpc
@@ -16,9 +19,36 @@ import numpy as np
 from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 from services.common import validation
 from services.common.errors import InvalidArgument
+from services.ranker import wire
 from services.ranker.config import RankerConfig
-from services.ranker.dataplane import DataPlane
+from services.ranker.dataplane import DataPlane, PreInferResult, RankResult
+from services.ranker.engine.load import LoadReport
 from services.ranker.model.events import Events
+
+
+def add_to_server(servicer: RankerServicer, server) -> None:
+    """Registers `servicer` as the generated `add_RankerServiceServicer_to_server` does, with PreInfer and
+    Rank parsed by their wire views (same wire format, the long-term history left as bytes)."""
+    handlers = {
+        "PreInfer": grpc.unary_unary_rpc_method_handler(
+            servicer.PreInfer,
+            request_deserializer=wire.PreInferView.FromString,
+            response_serializer=ranker_pb2.PreInferResponse.SerializeToString,
+        ),
+        "Rank": grpc.unary_unary_rpc_method_handler(
+            servicer.Rank,
+            request_deserializer=wire.RankView.FromString,
+            response_serializer=ranker_pb2.RankResponse.SerializeToString,
+        ),
+        "GetProfile": grpc.unary_unary_rpc_method_handler(
+            servicer.GetProfile,
+            request_deserializer=ranker_pb2.GetProfileRequest.FromString,
+            response_serializer=ranker_pb2.GetProfileResponse.SerializeToString,
+        ),
+    }
+    service = ranker_pb2.DESCRIPTOR.services_by_name["RankerService"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)
 
 
 class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
@@ -37,44 +67,60 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
                 field, f"holds item id {unknown}, which the model's item table has no row for"
             )
 
-    def _events(self, seq, field: str, max_events: int, allow_empty: bool) -> Events:
-        events = Events(
-            *validation.sequence_arrays(seq, field, max_events, self.num_action_types, allow_empty)
-        )
+    def _events(
+        self, seq, field: str, max_events: int, allow_empty: bool, wire_digest: bytes = b""
+    ) -> Events:
+        arrays = validation.sequence_arrays(seq, field, max_events, self.num_action_types, allow_empty)
+        events = Events(*arrays, wire_digest=wire_digest)
         self._known(events.item_ids, f"{field}.item_ids")
         return events
 
-    async def PreInfer(self, request: ranker_pb2.PreInferRequest, context) -> ranker_pb2.PreInferResponse:
-        validation.user_id(request.user_id)
-        events = self._events(request.long_term, "long_term", self.config.max_long_term_events, False)
-        result = await self.plane.pre_infer(request.user_id, events)
-        return ranker_pb2.PreInferResponse(
-            outcome=result.outcome,
-            instance=self.config.instance_name,
-            cache_bytes=result.cache_bytes,
-            load=ranker_pb2.LoadReport(**dataclasses.asdict(self.plane.load_report())),
-        )
+    def _long_term(self, user_id: str, raw: bytes) -> Events:
+        """The long-term history in `raw`: the events already decoded from these bytes when the cache holds
+        them, else decoded and validated here."""
+        digest = wire.digest(raw)
+        events = self.plane.decoded(user_id, digest)
+        if events is None:
+            seq = wire.sequence(raw, "long_term")
+            events = self._events(seq, "long_term", self.config.max_long_term_events, False, digest)
+        return events
 
-    async def Rank(
-        self, request: ranker_pb2.RankRequest, context: grpc.aio.ServicerContext
-    ) -> ranker_pb2.RankResponse:
+    async def PreInfer(self, request, context) -> ranker_pb2.PreInferResponse:
+        validation.user_id(request.user_id)
+        events = self._long_term(request.user_id, request.long_term)
+        result = await self.plane.pre_infer(request.user_id, events)
+        return self._pre_infer_response(result, self.plane.load_report())
+
+    async def Rank(self, request, context: grpc.aio.ServicerContext) -> ranker_pb2.RankResponse:
         received_at = time.perf_counter()
         validation.user_id(request.user_id)
         validation.request_id(request.request_id)
         validation.instance_name(request.relay_instance)
-        long_term = self._events(request.long_term, "long_term", self.config.max_long_term_events, False)
+        long_term = self._long_term(request.user_id, request.long_term)
         short_term = self._events(request.short_term, "short_term", self.config.max_short_term_events, True)
         validation.candidates(request.candidate_item_ids, self.config.max_candidates)
-        self._known(np.array(request.candidate_item_ids, dtype=np.int64), "candidate_item_ids")
+        candidates = np.array(request.candidate_item_ids, dtype=np.int64)
+        self._known(candidates, "candidate_item_ids")
         result = await self.plane.rank(
             request.user_id,
             long_term,
             short_term,
-            np.array(request.candidate_item_ids, dtype=np.int64),
+            candidates,
             request.relay_instance,
             context.time_remaining(),
             received_at,
         )
+        return self._rank_response(result)
+
+    def _pre_infer_response(self, result: PreInferResult, load: LoadReport) -> ranker_pb2.PreInferResponse:
+        return ranker_pb2.PreInferResponse(
+            outcome=result.outcome,
+            instance=self.config.instance_name,
+            cache_bytes=result.cache_bytes,
+            load=ranker_pb2.LoadReport(**vars(load)),
+        )
+
+    def _rank_response(self, result: RankResult) -> ranker_pb2.RankResponse:
         return ranker_pb2.RankResponse(
             scores=result.scores,
             cache_source=result.source.value,

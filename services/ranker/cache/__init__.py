@@ -42,6 +42,10 @@ class PrefixLifecycle(Protocol):
     async def pre_infer(self, user_id: str, events: Events) -> tuple[int, int]:
         """(PreInferOutcome, HBM bytes the prefix occupies)."""
 
+    def decoded(self, user_id: str, wire_digest: bytes) -> Events | None:
+        """The user's events decoded from wire bytes with this digest, while the cache holds or produces
+        their prefix (a Rank of a relayed history is not decoded again); None otherwise."""
+
     async def acquire(
         self, user_id: str, events: Events, relay_instance: str, deadline: float | None = None
     ) -> Acquired: ...

@@ -105,6 +105,8 @@ class Index:
         self.entries: dict[PrefixKey, CacheEntry] = {}
         self.by_user: dict[str, set[PrefixKey]] = {}
         self.tombstones: OrderedDict[str, int] = OrderedDict()
+        # (user id, wire digest of a history) -> the key of the entry or production decoded from those bytes.
+        self._wire: dict[tuple[str, bytes], PrefixKey] = {}
 
     def __iter__(self) -> Iterator[CacheEntry]:
         return iter(self.entries.values())
@@ -123,11 +125,24 @@ class Index:
 
     def drop(self, entry: CacheEntry) -> None:
         key = entry.key
+        self.forget_wire(key, entry.events)
         del self.entries[key]
         users = self.by_user[key.user_id]
         users.discard(key)
         if not users:
             del self.by_user[key.user_id]
+
+    def remember_wire(self, key: PrefixKey, events: Events) -> None:
+        """Events decoded from wire bytes are found again by those bytes' digest (`wire_key`)."""
+        if events.wire_digest:
+            self._wire[key.user_id, events.wire_digest] = key
+
+    def wire_key(self, user_id: str, digest: bytes) -> PrefixKey | None:
+        return self._wire.get((user_id, digest))
+
+    def forget_wire(self, key: PrefixKey, events: Events) -> None:
+        if events.wire_digest and self._wire.get((key.user_id, events.wire_digest)) == key:
+            del self._wire[key.user_id, events.wire_digest]
 
     def of_user(self, user_id: str) -> list[CacheEntry]:
         return [self.entries[k] for k in self.by_user.get(user_id, ())]

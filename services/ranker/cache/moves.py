@@ -17,6 +17,7 @@ reload still reading it (`_drop_dram`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 
@@ -59,6 +60,10 @@ class TierMoves:
         self.dram_bytes_per_token = (
             bytes_per_token * copier.dram_dtype.itemsize // copier.compute_dtype.itemsize
         )
+        # The tiers' bytes and entries, read when the metrics are scraped.
+        for tier in (hbm, dram):
+            metrics.KV_CACHE_BYTES.labels(tier.name).set_function(functools.partial(_used_bytes, tier))
+            metrics.KV_CACHE_ENTRIES.labels(tier.name).set_function(tier.__len__)
 
     def remove(self, entry: CacheEntry, reason: str) -> None:
         key = entry.key
@@ -167,17 +172,12 @@ class TierMoves:
             if not entry.pinned and entry.lease is None and entry.key not in self.productions:
                 self.remove(entry, "no_dram")
                 self.index.tombstone(entry.key.user_id, Miss.MISS_REASON_EVICTED_HBM)
-            self.publish()
             return
         entry.dram = dram_copy
         if not entry.pinned and entry.lease is None and entry.key not in self.productions:
             self.hbm.release(entry.key)
             entry.hbm = None
-        self.publish()
 
-    def publish(self) -> None:
-        """The tiers' bytes and entries, as gauges."""
-        for tier in (self.hbm, self.dram):
-            stats = tier.stats()
-            metrics.KV_CACHE_BYTES.labels(tier.name).set(stats.bytes)
-            metrics.KV_CACHE_ENTRIES.labels(tier.name).set(stats.entries)
+
+def _used_bytes(tier: Tier) -> int:
+    return tier.used_bytes

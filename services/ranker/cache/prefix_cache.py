@@ -128,7 +128,6 @@ class PrefixCache:
         self.accepting = True
         metrics.KV_CACHE_CAPACITY_BYTES.labels("hbm").set(hbm.budget_bytes)
         metrics.KV_CACHE_CAPACITY_BYTES.labels("dram").set(dram.budget_bytes)
-        self._publish()
 
     # ---- public API ----
 
@@ -142,6 +141,19 @@ class PrefixCache:
 
     def key(self, user_id: str, events: Events) -> PrefixKey:
         return PrefixKey(user_id, events.fingerprint, self.runner.model_version)
+
+    def decoded(self, user_id: str, wire_digest: bytes) -> Events | None:
+        """The events of this user decoded from the wire bytes with this digest, while an entry or a
+        production made from them is here: a Rank carrying its PreInfer's history does not decode it again
+        (`services.ranker.wire`). None when no such events are held."""
+        key = self.index.wire_key(user_id, wire_digest)
+        if key is None:
+            return None
+        production = self.productions.get(key)
+        if production is not None:
+            return production.events
+        entry = self.index.get(key)
+        return None if entry is None else entry.events
 
     async def pre_infer(self, user_id: str, events: Events) -> tuple[int, int]:
         """Starts (or joins, or renews) the production of `events`' prefix KV: (outcome, HBM bytes)."""
@@ -219,7 +231,6 @@ class PrefixCache:
         entry = acquired.pin.release()
         if entry is not None and not entry.pinned and entry.lease is None and self.index.holds(entry):
             self.moves.demote(entry, Miss.MISS_REASON_EVICTED_HBM)
-        self._publish()
 
     def sweep(self) -> None:
         """Releases expired leases (exactly once each) and DRAM entries idle past their TTL."""
@@ -232,7 +243,17 @@ class PrefixCache:
             entry = self.index.get(key)
             if entry is not None and entry.hbm is None and key not in self.productions:
                 self.moves.evict_dram(entry, "ttl")
-        self._publish()
+
+    def next_sweep_in(self) -> float:
+        """Seconds until a sweep could release something: the soonest lease deadline or DRAM TTL expiry; with
+        none held, the shorter of the two TTLs (nothing made later can expire sooner)."""
+        now, soonest = self.clock(), min(self.leases.ttl_s, self.dram_ttl_s)
+        deadline, oldest = self.leases.next_deadline(), self.dram.oldest_use()
+        if deadline is not None:
+            soonest = min(soonest, deadline - now)
+        if oldest is not None:
+            soonest = min(soonest, oldest + self.dram_ttl_s - now)
+        return soonest
 
     def leased(self) -> int:
         return len(self.leases)
@@ -273,6 +294,7 @@ class PrefixCache:
         if not self.hbm.make_room(need, self.moves.demote_victim):
             return None
         self.hbm.reserve(key, need, self.clock())
+        self.index.remember_wire(key, events)
         production = self.productions.start(
             key, events, kind, priority, for_rank=for_rank, base=base, deadline=deadline,
             finish=self._finish, fail=self._fail,
@@ -281,7 +303,6 @@ class PrefixCache:
         production.cost_ms = self.load.cost_ms("pre_infer_ms", production.tokens)
         self._book(production, +1)
         metrics.PRODUCTIONS.labels(kind.value).inc()
-        self._publish()
         return production
 
     @staticmethod
@@ -300,10 +321,11 @@ class PrefixCache:
             self.load.add_pre_infer(sign * production.cost_ms, sign * production.reserved_bytes)
 
     def _fail(self, production: Production) -> None:
+        if self.index.get(production.key) is None:
+            self.index.forget_wire(production.key, production.events)
         self._book(production, -1)
         self.hbm.release(production.key)
         self._unpin_base(production.base_pin, superseded=False)
-        self._publish()
 
     def _finish(self, production: Production, kv: PrefixKV, reloaded: bool) -> CacheEntry:
         """Installs a production's KV: into HBM within its reservation, into the index, leased if asked."""
@@ -330,7 +352,6 @@ class PrefixCache:
         if production.lease:
             self._lease(key, key.user_id)
         self._unpin_base(base_pin, superseded=kind is Kind.EXTEND)
-        self._publish()
         return entry
 
     def _unpin_base(self, base_pin: Pin | None, superseded: bool) -> None:
@@ -369,7 +390,6 @@ class PrefixCache:
         if entry is None or entry.hbm is None:
             return
         self.leases.grant(entry, owner)
-        self._publish()
 
     # ---- lookups ----
 
@@ -388,6 +408,3 @@ class PrefixCache:
             if not entry.pinned and entry.lease is None and entry.key not in self.productions:
                 self.moves.remove(entry, "stale")
         return self.index.miss_reason(user_id, relay_instance, stale=bool(stale))
-
-    def _publish(self) -> None:
-        self.moves.publish()

@@ -89,6 +89,7 @@ class Productions(Mapping[PrefixKey, Production]):
         self.copier = copier
         self.copy_worker = copy_worker
         self._running: dict[PrefixKey, Production] = {}
+        self._pre_infers = 0  # of them, those a PreInfer started
 
     def __getitem__(self, key: PrefixKey) -> Production:
         return self._running[key]
@@ -100,7 +101,7 @@ class Productions(Mapping[PrefixKey, Production]):
         return len(self._running)
 
     def pending_pre_infer(self) -> int:
-        return sum(1 for p in self._running.values() if not p.for_rank)
+        return self._pre_infers
 
     def start(
         self,
@@ -127,6 +128,7 @@ class Productions(Mapping[PrefixKey, Production]):
         # Its waiters may all be gone (cancelled) when it fails: mark the failure seen, or asyncio logs it.
         production.task.add_done_callback(lambda done: done.cancelled() or done.exception())
         self._running[key] = production
+        self._pre_infers += not for_rank
         return production
 
     async def _run(
@@ -143,11 +145,15 @@ class Productions(Mapping[PrefixKey, Production]):
         try:
             kv, reloaded = await self._make(production, deadline)
         except BaseException:
-            del self._running[production.key]
+            self._done(production)
             fail(production)
             raise
-        del self._running[production.key]
+        self._done(production)
         return finish(production, kv, reloaded)
+
+    def _done(self, production: Production) -> None:
+        del self._running[production.key]
+        self._pre_infers -= not production.for_rank
 
     async def _make(self, production: Production, deadline: float | None) -> tuple[PrefixKV, bool]:
         """The KV, and whether the base had to be reloaded from DRAM first."""

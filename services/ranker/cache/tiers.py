@@ -48,7 +48,15 @@ class LruPolicy:
         self._order.pop(key, None)
 
     def victims(self) -> Iterator[K]:
-        return iter(list(self._order))
+        """Least recently used first, read as eviction goes: each key is the oldest one not offered yet, so
+        the keys evicted meanwhile cost nothing and a full tier is not copied for every eviction."""
+        offered: set[K] = set()
+        while True:
+            key = next((k for k in self._order if k not in offered), None)
+            if key is None:
+                return
+            offered.add(key)
+            yield key
 
 
 class SizeAwarePolicy(LruPolicy):
@@ -125,6 +133,12 @@ class Tier:
         self.used_bytes -= nbytes
         self.policy.remove(key)
         return nbytes
+
+    def oldest_use(self) -> float | None:
+        """When the least recently used key was last used (None: the tier is empty)."""
+        for last_used in self._last_used.values():
+            return last_used
+        return None
 
     def idle_keys(self, older_than: float) -> list[K]:
         """Keys last used before `older_than`, oldest first; stops at the first newer one."""

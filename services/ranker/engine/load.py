@@ -25,6 +25,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+from services.common.metrics import Children
 from services.ranker import metrics
 from services.ranker.engine.latency_curve import LatencyCurve
 from services.ranker.engine.scheduler import Scheduler
@@ -83,6 +84,10 @@ class LoadBook:
         self.consumed_tokens = 0
         self.wasted_tokens = 0
         self.wasted_ms = 0.0
+        # The backlogs, read when the metrics are scraped.
+        metrics.RANK_BACKLOG_SECONDS.set_function(lambda: max(0.0, self.rank_backlog_ms) / 1000)
+        metrics.PRE_INFER_BACKLOG_SECONDS.set_function(lambda: max(0.0, self.pre_infer_backlog_ms) / 1000)
+        self._tokens = Children(metrics.PRE_INFER_TOKENS)
 
     def cost_ms(self, op: str, length: int) -> float:
         """The curve's `op` (pre_infer_ms, rank_ms, full_ms) at `length`; 0 before warm-up."""
@@ -90,12 +95,10 @@ class LoadBook:
 
     def add_rank(self, ms: float) -> None:
         self.rank_backlog_ms += ms
-        metrics.RANK_BACKLOG_SECONDS.set(max(0.0, self.rank_backlog_ms) / 1000)
 
     def add_pre_infer(self, ms: float, reserved_bytes: int) -> None:
         self.pre_infer_backlog_ms += ms
         self.pre_infer_reserved_bytes += reserved_bytes
-        metrics.PRE_INFER_BACKLOG_SECONDS.set(max(0.0, self.pre_infer_backlog_ms) / 1000)
 
     def relay_ended(self, tokens: int, ms: float, consumed: bool) -> None:
         """A pre-inferred prefix's lease ended: a Rank consumed it, or none did (its device time wasted)."""
@@ -103,11 +106,11 @@ class LoadBook:
             return
         if consumed:
             self.consumed_tokens += tokens
-            metrics.PRE_INFER_TOKENS.labels("consumed").inc(tokens)
+            self._tokens("consumed").inc(tokens)
         else:
             self.wasted_tokens += tokens
             self.wasted_ms += ms
-            metrics.PRE_INFER_TOKENS.labels("wasted").inc(tokens)
+            self._tokens("wasted").inc(tokens)
             metrics.PRE_INFER_WASTED_SECONDS.inc(ms / 1000)
 
     def report(

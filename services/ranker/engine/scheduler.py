@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import functools
 import heapq
 import itertools
 import logging
@@ -37,6 +38,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from prometheus_client import Gauge
 
 from services.common import tracing
 from services.common.errors import DeadlineExceeded
@@ -162,7 +165,9 @@ class Yield:
 class Scheduler:
     """A single thread that runs submitted callables in priority order. Thread-safe `submit`."""
 
-    def __init__(self, name: str = "device") -> None:
+    def __init__(self, name: str = "device", depth_gauge: Gauge | None = None) -> None:
+        """`depth_gauge` (labelled by priority), when given, reads this scheduler's queue depths when it is
+        scraped (the device scheduler's: relaygr_device_queue_depth)."""
         self._heap: list[Job] = []
         self._counter = itertools.count()
         self._cond = threading.Condition()
@@ -173,6 +178,11 @@ class Scheduler:
         # Seconds the thread has spent running jobs (nested ones are inside their outer job's time).
         self.busy_s = 0.0
         self._cpu_seconds = Children(metrics.MODEL_CPU_SECONDS)
+        self._model_seconds = Children(metrics.MODEL_SECONDS)
+        if depth_gauge is not None:
+            for priority in Priority:
+                depth = functools.partial(self.queued, priority)
+                depth_gauge.labels(priority.name.lower()).set_function(depth)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -270,7 +280,6 @@ class Scheduler:
 
     def _count(self, priority: Priority, change: int) -> None:
         self._depth[priority] += change
-        metrics.DEVICE_QUEUE_DEPTH.labels(priority.name.lower()).set(self._depth[priority])
 
     def _loop(self) -> None:
         name_os_thread(self._thread.name)
@@ -327,7 +336,7 @@ class Scheduler:
             job.time.ended_ns = time.time_ns()
             loop.call_soon_threadsafe(_set_result, future, result)
         finally:
-            metrics.MODEL_SECONDS.labels(op).observe(time.perf_counter() - started)
+            self._model_seconds(op).observe(time.perf_counter() - started)
             self._cpu_seconds(op).inc(time.thread_time() - started_cpu)
 
     def _execute_batch(self, jobs: list[Job], running: _Running) -> None:
@@ -346,8 +355,9 @@ class Scheduler:
         # device time.
         self._cpu_seconds(jobs[0].op).inc(time.thread_time() - started_cpu)
         share = (time.perf_counter() - started) / len(jobs)
+        seconds = self._model_seconds(jobs[0].op)
         for _ in jobs:
-            metrics.MODEL_SECONDS.labels(jobs[0].op).observe(share)
+            seconds.observe(share)
         metrics.DEVICE_BATCH_SIZE.labels(jobs[0].op).observe(len(jobs))
         ended_ns = time.time_ns()
         for job in jobs:

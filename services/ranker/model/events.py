@@ -11,11 +11,15 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Events:
-    """Parallel arrays of one user's events, oldest first. Timestamps may be empty (unknown)."""
+    """Parallel arrays of one user's events, oldest first. Timestamps may be empty (unknown).
+
+    `wire_digest` is the digest of the BehaviorSequence bytes they were decoded from (`services.ranker.wire`),
+    empty for events made in process: the same bytes seen again are these events, without a decode."""
 
     item_ids: np.ndarray
     action_types: np.ndarray
     timestamps_ms: np.ndarray
+    wire_digest: bytes = b""
 
     @classmethod
     def of(cls, item_ids, action_types, timestamps_ms=()) -> Events:

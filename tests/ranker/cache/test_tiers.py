@@ -52,3 +52,40 @@ def test_idle_keys_are_listed_oldest_first_and_stop_at_a_recent_one():
     tier.touch("a", now=4.0)
     assert tier.idle_keys(older_than=3.5) == ["b", "c"]
     assert tier.idle_keys(older_than=1.5) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 60), min_size=1, max_size=30),
+    touched=st.lists(st.integers(0, 29), max_size=20),
+    kept=st.sets(st.integers(0, 29)),
+    need=st.integers(1, 400),
+)
+def test_make_room_evicts_in_lru_order_until_it_fits_skipping_what_evict_keeps(sizes, touched, kept, need):
+    """The LRU order is read as eviction goes: the same keys go, in the same order, as from a snapshot of
+    the order taken before; keys `evict` keeps (pinned, in use) are offered once and passed over."""
+    tier = Tier("dram", 400, LruPolicy())
+    held = {key for key, nbytes in enumerate(sizes) if tier.reserve(key, nbytes, now=float(key))}
+    for key in touched:
+        if key in tier:
+            tier.touch(key, now=100.0 + len(touched))
+    snapshot = list(tier.victims())
+    expected_gone, free = [], tier.free_bytes()
+    for key in snapshot:
+        if free >= need:
+            break
+        if key not in kept:
+            expected_gone.append(key)
+            free += sizes[key]
+    offered: list[int] = []
+
+    def evict(key: int) -> None:
+        offered.append(key)
+        if key not in kept:
+            tier.release(key)
+
+    fits = tier.make_room(need, evict)
+    assert fits == (free >= need)
+    assert [key for key in offered if key not in kept] == expected_gone
+    assert len(offered) == len(set(offered))  # each key offered once
+    assert all(key not in tier for key in expected_gone) and all(key in tier for key in kept & held)

@@ -39,6 +39,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.common.errors import DeadlineExceeded
+from services.ranker import metrics
 from services.ranker.engine.scheduler import FOR_RANKS, Batch, Op, Priority, Scheduler, Yield
 from tests.ranker.harness import blocked, metric
 
@@ -47,7 +48,7 @@ PRIORITIES = st.sampled_from(list(Priority))
 
 @contextlib.asynccontextmanager
 async def scheduler():
-    worker = Scheduler("test")
+    worker = Scheduler("test", metrics.DEVICE_QUEUE_DEPTH)
     try:
         yield worker
     finally:

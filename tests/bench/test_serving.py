@@ -1,0 +1,79 @@
+"""bench.serving end to end: a real ranker, the serving floor and the null-model ranker in child processes,
+driven by relayed pairs; what it reads back adds up (no timing is asserted: figures are the benchmark's)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from bench import serving
+
+HBM = "CACHE_SOURCE_HBM"
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("serving")
+    serving.main(
+        [
+            "--lengths", "48,96", "--pairs", "12", "--warmup-pairs", "2", "--rate", "20",
+            "--candidates", "32", "--candidate-counts", "8", "--capacity-rates", "40",
+            "--capacity-seconds", "0.5", "--idle-pairs", "3", "--out", str(out),
+        ]
+    )  # fmt: skip
+    written = json.loads((out / "results.json").read_text())
+    written["summary"] = (out / "summary.md").read_text()
+    return written
+
+
+def test_every_rank_of_every_process_is_answered_and_the_rankers_are_hbm_hits(result):
+    for row in result["points"] + result["null_model"]:
+        assert row["sources"] == {HBM: row["pairs"]} and row["errors"] == {}
+    (capacity,) = result["capacity"]
+    assert capacity["rate"] == 40 and capacity["pairs"] == 20
+    assert sum(capacity["sources"].values()) + sum(capacity["errors"].values()) == 20
+    assert [(r["length"], r["candidates"]) for r in result["points"]] == [(48, 32), (96, 32), (48, 8)]
+    for idle in result["idle"].values():
+        assert idle["sources"] == {HBM: 3}
+
+
+def test_the_model_is_subtracted_by_its_own_cpu_time_and_the_parts_add_up(result):
+    for row in result["points"]:
+        cpu = row["cpu_ms"]
+        assert 0 < row["model_ms"] <= cpu["device"] + 0.5  # the passes run on the device thread
+        assert row["in_process_model_ms"] > 0
+        assert cpu["total"] == pytest.approx(sum(cpu[g] for g in serving.THREAD_GROUPS), abs=0.01)
+        assert row["non_model_ms"] == pytest.approx(cpu["total"] - row["model_ms"], abs=0.01)
+        assert row["ranker_own_ms"] == pytest.approx(row["non_model_ms"] - row["floor_ms"], abs=0.01)
+        assert row["floor_ms"] > 0
+    # Free passes: the null-model ranker's model time is a small fraction of the ranker's.
+    for real, free in zip(result["points"], result["null_model"], strict=True):
+        assert free["model_ms"] < real["model_ms"] / 2
+
+
+def test_the_summary_tells_each_table_and_the_slopes(result):
+    summary = result["summary"]
+    for heading in ("## The ranker", "## The ranker with free model passes", "## Capacity"):
+        assert heading in summary
+    assert "ns per history event" in summary and "ns per candidate" in summary
+    assert result["provenance"]["cores"] == os.cpu_count()
+
+
+def test_a_sampled_stack_goes_to_the_stage_of_its_innermost_known_frame():
+    loop = "thread (1): MainThread;run (uvloop/__init__.py:92);Runner.run (asyncio/runners.py:118)"
+    assert serving.classify(loop) == "gRPC server and event loop"
+    servicer = "RankerServicer.Rank (services/ranker/servicer.py:9)"
+    decode = f"{loop};{servicer};sequence_arrays (services/common/validation.py:7)"
+    assert serving.classify(decode) == "decoding and validation"
+    device = "thread (2): device;Scheduler._loop (services/ranker/engine/scheduler.py:1)"
+    model = f"{device};silu (torch/nn/functional.py:2)"
+    assert serving.classify(model) == "model"
+    assert (
+        serving.classify("thread (2): device;Scheduler._loop (x);Condition.wait (threading.py:327)")
+        == "waiting"
+    )
+    assert serving.classify("thread (3): Thread-1 (_poll_wrapper);Thread.run (threading.py:982)") == (
+        "gRPC server and event loop"
+    )

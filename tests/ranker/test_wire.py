@@ -1,0 +1,174 @@
+"""The ranker reads PreInfer and Rank through wire views: the long-term history stays bytes, and a Rank
+carrying the very bytes its PreInfer carried takes the events decoded then instead of decoding them again."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relaygr.v1 import common_pb2, ranker_pb2
+from services.ranker import wire
+from tests.exact import assert_scores_equal
+from tests.ranker.harness import history, pre_infer_request, rank_request, running_ranker, sequence
+
+HBM = common_pb2.CACHE_SOURCE_HBM
+SHORT = [11, 12, 13]
+CANDIDATES = [5, 99, 1234, 7, 42]
+
+ids = st.lists(st.integers(0, 2**62), max_size=40)
+sequences = st.builds(
+    lambda items, ts: common_pb2.BehaviorSequence(
+        item_ids=items, action_types=[i % 7 for i in items], timestamps_ms=ts[: len(items)] if ts else []
+    ),
+    ids,
+    st.lists(st.integers(0, 2**62), max_size=40),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    user=st.text(max_size=20),
+    request_id=st.text(max_size=20),
+    long_term=sequences,
+    short_term=sequences,
+    candidates=ids,
+    relay=st.text(max_size=20),
+)
+def test_the_rank_view_reads_every_field_as_the_contract_and_long_term_as_its_bytes(
+    user, request_id, long_term, short_term, candidates, relay
+):
+    request = ranker_pb2.RankRequest(
+        user_id=user,
+        request_id=request_id,
+        long_term=long_term,
+        short_term=short_term,
+        candidate_item_ids=candidates,
+        relay_instance=relay,
+    )
+    view = wire.RankView.FromString(request.SerializeToString())
+    assert (view.user_id, view.request_id, view.relay_instance) == (user, request_id, relay)
+    assert list(view.candidate_item_ids) == candidates
+    assert view.short_term.SerializeToString() == short_term.SerializeToString()
+    assert view.long_term == long_term.SerializeToString()
+    assert wire.sequence(view.long_term, "long_term") == long_term
+
+
+@settings(max_examples=100, deadline=None)
+@given(user=st.text(max_size=20), long_term=sequences)
+def test_the_pre_infer_view_reads_the_user_and_long_term_as_its_bytes(user, long_term):
+    raw = ranker_pb2.PreInferRequest(user_id=user, long_term=long_term).SerializeToString()
+    view = wire.PreInferView.FromString(raw)
+    assert view.user_id == user
+    assert wire.sequence(view.long_term, "long_term") == long_term
+    assert wire.digest(view.long_term) == wire.digest(long_term.SerializeToString())
+
+
+def relayed(user: str, long: list[int]) -> ranker_pb2.RankRequest:
+    return rank_request(user, long, SHORT, CANDIDATES, relay_instance="ranker-a")
+
+
+def decode_counter(monkeypatch) -> list[str]:
+    """Counts the histories the ranker decodes (the real decode runs)."""
+    decoded: list[str] = []
+    real = wire.sequence
+
+    def counting(raw: bytes, field: str):
+        decoded.append(field)
+        return real(raw, field)
+
+    monkeypatch.setattr(wire, "sequence", counting)
+    return decoded
+
+
+def test_a_relayed_rank_does_not_decode_the_history_its_pre_infer_decoded(monkeypatch):
+    decoded = decode_counter(monkeypatch)
+
+    async def scenario():
+        async with running_ranker() as r:
+            long = history(21, 60)
+            await r.stub.PreInfer(pre_infer_request("u21", long))
+            assert decoded == ["long_term"]
+            await r.settle()
+            ranked = await r.stub.Rank(relayed("u21", long))
+            assert ranked.cache_source == HBM
+            assert decoded == ["long_term"]  # the Rank took the PreInfer's events
+            assert_scores_equal(list(ranked.scores), r.reference(long, SHORT, CANDIDATES))
+            # Another user with the same history is another key: decoded, computed, and still exact.
+            other = await r.stub.Rank(rank_request("u22", long, SHORT, CANDIDATES))
+            assert other.cache_source == common_pb2.CACHE_SOURCE_MISS
+            assert decoded == ["long_term", "long_term"]
+            assert_scores_equal(list(other.scores), list(ranked.scores))
+
+    asyncio.run(scenario())
+
+
+def test_a_rank_joining_the_pre_inference_in_flight_takes_its_events(monkeypatch):
+    decoded = decode_counter(monkeypatch)
+
+    async def scenario():
+        async with running_ranker(pre_infer_chunk_tokens=16) as r:
+            long = history(23, 300)
+            await r.stub.PreInfer(pre_infer_request("u23", long))
+            ranked = await r.stub.Rank(relayed("u23", long))
+            assert ranked.cache_source == HBM
+            assert decoded == ["long_term"]
+            assert_scores_equal(list(ranked.scores), r.reference(long, SHORT, CANDIDATES))
+
+    asyncio.run(scenario())
+
+
+def test_the_same_history_in_another_encoding_is_decoded_and_finds_its_prefix(monkeypatch):
+    """Unpacked repeated fields are valid protobuf with other bytes: they miss the bytes' digest, are
+    decoded, and key to the same prefix by their events."""
+    decoded = decode_counter(monkeypatch)
+
+    async def scenario():
+        async with running_ranker() as r:
+            long = history(24, 50)
+            await r.stub.PreInfer(pre_infer_request("u24", long))
+            await r.settle()
+            packed = relayed("u24", long).SerializeToString()
+            unpacked = _unpacked_long_term(packed, long)
+            assert unpacked != packed
+            ranked = ranker_pb2.RankResponse.FromString(await raw_rank(r, unpacked))
+            assert ranked.cache_source == HBM
+            assert decoded == ["long_term", "long_term"]
+            assert_scores_equal(list(ranked.scores), r.reference(long, SHORT, CANDIDATES))
+
+    asyncio.run(scenario())
+
+
+async def raw_rank(r, payload: bytes) -> bytes:
+    """A Rank sent as these very bytes; its answer's bytes."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{r.app.grpc.port}") as channel:
+        return await channel.unary_unary("/relaygr.v1.RankerService/Rank")(payload)
+
+
+def _unpacked_long_term(packed_request: bytes, long: list[int]) -> bytes:
+    """The RankRequest with its long_term (field 3) re-encoded with unpacked repeated fields."""
+    from google.protobuf.internal import encoder
+
+    body = bytearray()
+    for item, action in zip(long, sequence(long).action_types, strict=True):
+        body += encoder.TagBytes(1, 0) + encoder._VarintBytes(item)
+        body += encoder.TagBytes(2, 0) + encoder._VarintBytes(action)
+    view = wire.RankView.FromString(packed_request)
+    view.long_term = bytes(body)
+    return view.SerializeToString()
+
+
+def test_long_term_bytes_that_are_no_sequence_are_invalid_argument_naming_long_term():
+    async def scenario():
+        async with running_ranker() as r:
+            view = wire.RankView.FromString(relayed("u25", [1, 2]).SerializeToString())
+            view.long_term = b"\x0a\xff\xff"  # field 1, length-delimited, a length past the end
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await raw_rank(r, view.SerializeToString())
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert caught.value.details().startswith("long_term")
+
+    asyncio.run(scenario())
