@@ -523,12 +523,22 @@ def shapes(config: ServingConfig, in_process: InProcess) -> list[Shape]:
 
 
 async def drive(
-    config: ServingConfig, target: ServiceProcess, todo: Sequence[Shape], label: str
+    config: ServingConfig,
+    target: ServiceProcess,
+    todo: Sequence[Shape],
+    label: str,
+    in_process: InProcess | None = None,
 ) -> list[Point]:
+    """Each shape's point on `target`. With `in_process`, the same passes are timed in this process right
+    before each point (the machine's speed drifts over minutes: only passes timed together compare)."""
     driver = Driver(target.address)
     try:
         points = []
         for shape in todo:
+            if in_process is not None:
+                shape = dataclasses.replace(
+                    shape, in_process_ms=in_process.pair_ms(shape.length, shape.candidates)[0]
+                )
             spy = None
             if config.stages and label == "ranker":
                 spy = sample_stages(target.popen.pid, shape.pairs / shape.rate)
@@ -561,7 +571,7 @@ async def run(config: ServingConfig) -> dict:
             null.stop()
             ranker = start_ranker(procs, config, "services.ranker")
             idle_cpu["ranker"] = idle_cpu_ms_per_s(ranker.popen.pid)
-            points = await drive(config, ranker, overhead, "ranker")
+            points = await drive(config, ranker, overhead, "ranker", in_process)
             idle = await _idle_latency(config, ranker, in_process, lengths)
             ranker.stop()
             free = start_ranker(procs, config, "bench.null_model")
@@ -573,7 +583,8 @@ async def run(config: ServingConfig) -> dict:
 
 
 async def _idle_latency(config, ranker: ServiceProcess, in_process: InProcess, lengths) -> dict:
-    """The cached Rank through the service, one pair at a time, against the cached rank in process."""
+    """The cached Rank through the service, one pair at a time (each Rank once its prefix is ready), against
+    the cached rank in process."""
     idle = {}
     if not config.idle_pairs:
         return idle
@@ -584,7 +595,10 @@ async def _idle_latency(config, ranker: ServiceProcess, in_process: InProcess, l
                 f"idle{length}", config.idle_pairs, length, config.short_term, config.candidates,
                 ranker.name, config.seed,
             )  # fmt: skip
-            answers = await driver.sequential(measured, config.relay_delay_ms / 1000)
+            # The Rank waits until its prefix is surely ready: it measures the cached rank, not the prefix.
+            pair_ms, rank_ms = in_process.pair_ms(length, config.candidates, repeats=3)
+            delay_s = max(config.relay_delay_ms, 2 * (pair_ms - rank_ms)) / 1000
+            answers = await driver.sequential(measured, delay_s)
             idle[str(length)] = {
                 "service_p50_ms": round(percentile(answers.latency_ms, 50), 3),
                 "in_process_p50_ms": round(in_process.rank_wall_ms(length, config.candidates), 3),

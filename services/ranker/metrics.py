@@ -29,16 +29,17 @@ PRE_INFER_OUTCOMES = Counter("relaygr_pre_infer_total", "PreInfer signals by out
 MODEL_SECONDS = Histogram(
     "relaygr_model_seconds",
     "Time on the ranker's device and copy threads per job, by op: pre_infer, extend, rank, uncached "
-    "(model passes), reload, demote (tier copies), profile (warm-up). Jobs run as one batch each count "
-    "an equal share of its time.",
+    "(model passes), reload, demote (tier copies, where a move copies: on an accelerator, or to lossy "
+    "DRAM), profile (warm-up). Jobs run as one batch each count an equal share of its time.",
     ["op"],
     buckets=LATENCY_BUCKETS,
 )
 MODEL_CPU_SECONDS = Counter(
     "relaygr_model_cpu_seconds",
     "CPU time of the ranker's device and copy threads inside their jobs (thread CPU time, which on an "
-    "accelerator is the host's launch cost), by op as relaygr_model_seconds: what the host spends on the "
-    "model itself, apart from serving.",
+    "accelerator is the host's launch cost), by op as relaygr_model_seconds, each job's own (the Ranks a "
+    "pre-inference lets run between its chunks count theirs): what the host spends on the model itself, "
+    "apart from serving.",
     ["op"],
 )
 DEVICE_BATCH_SIZE = Histogram(

@@ -121,6 +121,11 @@ class TierMoves:
         self.dram.reserve(entry.key, nbytes, self.clock())
         entry.demoting = True
         device_copy = entry.hbm
+        if self.copier.in_place:  # nothing to copy: done here (two thread wake-ups fewer)
+            future = asyncio.get_running_loop().create_future()
+            future.set_result(self.copier.to_dram(device_copy, slab))
+            self._demoted(entry, future, slab)
+            return
         future = self.copy_worker.submit(
             lambda: self.copier.to_dram(device_copy, slab), Priority.PRE_INFER, Op.DEMOTE
         )

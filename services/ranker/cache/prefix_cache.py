@@ -56,6 +56,10 @@ log = logging.getLogger(__name__)
 Miss = common_pb2.MissReason
 Outcome = ranker_pb2.PreInferOutcome
 
+# How long past its TTL an idle DRAM entry may wait for the sweep that evicts it when no request sweeps
+# meanwhile (every PreInfer and Rank sweeps too): a DRAM TTL is a minute, and waking the event loop costs CPU.
+DRAM_SWEEP_SLACK_S = 1.0
+
 
 class OverBudget(Exception):
     """A production's KV came out larger than the HBM bytes reserved for it, and the tier cannot hold the
@@ -245,14 +249,16 @@ class PrefixCache:
                 self.moves.evict_dram(entry, "ttl")
 
     def next_sweep_in(self) -> float:
-        """Seconds until a sweep could release something: the soonest lease deadline or DRAM TTL expiry; with
-        none held, the shorter of the two TTLs (nothing made later can expire sooner)."""
-        now, soonest = self.clock(), min(self.leases.ttl_s, self.dram_ttl_s)
+        """Seconds until a sweep could release something: the soonest lease deadline, or DRAM TTL expiry
+        give or take `DRAM_SWEEP_SLACK_S` (DRAM entries that expire one after another, as a stream of users
+        makes them, are swept together, not with one wake-up each); with nothing held, the shorter of the
+        two TTLs (nothing made later can expire sooner)."""
+        now, soonest = self.clock(), min(self.leases.ttl_s, self.dram_ttl_s + DRAM_SWEEP_SLACK_S)
         deadline, oldest = self.leases.next_deadline(), self.dram.oldest_use()
         if deadline is not None:
             soonest = min(soonest, deadline - now)
         if oldest is not None:
-            soonest = min(soonest, oldest + self.dram_ttl_s - now)
+            soonest = min(soonest, oldest + self.dram_ttl_s + DRAM_SWEEP_SLACK_S - now)
         return soonest
 
     def leased(self) -> int:

@@ -167,11 +167,14 @@ class Productions(Mapping[PrefixKey, Production]):
                 # so the consumer (this production's extension, or the Ranks it hands the entry to) waits
                 # layer by layer on its own stream. The production is done, for single flight, right here.
                 dram_copy = base.dram
-                copy = self.copy_worker.submit(
-                    lambda: self.copier.to_hbm(dram_copy), production.priority, Op.RELOAD, deadline
-                )
-                base_kv = await copy
-                trace_device(copy, "reload", bytes=dram_copy.nbytes())
+                if self.copier.in_place:  # nothing to copy: the DRAM copy is the device copy
+                    base_kv = self.copier.to_hbm(dram_copy)
+                else:
+                    copy = self.copy_worker.submit(
+                        lambda: self.copier.to_hbm(dram_copy), production.priority, Op.RELOAD, deadline
+                    )
+                    base_kv = await copy
+                    trace_device(copy, "reload", bytes=dram_copy.nbytes())
         if production.kind is Kind.RELOAD:
             return base_kv, reloaded
         if production.kind is Kind.EXTEND:

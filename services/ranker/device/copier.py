@@ -81,6 +81,12 @@ class TierCopier:
         """DRAM copies are real copies in slabs of the host pool (else: the same memory, budgeted apart)."""
         return self.pool is not None
 
+    @property
+    def in_place(self) -> bool:
+        """A move between the tiers copies nothing (CPU, full precision): the DRAM copy is the same tensor,
+        so a move completes where it is asked for, with no hand-off to the copy thread and back."""
+        return self.pool is None and not self.lossy
+
     def reserve(self, nbytes: int) -> Slab | None:
         """A slab for a DRAM copy of `nbytes`, taken on the event loop before the copy is queued; None when
         the pool has no contiguous range that large (or when not copying: nothing to reserve)."""

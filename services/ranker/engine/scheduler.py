@@ -10,9 +10,10 @@ pre-inference) `promote`s that job to `Priority.AWAITED`, so pre-inferences that
 starve it. A job whose deadline has passed, or whose awaiting future was cancelled, is dropped when it
 reaches the front, before any work starts.
 
-Each job's thread CPU time is counted by op (`relaygr_model_cpu_seconds`): what the host spends inside
-model passes, which the serving-overhead benchmark subtracts from the process's CPU. The thread takes
-its own name as the OS's thread name, so `top -H` and /proc tell the device thread from the event loop.
+Each job's own thread CPU time (a job's Yield-nested jobs count theirs) is counted by op
+(`relaygr_model_cpu_seconds`): what the host spends inside model passes, which the serving-overhead
+benchmark subtracts from the process's CPU. The thread takes its own name as the OS's thread name, so
+`top -H` and /proc tell the device thread from the event loop.
 
 Every job's future carries its `DeviceTime` (`device_time(future)`): when it was queued, started and ended on
 the device thread, and the size of the batch it ran in. A traced request turns it into its queue-wait and
@@ -178,6 +179,8 @@ class Scheduler:
         # Seconds the thread has spent running jobs (nested ones are inside their outer job's time).
         self.busy_s = 0.0
         self._cpu_seconds = Children(metrics.MODEL_CPU_SECONDS)
+        # [thread CPU at its start, CPU of the jobs nested in it] of each job on the thread, innermost last.
+        self._cpu_frames: list[list[float]] = []
         self._model_seconds = Children(metrics.MODEL_SECONDS)
         if depth_gauge is not None:
             for priority in Priority:
@@ -321,11 +324,24 @@ class Scheduler:
             return False
         return True
 
+    def _cpu_start(self) -> None:
+        self._cpu_frames.append([time.thread_time(), 0.0])
+
+    def _cpu_stop(self, op: Op) -> None:
+        """Counts the job's own thread CPU time: the jobs run nested at its `Yield` count theirs, so the
+        per-op sums add up to the thread's time in jobs."""
+        started, nested = self._cpu_frames.pop()
+        spent = time.thread_time() - started
+        if self._cpu_frames:
+            self._cpu_frames[-1][1] += spent
+        self._cpu_seconds(op).inc(spent - nested)
+
     def _execute(self, job: Job, running: _Running) -> None:
         fn, future, op = job.fn, job.future, job.op
         loop = future.get_loop()
         job.time.started_ns = time.time_ns()
-        started, started_cpu = time.perf_counter(), time.thread_time()
+        started = time.perf_counter()
+        self._cpu_start()
         try:
             result = fn(Yield(self, running)) if job.yields else fn()
         except BaseException as exc:  # delivered to the awaiting coroutine, never lost on this thread
@@ -337,23 +353,25 @@ class Scheduler:
             loop.call_soon_threadsafe(_set_result, future, result)
         finally:
             self._model_seconds(op).observe(time.perf_counter() - started)
-            self._cpu_seconds(op).inc(time.thread_time() - started_cpu)
+            self._cpu_stop(op)
 
     def _execute_batch(self, jobs: list[Job], running: _Running) -> None:
         """One pass for every job of a batch; if it fails, each job alone (its own result or error). Batched
         jobs never yield."""
         started_ns = time.time_ns()
-        started, started_cpu = time.perf_counter(), time.thread_time()
+        started = time.perf_counter()
+        self._cpu_start()
         try:
             results = jobs[0].batch.run([job.item for job in jobs])
         except Exception:
+            self._cpu_stop(jobs[0].op)
             log.debug("device batch of %d %s jobs failed; running them one by one", len(jobs), jobs[0].op)
             for job in jobs:
                 self._execute(job, running)
             return
+        self._cpu_stop(jobs[0].op)
         # Each job is counted with its share of the pass: the count stays the jobs served, the sum the
         # device time.
-        self._cpu_seconds(jobs[0].op).inc(time.thread_time() - started_cpu)
         share = (time.perf_counter() - started) / len(jobs)
         seconds = self._model_seconds(jobs[0].op)
         for _ in jobs:

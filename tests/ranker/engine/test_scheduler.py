@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -449,5 +450,43 @@ def test_close_runs_what_is_queued_then_refuses_new_jobs():
         assert await asyncio.gather(*futures) == [0, 1, 2]
         with pytest.raises(RuntimeError, match="closed"):
             worker.submit(lambda: None, Priority.RANK, Op.PROFILE)
+
+    asyncio.run(scenario())
+
+
+def burn(cpu_s: float) -> None:
+    """Spends `cpu_s` of this thread's CPU time."""
+    until = time.thread_time() + cpu_s
+    while time.thread_time() < until:
+        pass
+
+
+def test_each_job_counts_its_own_cpu_time_and_not_the_jobs_run_at_its_yield():
+    """relaygr_model_cpu_seconds is what bench.serving subtracts as the model: a rank run between two chunks
+    of a pre-inference is counted once, as a rank, so the per-op sums add up to the thread's time in jobs."""
+
+    def cpu(op: Op) -> float:
+        return metric("relaygr_model_cpu_seconds_total", op=op.value)
+
+    async def scenario():
+        async with scheduler() as worker:
+            started, rank_queued = threading.Event(), threading.Event()
+
+            def pre_infer(yield_) -> None:
+                started.set()
+                burn(0.03)
+                assert rank_queued.wait(10)
+                yield_()  # the rank runs here, nested
+                burn(0.03)
+
+            before = cpu(Op.PRE_INFER), cpu(Op.RANK)
+            outer = worker.submit_yielding(pre_infer, Priority.PRE_INFER, Op.PRE_INFER)
+            assert await asyncio.to_thread(started.wait, 10)
+            nested = worker.submit(lambda: burn(0.05), Priority.RANK, Op.RANK)
+            rank_queued.set()
+            await asyncio.gather(outer, nested)
+            pre_infer_s, rank_s = cpu(Op.PRE_INFER) - before[0], cpu(Op.RANK) - before[1]
+        assert 0.05 <= rank_s < 0.07
+        assert 0.06 <= pre_infer_s < 0.08  # its own two steps, without the rank's 0.05
 
     asyncio.run(scenario())
