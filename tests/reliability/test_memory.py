@@ -95,7 +95,10 @@ def test_a_storm_of_distinct_users_never_exceeds_the_memory_budgets(ranker: Serv
     counted = codes(records)
     assert set(counted) <= {"OK", "RESOURCE_EXHAUSTED"} and counted["OK"] > len(records) / 2, counted
     hbm, dram = watch.capacity["hbm"], watch.capacity["dram"]
-    assert len(samples) > 100
+    # Each sample scrapes the ranker's metrics, which a ranker at full load answers in 20-100 ms depending on
+    # the machine (the scrape waits for the interpreter): 40 samples in 8 s still see every 1 s lease's
+    # life several times.
+    assert len(samples) > 40
     assert max(s.hbm for s in samples) <= hbm and max(s.dram for s in samples) <= dram
     # The budgets were under pressure, not idle: entries were refused or evicted to respect them. (How full
     # HBM gets depends on how fast this machine drains leases, hence a quarter, not a half.)
