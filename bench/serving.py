@@ -648,6 +648,10 @@ def _result(
         "non_model_ns_per_event": round(
             slope([r["length"] for r in base], [r["non_model_ms"] for r in base]) * 1e6, 1
         ),
+        # Beyond the floor: the floor's own cost a pair grows at the long lengths' low rates (wake-ups).
+        "beyond_floor_ns_per_event": round(
+            slope([r["length"] for r in base], [r["ranker_own_ms"] for r in base]) * 1e6, 1
+        ),
         "non_model_ns_per_candidate": round(
             slope([r["candidates"] for r in at_first], [r["non_model_ms"] for r in at_first]) * 1e6, 1
         ),
@@ -721,7 +725,9 @@ def summary(result: dict) -> str:
         *_table(result["points"]),
         "",
         f"Slope of the CPU that is not the model: {result['non_model_ns_per_event']} ns per history event, "
-        f"{result['non_model_ns_per_candidate']} ns per candidate.",
+        f"{result['non_model_ns_per_candidate']} ns per candidate; of the CPU beyond the serving floor "
+        f"(whose own per-pair cost grows at the long lengths' lower rates): "
+        f"{result['beyond_floor_ns_per_event']} ns per history event.",
         "",
         "## The ranker with free model passes (`bench.null_model`), same shapes and rates",
         "",
@@ -749,16 +755,18 @@ def summary(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "summary.md").write_text(summary(result))
+
+
 def main(argv: list[str] | None = None) -> None:
     config = load(ServingConfig, argv, prog="python -m bench.serving", description=__doc__.split("\n")[0])
     result = asyncio.run(run(config))
-    text = summary(result)
-    print(text)
+    print(summary(result))
     if config.out:
-        out = Path(config.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-        (out / "summary.md").write_text(text)
+        write(result, Path(config.out))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,77 @@
+"""The serving-path changes A/B: the ranker at 07bd905 (before them) against this checkout's, both up at once
+and driven in turn by the same pairs at the same rate (bench.serving's driver and CPU probes), three rounds.
+
+Run from the repository root with the 07bd905 tree checked out beside it (its generated stubs copied in):
+
+    git worktree add /tmp/before 07bd905 && cp -r relaygr /tmp/before/
+    PYTHONPATH=. python bench/results/serving-ab/ab.py /tmp/before > bench/results/serving-ab/ab.md
+
+Only ratios within the run count: the machine's speed drifts by a third over minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.serving import Driver, ServingConfig, measure_point, start_ranker
+from services.launcher import procs as launcher_procs
+from services.launcher.procs import Processes
+
+SHAPES = [(256, 512, 20.0), (1024, 512, 12.0)]
+ROUNDS = 3
+
+
+async def main(before_tree: Path) -> None:
+    config = ServingConfig(pairs=300, warmup_pairs=30)
+    with tempfile.TemporaryDirectory() as logs, Processes(Path(logs)) as procs:
+        here = launcher_procs.REPO_ROOT
+        launcher_procs.REPO_ROOT = before_tree  # the child runs from that tree, its code
+        try:
+            before = start_ranker(procs, config, "services.ranker")
+        finally:
+            launcher_procs.REPO_ROOT = here
+        after = start_ranker(procs, config, "services.ranker")
+        rows = []
+        for length, candidates, rate in SHAPES:
+            seen: dict[str, list] = {"07bd905": [], "this checkout": []}
+            for round_ in range(ROUNDS):
+                for label, ranker in (("07bd905", before), ("this checkout", after)):
+                    driver = Driver(ranker.address)
+                    try:
+                        point = await measure_point(
+                            driver, ranker, config, f"ab{round_}-{label[:4]}", length, candidates, rate,
+                            config.pairs, 0.0,
+                        )  # fmt: skip
+                    finally:
+                        await driver.close()
+                    seen[label].append(point)
+                    print(
+                        f"# {label} L={length}: not the model {point.non_model_ms:.2f} ms, event loop "
+                        f"{point.cpu_ms['event_loop']:.2f}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            for label, points in seen.items():
+                rows.append((length, candidates, rate, label, points))
+    print(
+        "| long-term events | candidates | pairs/s | ranker | CPU not the model, ms a pair (3 rounds) "
+        "| median | event loop, median | Rank P50 / P99, median |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for length, candidates, rate, label, points in rows:
+        each = ", ".join(f"{p.non_model_ms:.2f}" for p in points)
+        print(
+            f"| {length} | {candidates} | {rate:g} | {label} | {each} "
+            f"| {statistics.median(p.non_model_ms for p in points):.2f} "
+            f"| {statistics.median(p.cpu_ms['event_loop'] for p in points):.2f} "
+            f"| {statistics.median(p.rank_p50_ms for p in points):.1f} / "
+            f"{statistics.median(p.rank_p99_ms for p in points):.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    asyncio.run(main(Path(sys.argv[1])))
