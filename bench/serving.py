@@ -44,7 +44,7 @@ import numpy as np
 
 from bench.stats import percentile
 from relaygr.v1 import common_pb2, ranker_pb2
-from services.common.config import load, setting
+from services.common.config import flag_name, load, setting
 from services.launcher.procs import Processes, ServiceProcess
 
 RANKER_SERVICE = "relaygr.v1.RankerService"
@@ -98,6 +98,17 @@ class ServingConfig:
     stages: bool = setting(False, "sample the ranker with py-spy (250 Hz) and split its CPU by stage")
     out: str = setting("bench/results/serving", "folder of results.json and summary.md (empty: none)")
     seed: int = setting(0, "seed of the users' histories and candidates", minimum=0)
+
+    def validate(self) -> None:
+        """Each list names its flag when it is not a list of positive numbers (`lengths` not empty)."""
+        lists = {"lengths": _ints, "candidate_counts": _ints, "capacity_rates": _floats}
+        for name, parse in lists.items():
+            try:
+                values = parse(getattr(self, name))
+            except ValueError:
+                values = None
+            if values is None or any(v <= 0 for v in values) or (name == "lengths" and not values):
+                raise ValueError(f"{flag_name(name)} must list positive numbers, comma-separated")
 
 
 # ---- the ranker's CPU, by thread, and its own counters ----

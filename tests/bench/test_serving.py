@@ -79,3 +79,12 @@ def test_a_sampled_stack_goes_to_the_stage_of_its_innermost_known_frame():
     assert serving.classify("thread (3): Thread-1 (_poll_wrapper);Thread.run (threading.py:982)") == (
         "gRPC server and event loop"
     )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--lengths", ""), ("--lengths", "256,x"), ("--capacity-rates", "-5")]
+)
+def test_a_bad_list_is_refused_naming_its_flag(flag, value, capsys):
+    with pytest.raises(SystemExit):
+        serving.main([flag, value])
+    assert f"{flag} must list positive numbers" in capsys.readouterr().err
