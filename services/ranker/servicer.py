@@ -98,8 +98,8 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
         validation.instance_name(request.relay_instance)
         long_term = self._long_term(request.user_id, request.long_term)
         short_term = self._events(request.short_term, "short_term", self.config.max_short_term_events, True)
-        validation.candidates(request.candidate_item_ids, self.config.max_candidates)
         candidates = np.array(request.candidate_item_ids, dtype=np.int64)
+        validation.candidates(candidates, self.config.max_candidates)
         self._known(candidates, "candidate_item_ids")
         result = await self.plane.rank(
             request.user_id,
