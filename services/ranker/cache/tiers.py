@@ -13,7 +13,6 @@ Eviction policies decide *which* DRAM entries go when room is needed:
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
@@ -68,12 +67,6 @@ class SizeAwarePolicy(LruPolicy):
 
 
 POLICIES: dict[str, Callable[[], EvictionPolicy]] = {"lru": LruPolicy, "size": SizeAwarePolicy}
-
-
-@dataclasses.dataclass
-class TierStats:
-    bytes: int = 0
-    entries: int = 0
 
 
 class Tier:
@@ -162,6 +155,3 @@ class Tier:
                 break
             evict(key)
         return self.fits(nbytes)
-
-    def stats(self) -> TierStats:
-        return TierStats(self.used_bytes, len(self._sizes))
