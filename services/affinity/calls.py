@@ -14,11 +14,15 @@ Errors: `grpc.aio.AioRpcError` with the downstream status code; direct routing a
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
+import grpc
+
 from relaygr.v1 import ranker_pb2
-from services.affinity.client import AffinityClient
+from services.affinity.client import AffinityClient, dropped
 from services.affinity.discovery import DnsLookup, srv_lookup
+from services.affinity.metrics import RANK_RETRIES
 from services.affinity.settings import AffinitySettings
 from services.common import tracing
 from services.common.config import ServiceConfig
@@ -70,8 +74,22 @@ class ThroughTarget:
             return await self._pre_infer(request, timeout=timeout, metadata=trace_context)
 
     async def rank(self, request: bytes, user_id: str, hint: str, timeout: float) -> bytes:
+        """A router that restarts is waited for within the deadline instead of failing the call
+        (`wait_for_ready`). A Rank the router dropped unanswered (`client.DROPPED_CODES`: a router that
+        begins to shut down cancels the calls it had not yet taken up) is sent once more, in the time left:
+        ranking is idempotent, and the second attempt reaches the replacement or another router."""
+        deadline = time.monotonic() + timeout
+        try:
+            return await self._rank_once(request, timeout)
+        except grpc.aio.AioRpcError as exc:
+            left = deadline - time.monotonic()
+            if not dropped(exc) or left <= 0:
+                raise
+            RANK_RETRIES.labels(exc.code().name).inc()
+        return await self._rank_once(request, left)
+
+    async def _rank_once(self, request: bytes, timeout: float) -> bytes:
         with tracing.client_call(RANK) as trace_context:
-            # A router that restarts is waited for within the deadline instead of failing the call.
             return await self._rank(request, timeout=timeout, wait_for_ready=True, metadata=trace_context)
 
     async def get_profile(self, request: bytes, timeout: float) -> ranker_pb2.GetProfileResponse:

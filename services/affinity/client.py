@@ -14,8 +14,9 @@ Contract:
   health check is still out, waits for start-up to settle (within its timeout) instead of failing. Once
   settled, no call waits: with no member routable it raises `Unavailable` at once.
 - Downstream errors propagate as `grpc.aio.AioRpcError`, with their status code.
-- A Rank that fails with UNAVAILABLE is retried once on the failover member; PreInfer is a hint and is
-  never retried. A failed-over Rank counts two decisions.
+- A Rank that its member dropped unanswered (`DROPPED_CODES`: UNAVAILABLE, or CANCELLED by a server that is
+  shutting down) is retried once on the failover member; PreInfer is a hint and is never retried. A
+  failed-over Rank counts two decisions.
 - A Rank still unanswered after half its time (`HEDGE_AT`) is hedged: sent also to the failover member,
   and the first answer wins (the other attempt is cancelled); when both fail, the caller gets the failover
   attempt's error. A member cut off the network (packets dropped, no reset) fails nothing: it takes its
@@ -56,6 +57,12 @@ from services.common.metrics import Children
 HEDGE_AT = 0.5
 # Codes of a call the member did not answer: no connection, our own deadline, or our cancellation.
 NO_ANSWER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+# Codes of a call the server dropped without running it, so that sending it again is safe and may succeed:
+# no connection (UNAVAILABLE), or CANCELLED by a server that began to shut down. gRPC's server shutdown,
+# even with a grace period, cancels every call that had arrived but was not yet taken up by the server's
+# event loop (only calls already handed to a handler get the grace). A call we cancel ourselves ends in
+# `asyncio.CancelledError` in our own task, never in an `AioRpcError`, so it is not mistaken for one.
+DROPPED_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 # (ROUTER_INFLIGHT's series are not kept: the membership removes a departed member's.)
 _DECISIONS = Children(ROUTER_DECISIONS)
 _PATHS = {method: method_path(RANKER_SERVICE, method) for method in ("PreInfer", "Rank", "GetProfile")}
@@ -100,11 +107,11 @@ class AffinityClient:
         try:
             await asyncio.wait(attempts, timeout=hedge_after)
             first = attempts[0]
-            if first.done() and not _unavailable(first):
+            if first.done() and not _dropped(first):
                 return first.result()  # the answer, or an error that another member would repeat
             if not first.done() and time.monotonic() - route.member.last_answer < hedge_after / 2:
                 return await first  # busy, not gone: it answers other calls
-            # UNAVAILABLE, or no answer in half the time: the failover member gets the Rank too.
+            # Dropped unanswered, or no answer in half the time: the failover member gets the Rank too.
             retry = self.policy.failover(user_id, failed=route.member.name)
             if retry is None:
                 return await first
@@ -177,10 +184,14 @@ def _finished(member: Member) -> None:
     ROUTER_INFLIGHT.labels(member.name).set(member.in_flight)
 
 
-def _unavailable(attempt: asyncio.Future) -> bool:
-    """The finished call failed with UNAVAILABLE: its member, not the request, is at fault."""
-    error = attempt.exception()
-    return isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.UNAVAILABLE
+def _dropped(attempt: asyncio.Future) -> bool:
+    """The finished call was dropped unanswered: its member, not the request, is at fault."""
+    return dropped(attempt.exception())
+
+
+def dropped(error: BaseException | None) -> bool:
+    """`error` ends a call that its server dropped without running it (`DROPPED_CODES`): safe to resend."""
+    return isinstance(error, grpc.aio.AioRpcError) and error.code() in DROPPED_CODES
 
 
 async def _first_answer(attempts: list[asyncio.Future]) -> bytes:

@@ -20,3 +20,9 @@ ROUTER_FAILURES = Counter(
     "Failed forwards per member, by gRPC code.",
     ["member", "grpc_code"],
 )
+RANK_RETRIES = Counter(
+    "relaygr_rank_retries_total",
+    "Ranks sent through one target (--router) a second time because the server dropped them unanswered "
+    "(UNAVAILABLE, or CANCELLED by a router shutting down), by the dropped attempt's gRPC code.",
+    ["grpc_code"],
+)

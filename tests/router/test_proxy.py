@@ -154,24 +154,30 @@ def test_downstream_errors_keep_their_code_and_are_not_retried(code: grpc.Status
     through_router(scenario)
 
 
-def test_an_unavailable_rank_fails_over_once_and_pre_infer_does_not() -> None:
+@pytest.mark.parametrize(
+    "code",
+    # UNAVAILABLE: no connection. CANCELLED: what a ranker that begins to shut down answers the calls it had
+    # received but not yet taken up (gRPC cancels them whatever the grace period).
+    [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED],
+)
+def test_a_dropped_rank_fails_over_once_and_pre_infer_does_not(code: grpc.StatusCode) -> None:
     async def scenario(router: RouterApp, client, stubs: list[StubRanker]) -> None:
         first, second, third = router.membership.ring.walk("alice")
-        stub_named(stubs, first).fail_with = grpc.StatusCode.UNAVAILABLE
+        stub_named(stubs, first).fail_with = code
         before = decisions("Rank", "failover")
         assert (await client.Rank(rank_request("alice"), timeout=5)).instance == second
         assert decisions("Rank", "failover") == before + 1
 
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await client.PreInfer(ranker_pb2.PreInferRequest(user_id="alice"), timeout=5)
-        assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert error.value.code() == code
         assert not stub_named(stubs, second).received_by("PreInfer")
 
-        # Retried once only: with the failover member failing too, the caller sees UNAVAILABLE.
-        stub_named(stubs, second).fail_with = grpc.StatusCode.UNAVAILABLE
+        # Retried once only: with the failover member failing too, the caller sees its code.
+        stub_named(stubs, second).fail_with = code
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await client.Rank(rank_request("alice"), timeout=5)
-        assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert error.value.code() == code
         assert not stub_named(stubs, third).received
 
     through_router(scenario, circuit_failures=10)
