@@ -6,6 +6,7 @@ ring settings, and the plaintext health-only port the probes use (and nothing el
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -22,6 +23,7 @@ from tests.deploy.manifests import (
     of_kind,
     pod_labels,
     pod_name,
+    pod_spec,
     selects,
     workloads,
 )
@@ -66,7 +68,7 @@ def test_routers_triggers_and_rankers_have_headless_services_listing_only_ready_
             "grpc",
             "grpc",
         ), workload
-    # ClusterIP Services stay for port-forward and ghz.
+    # ClusterIP Services stay for port-forward (ghz dials the routers' headless Service).
     for workload in ("router", "trigger", "retrieval-stub"):
         assert named(manifests, "Service", workload)["spec"].get("clusterIP") != "None", workload
 
@@ -86,6 +88,37 @@ def test_clients_dial_every_replica_by_dns_with_round_robin(overlay):
     for name, config in configs.items():
         assert config.max_connection_age_s > 0, name
         assert config.max_connection_age_grace_s * 1000 >= configs["retrieval-stub"].rank_timeout_ms, name
+
+
+def test_outside_clients_such_as_the_ghz_job_dial_every_router_by_dns_with_round_robin(overlay):
+    """The fleet's own pods no longer call the routers; their callers from outside it do, over long-lived
+    gRPC connections that the ClusterIP Service would pin each to one router. The ghz Job, the in-cluster
+    one, dials the routers' headless Service (one A record per ready router pod) by `dns:///` with ghz's
+    round_robin strategy, in every config of it that calls the routers."""
+    manifests = objects(f"overlays/{overlay}")
+    service = headless_service(manifests, "router")  # selects the router pods
+    assert service["spec"]["clusterIP"] == "None"
+    target = f"dns:///{service['metadata']['name']}.{DOMAIN}:{grpc_port(service)['port']}"
+    loadtest = objects("loadtest")
+    (config_map,) = of_kind(loadtest, "ConfigMap")
+    (container,) = containers(named(loadtest, "Job", "ghz"))
+    mounted = {
+        item["path"]: json.loads(config_map["data"][item["key"]])
+        for volume in pod_spec(named(loadtest, "Job", "ghz"))["volumes"]
+        for item in volume["configMap"]["items"]
+        if "/" not in item["path"] and item["path"].endswith(".json")
+    }
+    to_routers = {path: c for path, c in mounted.items() if c["call"].startswith("relaygr.v1.RankerService.")}
+    assert set(to_routers) == {"rank.json", "pre-infer.json"}
+    for path, config in to_routers.items():
+        assert (config["host"], config["lb-strategy"]) == (target, "round_robin"), path
+    # The Job's own config is one of those it mounts; its network policy opens the router pods' port.
+    assert container["args"][0].removeprefix("--config=deploy/loadtest/") in mounted
+    router = named(manifests, "Deployment", "router")
+    policies = of_kind(loadtest, "NetworkPolicy")
+    ghz = Pod("ghz", NAMESPACE, pod_labels(named(loadtest, "Job", "ghz")))
+    router_pod = Pod("router-0", NAMESPACE, pod_labels(router))
+    assert allowed(policies, ghz, router_pod, container_ports(containers(router)[0])["grpc"])
 
 
 def test_the_router_finds_rankers_by_the_srv_records_of_their_pods_stable_names(overlay):

@@ -34,6 +34,7 @@ GHZ_KEYS = {
     "binary-file", "metadata", "metadata-file", "stream-interval", "output", "format", "connect-timeout",
     "keepalive", "cpus", "name", "tags", "reflect-metadata", "debug", "host", "enable-compression",
     "load-schedule", "load-start", "load-end", "load-step", "load-step-duration", "load-max-duration",
+    "lb-strategy",
 }  # fmt: skip
 GHZ_IMAGE = "ghcr.io/bojand/ghz:0.120.0"
 
