@@ -147,3 +147,17 @@ def test_the_launcher_ends_by_itself_after_its_duration(tmp_path):
     output, errors = launcher.communicate(timeout=120)
     assert launcher.returncode == 0, errors
     assert "req/s" in output and "fleet stopped." in output
+    # The progress line counts every cache source, then the closing sentence says what the relay saved,
+    # in figures that add up to what was ranked.
+    (progress,) = re.findall(r"hbm (\d+) dram (\d+) extended (\d+) miss (\d+)(?: \(([^)]*)\))?", output)[-1:]
+    hits, misses = sum(int(n) for n in progress[:3]), int(progress[3])
+    if misses:  # each miss says why: the reasons' counts add up to the misses
+        assert sum(int(n) for n in re.findall(r"(\d+)", progress[4])) == misses, progress
+    summary = re.search(
+        r"^relay: (\d+) of (\d+) Ranks \(\d+%\) reused a cached prefix, [\d,]+ of [\d,]+ long-term"
+        r" events \(\d+%\) not recomputed on the critical path",
+        output,
+        re.M,
+    )
+    assert summary, output
+    assert (int(summary.group(1)), int(summary.group(2))) == (hits, hits + misses)

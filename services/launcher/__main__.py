@@ -1,9 +1,10 @@
 """`python -m services.launcher` (`make run`): the whole fleet on this machine, with demo traffic.
 
 Starts the rankers, the router, the trigger and the retrieval stub, waits until each is healthy, prints
-where they answer, drives demo Recommend traffic with a live progress line, and serves until Ctrl-C or
-SIGTERM (or `--duration-s`), then stops every child. A child that dies is named with its log tail, the
-others are stopped and the launcher exits with status 1.
+where they answer, drives demo Recommend traffic with a live progress line (misses split by reason), and
+serves until Ctrl-C or SIGTERM (or `--duration-s`), then says in one sentence what the relay saved and
+stops every child. A child that dies is named with its log tail, the others are stopped and the launcher
+exits with status 1.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ async def serve_demo(fleet: Fleet, config: LauncherConfig, out: TextIO) -> None:
         display.finish()
     if crashes:
         raise crashes[0]
+    if progress.total:
+        out.write(progress.summary() + "\n")
+        out.flush()
 
 
 def _interrupt(signum: int, frame: object) -> NoReturn:

@@ -2,7 +2,13 @@
 
 Users are drawn uniformly from `user-0 … user-<demo_users - 1>`, so with a few thousand users some come
 back within the DRAM tier's TTL and the display shows every cache source. Rates and percentiles cover
-the last `window_s` seconds; cache-source and error counts cover the whole run.
+the last `window_s` seconds; cache-source, miss-reason and error counts cover the whole run.
+
+Every miss says why (`miss_label`): a request the trigger did not admit by the trigger's reason (`no-gain`,
+`shed`, ... or `no-admit` when no Admit answered: relay off, or the call failed), an admitted one by the
+ranker's miss reason (`cold`, `hbm-evicted`, `elsewhere`, ...). The closing `summary()` says what the
+relay saved, from the responses alone: the Ranks that reused a cached prefix, the long-term events they
+did not compute on the critical path, and their mean Rank latency against the misses'.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from relaygr.v1 import recommend_pb2, recommend_pb2_grpc
+from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
 from services.common.config import setting
 from services.common.contract import CACHE_SOURCES, cache_source_label
 from services.common.server import dial
@@ -42,6 +48,42 @@ class LauncherConfig(FleetConfig):
         super().validate()
 
 
+Miss = common_pb2.MissReason
+Admit = trigger_pb2.AdmitReason
+# Why a request was not admitted (the trigger's AdmitReason), as the progress line says it.
+NOT_ADMITTED_LABELS = {
+    Admit.ADMIT_REASON_UNSPECIFIED: "no-admit",  # no Admit answered: relay off, or the call failed
+    Admit.ADMIT_REASON_NO_GAIN: "no-gain",
+    Admit.ADMIT_REASON_HBM_LIMIT: "hbm-limit",
+    Admit.ADMIT_REASON_BACKLOG_LIMIT: "backlog",
+    Admit.ADMIT_REASON_DUPLICATE: "duplicate",
+    Admit.ADMIT_REASON_RANKER_REFUSED: "refused",
+    Admit.ADMIT_REASON_WASTE_LIMIT: "waste-limit",
+    Admit.ADMIT_REASON_SHED_SHORT: "shed",
+}
+# Why an admitted request's Rank still missed (the ranker's MissReason).
+MISS_LABELS = {
+    Miss.MISS_REASON_UNSPECIFIED: "unknown",
+    Miss.MISS_REASON_NEVER_PRE_INFERRED: "never",
+    Miss.MISS_REASON_COLD: "cold",
+    Miss.MISS_REASON_EVICTED_HBM: "hbm-evicted",
+    Miss.MISS_REASON_EVICTED_DRAM: "dram-evicted",
+    Miss.MISS_REASON_LEASE_EXPIRED: "expired",
+    Miss.MISS_REASON_STALE_PREFIX: "stale",
+    Miss.MISS_REASON_REJECTED_CAPACITY: "rejected",
+    Miss.MISS_REASON_ROUTED_ELSEWHERE: "elsewhere",
+}
+MISS = cache_source_label(common_pb2.CACHE_SOURCE_MISS)
+
+
+def miss_label(response: recommend_pb2.RecommendResponse) -> tuple[bool, str]:
+    """(admitted, why) of a Recommend whose Rank missed: a request the trigger did not admit missed because
+    of that, whatever the ranker found; an admitted one by the ranker's miss reason."""
+    if not response.admitted:
+        return False, NOT_ADMITTED_LABELS.get(response.admit_reason, "no-admit")
+    return True, MISS_LABELS.get(response.miss_reason, "unknown")
+
+
 @dataclasses.dataclass(frozen=True)
 class _Sample:
     done_s: float
@@ -59,8 +101,16 @@ class DemoProgress:
         self.samples: collections.deque[_Sample] = collections.deque()
         self.cache_sources: collections.Counter[str] = collections.Counter()
         self.errors: collections.Counter[str] = collections.Counter()
+        # Misses by (admitted, why): see `miss_label`.
+        self.misses: collections.Counter[tuple[bool, str]] = collections.Counter()
         self.admitted = 0
         self.total = 0
+        # Over the whole run, the Ranks answered with a cached prefix (hits) and without (misses): their
+        # count and summed Rank latency, and the long-term events ranked and computed on the critical path.
+        self.ranked = {True: 0, False: 0}
+        self.rank_ms = {True: 0.0, False: 0.0}
+        self.prefix_events = 0
+        self.computed_events = 0
 
     def add(self, record: CallRecord) -> None:
         self.total += 1
@@ -68,11 +118,49 @@ class DemoProgress:
         if record.ok:
             response: recommend_pb2.RecommendResponse = record.response
             rank_ms = response.rank_latency_ms
-            self.cache_sources[cache_source_label(response.cache_source)] += 1
+            source = cache_source_label(response.cache_source)
+            self.cache_sources[source] += 1
             self.admitted += response.admitted
+            if source == MISS:
+                self.misses[miss_label(response)] += 1
+            if source in CACHE_SOURCES:  # ranked (an abandoned request has no Rank and no source)
+                hit = source != MISS
+                self.ranked[hit] += 1
+                self.rank_ms[hit] += response.rank_latency_ms
+                self.prefix_events += response.long_term_length
+                self.computed_events += response.computed_prefix_events
         else:
             self.errors[record.code.name] += 1
         self.samples.append(_Sample(self.clock(), record.latency_s * 1000, rank_ms))
+
+    def miss_text(self) -> str:
+        """The misses split by why, most first: `not admitted: no-gain 120 shed 10; cold 30 elsewhere 20`."""
+
+        def counts(admitted: bool) -> str:
+            rows = sorted((-n, why) for (a, why), n in self.misses.items() if a == admitted)
+            return " ".join(f"{why} {-n}" for n, why in rows)
+
+        parts = [f"not admitted: {text}" if (text := counts(False)) else "", counts(True)]
+        return "; ".join(part for part in parts if part)
+
+    def summary(self) -> str:
+        """One sentence on what the relay saved over the run, measured from the responses."""
+        hits, misses = self.ranked[True], self.ranked[False]
+        ranks = hits + misses
+        if not ranks:
+            return "relay: no Rank was answered, nothing to compare."
+        saved = self.prefix_events - self.computed_events
+        sentence = (
+            f"relay: {hits} of {ranks} Ranks ({hits / ranks:.0%}) reused a cached prefix, "
+            f"{saved:,} of {self.prefix_events:,} long-term events "
+            f"({saved / max(self.prefix_events, 1):.0%}) not recomputed on the critical path"
+        )
+        if hits and misses:
+            sentence += (
+                f"; mean Rank {self.rank_ms[True] / hits:.1f} ms with a cached prefix against "
+                f"{self.rank_ms[False] / misses:.1f} ms for a miss"
+            )
+        return sentence + "."
 
     def _recent(self) -> list[_Sample]:
         horizon = self.clock() - self.window_s
@@ -93,6 +181,8 @@ class DemoProgress:
             return f"P50 {p50:5.1f}  P99 {p99:6.1f} ms"
 
         sources = " ".join(f"{source} {self.cache_sources[source]}" for source in CACHE_SOURCES)
+        if self.misses:
+            sources += f" ({self.miss_text()})"
         errors = sum(self.errors.values())
         error_text = f"errors {errors}" + (f" ({self.errors.most_common(1)[0][0]})" if errors else "")
         return (
