@@ -3,67 +3,29 @@
 Writes results.json, report.md and the plots there; the services' logs go to its `tmp/` folder (not
 committed). Prints one line per step and, at the end, the headline ratios: length, throughput on each
 mix, and throughput at each abandonment share. The gpu profile runs `bench.gpu` within its time budget
-and writes its own report (`bench.gpu_report`), rewritten after each of its stages.
+and writes its own report (`bench.report.gpu`), rewritten after each of its stages.
 """
 
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
 import os
-import platform
-import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import overload
 
-from bench import gpu_report, report
+from bench import report
 from bench.config import BenchConfig, load_config
+from bench.context import machine, versions
 from bench.experiments import Bench
 from bench.gpu import GpuBench
-from bench.gpu_monitor import GpuMonitor, gpu_info
-from bench.results import GpuMeasurements, GpuRun, Machine, Measurements, Run, Versions, headline_ratios
+from bench.gpu_monitor import GpuMonitor
+from bench.report import gpu as gpu_report
+from bench.schema import GpuMeasurements, GpuRun, Machine, Measurements, Run, Versions, headline_ratios
 from services.launcher.procs import REPO_ROOT
 
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
-PACKAGES = ("torch", "numpy", "grpcio", "protobuf", "matplotlib")
-
-
-def _first_line_with(path: str, prefix: str) -> str:
-    try:
-        with open(path) as lines:
-            return next(
-                (line.split(":", 1)[1].strip() for line in lines if line.startswith(prefix)), "unknown"
-            )
-    except OSError:
-        return "unknown"
-
-
-def machine() -> Machine:
-    mem_kib = _first_line_with("/proc/meminfo", "MemTotal").split()[0]
-    return Machine(
-        cores=os.cpu_count(),
-        cpu_model=_first_line_with("/proc/cpuinfo", "model name"),
-        memory_gib=round(int(mem_kib) / 2**20, 1) if mem_kib.isdigit() else None,
-        platform=platform.platform(),
-        python=platform.python_version(),
-        load_average_at_start=list(os.getloadavg()),
-        gpu=gpu_info(),  # None without a GPU
-    )
-
-
-def versions() -> Versions:
-    def git(*args: str) -> str:
-        answer = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
-        return answer.stdout.strip()
-
-    import torch
-
-    found = {name: importlib.metadata.version(name) for name in PACKAGES}
-    found["torch_cuda"] = torch.version.cuda or "none"
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    return Versions(**found, git_commit=git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else ""))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -150,7 +112,7 @@ def summary(results: Run) -> str:
     """The headline ratios in one line: length (with its relay window), each mix, each abandonment share."""
     measured = results.measured
     length = measured.length_sweep
-    window = results.configuration.preprocess_delay_ms
+    window = results.configuration.relay_window_ms
     mixes = ", ".join(
         f"{label} {mix.ratio} ({mix.relay.best} vs {mix.baseline.best} req/s)"
         for label, mix in measured.throughput_sweeps.items()

@@ -1,4 +1,4 @@
-"""Dataclasses to and from JSON, by their fields: how results.json is written and read (`bench.results`).
+"""Dataclasses to and from JSON, by their fields: how results.json is written and read (`bench.schema`).
 
 `to_json` writes a dataclass as an object of its fields in declaration order, nested dataclasses, lists,
 tuples and dictionaries included. Two field options change that: `FLAT` writes a nested dataclass's
@@ -9,7 +9,8 @@ leaves a field out while it is None (a field only some records of a kind have).
 lacks, or a key that no field takes, is a ValueError naming where it is (`throughput_sweeps.<mix>.relay.
 points.0 lacks cost`), so a results file is checked as it is read. A field with a default may be absent
 (an older results file): the default applies, or the field's `absent` value where it declares what an
-older file meant (`bench.config.absent_means`). Numbers, strings and booleans are taken as they are.
+older file meant (`bench.config.absent_means`); a field renamed since is read from its former key too
+(`bench.config.formerly`). Numbers, strings and booleans are taken as they are.
 """
 
 from __future__ import annotations
@@ -75,9 +76,10 @@ def _fields_from(cls: type, data: dict[str, Any], where: str) -> tuple[dict[str,
             nested, nested_used = _fields_from(hint, data, where)
             values[field.name] = hint(**nested)
             used |= nested_used
-        elif field.name in data:
-            values[field.name] = _decode(hint, data[field.name], f"{where}.{field.name}".lstrip("."))
-            used.add(field.name)
+        elif field.name in data or field.metadata.get("formerly") in data:
+            key = field.name if field.name in data else field.metadata["formerly"]
+            values[field.name] = _decode(hint, data[key], f"{where}.{key}".lstrip("."))
+            used.add(key)
         elif "absent" in field.metadata:  # what a file from before the field existed meant
             values[field.name] = field.metadata["absent"]
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:

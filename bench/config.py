@@ -28,10 +28,10 @@ Why these defaults, for cpu-small on a 2-core machine shared by every process of
   the machine's other users), so both modes have room to move inside the 512-8192 grid. A tighter SLO
   would be dominated by the serving path and the noise: a cached Rank through the router alone takes
   4-15 ms at its P50 here.
-- Relay window 100 ms (the stub's pre-processing delay): in production the gap from retrieval to ranking
-  (coarse ranking, feature fetching) is of the same order as the fine-ranking P99 budget or larger
-  (tens to hundreds of ms against tens of ms), so the window is set equal to the SLO, not larger; the
-  full profile also measures the length sweep at 30 and 200 ms.
+- Relay window 100 ms (`--relay-window-ms`, the stub's pre-processing time): in production the gap from
+  retrieval to ranking (coarse ranking, feature fetching) is of the same order as the fine-ranking P99 budget
+  or larger (tens to hundreds of ms against tens of ms), so the window is set equal to the SLO, not larger;
+  the full profile also measures the length sweep at 30 and 200 ms.
 - Revisits: half the requests come from a user seen in the last 5 s (feed refreshes, next pages), the
   pattern the DRAM tier and extension serve; see `bench.workload`. Each point's first 5 s are warm-up.
 - The length sweep runs at 8 calls/s: enough that a point of 200 measured calls takes half a minute,
@@ -88,7 +88,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from services.common.config import env_name, flag_name, load, setting
+from services.common.config import env_name, flag_name, listed, load, setting
 from services.launcher.fleet import ROUTINGS
 
 PROFILES = ("quick", "full", "gpu")
@@ -98,6 +98,11 @@ def absent_means(value: object, field: dataclasses.Field) -> dataclasses.Field:
     """`field`, read as `value` from a results file that lacks it (one written before it existed), whatever
     its default for a new run (`bench.codec`)."""
     return dataclasses.field(default=field.default, metadata={**field.metadata, "absent": value})
+
+
+def formerly(key: str, field: dataclasses.Field) -> dataclasses.Field:
+    """`field`, read from the key `key` of a results file written before it was renamed (`bench.codec`)."""
+    return dataclasses.field(default=field.default, metadata={**field.metadata, "formerly": key})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +164,7 @@ PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
     "gpu": {
         "name": "gpu-fleet",
         "slo_ms": 80.0,
-        "preprocess_delay_ms": 80.0,
+        "relay_window_ms": 80.0,
         "model_preset": "gpu-dlrmv3",
         "rankers": 1,
         "torch_threads": 2,
@@ -184,23 +189,6 @@ PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
 }
 
 
-def _numbers(text: str, kind: type) -> list:
-    values = [kind(part) for part in text.split(",") if part.strip()]
-    if not values or sorted(values) != values or len(set(values)) != len(values) or values[0] <= 0:
-        raise ValueError(f"{text!r} must list distinct positive numbers in increasing order")
-    return values
-
-
-def _fractions(text: str) -> list[float]:
-    """Distinct shares in [0, 1), increasing; 0 (no abandonment) is allowed."""
-    values = [float(part) for part in text.split(",") if part.strip()]
-    if not values or sorted(values) != values or len(set(values)) != len(values):
-        raise ValueError(f"{text!r} must list distinct numbers in increasing order")
-    if not all(0 <= value < 1 for value in values):
-        raise ValueError(f"{text!r} must list numbers in [0, 1)")
-    return values
-
-
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
     profile: str = setting(
@@ -212,14 +200,23 @@ class BenchConfig:
         choices=PROFILES,
     )
     name: str = setting("", "results go to bench/results/<name>/ (empty: the profile's name)")
-    slo_ms: float = setting(100.0, "ranking-latency P99 SLO (the Rank as the stub sees it)")
-    max_error_fraction: float = setting(0.001, "a point meets the SLO only with fewer errors than this share")
-    preprocess_delay_ms: float = setting(100.0, "the stub's pre-processing delay: the relay window")
+    slo_ms: float = setting(100.0, "ranking-latency P99 SLO (the Rank as the stub sees it)", above=0)
+    max_error_fraction: float = setting(
+        0.001, "a point meets the SLO only with fewer errors than this share", above=0, maximum=1
+    )
+    relay_window_ms: float = formerly(
+        "preprocess_delay_ms",
+        setting(
+            100.0,
+            "the relay window: the stub's pre-processing time, the trigger's placement window",
+            minimum=0,
+        ),
+    )
     model_preset: str = setting("cpu-small", "every ranker's model preset")
-    rankers: int = setting(2, "rankers per fleet")
-    torch_threads: int = setting(1, "intra-op threads per ranker (and of the in-process floor)")
+    rankers: int = setting(2, "rankers per fleet", above=0)
+    torch_threads: int = setting(1, "intra-op threads per ranker (and of the in-process floor)", above=0)
     pre_infer_chunk_tokens: int = setting(
-        512, "the rankers' pre-inference chunk (a Rank waits at most one); 512 is the fastest on CPU"
+        512, "the rankers' pre-inference chunk (a Rank waits at most one); 512 is the fastest on CPU", above=0
     )
     hbm_budget_mb: float = setting(256.0, "HBM-tier budget per ranker, MiB (-1: the ranker's auto budget)")
     dram_budget_mb: float = setting(
@@ -228,35 +225,61 @@ class BenchConfig:
     ranker_profile_lengths: str = setting(
         "128,256,512,2048,4096",
         "prefix lengths of each ranker's warm-up curve (the short ones place the trigger's break-even)",
+        items=int,
+        above=0,
+        increasing=True,
     )
-    ranker_profile_repeats: int = setting(2, "timed repeats per length of each ranker's warm-up curve")
-    short_term: int = setting(16, "short-term events per request")
+    ranker_profile_repeats: int = setting(
+        2, "timed repeats per length of each ranker's warm-up curve", above=0
+    )
+    short_term: int = setting(16, "short-term events per request", above=0)
     lengths: str = setting(
-        "512,768,1024,1536,2048,3072,4096,6144,8192", "long-term lengths of the length sweep (experiment 1)"
+        "512,768,1024,1536,2048,3072,4096,6144,8192",
+        "long-term lengths of the length sweep (experiment 1)",
+        items=int,
+        above=0,
+        increasing=True,
     )
-    length_rate: float = setting(8.0, "offered load of the length sweep, Recommend calls per second")
+    length_rate: float = setting(8.0, "offered load of the length sweep, Recommend calls per second", above=0)
     loads: str = setting(
         "1,1.5,2,3,4,6,8,11,16,23,32,45,64,90,128",
         "offered loads of the throughput sweeps (experiment 2), calls/s",
+        items=float,
+        above=0,
+        increasing=True,
     )
-    mix_median: int = setting(1024, "median long-term length of the throughput sweep's lognormal mix")
-    mix_sigma: float = setting(0.75, "sigma of the log length of the mix")
-    mix_max: int = setting(2048, "longest long-term history of the mix (a cap, as production has)")
-    mix2_median: int = setting(1536, "median long-term length of the second, longer mix (same sigma)")
-    mix2_max: int = setting(4096, "longest long-term history of the second mix")
+    mix_median: int = setting(
+        1024, "median long-term length of the throughput sweep's lognormal mix", above=0
+    )
+    mix_sigma: float = setting(0.75, "sigma of the log length of the mix", above=0)
+    mix_max: int = setting(2048, "longest long-term history of the mix (a cap, as production has)", above=0)
+    mix2_median: int = setting(
+        1536, "median long-term length of the second, longer mix (same sigma)", above=0
+    )
+    mix2_max: int = setting(4096, "longest long-term history of the second mix", above=0)
     abandon_fractions: str = setting(
         "0,0.1,0.3",
         "shares of requests abandoned after retrieval (Admit sent, no Rank) at which both modes' load "
         "sweeps run on the first mix; 0 is the throughput sweep itself",
+        items=float,
+        minimum=0,
+        below=1,
+        increasing=True,
     )
-    growth_headroom: int = setting(256, "events a fixed-length history may grow by before it slides")
-    revisit_probability: float = setting(0.5, "share of requests from a user seen within --revisit-window-s")
-    revisit_window_s: float = setting(5.0, "a revisit repeats the user of a request of the last this many s")
-    warmup_s: float = setting(5.0, "seconds of each point's load that are not measured")
-    rank_timeout_ms: float = setting(1000.0, "the stub's Rank deadline (a missed one is an error)")
+    growth_headroom: int = setting(
+        256, "events a fixed-length history may grow by before it slides", minimum=0
+    )
+    revisit_probability: float = setting(
+        0.5, "share of requests from a user seen within --revisit-window-s", minimum=0, below=1
+    )
+    revisit_window_s: float = setting(
+        5.0, "a revisit repeats the user of a request of the last this many s", above=0
+    )
+    warmup_s: float = setting(5.0, "seconds of each point's load that are not measured", minimum=0)
+    rank_timeout_ms: float = setting(1000.0, "the stub's Rank deadline (a missed one is an error)", above=0)
     universe_seed: int = setting(0, "seed of the user universe (the same in every mode)")
     load_seed: int = setting(0, "seed of arrivals and user draws (the same in every mode)")
-    startup_timeout_s: float = setting(300.0, "seconds each service gets to become healthy")
+    startup_timeout_s: float = setting(300.0, "seconds each service gets to become healthy", above=0)
     time_budget_s: float = setting(
         0.0,
         "gpu profile: wall-clock seconds of the whole run, fleet starts included; a point that would end "
@@ -277,40 +300,15 @@ class BenchConfig:
     )
 
     def validate(self) -> None:
-        if self.profile not in PROFILES:
-            raise ValueError(f"--profile must be one of {', '.join(PROFILES)}")
-        for name in ("slo_ms", "rankers", "torch_threads", "pre_infer_chunk_tokens", "length_rate",
-                     "mix_median", "mix_max", "mix2_median", "mix2_max", "mix_sigma", "short_term",
-                     "revisit_window_s", "rank_timeout_ms", "startup_timeout_s",
-                     "ranker_profile_repeats"):  # fmt: skip
-            if not getattr(self, name) > 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive")
-        for name in ("preprocess_delay_ms", "growth_headroom", "warmup_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name.replace('_', '-')} must not be negative")
+        """The bounds `setting()` cannot declare: -1 (auto) budgets, and each mix's median below its cap."""
         if not (self.hbm_budget_mb > 0 or self.hbm_budget_mb == -1):
             raise ValueError("--hbm-budget-mb must be positive or -1 (auto)")
         if not (self.dram_budget_mb >= 0 or self.dram_budget_mb == -1):
             raise ValueError("--dram-budget-mb must not be negative, or be -1 (auto)")
-        if not 0 <= self.revisit_probability < 1:
-            raise ValueError("--revisit-probability must be in [0, 1)")
-        if not 0 < self.max_error_fraction <= 1:
-            raise ValueError("--max-error-fraction must be in (0, 1]")
         if self.mix_median >= self.mix_max:
             raise ValueError("--mix-median must be below --mix-max")
         if self.mix2_median >= self.mix2_max:
             raise ValueError("--mix2-median must be below --mix2-max")
-        grids = {
-            "lengths": self.length_grid,
-            "loads": self.load_grid,
-            "abandon_fractions": self.abandon_grid,
-            "ranker_profile_lengths": lambda: _numbers(self.ranker_profile_lengths, int),
-        }
-        for name, parse in grids.items():
-            try:
-                parse()
-            except ValueError as exc:
-                raise ValueError(f"--{name.replace('_', '-')}: {exc}") from exc
 
     @property
     def settings(self) -> Profile:
@@ -321,13 +319,13 @@ class BenchConfig:
         return self.name or self.profile
 
     def length_grid(self) -> list[int]:
-        return _numbers(self.lengths, int)
+        return listed(self, "lengths")
 
     def load_grid(self) -> list[float]:
-        return _numbers(self.loads, float)
+        return listed(self, "loads")
 
     def abandon_grid(self) -> list[float]:
-        return _fractions(self.abandon_fractions)
+        return listed(self, "abandon_fractions")
 
     @property
     def longest_long_term(self) -> int:

@@ -1,4 +1,4 @@
-"""The experiments of the benchmark, baseline and RelayGR side by side, as `bench.results.Measurements`.
+"""The experiments of the benchmark, baseline and RelayGR side by side, as `bench.schema.Measurements`.
 
 Order of a run:
 
@@ -42,14 +42,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-
 from bench import probes
 from bench.config import BenchConfig
 from bench.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet, FleetShape, Mode
-from bench.floor import cached_rank_through_router, model_floor
-from bench.points import PointSpec, run_point
-from bench.results import (
+from bench.micro.floor import cached_rank_through_router, model_floor
+from bench.points import PointSpec, describe, describe_cost, run_point
+from bench.schema import (
     Abandonment,
     Ablations,
     Cost,
@@ -59,14 +57,12 @@ from bench.results import (
     Mix,
     ModePair,
     Point,
-    PointResult,
-    Repeat,
     Sweep,
     Waste,
     ratio,
     recorded,
 )  # fmt: skip
-from bench.stats import interleave, largest_passing_value
+from bench.sweep import add_seed, last_within, repeat_record, run_sweeps, verdict_points
 from bench.workload import RevisitSampler, Universe, fixed_length_universe, mix_universe
 
 SETTLE_S = 1.0  # pause between points: lets the last answers and background pre-inference finish
@@ -180,6 +176,8 @@ class Bench:
 
         return self._sweeps(self.config.load_grid(), plans, measure, self.config.settings.refine_steps)
 
+    new_sweep: Callable[[], Sweep] = Sweep  # what a sweep records (the gpu profile's: `BudgetedSweep`)
+
     def _sweeps(
         self,
         grid: list[float],
@@ -188,24 +186,12 @@ class Bench:
         refine_steps: int,
     ) -> list[Sweep]:
         """One sweep per plan over `grid`, one point of each in turn (refinements included)."""
-        sweeps = [Sweep() for _ in plans]
-
-        def verdicts(plan: Plan, sweep: Sweep) -> Callable[[float], bool]:
-            def passes(value: float) -> bool:
-                sweep.points.append(measure(plan, value))
-                if value not in grid:
-                    sweep.refined.append(value)
-                return sweep.points[-1].meets_slo
-
-            return passes
-
-        searches = [
-            (largest_passing_value(grid, plan.first, refine_steps), verdicts(plan, sweep))
-            for plan, sweep in zip(plans, sweeps, strict=True)
-        ]
-        for sweep, best in zip(sweeps, interleave(searches), strict=True):
-            sweep.best = best
-            sweep.at_grid_top = best == grid[-1]
+        firsts = [plan.first for plan in plans]
+        sweeps, stopped = run_sweeps(
+            grid, firsts, lambda number, value: measure(plans[number], value), refine_steps, self.new_sweep
+        )
+        if stopped is not None:
+            self.log(f"time budget: {stopped}; the sweep is cut short")
         return sweeps
 
     def throughput_sweeps(self, universe: Universe, plans: list[Plan]) -> list[Sweep]:
@@ -244,15 +230,13 @@ class Bench:
     def fleet(self, mode: Mode) -> BenchFleet:
         self.log(f"starting the {mode.name} fleet: {mode.description}")
         c = self.config
-        return BenchFleet(
-            mode, self.shape, self.mix, c.preprocess_delay_ms, self.log_dir / mode.name, c.routing
-        )
+        return BenchFleet(mode, self.shape, self.mix, c.relay_window_ms, self.log_dir / mode.name, c.routing)
 
     # ---- the run ----
 
     def run(self) -> Measurements:
         c = self.config
-        lengths, loads, window = c.length_grid(), c.load_grid(), c.preprocess_delay_ms
+        lengths, loads, window = c.length_grid(), c.load_grid(), c.relay_window_ms
         self.log(f"in-process floor ({c.model_preset}, {c.torch_threads} thread(s)) at {lengths}")
         floor = model_floor(
             c.model_preset, c.torch_threads, lengths, c.short_term, NUM_CANDIDATES,
@@ -343,7 +327,7 @@ class Bench:
                 waste=first_mix.waste,
             )
         loads = self.config.load_grid()
-        window = self.config.preprocess_delay_ms
+        window = self.config.relay_window_ms
         plans = [
             Plan(fleet, last_within(loads, mode.best or loads[0]), window, fraction)
             for fleet, mode in ((baseline, first_mix.baseline), (relay, first_mix.relay))
@@ -395,62 +379,3 @@ def users(universe: Universe, rate: float, plan: Plan, seed_index: int) -> str:
     if seed_index:
         name += f"-s{seed_index}"
     return name
-
-
-def verdict_points(sweep: Sweep) -> list[tuple[str, Point]]:
-    """The points that decided a load sweep: its best (when one passed) and the lowest failure above it."""
-    chosen = []
-    if sweep.best is not None:
-        chosen.append(("best", next(p for p in sweep.points if p.rate == sweep.best)))
-    above = [p for p in sweep.points if not p.meets_slo and (sweep.best is None or p.rate > sweep.best)]
-    if above:
-        chosen.append(("first_failure", min(above, key=lambda p: p.rate)))
-    return chosen
-
-
-def repeat_record(point: Point, role: str) -> Repeat:
-    """The per-seed record of a verdict point, starting with the sweep's own measurement."""
-    record = Repeat(role=role, rate=point.rate, seeds=[], rank_p99_ms=[], rank_p99_ci_ms=[], meets_slo=[],
-                    agree=True, points=[])  # fmt: skip
-    add_seed(record, point, keep=False)
-    return record
-
-
-def add_seed(record: Repeat, point: Point, keep: bool = True) -> None:
-    """Adds one seed's measurement of the record's load (`keep`: store the whole point with it)."""
-    record.seeds.append(point.seed)
-    record.rank_p99_ms.append(point.rank_ms.p99)
-    record.rank_p99_ci_ms.append(point.rank_p99_ci_ms)
-    record.meets_slo.append(point.meets_slo)
-    record.agree = len(set(record.meets_slo)) == 1
-    if keep:
-        record.points.append(point)
-
-
-def last_within(values: list[float], bound: float) -> int:
-    """Index of the last of the increasing `values` that is at most `bound` (0 when none is)."""
-    return max(int(np.searchsorted(values, bound, side="right")) - 1, 0)
-
-
-def describe(result: PointResult) -> str:
-    rank, e2e = result.rank_ms, result.e2e_ms
-    total = sum(result.cache_sources.values()) or 1
-    sources = " ".join(f"{k} {v / total:.0%}" for k, v in sorted(result.cache_sources.items()))
-    verdict = "meets SLO" if result.meets_slo else ("FAILS (stopped early)" if result.aborted else "FAILS")
-    low, high = result.rank_p99_ci_ms
-    dropped = f", {result.abandoned} abandoned" if result.abandoned else ""
-    return (
-        f"rank P50 {rank.p50} P99 {rank.p99} [{low}, {high}] ms | e2e P99 {e2e.p99} ms | "
-        f"{result.measured} req{dropped}, {result.errors} err | {sources} | {verdict}"
-    )
-
-
-def describe_cost(cost: Cost) -> str:
-    wall = cost.wall_s or 1.0
-    cores = " ".join(f"{name} {seconds / wall:.2f}" for name, seconds in sorted(cost.cpu_s.items()))
-    rankers = cost.rankers
-    return (
-        f"cores used: {cores}, not ours {cost.foreign_cores:.2f} | "
-        f"productions {rankers.get('productions', {})} | pre_infer {rankers.get('pre_infer', {})} | "
-        f"joins {rankers.get('joins', 0):g} | wasted pre-infer {rankers.get('pre_infer_wasted_s', 0):g} s"
-    )

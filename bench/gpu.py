@@ -30,18 +30,18 @@ import contextlib
 import dataclasses
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from bench import probes
 from bench.config import BenchConfig
-from bench.experiments import NUM_CANDIDATES, SETTLE_S, Bench, Plan, last_within, waste
+from bench.experiments import NUM_CANDIDATES, SETTLE_S, Bench, Plan, waste
 from bench.fleets import BASELINE, RELAY, BenchFleet, Mode
-from bench.floor import cached_rank_through_router, model_floor
 from bench.gpu_monitor import GpuMonitor
+from bench.micro.floor import cached_rank_through_router, model_floor
 from bench.points import PointSpec, run_point
-from bench.results import (
+from bench.schema import (
     BudgetedSweep,
     CachedRankPoint,
     Cost,
@@ -51,13 +51,11 @@ from bench.results import (
     GpuMeasurements,
     GpuMix,
     GpuPoint,
-    Point,
-    Sweep,
     TimeBudget,
     ratio,
     recorded,
 )  # fmt: skip
-from bench.stats import Search, largest_passing_value
+from bench.sweep import SweepStopped, last_within
 from bench.workload import RevisitSampler, Universe
 
 RESERVE_S = 25.0  # kept at the end of the budget: stopping two fleets (grace included) and the report
@@ -66,7 +64,7 @@ CACHED_RANK_S = 20.0  # the least time left for the cached Rank through the rout
 T = TypeVar("T")
 
 
-class BudgetExhausted(Exception):
+class BudgetExhausted(SweepStopped):
     """The time budget leaves no room for the next measurement."""
 
 
@@ -91,40 +89,6 @@ class Budget:
         return seconds <= self.left(now)
 
 
-def interleave_within_budget(searches: Sequence[Search]) -> tuple[list[Any], list[bool], str | None]:
-    """`bench.stats.interleave` until a measurement raises `BudgetExhausted`: each search's result, whether
-    it finished, and the budget's reason when it stopped them (None when every search finished)."""
-    results: list[Any] = [None] * len(searches)
-    finished = [False] * len(searches)
-    pending = {number: search.send(None) for number, (search, _) in enumerate(searches)}
-    try:
-        while pending:
-            for number in list(pending):
-                search, measure = searches[number]
-                try:
-                    pending[number] = search.send(measure(pending[number]))
-                except StopIteration as done:
-                    results[number], finished[number] = done.value, True
-                    del pending[number]
-    except BudgetExhausted as exc:
-        return results, finished, str(exc)
-    return results, finished, None
-
-
-def close_sweep(sweep: BudgetedSweep, verdicts: list[tuple[float, bool]], grid: Sequence[float],
-                finished: bool, best: float | None, reason: str | None) -> None:  # fmt: skip
-    """Fills in a sweep's answer from its search (`finished`, `best`) and its points' `verdicts`."""
-    passed = [value for value, ok in verdicts if ok]
-    sweep.passed_up_to = max(passed, default=None)
-    failed = [v for v, ok in verdicts if not ok and (sweep.passed_up_to is None or v > sweep.passed_up_to)]
-    sweep.failed_from = min(failed, default=None)
-    if finished:
-        sweep.best = best
-        sweep.at_grid_top = best == grid[-1]
-    else:
-        sweep.cut_short, sweep.cut_reason = True, reason
-
-
 @dataclasses.dataclass(frozen=True)
 class Headline:
     """The ratio of two sweeps when both finished, else None; `ratio_at_least` where the baseline finished
@@ -146,6 +110,8 @@ def headline(baseline: BudgetedSweep, relay: BudgetedSweep) -> Headline:
 
 class GpuBench(Bench):
     """The gpu profile's run (see the module's docstring); `checkpoint` receives the results so far."""
+
+    new_sweep = BudgetedSweep
 
     def __init__(
         self,
@@ -189,40 +155,6 @@ class GpuBench(Bench):
         gpu = None if busy is None else GpuBusy(**busy)
         return recorded(GpuPoint, result, seed=spec.seed, cost=Cost(**cost), gpu=gpu)
 
-    def _sweeps(
-        self,
-        grid: list[float],
-        plans: list[Plan],
-        measure: Callable[[Plan, float], Point],
-        refine_steps: int,
-    ) -> list[Sweep]:
-        sweeps = [BudgetedSweep() for _ in plans]
-        verdicts: list[list[tuple[float, bool]]] = [[] for _ in plans]
-
-        def passes_for(plan: Plan, sweep: BudgetedSweep, seen: list[tuple[float, bool]]):
-            def passes(value: float) -> bool:
-                point = measure(plan, value)
-                sweep.points.append(point)
-                if value not in grid:
-                    sweep.refined.append(value)
-                if point.cut:
-                    raise BudgetExhausted(f"the budget's end stopped the point at {value:g}")
-                seen.append((value, point.meets_slo))
-                return point.meets_slo
-
-            return passes
-
-        searches = [
-            (largest_passing_value(grid, plan.first, refine_steps), passes_for(plan, sweep, seen))
-            for plan, sweep, seen in zip(plans, sweeps, verdicts, strict=True)
-        ]
-        results, finished, reason = interleave_within_budget(searches)
-        for sweep, seen, done, best in zip(sweeps, verdicts, finished, results, strict=True):
-            close_sweep(sweep, seen, grid, done, best, reason)
-        if reason is not None:
-            self.log(f"time budget: {reason}; the sweep is cut short")
-        return list(sweeps)
-
     # ---- stages ----
 
     def stage(self, name: str, work: Callable[[], T], default: T, needs_s: float = 0.0) -> T:
@@ -248,7 +180,7 @@ class GpuBench(Bench):
         self.log(f"starting the {mode.name} fleet ({self.left()}): {mode.description}")
         shape = dataclasses.replace(self.shape, startup_timeout_s=timeout)
         c = self.config
-        return BenchFleet(mode, shape, self.mix, c.preprocess_delay_ms, self.log_dir / mode.name, c.routing)
+        return BenchFleet(mode, shape, self.mix, c.relay_window_ms, self.log_dir / mode.name, c.routing)
 
     def save(self) -> None:
         self.results.time_budget = TimeBudget(
@@ -293,7 +225,7 @@ class GpuBench(Bench):
     def measure(self, floor: list[FloorPoint], baseline: BenchFleet, relay: BenchFleet) -> None:
         """The cached Rank, the length sweep and the throughput sweeps, on running fleets."""
         c, r = self.config, self.results
-        lengths, loads, window = c.length_grid(), c.load_grid(), c.preprocess_delay_ms
+        lengths, loads, window = c.length_grid(), c.load_grid(), c.relay_window_ms
         self.log("cached Rank through the router, idle fleet")
         ends = sorted({lengths[0], lengths[len(lengths) // 2], lengths[-1]})
         ranks = c.settings.cached_rank_iterations
@@ -350,7 +282,7 @@ class GpuBench(Bench):
         self, mix: Universe, baseline: BenchFleet, relay: BenchFleet, first_base: int, first_relay: int
     ) -> GpuMix:
         """Both modes' load sweeps on one mix, RelayGR's wasted pre-inference over them, the headline."""
-        window = self.config.preprocess_delay_ms
+        window = self.config.relay_window_ms
         plans = [Plan(baseline, first_base, window), Plan(relay, first_relay, window)]
         (base, rel), counters = self.ranker_counters(relay, lambda: self.load_sweeps(mix, plans))
         assert isinstance(base, BudgetedSweep) and isinstance(rel, BudgetedSweep)

@@ -26,7 +26,7 @@ import time
 
 import grpc
 
-from bench.results import Percentiles, PointResult
+from bench.schema import Cost, Percentiles, PointResult
 from bench.stats import bootstrap_ci, meets_slo, percentile, violation_budget
 from bench.workload import RevisitSampler
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
@@ -179,3 +179,29 @@ async def run_point(
     if timer is not None:
         timer.cancel()
     return summarize(records, spec, failed, time.perf_counter() - started, cut and not failed)
+
+
+def describe(result: PointResult) -> str:
+    """A point's result in one log line: latencies, requests, cache sources, verdict."""
+    rank, e2e = result.rank_ms, result.e2e_ms
+    total = sum(result.cache_sources.values()) or 1
+    sources = " ".join(f"{k} {v / total:.0%}" for k, v in sorted(result.cache_sources.items()))
+    verdict = "meets SLO" if result.meets_slo else ("FAILS (stopped early)" if result.aborted else "FAILS")
+    low, high = result.rank_p99_ci_ms
+    dropped = f", {result.abandoned} abandoned" if result.abandoned else ""
+    return (
+        f"rank P50 {rank.p50} P99 {rank.p99} [{low}, {high}] ms | e2e P99 {e2e.p99} ms | "
+        f"{result.measured} req{dropped}, {result.errors} err | {sources} | {verdict}"
+    )
+
+
+def describe_cost(cost: Cost) -> str:
+    """What a point cost the fleet in one log line: cores by process, the rankers' work."""
+    wall = cost.wall_s or 1.0
+    cores = " ".join(f"{name} {seconds / wall:.2f}" for name, seconds in sorted(cost.cpu_s.items()))
+    rankers = cost.rankers
+    return (
+        f"cores used: {cores}, not ours {cost.foreign_cores:.2f} | "
+        f"productions {rankers.get('productions', {})} | pre_infer {rankers.get('pre_infer', {})} | "
+        f"joins {rankers.get('joins', 0):g} | wasted pre-infer {rankers.get('pre_infer_wasted_s', 0):g} s"
+    )

@@ -154,10 +154,11 @@ def largest_passing_value(
 Search = tuple[Generator[Any, bool, Any], Callable[[Any], bool]]
 
 
-def interleave(searches: Sequence[Search]) -> list[Any]:
+def interleave(searches: Sequence[Search], done: Callable[[int, Any], None] | None = None) -> list[Any]:
     """Runs searches (each a coroutine such as `largest_passing` and the measurement of what it yields)
     one measurement of each in turn, so that they share the machine's changing load; their results in
-    order."""
+    order. `done(number, result)` hears of each search as it finishes, so that a caller whose measurement
+    raises still has the results of the searches that finished before (`bench.sweep.run_sweeps`)."""
     results: list[Any] = [None] * len(searches)
     pending = {number: search.send(None) for number, (search, _) in enumerate(searches)}
     while pending:
@@ -165,7 +166,9 @@ def interleave(searches: Sequence[Search]) -> list[Any]:
             search, measure = searches[number]
             try:
                 pending[number] = search.send(measure(pending[number]))
-            except StopIteration as done:
-                results[number] = done.value
+            except StopIteration as finished:
+                results[number] = finished.value
                 del pending[number]
+                if done is not None:
+                    done(number, finished.value)
     return results

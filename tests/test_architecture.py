@@ -10,11 +10,11 @@ module named to `importlib.import_module`, in services/, bench/ and tools/):
   import no module of a service, neither a servicer, proxy or data-plane module nor its config (a process
   they start gets the flags they set, and a flag they leave out keeps the service's own default), nor its
   internals. Exempt are the in-process harnesses in `IN_PROCESS`, each for the one service it measures in
-  process, without gRPC (`bench/floor.py` and `bench/accelerator.py` time the ranker's model, engine and
-  device layers as a floor under the fleet's numbers; `bench/serving.py` times the same passes in process
-  against the ranker's, and `bench/null_model.py` serves the ranker with its model passes made free;
-  issue 25's record in bench/results/gain-stability fits the trigger's cost model): they may import that
-  service's internals and config, never its handlers.
+  process, without gRPC (`bench/micro/floor.py` and `bench/micro/accelerator.py` time the ranker's model,
+  engine and device layers as a floor under the fleet's numbers; `bench/micro/serving.py` times the same
+  passes in process against the ranker's, and `bench/micro/null_model.py` serves the ranker with its model
+  passes made free; `bench/studies/gain_stability.py`, issue 25's record, fits the trigger's cost model): they
+  may import that service's internals and config, never its handlers.
   `tools/docs.py` renders every command's settings class into docs/configuration.md, which is its job: it
   loads them by name, out of this check's sight;
 - the ranker's packages are layers, `model` < `device` < `engine` < `cache` < its top-level modules: a
@@ -36,11 +36,11 @@ NEUTRAL = ("common", "workload", "affinity")
 CLIENTS = ("launcher", "loadgen", "bench", "tools")
 # In-process harnesses, by path, and the one service whose internals each measures (see the docstring).
 IN_PROCESS = {
-    "bench/floor.py": "ranker",
-    "bench/accelerator.py": "ranker",
-    "bench/serving.py": "ranker",
-    "bench/null_model.py": "ranker",
-    "bench/results/gain-stability/stability.py": "trigger",
+    "bench/micro/floor.py": "ranker",
+    "bench/micro/accelerator.py": "ranker",
+    "bench/micro/serving.py": "ranker",
+    "bench/micro/null_model.py": "ranker",
+    "bench/studies/gain_stability.py": "trigger",
 }
 # Modules that hold a service's request handling: only the service itself may import them.
 HANDLERS = ("servicer", "proxy", "dataplane")
@@ -159,10 +159,10 @@ def throwaway_tree(tmp_path: Path, monkeypatch, where: str, source: str) -> None
             "no service module",
         ),
         ("from services.ranker.config import RankerConfig", "bench/results/x/floor.py", "no config"),
-        ("from services.trigger.cost_model import CostModel", "bench/floor.py", "no config"),
+        ("from services.trigger.cost_model import CostModel", "bench/micro/floor.py", "no config"),
         (
             "from services.ranker.servicer import RankerServicer",
-            "bench/floor.py",
+            "bench/micro/floor.py",
             "harness imports no servicer",
         ),
     ],
@@ -176,5 +176,5 @@ def test_each_rule_catches_its_violation(tmp_path: Path, monkeypatch, source: st
 
 def test_an_in_process_harness_may_import_the_service_it_measures(tmp_path: Path, monkeypatch):
     source = "from services.ranker.config import RankerConfig\nfrom services.ranker.engine import runner"
-    throwaway_tree(tmp_path, monkeypatch, "bench/floor.py", source)
+    throwaway_tree(tmp_path, monkeypatch, "bench/micro/floor.py", source)
     assert violations() == []

@@ -28,7 +28,7 @@ SERVICES = [
     ),
     ("Local fleet — `python -m services.launcher` (`make run`)", "services.launcher.demo", "LauncherConfig"),
     ("Benchmark — `python -m bench`", "bench.config", "BenchConfig"),
-    ("Serving-overhead benchmark — `python -m bench.serving`", "bench.serving", "ServingConfig"),
+    ("Serving-overhead benchmark — `python -m bench.micro.serving`", "bench.micro.serving", "ServingConfig"),
 ]
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The accelerator checks of one GPU machine, in one command that ends by itself (about 9 minutes on an
-# H100/H200): the tests in tests/gpu, `python -m bench.accelerator --device cuda`, and the fleet on the GPU
+# H100/H200): the tests in tests/gpu, `python -m bench.micro.accelerator --device cuda`, and the fleet on the GPU
 # (`python -m bench --profile gpu`). Run from the repository root with the machine's CUDA python:
 #
 #   tools/gpu_checks.sh OUTDIR
@@ -33,5 +33,5 @@ step() {
 }
 
 step test-gpu 120 "$py" -m pytest -v -rs -p no:cacheprovider tests/gpu
-step accelerator 110 "$py" -m bench.accelerator --device cuda --repeats 30
+step accelerator 110 "$py" -m bench.micro.accelerator --device cuda --repeats 30
 step fleet "${FLEET_LIMIT_S:-360}" "$py" -m bench --profile gpu --time-budget-s "${FLEET_BUDGET_S:-320}"

@@ -20,12 +20,12 @@ import contextlib
 import dataclasses
 import datetime
 import os
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from bench import codec
+from bench.context import git_commit, load_average
 from bench.fleets import BenchFleet
 from bench.mlperf import report
 from bench.mlperf.config import MlperfConfig
@@ -61,19 +61,11 @@ def measure(
     return runs, passes
 
 
-def git_commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=False).stdout.strip()
-
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    return git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")
-
-
 def search(config: MlperfConfig, out: Path, log: Callable[[str], None] = print) -> SearchResult:
     """Runs every mode's search and writes `<out>/result.json` and `<out>/summary.md`."""
     started_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
     started = time.monotonic()
-    load_start = [round(load, 2) for load in os.getloadavg()]
+    load_start = load_average()
     grid = config.grid()
     first = first_index(grid, config.target_qps)
     modes = config.modes()
@@ -93,7 +85,7 @@ def search(config: MlperfConfig, out: Path, log: Callable[[str], None] = print) 
         git_commit=git_commit(),
         cores=os.cpu_count(),
         load_average_start=load_start,
-        load_average_end=[round(load, 2) for load in os.getloadavg()],
+        load_average_end=load_average(),
         configuration=codec.to_json(dataclasses.replace(config, output=str(out))),
         modes={
             mode: ModeSearch(mode=mode, runs=measured[mode][0], best_qps=best)

@@ -1,6 +1,6 @@
 """The benchmark's outputs: results.json, report.md and the PNG plots, all from a run's results.
 
-`results.json` is the `bench.results.Run` written once (`Run.to_json`): everything measured (every point,
+`results.json` is the `bench.schema.Run` written once (`Run.to_json`): everything measured (every point,
 with its cost), the headline ratios under `length_ratio`, `throughput_ratio` (the first mix) and
 `throughput_ratios` (every mix), the machine, the versions and the configuration. `report.md` and the
 plots are rendered from it alone, so a results file can always be rendered again:
@@ -26,7 +26,7 @@ from bench.report.figures import (
 )  # fmt: skip
 from bench.report.markdown import render_markdown
 from bench.report.plots import PLOTS, plot_all
-from bench.results import Run
+from bench.schema import Run
 
 __all__ = [
     "CPU_SERVICES", "CPU_TARGETS_MS", "PLOTS", "cores_needed", "cpu_ms_per_request", "hit_rate_points",

@@ -1,6 +1,6 @@
 """`python -m bench.report bench/results/<name> [--no-plots]`: renders a run's report.md (and its plots)
 again from its results.json, which is read and checked, not rewritten. A gpu profile's results get the gpu
-report (`bench.gpu_report`)."""
+report (`bench.report.gpu`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench import gpu_report
+from bench.report import gpu as gpu_report
 from bench.report.markdown import render_markdown
 from bench.report.plots import plot_all
-from bench.results import GpuRun, Run
+from bench.schema import GpuRun, Run
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,10 +1,10 @@
 """Figures derived from a run's results: verdicts, shares, cores and CPU per request, the points that
-decided a sweep. The markdown (`bench.report.markdown`, `bench.gpu_report`) and the plots read these."""
+decided a sweep. The markdown (`bench.report.markdown`, `bench.report.gpu`) and the plots read these."""
 
 from __future__ import annotations
 
 from bench.probes import LOAD_GENERATOR
-from bench.results import Point, Run, Sweep
+from bench.schema import Point, Run, Sweep
 from services.common.contract import CACHE_SOURCES
 
 # The services a point's CPU is split by (`cpu_service`), and issue 25's targets for RelayGR's best point,

@@ -25,7 +25,7 @@ from bench.report.tables import (
     table,
     times,
 )  # fmt: skip
-from bench.results import Run, Sweep
+from bench.schema import Run, Sweep
 
 PAPER_LENGTH_RATIO = 1.5
 PAPER_THROUGHPUT_RATIO = 3.6
@@ -105,7 +105,7 @@ def _headline(run: Run) -> str:
         "## Headline\n\n" + table(("", "baseline", "RelayGR", "ratio", "paper"), rows) + "\n\n"
         f"SLO: ranking-stage P99 ≤ {slo:g} ms, the Rank through the router as the retrieval stub sees it; "
         f"a failed request counts as a violation. Relay window (the stub's pre-processing delay): "
-        f"{c.preprocess_delay_ms:g} ms. Each point: {measured} measured requests after "
+        f"{c.relay_window_ms:g} ms. Each point: {measured} measured requests after "
         f"{c.warmup_s:g} s of warm-up, open-loop Poisson arrivals, latency from the intended send "
         f"time; the P99 is nearest-rank, so a point meets the SLO with at most {violations} of them over it, "
         "and comes with its bootstrap 95% confidence interval. "
@@ -183,7 +183,7 @@ def _limit_line(run: Run, sweep: Sweep, mode: str, key: str, title: str) -> str:
         if key == "long_term" and floor:
             text += (
                 f" In-process, pre-inferring {value} events takes {floor[0].pre_infer_ms:.0f} ms, "
-                f"against a relay window of {run.configuration.preprocess_delay_ms:g} ms."
+                f"against a relay window of {run.configuration.relay_window_ms:g} ms."
             )
     return text
 
@@ -362,7 +362,7 @@ def _windows(run: Run) -> str:
     if not windows:
         return ""
     baseline = run.measured.length_sweep.baseline.best
-    main_window = f"{run.configuration.preprocess_delay_ms:g}"
+    main_window = f"{run.configuration.relay_window_ms:g}"
     sweeps = {main_window: run.measured.length_sweep.relay, **windows}
     rows = [
         (window, sweep.best, times(sweep.best / baseline if sweep.best and baseline else None))

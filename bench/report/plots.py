@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from bench.report.figures import hit_rate_points, load_modes, shares
-from bench.results import Run, Sweep
+from bench.schema import Run, Sweep
 from services.common.contract import CACHE_SOURCES
 
 SOURCE_COLOURS = {"hbm": "#2b8a3e", "dram": "#1c7ed6", "extended": "#f59f00", "miss": "#c92a2a"}

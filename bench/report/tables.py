@@ -20,7 +20,7 @@ from bench.report.figures import (
     shares,
     verdict,
 )  # fmt: skip
-from bench.results import Point, Run, Sweep
+from bench.schema import Point, Run, Sweep
 from services.common.contract import CACHE_SOURCES
 
 POINT_HEADER = (

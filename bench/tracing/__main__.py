@@ -4,8 +4,8 @@ Runs the same RelayGR fleet shape three times, a fresh fleet each (tracing is re
 tracing off, then exporting with `--trace-sample-ratio` 0.01 and 1.0 (`--sample-ratios`). Each fleet gets
 the same open-loop Recommend load, the same users and the same arrivals (`bench.points.run_point`), and
 its processes' CPU is read around it (`bench.probes`); every service exports to one OTLP/gRPC receiver
-process on loopback (`bench.otlp`). From the highest ratio's spans it picks one relayed request and draws
-its timeline. Writes results.json, report.md and timeline.png to `--output`; the services' logs and the
+process on loopback (`bench.tracing.otlp`). From the highest ratio's spans it picks one relayed request and
+draws its timeline. Writes results.json, report.md and timeline.png to `--output`; the services' logs and the
 received spans go to its tmp/ folder (not committed).
 
 Defaults, and why:
@@ -38,9 +38,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from bench import probes
+from bench.context import git_commit, load_average
 from bench.fleets import RELAY, BenchFleet, FleetShape
-from bench.otlp import ReceiverProcess, SpanRecord
 from bench.points import PointSpec, run_point
+from bench.tracing.otlp import ReceiverProcess, SpanRecord
 from bench.tracing.overhead import (
     RECEIVER,
     Setting,
@@ -83,8 +84,8 @@ class TracingBench:
     )
     model_preset: str = setting("cpu-small", "every ranker's model preset", choices=("cpu-tiny", "cpu-small"))
     rankers: int = setting(2, "rankers per fleet", above=0)
-    preprocess_delay_ms: float = setting(
-        100.0, "the stub's pre-processing delay: the relay window", minimum=0
+    relay_window_ms: float = setting(
+        100.0, "the relay window: the stub's pre-processing time, the trigger's placement window", minimum=0
     )
     mix_median: int = setting(1024, "median long-term length of the users' lognormal mix", above=0)
     mix_max: int = setting(2048, "longest long-term history of the mix", above=0)
@@ -144,15 +145,6 @@ def wait_until_quiet(limit_s: float, log) -> list[str]:
     return busy
 
 
-def git_commit() -> str:
-    def git(*args: str) -> str:
-        answer = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
-        return answer.stdout.strip()
-
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    return git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")
-
-
 class TracingOverhead:
     """Runs the settings one fresh fleet each; `log` receives one line per step."""
 
@@ -181,7 +173,7 @@ class TracingOverhead:
             rate=c.rate,
             warmup=round(c.rate * c.warmup_s),
             measured=c.requests,
-            timeout_s=(c.preprocess_delay_ms + RANK_TIMEOUT_MS) / 1000 + 1.0,
+            timeout_s=(c.relay_window_ms + RANK_TIMEOUT_MS) / 1000 + 1.0,
             slo_ms=float("inf"),  # no verdict here: a slow point is measured to its end, never cut short
             max_error_fraction=0.1,
             seed=c.load_seed,
@@ -201,12 +193,10 @@ class TracingOverhead:
                 "RELAYGR_TRACE_SAMPLE_RATIO": f"{ratio if ratio is not None else 0.01:g}",
             }
             with environ(exported):  # the fleet's processes take their environment when it is built
-                fleet = BenchFleet(
-                    RELAY, self.shape, self.universe, c.preprocess_delay_ms, tmp / "logs" / name
-                )
+                fleet = BenchFleet(RELAY, self.shape, self.universe, c.relay_window_ms, tmp / "logs" / name)
             self.log(f"{name}: starting the fleet")
             with fleet:
-                address = fleet.stub(self.universe, c.preprocess_delay_ms)
+                address = fleet.stub(self.universe, c.relay_window_ms)
                 pids = {**fleet.pids(), RECEIVER: receiver.pid}
                 sampler = RevisitSampler(
                     "tracing", c.rate, REVISIT_PROBABILITY, REVISIT_WINDOW_S, c.load_seed
@@ -277,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     busy = wait_until_quiet(config.quiet_wait_s, print) if config.quiet_wait_s else busy_processes()
     started_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
-    load_at_start = [round(x, 2) for x in os.getloadavg()]
+    load_at_start = load_average()
     started = time.monotonic()
     bench = TracingOverhead(config, out_dir, log=lambda line: print(line, flush=True))
     settings, spans = bench.run()
@@ -290,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         machine={
             "cores": os.cpu_count(),
             "load_average_at_start": load_at_start,
-            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+            "load_average_at_end": load_average(),
             "busy_at_start": busy,
         },
         configuration={

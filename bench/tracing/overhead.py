@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from bench.otlp import SpanRecord
 from bench.probes import LOAD_GENERATOR
+from bench.tracing.otlp import SpanRecord
 from bench.tracing.timeline import RelayFacts, group_traces, root
 
 RECEIVER = "otlp receiver"
@@ -159,6 +159,8 @@ def times(value: float | None) -> str:
 def markdown(run: TracingRun) -> str:
     """report.md: the overhead tables, the picture and the trace it draws."""
     c, m = run.configuration, run.machine
+    # Runs before the relay window's rename recorded it as the stub's `preprocess_delay_ms`.
+    window = c["relay_window_ms"] if "relay_window_ms" in c else c["preprocess_delay_ms"]
     lines = [
         "# Tracing overhead and one relayed request's timeline",
         "",
@@ -166,7 +168,7 @@ def markdown(run: TracingRun) -> str:
         f"RelayGR fleet per setting ({c['rankers']} `{c['model_preset']}` rankers, router, trigger, "
         f"retrieval stub), each at the same open-loop load: {c['rate']:g} Recommend/s, {c['warmup']} warm-up "
         f"+ {c['requests']} measured requests, mix `{c['universe']}`, relay window "
-        f"{c['preprocess_delay_ms']:g} ms, the same users and arrivals in every setting. Spans go over "
+        f"{window:g} ms, the same users and arrivals in every setting. Spans go over "
         f"OTLP/gRPC to a receiver process on loopback (the SDK's batch processor, schedule delay "
         f"{c['bsp_schedule_delay_ms']} ms).",
         "",

@@ -29,7 +29,7 @@ from matplotlib.artist import Artist
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from bench.otlp import SpanRecord
+from bench.tracing.otlp import SpanRecord
 
 STUB, TRIGGER, ROUTER, RANKER = (
     "relaygr-retrieval-stub",

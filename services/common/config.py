@@ -29,31 +29,93 @@ def setting(
     *,
     above: float | None = None,
     minimum: float | None = None,
+    below: float | None = None,
+    maximum: float | None = None,
     choices: Iterable[str] | None = None,
+    items: type | None = None,
+    distinct: bool = False,
+    increasing: bool = False,
+    may_be_empty: bool = False,
 ) -> Any:
     """A configuration field with its documented default and help text, and the bounds `check()` enforces:
     the value must be greater than `above` (`above=0`: positive), at least `minimum` (`minimum=0`: not
-    negative), or one of `choices` (read them from the registry they name, never type them twice)."""
-    bounds = {"above": above, "minimum": minimum, "choices": None if choices is None else tuple(choices)}
+    negative), less than `below`, at most `maximum`, or one of `choices` (read them from the registry they
+    name, never type them twice).
+
+    With `items` (int, float or str) the setting is a comma-separated list of such values (`listed()`
+    reads it): the bounds and choices apply to each item; `distinct` refuses repeats, `increasing` asks for
+    distinct values in increasing order, and the list may be empty only with `may_be_empty`."""
+    bounds = {
+        "above": above, "minimum": minimum, "below": below, "maximum": maximum,
+        "choices": None if choices is None else tuple(choices),
+    }  # fmt: skip
+    if items is not None:
+        bounds["items"] = {"kind": items, "distinct": distinct or increasing, "increasing": increasing,
+                           "may_be_empty": may_be_empty}  # fmt: skip
     return dataclasses.field(default=default, metadata={"help": help, **bounds})
+
+
+def comma_list(text: str, kind: type = float) -> list:
+    """The values of a comma-separated list, each converted by `kind` (blank items are skipped)."""
+    return [kind(part.strip()) for part in text.split(",") if part.strip()]
+
+
+def listed(config: Any, name: str) -> list:
+    """The values of the list setting `name` of `config` (declared with `setting(..., items=...)`)."""
+    field = next(field for field in dataclasses.fields(config) if field.name == name)
+    return comma_list(getattr(config, name), field.metadata["items"]["kind"])
+
+
+def _out_of_bounds(value: Any, metadata: Mapping[str, Any]) -> str | None:
+    """What `value` should be, when it is outside the bounds in `metadata`; None when it is within them."""
+    above, minimum, below, maximum, choices = (
+        metadata.get(k) for k in ("above", "minimum", "below", "maximum", "choices")
+    )
+    # `not >` and the like: NaN is out of bounds too
+    if above is not None and not value > above:
+        return "positive" if above == 0 else f"more than {above}"
+    if minimum is not None and not value >= minimum:
+        return "not negative" if minimum == 0 else f"at least {minimum}"
+    if below is not None and not value < below:
+        return f"below {below}"
+    if maximum is not None and not value <= maximum:
+        return f"at most {maximum}"
+    if choices is not None and value not in choices:
+        return f"one of {', '.join(choices)}"
+    return None
+
+
+def _check_list(flag: str, text: str, metadata: Mapping[str, Any]) -> None:
+    spec = metadata["items"]
+    try:
+        values = comma_list(text, spec["kind"])
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from exc
+    wrong = [value for value in values if _out_of_bounds(value, metadata) is not None]
+    unordered = spec["increasing"] and sorted(values) != values
+    repeated = spec["distinct"] and len(set(values)) != len(values)
+    if wrong or unordered or repeated or not (values or spec["may_be_empty"]):
+        what = "distinct " if spec["distinct"] else ""
+        bound = _out_of_bounds(wrong[0], metadata) if wrong else None
+        order = " in increasing order" if spec["increasing"] else ""
+        kind = "names" if spec["kind"] is str else "numbers"
+        within = "" if bound is None else f", each {bound}"
+        raise ValueError(f"{flag}: {text!r} must list {what}{kind}{order}, comma-separated{within}")
 
 
 def check(config: Any) -> None:
     """Raises ValueError naming the flag of the first setting of `config` outside its declared bounds."""
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
-        above, minimum, choices = (field.metadata.get(k) for k in ("above", "minimum", "choices"))
         flag = flag_name(field.name)
-        if above is not None and not value > above:  # `not >`: NaN is out of bounds too
-            raise ValueError(
-                f"{flag} must be positive" if above == 0 else f"{flag} must be more than {above}"
-            )
-        if minimum is not None and not value >= minimum:
-            raise ValueError(
-                f"{flag} must not be negative" if minimum == 0 else f"{flag} must be at least {minimum}"
-            )
-        if choices is not None and value not in choices:
-            raise ValueError(f"{flag} must be one of {', '.join(choices)}")
+        if "items" in field.metadata:
+            _check_list(flag, value, field.metadata)
+            continue
+        should = _out_of_bounds(value, field.metadata)
+        if should == "not negative":
+            raise ValueError(f"{flag} must not be negative")
+        if should is not None:
+            raise ValueError(f"{flag} must be {should}")
 
 
 def flag_name(field_name: str) -> str:
@@ -94,7 +156,7 @@ def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentPar
             dest=field.name,
             type=convert,
             default=field.default,
-            choices=field.metadata.get("choices"),
+            choices=None if "items" in field.metadata else field.metadata.get("choices"),
             metavar=field.name.upper(),
             help=f"{field.metadata['help']} [env {env_name(field.name)}]",
         )

@@ -10,7 +10,7 @@ import grpc
 
 from bench import codec
 from bench.points import PointSpec, summarize
-from bench.results import Cost, Point, recorded
+from bench.schema import Cost, Point, recorded
 from relaygr.v1 import recommend_pb2
 from services.loadgen.openloop import CallRecord
 

@@ -1,5 +1,5 @@
-"""`python -m bench.accelerator` runs its whole path on CPU (the host pool forced): figures that must hold
-on any device, and the files it writes. Its times mean something only on an accelerator."""
+"""`python -m bench.micro.accelerator` runs its whole path on CPU (the host pool forced): figures that must
+hold on any device, and the files it writes. Its times mean something only on an accelerator."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench import accelerator
+from bench.micro import accelerator
 from services.ranker.model.presets import get_preset
 
 

@@ -28,11 +28,22 @@ def test_the_defaults_parse_with_two_mixes_and_three_abandonment_shares_zero_inc
     ("argv", "message"),
     [
         (["--abandon-fractions", "0.1,0"], "--abandon-fractions: '0.1,0' must list distinct numbers in"),
-        (["--abandon-fractions", "0,1"], "--abandon-fractions: '0,1' must list numbers in [0, 1)"),
-        (["--abandon-fractions", "-0.1"], "--abandon-fractions: '-0.1' must list numbers in [0, 1)"),
+        (
+            ["--abandon-fractions", "0,1"],
+            "'0,1' must list distinct numbers in increasing order, comma-separated, each below 1",
+        ),
+        (
+            ["--abandon-fractions", "-0.1"],
+            "'-0.1' must list distinct numbers in increasing order, comma-separated, each not negative",
+        ),
         (["--abandon-fractions", ""], "--abandon-fractions: '' must list distinct numbers"),
         (["--abandon-fractions", "x"], "--abandon-fractions: could not convert"),
-        (["--loads", "0,2"], "--loads: '0,2' must list distinct positive numbers"),
+        (
+            ["--loads", "0,2"],
+            "--loads: '0,2' must list distinct numbers in increasing order, comma-separated, each positive",
+        ),
+        (["--revisit-probability", "1"], "--revisit-probability must be below 1"),
+        (["--max-error-fraction", "0"], "--max-error-fraction must be positive"),
         (["--mix2-median", "4096"], "--mix2-median must be below --mix2-max"),
         (["--mix2-max", "0"], "--mix2-max must be positive"),
     ],

@@ -14,7 +14,7 @@ from bench import __main__ as entry
 from bench import experiments, probes, report
 from bench.config import BenchConfig
 from bench.experiments import Bench, Plan
-from bench.results import CachedRankPoint, FloorPoint, Machine, Point, Run, Versions
+from bench.schema import CachedRankPoint, FloorPoint, Machine, Point, Run, Versions
 from bench.workload import Universe
 from relaygr.v1 import common_pb2
 from tests.bench.synthetic import point_of

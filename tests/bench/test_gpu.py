@@ -14,15 +14,17 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench import codec, gpu_monitor, gpu_report
+from bench import codec, gpu_monitor
 from bench.config import PROFILE_DEFAULTS, PROFILE_SETTINGS, BenchConfig, load_config
 from bench.experiments import Plan
 from bench.fleets import RELAY
-from bench.gpu import Budget, BudgetExhausted, GpuBench, Headline, headline, interleave_within_budget
+from bench.gpu import Budget, BudgetExhausted, GpuBench, Headline, headline
 from bench.gpu_monitor import GpuMonitor, parse_smi_info, parse_smi_sample
 from bench.points import PointSpec, run_point
-from bench.results import GpuPoint, GpuRun
+from bench.report import gpu as gpu_report
+from bench.schema import GpuPoint, GpuRun
 from bench.stats import largest_passing
+from bench.sweep import interleave_until_stopped
 from bench.workload import RevisitSampler
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc
 from services.common.config import load
@@ -123,10 +125,10 @@ def test_interleaving_stops_at_the_first_exhausted_budget_and_says_which_searche
         raise BudgetExhausted("no time")
 
     searches = [(largest_passing(3, 0), measure_first), (largest_passing(3, 2), out_of_time)]
-    _, finished, reason = interleave_within_budget(searches)
+    _, finished, reason = interleave_until_stopped(searches)
     assert (finished, reason) == ([False, False], "no time")
     searches = [(largest_passing(3, 0), measure_first)]
-    assert interleave_within_budget(searches) == ([0], [True], None)
+    assert interleave_until_stopped(searches) == ([0], [True], None)
 
 
 def test_a_point_that_would_end_past_the_budget_is_not_measured(tmp_path: Path):

@@ -1,11 +1,11 @@
-"""bench.grpc_floor runs end to end: a real echo server in a child process, calls at a rate and in a closed
-loop, and a table of per-call CPU that adds up (no timing is asserted: figures are the benchmark's)."""
+"""bench.micro.grpc_floor runs end to end: a real echo server in a child process, calls at a rate and in a
+closed loop, and a table of per-call CPU that adds up (no timing is asserted: figures are the benchmark's)."""
 
 from __future__ import annotations
 
 import re
 
-from bench import grpc_floor
+from bench.micro import grpc_floor
 
 
 def test_the_floor_benchmark_prints_a_row_per_rate_whose_sides_add_up(capsys):

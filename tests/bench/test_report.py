@@ -9,7 +9,7 @@ import pytest
 
 from bench import codec, report
 from bench.probes import LOAD_GENERATOR
-from bench.results import Point, Run
+from bench.schema import Point, Run
 from relaygr.v1 import common_pb2
 from tests.bench.synthetic import SLO_MS, point, sweep
 
@@ -44,7 +44,7 @@ def repeat(role: str, rate: float, p99s: list[float], verdicts: list[bool]) -> d
 
 CONFIGURATION = dict(
     profile="full", model_preset="cpu-small", rankers=2, torch_threads=1, slo_ms=SLO_MS,
-    preprocess_delay_ms=100.0, warmup_s=5.0, revisit_probability=0.5, revisit_window_s=5.0,
+    relay_window_ms=100.0, warmup_s=5.0, revisit_probability=0.5, revisit_window_s=5.0,
     lengths="1024,2048,4096", loads="4,8,16,32", max_error_fraction=0.001, short_term=16, mix_median=512,
     mix_sigma=1.0, mix_max=2048, mix2_median=1536, mix2_max=4096,
 )  # fmt: skip

@@ -1,6 +1,6 @@
-"""results.json's schema (`bench.results`): every committed run's results.json reads back through it and
-writes out as it was (older files gain only the fields added since, at their defaults), and the report a
-committed run renders to stays what it was."""
+"""results.json's schema (`bench.schema`): every committed run's results.json reads back through it and
+writes out as it was (older files gain only the fields added since, at their defaults, and renamed settings
+their new keys), and the report a committed run renders to stays what it was."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from bench import gpu_report, report
-from bench.results import GpuRun, Run
+from bench import report
+from bench.report import gpu as gpu_report
+from bench.schema import GpuRun, Run
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -24,10 +25,19 @@ ADDED_SINCE_THE_CPU_RUNS = {
     "profile.measured_min", "profile.measured_s", "*.points.*.cut", "configuration.routing",
 }  # fmt: skip
 CPU_RUNS = ("full-febe785", "quick-batched", "quick-relay")  # written before the results were typed
-TYPED_CPU_RUNS = ("full-b893f0b", "full-5e3657a", "full")  # written by bench.results: read back byte for byte
+TYPED_CPU_RUNS = ("full-b893f0b", "full-5e3657a", "full")  # written by bench.schema: read back byte for byte
 GPU_RUNS = ("gpu-fleet", "gpu-fleet-graphs", "gpu-fleet-repeat")
 # Runs whose trigger and stubs routed their own calls (every other run went through the router).
 DIRECT_RUNS = ("full-5e3657a", "full")
+# Settings renamed since the committed runs: read from the former key, written under the new one.
+RENAMED = {"preprocess_delay_ms": "relay_window_ms"}
+
+
+def renamed(text: str) -> str:
+    """A results file's text as a run would write it today: renamed settings under their new keys."""
+    for old, new in RENAMED.items():
+        text = text.replace(f'"{old}":', f'"{new}":')
+    return text
 
 
 def run_files() -> list[Path]:
@@ -74,12 +84,17 @@ def test_every_committed_run_is_found():
 
 @pytest.mark.parametrize("path", run_files(), ids=lambda path: path.parent.name)
 def test_a_committed_run_reads_back_and_writes_out_as_it_was(path: Path):
-    text = path.read_text()
+    text = renamed(path.read_text())
+    assert text != path.read_text()  # every committed run predates the relay window's rename
     written = load(path).to_json()
     added = {normalized(key) for key in added_keys(json.loads(text), written)}
     # A run from before direct routing reads back as routed through the router, which it was.
     direct = path.parent.name in DIRECT_RUNS
     assert written["configuration"]["routing"] == ("direct" if direct else "router")
+    assert (
+        written["configuration"]["relay_window_ms"]
+        == json.loads(path.read_text())["configuration"]["preprocess_delay_ms"]
+    )
     if path.parent.name in (*GPU_RUNS, *TYPED_CPU_RUNS):
         if not direct:
             del written["configuration"]["routing"]  # the one field added since

@@ -1,5 +1,6 @@
-"""bench.serving end to end: a real ranker, the serving floor and the null-model ranker in child processes,
-driven by relayed pairs; what it reads back adds up (no timing is asserted: figures are the benchmark's)."""
+"""bench.micro.serving end to end: a real ranker, the serving floor and the null-model ranker in child
+processes, driven by relayed pairs; what it reads back adds up (no timing is asserted: figures are the
+benchmark's)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 
 import pytest
 
-from bench import serving
+from bench.micro import serving
 
 HBM = "CACHE_SOURCE_HBM"
 

@@ -14,8 +14,8 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from bench.otlp import SpanRecord, read_records, records
 from bench.probes import LOAD_GENERATOR
+from bench.tracing.otlp import SpanRecord, read_records, records
 from bench.tracing.overhead import (
     RECEIVER,
     Setting,
@@ -201,7 +201,7 @@ def test_the_overhead_against_tracing_off() -> None:
         machine={"cores": 2, "load_average_at_start": [0.1, 0.2, 0.3], "load_average_at_end": [0.5, 0.4, 0.3],
                  "busy_at_start": []},
         configuration={"rankers": 2, "model_preset": "cpu-small", "rate": 10.0, "warmup": 50, "requests": 600,
-                       "universe": "mix", "preprocess_delay_ms": 100.0, "bsp_schedule_delay_ms": 5000},
+                       "universe": "mix", "relay_window_ms": 100.0, "bsp_schedule_delay_ms": 5000},
         settings=[off, full], overhead=[o], timeline=None,
     )  # fmt: skip
     text = markdown(run)

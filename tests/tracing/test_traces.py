@@ -14,7 +14,7 @@ import grpc
 import pytest
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from bench.otlp import OtlpReceiver
+from bench.tracing.otlp import OtlpReceiver
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc
 from services.common.tracing import user_hash
 from services.launcher.fleet import STUB, Fleet, FleetConfig

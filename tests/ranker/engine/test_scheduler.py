@@ -462,8 +462,9 @@ def burn(cpu_s: float) -> None:
 
 
 def test_each_job_counts_its_own_cpu_time_and_not_the_jobs_run_at_its_yield():
-    """relaygr_model_cpu_seconds is what bench.serving subtracts as the model: a rank run between two chunks
-    of a pre-inference is counted once, as a rank, so the per-op sums add up to the thread's time in jobs."""
+    """relaygr_model_cpu_seconds is what bench.micro.serving subtracts as the model: a rank run between two
+    chunks of a pre-inference is counted once, as a rank, so the per-op sums add up to the thread's time in
+    jobs."""
 
     def cpu(op: Op) -> float:
         return metric("relaygr_model_cpu_seconds_total", op=op.value)

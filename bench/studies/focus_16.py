@@ -2,7 +2,7 @@
 one offered load, 1000 measured requests a point, three user draws each, modes in turn (a point stops
 early once it has failed for certain). It uses the benchmark's own fleets and point code.
 
-Run from the repository root: `PYTHONPATH=. .venv/bin/python bench/results/focus-16/reproduce.py 16`.
+Run from the repository root: `python -m bench.studies.focus_16 16`.
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
 from bench.config import BenchConfig
 from bench.experiments import Bench, Plan
 from bench.fleets import ABLATIONS, BASELINE, RELAY
+from services.launcher.procs import REPO_ROOT
 
-HERE = Path(__file__).resolve().parent
+HERE = REPO_ROOT / "bench" / "results" / "focus-16"
 
 
 def main(rate: float) -> None:
@@ -27,7 +27,7 @@ def main(rate: float) -> None:
     with bench.fleet(BASELINE) as base, bench.fleet(RELAY) as relay, bench.fleet(dram_only) as dram:
         for draw in range(3):
             for fleet in (base, dram, relay):
-                plan = Plan(fleet, 0, config.preprocess_delay_ms)
+                plan = Plan(fleet, 0, config.relay_window_ms)
                 point = bench.point(plan, bench.mix, rate, seed_index=draw + 7)
                 points.append(
                     {

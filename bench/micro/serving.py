@@ -1,4 +1,4 @@
-"""python -m bench.serving: what one ranker's serving path costs the host beyond its model.
+"""python -m bench.micro.serving: what one ranker's serving path costs the host beyond its model.
 
 One ranker process (`--model-preset`, `--torch-threads` 1) is driven open loop by PreInfer + Rank pairs
 at a fixed rate, from this process: a fresh user each pair, a long-term history of L events, then
@@ -42,6 +42,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from bench.context import commit
 from bench.stats import percentile
 from relaygr.v1 import common_pb2, ranker_pb2
 from services.common.config import flag_name, load, setting
@@ -466,7 +467,7 @@ def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
 
 
 def start_ranker(procs: Processes, config: ServingConfig, module: str) -> ServiceProcess:
-    """A ranker (`services.ranker`, or `bench.null_model`: its model passes free) for every shape."""
+    """A ranker (`services.ranker`, or `bench.micro.null_model`: its model passes free) for every shape."""
     max_length = max([*_ints(config.lengths), config.capacity_length])
     args = [
         "--model-preset", config.model_preset, "--torch-threads", str(config.torch_threads),
@@ -481,7 +482,7 @@ def start_ranker(procs: Processes, config: ServingConfig, module: str) -> Servic
 
 def start_null_ranker(procs: Processes) -> ServiceProcess:
     null = procs.start(
-        "ranker-serving", "bench.null_ranker", RANKER_SERVICE, ["--instance-name", "ranker-serving"]
+        "ranker-serving", "bench.micro.null_ranker", RANKER_SERVICE, ["--instance-name", "ranker-serving"]
     )
     null.wait_healthy(60)
     return null
@@ -585,7 +586,7 @@ async def run(config: ServingConfig) -> dict:
             points = await drive(config, ranker, overhead, "ranker", in_process)
             idle = await _idle_latency(config, ranker, in_process, lengths)
             ranker.stop()
-            free = start_ranker(procs, config, "bench.null_model")
+            free = start_ranker(procs, config, "bench.micro.null_model")
             idle_cpu["null_model"] = idle_cpu_ms_per_s(free.popen.pid)
             null_model = await drive(config, free, todo, "null-model")
     finally:
@@ -680,14 +681,12 @@ def _line(p: Point) -> str:
 
 
 def _provenance() -> dict:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True).stdout.strip()
-
     import torch
 
+    short, dirty = commit()
     return {
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "commit": short,
+        "dirty": dirty,
         "torch": torch.__version__,
         "cores": os.cpu_count(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -721,12 +720,13 @@ def summary(result: dict) -> str:
     lines = [
         f"# Serving overhead at {provenance['commit']}{' (dirty)' if provenance['dirty'] else ''}",
         "",
-        f"`python -m bench.serving`, {configuration['model_preset']}, {configuration['torch_threads']} torch "
-        f"thread, {configuration['short_term']} short-term events, a Rank "
+        f"`python -m bench.micro.serving`, {configuration['model_preset']}, "
+        f"{configuration['torch_threads']} torch thread, {configuration['short_term']} short-term events, "
+        "a Rank "
         f"{configuration['relay_delay_ms']:g} ms after its PreInfer with the relay hint; "
         f"{provenance['cores']} cores, torch {provenance['torch']}, {provenance['date']}. "
         "CPU in ms per PreInfer + Rank pair; latency in ms from the Rank's intended send time. The "
-        "serving floor is the same requests at the same rate answered by `bench.null_ranker` "
+        "serving floor is the same requests at the same rate answered by `bench.micro.null_ranker` "
         "(the services' server stack, no ranker). Idle, each process spends a second: "
         + ", ".join(f"{name} {ms:.1f} ms" for name, ms in idle_cpu.items())
         + ".",
@@ -740,7 +740,7 @@ def summary(result: dict) -> str:
         f"(whose own per-pair cost grows at the long lengths' lower rates): "
         f"{result['beyond_floor_ns_per_event']} ns per history event.",
         "",
-        "## The ranker with free model passes (`bench.null_model`), same shapes and rates",
+        "## The ranker with free model passes (`bench.micro.null_model`), same shapes and rates",
         "",
         *_table(result["null_model"]),
         "",
@@ -773,7 +773,9 @@ def write(result: dict, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = load(ServingConfig, argv, prog="python -m bench.serving", description=__doc__.split("\n")[0])
+    config = load(
+        ServingConfig, argv, prog="python -m bench.micro.serving", description=__doc__.split("\n")[0]
+    )
     result = asyncio.run(run(config))
     print(summary(result))
     if config.out:

@@ -1,6 +1,6 @@
 """The focused re-measure of README.md: mix 1 at fixed loads, the full profile's 1000 measured requests a
 point, load seeds 0-2, both fleets up at once as in `python -m bench`. Run from the repository root:
-`PYTHONPATH=. .venv/bin/python bench/results/focus-mix1-batched/focus.py`; the points go to
+`python -m bench.studies.focus_mix1_batched`; the points go to
 /tmp/focus-mix1."""
 
 import json
@@ -19,7 +19,7 @@ with bench.fleet(RELAY) as relay, bench.fleet(BASELINE) as baseline:
     jobs = [(baseline, 16), (baseline, 23), (baseline, 45), (relay, 45), (relay, 64)]
     for seed in range(3):
         for fleet, rate in jobs:
-            point = bench.point(Plan(fleet, 0, config.preprocess_delay_ms), bench.mix, rate, seed_index=seed)
+            point = bench.point(Plan(fleet, 0, config.relay_window_ms), bench.mix, rate, seed_index=seed)
             point.pop("cost", None)
             points.append({"mode": fleet.mode.name, "rate": rate, "seed_index": seed, **point})
             out.mkdir(parents=True, exist_ok=True)

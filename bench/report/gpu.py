@@ -14,7 +14,7 @@ from bench.report.figures import CPU_SERVICES, cores_needed, cpu_ms_per_request,
 from bench.report.markdown import machine_section
 from bench.report.plots import plot_sweeps
 from bench.report.tables import POINT_HEADER, ms, point_row, table, times
-from bench.results import BudgetedSweep, GpuLengthSweep, GpuMix, GpuPoint, GpuRun
+from bench.schema import BudgetedSweep, GpuLengthSweep, GpuMix, GpuPoint, GpuRun
 
 PLOTS = {"length": "p99_vs_length.png", "load": "p99_vs_load.png"}
 EXTRA_HEADER = ("GPU busy", "host CPU ms/request", "send lag P99 ms")
@@ -90,7 +90,7 @@ def render_markdown(run: GpuRun) -> str:
         f"({machine.cpu_model}); torch {versions.torch} "
         f"(CUDA {versions.torch_cuda}); "
         f"preset `{c.model_preset}`, {c.rankers} ranker(s), SLO P99 {c.slo_ms:g} ms, relay window "
-        f"{c.preprocess_delay_ms:g} ms; commit `{versions.git_commit}`.",
+        f"{c.relay_window_ms:g} ms; commit `{versions.git_commit}`.",
     ]
     skipped = budget.skipped if budget else {}
     notes = [f"- skipped {name}: {why}" for name, why in skipped.items()]

@@ -1,11 +1,11 @@
 """The CPU one unary gRPC call costs this stack, client and server apart: the floor under every hop.
 
-`python -m bench.grpc_floor` starts an echo server (grpc.aio on uvloop, as every service runs) in a child
-process and calls it from this one (grpc.aio on uvloop, as the trigger, stub and router call), open loop at
-each `--rates` value (0: closed loop, one call at a time), with a request of `--request-kb` (a Rank of about
-a thousand events) and an answer of `--answer-kb`. For each rate it prints the CPU time (user + system, all
-threads) each side spent per call, measured over the calls only (start-up and warm-up excluded), and what
-an idle process spends meanwhile is reported apart so it can be subtracted.
+`python -m bench.micro.grpc_floor` starts an echo server (grpc.aio on uvloop, as every service runs) in a
+child process and calls it from this one (grpc.aio on uvloop, as the trigger, stub and router call), open
+loop at each `--rates` value (0: closed loop, one call at a time), with a request of `--request-kb` (a Rank
+of about a thousand events) and an answer of `--answer-kb`. For each rate it prints the CPU time (user +
+system, all threads) each side spent per call, measured over the calls only (start-up and warm-up excluded),
+and what an idle process spends meanwhile is reported apart so it can be subtracted.
 
 What it is for: a service's CPU per request cannot fall below the number of calls it takes part in times
 these figures. At the fleet's rates (tens to a few hundred calls a second per process) a call costs much
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         uvloop.run(serve(args.serve, int(args.answer_kb * 1024)))
         return
     port_file = Path(tempfile.gettempdir()) / f"relaygr-grpc-floor-{os.getpid()}.port"
-    command = [sys.executable, "-m", "bench.grpc_floor", "--serve", str(port_file), *_sizes(args)]
+    command = [sys.executable, "-m", "bench.micro.grpc_floor", "--serve", str(port_file), *_sizes(args)]
     child = subprocess.Popen(command)
     try:
         deadline = time.monotonic() + 30

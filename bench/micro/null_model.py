@@ -1,4 +1,5 @@
-"""`python -m bench.null_model`: a ranker whose model passes are free, for `bench.serving`'s capacity sweep.
+"""`python -m bench.micro.null_model`: a ranker whose model passes are free, for `bench.micro.serving`'s
+capacity sweep.
 
 Everything but the model is the ranker's own, built by `RankerApp` from the same flags: the server, the
 servicer, validation, the prefix cache with its tiers, leases and byte budgets, the scheduler, the device
@@ -55,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         NullModelRankerApp,
         argv,
         "ranker",
-        "A ranker whose model passes are free (bench.serving's capacity sweep; its scores mean nothing)",
+        "A ranker whose model passes are free (bench.micro.serving's capacity sweep; its scores mean "
+        "nothing)",
         log_name=lambda config: f"null-model-ranker[{config.instance_name}]",
     )
 

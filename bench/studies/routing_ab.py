@@ -1,6 +1,6 @@
 """RelayGR on mix 1 at 32 and 45 req/s, load seeds 0-2, routed directly (the trigger and the stub route
 their own calls) against through the router, both fleets up at once; the full profile's 1000 measured
-requests a point. From the repository root: `PYTHONPATH=. .venv/bin/python bench/results/routing-ab/ab.py`
+requests a point. From the repository root: `python -m bench.studies.routing_ab`
 (other rates as arguments); the points go to /tmp/ab/points.json."""
 
 import json
@@ -33,7 +33,7 @@ with direct[1].fleet(RELAY) as direct_fleet, router[1].fleet(RELAY) as router_fl
                 ("router", router, router_fleet),
             ):
                 started = time.time()
-                plan = Plan(fleet, 0, config.preprocess_delay_ms)
+                plan = Plan(fleet, 0, config.relay_window_ms)
                 point = codec.to_json(b.point(plan, b.mix, rate, seed_index=seed))
                 point.pop("cost", None)
                 points.append({"routing": name, "rate": rate, "seed": seed, "t0": started, **point})

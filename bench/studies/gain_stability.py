@@ -5,7 +5,7 @@ exactly as a benchmark ranker does (`--profile-lengths` of `python -m bench`, 2 
 and fits it as the trigger does. Beside the shipped rule (the pre-inference path's fitted work against
 `--relay-overhead-ms`) it evaluates the rule it replaced on the same curves (a miss's fit minus a cached
 rank's, absolute-error least squares). Run from the repository root:
-`PYTHONPATH=. .venv/bin/python bench/results/gain-stability/stability.py`; writes results.json beside it.
+`python -m bench.studies.gain_stability`; writes bench/results/gain-stability/results.json.
 """
 
 import json
@@ -13,23 +13,23 @@ import math
 import multiprocessing
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from bench.config import BenchConfig
 from services.common.config import load
+from services.launcher.procs import REPO_ROOT
 from services.trigger.config import TriggerConfig
 from services.trigger.cost_model import CostModel, _nonnegative_least_squares
 from services.trigger.cost_model import Path as ModelPath
 
-HERE = Path(__file__).resolve().parent
+HERE = REPO_ROOT / "bench" / "results" / "gain-stability"
 CANDIDATES = 128  # the rankers' --profile-candidates default
 HOG = "import torch\ntorch.set_num_threads(1)\na = torch.randn(512, 512)\nwhile True:\n    a @ a\n"
 
 
 def warm_up(config: BenchConfig) -> list[dict[str, float]]:
-    from bench.floor import model_floor
+    from bench.micro.floor import model_floor
 
     lengths = [int(n) for n in config.ranker_profile_lengths.split(",")]
     threads, short, chunk = config.torch_threads, config.short_term, config.pre_infer_chunk_tokens

@@ -1,10 +1,11 @@
 """The serving-path changes A/B: the ranker at 07bd905 (before them) against this checkout's, both up at once
-and driven in turn by the same pairs at the same rate (bench.serving's driver and CPU probes), three rounds.
+and driven in turn by the same pairs at the same rate (bench.micro.serving's driver and CPU probes), three
+rounds.
 
 Run from the repository root with the 07bd905 tree checked out beside it (its generated stubs copied in):
 
     git worktree add /tmp/before 07bd905 && cp -r relaygr /tmp/before/
-    PYTHONPATH=. python bench/results/serving-ab/ab.py /tmp/before > bench/results/serving-ab/ab.md
+    python -m bench.studies.serving_ab /tmp/before > bench/results/serving-ab/ab.md
 
 Only ratios within the run count: the machine's speed drifts by a third over minutes.
 """
@@ -17,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.serving import Driver, ServingConfig, measure_point, start_ranker
+from bench.micro.serving import Driver, ServingConfig, measure_point, start_ranker
 from services.launcher import procs as launcher_procs
 from services.launcher.procs import Processes
 

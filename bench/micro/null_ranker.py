@@ -1,6 +1,7 @@
-"""`python -m bench.null_ranker`: RankerService on the services' own server stack, with no ranker behind it.
+"""`python -m bench.micro.null_ranker`: RankerService on the services' own server stack, with no ranker
+behind it.
 
-The serving floor of `bench.serving`: the same `GrpcServer` as a ranker (interceptor and its metrics,
+The serving floor of `bench.micro.serving`: the same `GrpcServer` as a ranker (interceptor and its metrics,
 health, reflection, the health-only port, uvloop), the same requests parsed by gRPC, answers of the same
 size (one score per candidate), and nothing else: no validation, no cache, no model, no device thread.
 What a ranker spends per request beyond this process is the ranker's own serving code; what this process

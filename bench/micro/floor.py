@@ -24,7 +24,7 @@ import grpc
 import numpy as np
 import torch
 
-from bench.results import CachedRankPoint, FloorPoint
+from bench.schema import CachedRankPoint, FloorPoint
 from bench.stats import percentile
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.ranker.app import build_model

@@ -2,7 +2,7 @@
 100 ms window) against every prefix on its ring owner (`--relay-window-ms 0`), both fleets up at once, load
 seeds 0-2. Each run sends 1500 Recommends open loop and counts the last 1275 (after 5 s at the rate) with
 no early stop, so the counts of Ranks over the SLO compare. From the repository root:
-`PYTHONPATH=. .venv/bin/python bench/results/placement-ab/ab.py 45` (the load, req/s); rows go to
+`python -m bench.studies.placement_ab 45` (the load, req/s); rows go to
 /tmp/placement-ab/rows.json."""
 
 import asyncio
@@ -45,7 +45,7 @@ rows = []
 with bench.fleet(RELAY) as placed, bench.fleet(OWNER_ONLY) as owner_only:
     for seed_index in range(3):
         for variant, fleet in (("placement", placed), ("owner-only", owner_only)):
-            plan = Plan(fleet, 0, config.preprocess_delay_ms)
+            plan = Plan(fleet, 0, config.relay_window_ms)
             seed = config.load_seed + seed_index
             sampler = RevisitSampler(
                 users(bench.mix, rate, plan, seed_index), rate, config.revisit_probability,
