@@ -53,6 +53,12 @@ def test_the_fleet_passes_only_the_flags_it_sets(tmp_path):
     fleet.ranker_route_args = lambda: ["--router", "127.0.0.1:1"]
     assert fleet._ranker_args("ranker-1")[4:8] == ["--hbm-budget-mb", "64.0", "--dram-budget-mb", "-1.0"]
     assert fleet._trigger_args()[2:4] == ["--slo-ms", "80.0"]
+    fleet = Fleet(fleet_config(tmp_path, relay_window_ms=45.0, stub_args=""))
+    fleet.ranker_route_args = lambda: ["--router", "127.0.0.1:1"]
+    fleet.address = lambda name: "127.0.0.1:2"
+    # One relay window, given to both services that read it.
+    assert fleet._trigger_args()[2:4] == ["--relay-window-ms", "45.0"]
+    assert fleet._stub_args()[6:] == ["--relay-window-ms", "45.0"]
     launcher = load(LauncherConfig, ["--hbm-budget-mb", "32"], {"RELAYGR_SLO_MS": "90"})
     assert (launcher.hbm_budget_mb, launcher.dram_budget_mb, launcher.slo_ms) == (32.0, None, 90.0)
 

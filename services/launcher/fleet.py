@@ -77,6 +77,12 @@ class FleetConfig:
         "the trigger's ranking latency SLO (P99), ms: it never sheds what would miss it (unset: the "
         "trigger's default)",
     )
+    relay_window_ms: float | None = setting(
+        None,
+        "the relay window, ms: passed to both the trigger and the retrieval stub, which read it as one "
+        "setting (the stub's pre-processing time, the window the trigger places prefixes against); unset: "
+        "their shared default",
+    )
     relay: bool = setting(True, "run the relay; false starts the baseline (retrieval stub without Admit)")
     routing: str = setting(
         "direct",
@@ -216,11 +222,7 @@ class Fleet:
         self._wait_healthy(ROUTER)
         self._spawn(TRIGGER, "services.trigger", TRIGGER_SERVICE, self._trigger_args())
         self._wait_healthy(TRIGGER)
-        stub_args = [
-            *self.ranker_route_args(), "--trigger", self.address(TRIGGER), "--relay", str(c.relay).lower(),
-            *shlex.split(c.stub_args),
-        ]  # fmt: skip
-        self._spawn(STUB, "services.retrieval_stub", RECOMMEND_SERVICE, stub_args)
+        self._spawn(STUB, "services.retrieval_stub", RECOMMEND_SERVICE, self._stub_args())
         self._wait_healthy(STUB)
         self.check()  # none of the earlier tiers died meanwhile
 
@@ -246,8 +248,16 @@ class Fleet:
     def _trigger_args(self) -> list[str]:
         c = self.config
         return [
-            *self.ranker_route_args(), *given({"--slo-ms": c.slo_ms}), "--reuse-port", "true",
+            *self.ranker_route_args(),
+            *given({"--slo-ms": c.slo_ms, "--relay-window-ms": c.relay_window_ms}), "--reuse-port", "true",
             *shlex.split(c.trigger_args),
+        ]  # fmt: skip
+
+    def _stub_args(self) -> list[str]:
+        c = self.config
+        return [
+            *self.ranker_route_args(), "--trigger", self.address(TRIGGER), "--relay", str(c.relay).lower(),
+            *given({"--relay-window-ms": c.relay_window_ms}), *shlex.split(c.stub_args),
         ]  # fmt: skip
 
     def _spawn(self, name: str, module: str, service: str, args: list[str]) -> None:

@@ -1,8 +1,9 @@
 """Retrieval stub settings: each is a flag with a `RELAYGR_…` environment twin (see services.common.config).
 
 The universe's settings (`UniverseConfig`) are part of them, so a stub's users are reproducible from its
-flags alone. `--abandon-fraction` defaults to 0: every request is ranked unless a benchmark asks for
-requests that are filtered between retrieval and ranking.
+flags alone; so is the relay window (`RelaySettings`), which the stub spends pre-processing between its
+Admit and its Rank and the trigger places pre-inference against. `--abandon-fraction` defaults to 0: every
+request is ranked unless a benchmark asks for requests that are filtered between retrieval and ranking.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import dataclasses
 
 from services.affinity.settings import AffinitySettings
 from services.common.config import ServiceConfig, check_target, setting
+from services.common.settings import RelaySettings
 from services.workload.universe import UniverseConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class RetrievalStubConfig(UniverseConfig, AffinitySettings, ServiceConfig):
+class RetrievalStubConfig(UniverseConfig, RelaySettings, AffinitySettings, ServiceConfig):
     port: int = setting(50053, "gRPC port (0 picks a free port)")
     metrics_port: int = setting(9103, "Prometheus metrics port (0 picks a free port; -1 disables)")
     router: str = setting(
@@ -30,9 +32,6 @@ class RetrievalStubConfig(UniverseConfig, AffinitySettings, ServiceConfig):
     )
     relay: bool = setting(True, "run the relay (Admit, then Rank with its hint); false runs the baseline")
     admit_timeout_ms: float = setting(20.0, "Admit deadline; a late or failed Admit means no relay", above=0)
-    preprocess_delay_ms: float = setting(
-        30.0, "pre-processing time before ranking: the relay window", minimum=0
-    )
     rank_timeout_ms: float = setting(1000.0, "deadline of the Rank call", above=0)
     abandon_fraction: float = setting(
         0.0,

@@ -5,7 +5,7 @@ One Recommend:
 1. validates the request (`user_id`; `top_k` in 1..num_candidates);
 2. retrieval: reads the user's history and candidates from the universe at one request time, which the
    response returns (`request_time_ms`) so the exact ranking request can be rebuilt;
-3. with the relay on, calls `TriggerService.Admit` while pre-processing runs (`preprocess_delay_ms`, the
+3. with the relay on, calls `TriggerService.Admit` while pre-processing runs (`relay_window_ms`, the
    relay window); an Admit that fails or misses its deadline only means no relay hint, never a failed
    Recommend. With the relay off (the baseline) no Admit is sent;
 4. with `abandon_fraction` > 0, a share of requests is filtered upstream during pre-processing: such a
@@ -173,8 +173,8 @@ class RecommendService(recommend_pb2_grpc.RecommendServiceServicer):
     async def _preprocess(self) -> None:
         """Pre-processing (feature assembly upstream of ranking), simulated: the window in which the relay
         pre-infers the prefix. A span of its own in a sampled trace."""
-        with tracing.span("preprocess", window_ms=self.config.preprocess_delay_ms):
-            await asyncio.sleep(self.config.preprocess_delay_ms / 1000)
+        with tracing.span("preprocess", window_ms=self.config.relay_window_ms):
+            await asyncio.sleep(self.config.relay_window_ms / 1000)
 
     async def _admit(
         self, user_id: str, long_term: common_pb2.BehaviorSequence, num_candidates: int

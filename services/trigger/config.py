@@ -6,10 +6,11 @@ import dataclasses
 
 from services.affinity.settings import AffinitySettings
 from services.common.config import ServiceConfig, check_target, setting
+from services.common.settings import RelaySettings
 
 
 @dataclasses.dataclass(frozen=True)
-class TriggerConfig(AffinitySettings, ServiceConfig):
+class TriggerConfig(RelaySettings, AffinitySettings, ServiceConfig):
     port: int = setting(50052, "gRPC port (0 picks a free port)")
     metrics_port: int = setting(9102, "Prometheus metrics port (0 picks a free port; -1 disables)")
     router: str = setting(
@@ -31,15 +32,6 @@ class TriggerConfig(AffinitySettings, ServiceConfig):
         2.0,
         "cost of relaying a prefix (the PreInfer round trip), ms: a request is admitted only when its "
         "prefix's own computation, which relay moves off the critical path, is predicted to cost more",
-        minimum=0,
-    )
-    relay_window_ms: float = setting(
-        30.0,
-        "ms from an Admit until its request's Rank reaches the ranker (the retrieval-to-ranking window, the "
-        "retrieval stub's --preprocess-delay-ms): a prefix the user's ring owner is predicted, by its "
-        "reported queues, not to have ready by then goes to the next member on the user's ring walk that "
-        "can, and the Rank follows the relay hint there (direct routing only: a router places PreInfer by "
-        "its own ring); 0 keeps every prefix on its owner",
         minimum=0,
     )
     lease_window_ms: int = setting(
@@ -93,6 +85,13 @@ class TriggerConfig(AffinitySettings, ServiceConfig):
     max_long_term_events: int = setting(8192, "longest long-term sequence accepted", above=0)
     max_short_term_events: int = setting(512, "largest short_term_length accepted", above=0)
     max_candidates: int = setting(1024, "largest num_candidates accepted", above=0)
+
+    @property
+    def placement_window_ms(self) -> float:
+        """The window the admission places prefixes against: `relay_window_ms` where this trigger routes
+        its PreInfer calls itself; 0 through a router, whose own ring places PreInfer (the trigger's view
+        of the users' placement then follows that ring, without moving a prefix off its owner)."""
+        return self.relay_window_ms if self.routes_directly else 0.0
 
     def validate(self) -> None:
         super().validate()

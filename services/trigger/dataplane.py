@@ -101,8 +101,7 @@ def limits(config: TriggerConfig) -> Limits:
         max_events=config.max_long_term_events,
         admit_all=config.admit_all,
         replicas=config.replicas,
-        # Through a router, the router's ring places PreInfer: the trigger's own view follows it.
-        relay_window_ms=config.relay_window_ms if config.routes_directly else 0.0,
+        relay_window_ms=config.placement_window_ms,
     )
 
 

@@ -29,13 +29,14 @@ from tests.reliability.harness import scrape, total
 USERS = [f"user-{i}" for i in range(8)]
 # Generous deadlines (a busy test machine must not turn a late Admit into no relay), the trigger admits
 # every request (what is measured here is where calls go, not which are worth relaying) and keeps every
-# prefix on its ring owner (`--relay-window-ms 0`: a ranker's reported queue is its own warm-up curve's
-# prediction, and a curve measured while the whole fleet starts on two cores can keep an idle owner
-# "busy" past the window; placement by the queues has its own test below), health checked often so a
-# killed ranker leaves the ring within the test.
+# prefix on its ring owner: the fleet's relay window is 200 ms, but the trigger's own flag overrides it
+# with 0 for the trigger alone (a ranker's reported queue is its own warm-up curve's prediction, and a curve
+# measured while the whole fleet starts on two cores can keep an idle owner "busy" past the window;
+# placement by the queues has its own test below), health checked often so a killed ranker leaves the ring
+# within the test.
 STUB_ARGS = (
     "--history-max 256 --num-candidates 16 --admit-timeout-ms 5000 --rank-timeout-ms 20000 "
-    "--preprocess-delay-ms 200 --health-interval-s 0.2"
+    "--health-interval-s 0.2"
 )
 TRIGGER_ARGS = "--admit-all true --pre-infer-timeout-ms 2000 --health-interval-s 0.2"
 DECISIONS = "relaygr_router_decisions_total"
@@ -50,6 +51,7 @@ def fleet_config(tmp_path, routing: str) -> FleetConfig:
         log_dir=str(tmp_path / routing),
         ranker_args="--profile-lengths 32,128 --profile-repeats 1",
         routing=routing,
+        relay_window_ms=200.0,
         trigger_args=f"{TRIGGER_ARGS} --relay-window-ms 0",
         router_args="--health-interval-s 0.2",
         stub_args=STUB_ARGS,
@@ -146,7 +148,8 @@ def test_a_prefix_its_owner_cannot_have_ready_in_the_window_is_placed_on_the_nex
     against a queue predicted at 1500 ms or more, and really of 40 prefixes of 2048 events."""
     config = dataclasses.replace(
         fleet_config(tmp_path, "direct"),
-        trigger_args=f"{TRIGGER_ARGS} --relay-window-ms 400",
+        relay_window_ms=400.0,
+        trigger_args=TRIGGER_ARGS,
         ranker_args="--profile-lengths 256,2048 --profile-repeats 3 --max-pending-pre-infer 4096 "
         "--max-pre-infer-backlog-ms 100000 --hbm-budget-mb 2048",
     )

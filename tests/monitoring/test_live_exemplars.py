@@ -98,7 +98,7 @@ def test_p99_panels_exemplars_are_trace_ids_the_collector_received(receiver, tmp
         rankers=1, model_preset="cpu-tiny", base_port=0, metrics_base_port=0, log_dir=str(tmp_path / "logs"),
         startup_timeout_s=120.0, ranker_args="--torch-threads 1 --profile-lengths 32,128 --profile-repeats 1",
         trigger_args="--admit-all true",  # every Recommend relays: Admit, PreInfer and Rank all observed
-        stub_args="--history-max 256 --num-candidates 16 --rank-timeout-ms 20000 --preprocess-delay-ms 10",
+        stub_args="--history-max 256 --num-candidates 16 --rank-timeout-ms 20000 --relay-window-ms 10",
     )  # fmt: skip
     port = free_port()
     started = time.time() - 5

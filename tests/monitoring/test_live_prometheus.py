@@ -158,7 +158,7 @@ def tuned_fleet(log_dir: Path) -> FleetConfig:
         startup_timeout_s=120.0,
         ranker_args="--profile-lengths 32,128,512 --profile-repeats 1 --max-queued-ranks 2 --dram-ttl-s 5",
         trigger_args="--relay-overhead-ms 0",  # relay even cpu-tiny's short histories
-        stub_args="--history-min 24 --history-median 64 --history-max 256 --preprocess-delay-ms 10",
+        stub_args="--history-min 24 --history-median 64 --history-max 256 --relay-window-ms 10",
     )
 
 

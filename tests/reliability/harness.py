@@ -40,7 +40,7 @@ TRIGGER_ARGS = f"--profile-retry-s 0.2 --drain-grace-s 2 --relay-overhead-ms 0 {
 # Short histories and few candidates keep each Recommend cheap. The Rank deadline is the stub's default
 # (--rank-timeout-ms 1000): the fault tests hold with the deadlines users run.
 STUB_ARGS = (
-    "--history-min 20 --history-median 64 --history-max 256 --num-candidates 16 --preprocess-delay-ms 5 "
+    "--history-min 20 --history-median 64 --history-max 256 --num-candidates 16 --relay-window-ms 5 "
     f"--admit-timeout-ms 200 --drain-grace-s 2 {ROUTING_ARGS}"
 )
 # Callers' deadlines: a Rank as long as the stub's default Rank deadline, a Recommend as long as the stub's

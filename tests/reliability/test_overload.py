@@ -137,7 +137,7 @@ def test_a_ranker_refuses_what_it_cannot_serve_in_time_before_doing_the_work(ran
 LONG_TIMEOUT_S = 20.0
 LONG_HISTORIES = (
     "--history-min 3000 --history-median 3500 --history-max 4096 --num-candidates 16 "
-    "--preprocess-delay-ms 5 --admit-timeout-ms 200 --rank-timeout-ms 20000"
+    "--relay-window-ms 5 --admit-timeout-ms 200 --rank-timeout-ms 20000"
 )
 
 

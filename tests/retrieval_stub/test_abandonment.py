@@ -22,7 +22,7 @@ EPOCH_MS = 1_750_000_000_000
 NOW_MS = EPOCH_MS + 61_234
 CONFIG = RetrievalStubConfig(
     universe_epoch_ms=EPOCH_MS, history_min=24, history_median=64, history_max=512, num_candidates=32,
-    preprocess_delay_ms=0.0, abandon_fraction=0.3,
+    relay_window_ms=0.0, abandon_fraction=0.3,
 )  # fmt: skip
 
 

@@ -43,7 +43,7 @@ def universe_flags(config: UniverseConfig) -> list[str]:
 # late Rank would fail the Recommend.
 STUB_ARGS = [
     *universe_flags(UNIVERSE), "--admit-timeout-ms", "2000", "--rank-timeout-ms", "20000",
-    "--preprocess-delay-ms", "10",
+    "--relay-window-ms", "10",
 ]  # fmt: skip
 
 

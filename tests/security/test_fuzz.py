@@ -146,7 +146,7 @@ def caller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Caller]:
         router_args=f"--health-interval-s 0.2 {limit}",
         trigger_args=f"--profile-retry-s 0.2 {LIMITS} {limit}",
         stub_args=f"--history-min 20 --history-median 64 --history-max 256 --num-candidates 16 "
-        f"--preprocess-delay-ms 0 {limit}",
+        f"--relay-window-ms 0 {limit}",
     )
     with Fleet(config) as fleet:
         calls = Caller(fleet)

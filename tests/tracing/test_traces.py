@@ -85,7 +85,7 @@ def test_a_relayed_recommend_is_one_trace_across_the_services(
         ranker_args="--profile-lengths 32,128 --profile-repeats 1",
         # Admit everything, with a pre-processing window long enough for the prefix to be ready or joined.
         trigger_args="--admit-all true",
-        stub_args="--history-max 256 --num-candidates 16 --rank-timeout-ms 20000 --preprocess-delay-ms 30",
+        stub_args="--history-max 256 --num-candidates 16 --rank-timeout-ms 20000 --relay-window-ms 30",
     )  # fmt: skip
     with Fleet(config) as fleet:
         endpoints = fleet.start()

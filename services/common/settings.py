@@ -1,0 +1,37 @@
+"""Settings that more than one service reads, each declared once and included by every service that does
+(the way `services.affinity.settings.AffinitySettings` is), so two services cannot drift apart on them.
+
+- `RelaySettings`: the relay window, which the retrieval stub spends pre-processing and the trigger places
+  pre-inference against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from services.common.config import setting
+
+
+@dataclasses.dataclass(frozen=True)
+class RelaySettings:
+    """The relay window, read by the retrieval stub and the trigger.
+
+    The stub's pre-processing (between its Admit and its Rank) takes `relay_window_ms`: the time the
+    relay has to pre-infer a prefix before its Rank arrives. The trigger places each admitted prefix on
+    a ranker that can have it ready within the same window (`services.trigger.config.TriggerConfig`'s
+    `placement_window_ms`): where it routes directly; through a router, the router's ring places
+    PreInfer and the trigger's placement window is 0. Give both services the same value (the launcher,
+    deploy/ and bench/ do): a trigger with a longer window than its stubs moves prefixes to rankers that
+    finish them after their Rank has come.
+    """
+
+    relay_window_ms: float = setting(
+        30.0,
+        "the relay window, ms from an Admit until its request's Rank reaches the ranker: the retrieval "
+        "stub's pre-processing time between the two; the trigger, routing directly, sends a prefix that "
+        "the user's ring owner is predicted, by its reported queues, not to have ready by then to the next "
+        "member on the user's ring walk that can (the Rank follows the relay hint there; through a router, "
+        "whose ring places PreInfer, and at 0, every prefix stays on its owner). The same in the trigger "
+        "and the stubs of one fleet",
+        minimum=0,
+    )
