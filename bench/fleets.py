@@ -145,7 +145,7 @@ class BenchFleet:
         # without a window (0) the stub's own Admit deadline applies.
         admit_timeout = ["--admit-timeout-ms", str(delay_ms)] if delay_ms > 0 else []
         return [
-            *shlex.split(self.shape.stub_args), "--preprocess-delay-ms", str(delay_ms), *admit_timeout,
+            *shlex.split(self.shape.stub_args), "--relay-window-ms", str(delay_ms), *admit_timeout,
             "--abandon-fraction", str(abandon_fraction), *universe.stub_args,
             *shlex.split(self.mode.router_args),
         ]  # fmt: skip

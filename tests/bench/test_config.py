@@ -85,9 +85,9 @@ def test_a_fleet_keys_its_stubs_by_universe_window_and_abandonment(tmp_path: Pat
     fleet = BenchFleet(dram_only, shape(), mix, 100.0, tmp_path)
     assert (fleet.config.relay, fleet.config.dram_budget_mb) == (False, 128)
     own = load(RetrievalStubConfig, shlex.split(fleet.config.stub_args), environ={})
-    assert (own.abandon_fraction, own.preprocess_delay_ms, own.history_max) == (0.0, 100.0, 2048 + 16)
+    assert (own.abandon_fraction, own.relay_window_ms, own.history_max) == (0.0, 100.0, 2048 + 16)
     extra = load(RetrievalStubConfig, fleet._stub_flags(mix, 30.0, 0.3), environ={})
-    assert (extra.abandon_fraction, extra.preprocess_delay_ms, extra.admit_timeout_ms) == (0.3, 30.0, 30.0)
+    assert (extra.abandon_fraction, extra.relay_window_ms, extra.admit_timeout_ms) == (0.3, 30.0, 30.0)
 
 
 def test_users_are_the_same_for_every_mode_measuring_the_same_thing_and_new_otherwise(tmp_path: Path):
