@@ -2,7 +2,9 @@
 (the way `services.affinity.settings.AffinitySettings` is), so two services cannot drift apart on them.
 
 - `RelaySettings`: the relay window, which the retrieval stub spends pre-processing and the trigger places
-  pre-inference against.
+  pre-inference against;
+- `RequestLimits`: the largest request accepted, which the trigger (Admit) and the ranker (PreInfer, Rank)
+  enforce alike, so that what a trigger admits, the rankers with the same limits accept.
 """
 
 from __future__ import annotations
@@ -34,4 +36,20 @@ class RelaySettings:
         "whose ring places PreInfer, and at 0, every prefix stays on its owner). The same in the trigger "
         "and the stubs of one fleet",
         minimum=0,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestLimits:
+    """The largest request a service accepts, read by the trigger and the ranker; a request over one is
+    refused INVALID_ARGUMENT naming its field. Give the triggers the rankers' values."""
+
+    max_long_term_events: int = setting(
+        8192, "longest long-term sequence accepted (an Admit's, a PreInfer's or a Rank's)", above=0
+    )
+    max_short_term_events: int = setting(
+        512, "longest short-term sequence accepted (a Rank's; an Admit's short_term_length)", above=0
+    )
+    max_candidates: int = setting(
+        1024, "most candidates one request may carry (a Rank's; an Admit's num_candidates)", above=0
     )

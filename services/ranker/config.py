@@ -8,6 +8,7 @@ import socket
 from services.common import validation
 from services.common.config import ServiceConfig, setting
 from services.common.errors import InvalidArgument
+from services.common.settings import RequestLimits
 from services.ranker.cache.tiers import POLICIES
 from services.ranker.model.family import ModelConfig
 from services.ranker.model.presets import PRESETS, get_preset
@@ -15,7 +16,7 @@ from services.ranker.model.store import is_model_dir, read_config
 
 
 @dataclasses.dataclass(frozen=True)
-class RankerConfig(ServiceConfig):
+class RankerConfig(RequestLimits, ServiceConfig):
     port: int = setting(50051, "gRPC port (0 picks a free port)")
     metrics_port: int = setting(9101, "Prometheus metrics port (0 picks a free port; -1 disables)")
     instance_name: str = setting(
@@ -55,9 +56,6 @@ class RankerConfig(ServiceConfig):
         "(health checked every --health-interval-s) stop sending before it stops accepting",
         minimum=0,
     )
-    max_long_term_events: int = setting(8192, "longest long-term sequence accepted", above=0)
-    max_short_term_events: int = setting(512, "longest short-term sequence accepted", above=0)
-    max_candidates: int = setting(1024, "most candidates one Rank may score", above=0)
     pre_infer_chunk_tokens: int = setting(
         512,
         "pre-inference runs in chunks of this many tokens; a Rank waits at most one",

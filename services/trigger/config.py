@@ -6,11 +6,11 @@ import dataclasses
 
 from services.affinity.settings import AffinitySettings
 from services.common.config import ServiceConfig, check_target, setting
-from services.common.settings import RelaySettings
+from services.common.settings import RelaySettings, RequestLimits
 
 
 @dataclasses.dataclass(frozen=True)
-class TriggerConfig(RelaySettings, AffinitySettings, ServiceConfig):
+class TriggerConfig(RequestLimits, RelaySettings, AffinitySettings, ServiceConfig):
     port: int = setting(50052, "gRPC port (0 picks a free port)")
     metrics_port: int = setting(9102, "Prometheus metrics port (0 picks a free port; -1 disables)")
     router: str = setting(
@@ -82,9 +82,6 @@ class TriggerConfig(RelaySettings, AffinitySettings, ServiceConfig):
     profile_retry_s: float = setting(
         1.0, "seconds between GetProfile attempts until a first profile arrives", above=0
     )
-    max_long_term_events: int = setting(8192, "longest long-term sequence accepted", above=0)
-    max_short_term_events: int = setting(512, "largest short_term_length accepted", above=0)
-    max_candidates: int = setting(1024, "largest num_candidates accepted", above=0)
 
     @property
     def placement_window_ms(self) -> float:

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from services.common.config import load
-from services.common.settings import RelaySettings
+from services.common.settings import RelaySettings, RequestLimits
+from services.ranker.config import RankerConfig
 from services.retrieval_stub.config import RetrievalStubConfig
 from services.trigger.config import TriggerConfig
 
@@ -41,3 +42,18 @@ def test_a_negative_relay_window_is_refused_naming_the_flag(cls: type, capsys) -
     assert "--relay-window-ms must not be negative" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         load(cls, ["--preprocess-delay-ms", "10"], {})  # the stub's old flag is gone, not an alias
+
+
+@pytest.mark.parametrize("name", ["max_long_term_events", "max_short_term_events", "max_candidates"])
+def test_the_request_limits_are_one_declaration_of_the_trigger_and_the_ranker(name: str) -> None:
+    shared = declared(RequestLimits, name)
+    assert declared(TriggerConfig, name) is shared and declared(RankerConfig, name) is shared
+    assert getattr(TriggerConfig(), name) == getattr(RankerConfig(), name) == shared.default
+
+
+def test_one_variable_sets_a_limit_in_the_trigger_and_the_ranker_alike() -> None:
+    environ = {"RELAYGR_MAX_CANDIDATES": "64", "RELAYGR_MAX_LONG_TERM_EVENTS": "2048"}
+    trigger, ranker = load(TriggerConfig, [], environ), load(RankerConfig, [], environ)
+    assert (trigger.max_candidates, trigger.max_long_term_events) == (64, 2048)
+    assert (ranker.max_candidates, ranker.max_long_term_events) == (64, 2048)
+    assert trigger.max_short_term_events == ranker.max_short_term_events == 512
