@@ -4,7 +4,13 @@ module named to `importlib.import_module`, in services/, bench/ and tools/):
 - `services/common` (shared plumbing), `services/affinity` (affinity routing to the rankers, which the
   router runs for its clients and the trigger and retrieval stub run in process) and `services/workload`
   (the synthetic user universe the retrieval stub serves and tools draw requests from) are
-  service-neutral: they import no service;
+  service-neutral: they import no service. They are layers too: `services/common` imports no other
+  package under services/, and `services/affinity` and `services/workload` stand on it, not on each other;
+- `services/affinity` is imported only by what routes to the rankers (the router, the trigger, the
+  retrieval stub): a ranker, the launcher, the load generator, bench/ and tools/ never place a user;
+- `services/workload` is imported only by the retrieval stub, which serves the synthetic universe, and by
+  the clients that draw requests from it (`CLIENTS`): the router, the trigger and the ranker serve any
+  users, never assuming the synthetic ones;
 - services talk to each other over gRPC only: no service imports another service;
 - the launcher, the load generator, `bench/` and `tools/` build processes from flags and speak gRPC: they
   import no module of a service, neither a servicer, proxy or data-plane module nor its config (a process
@@ -31,8 +37,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = {"ranker", "router", "trigger", "retrieval_stub"}
-# Packages under services/ that every service and client may import.
-NEUTRAL = ("common", "workload", "affinity")
+# Service-neutral packages under services/, each with the neutral packages it may import (its layers below).
+NEUTRAL_BELOW = {"common": (), "affinity": ("common",), "workload": ("common",)}
+NEUTRAL = tuple(NEUTRAL_BELOW)
+# Who may import services/affinity (what routes to the rankers) and services/workload (what serves or draws
+# the synthetic users), besides the package itself.
+ROUTES = ("router", "trigger", "retrieval_stub")
+DRAWS_USERS = ("retrieval_stub", "launcher", "loadgen", "bench", "tools")
 CLIENTS = ("launcher", "loadgen", "bench", "tools")
 # In-process harnesses, by path, and the one service whose internals each measures (see the docstring).
 IN_PROCESS = {
@@ -86,6 +97,12 @@ def violations() -> list[str]:
             rule = None
             if here in NEUTRAL and target in SERVICES:
                 rule = "a service-neutral package (services/common, affinity, workload) imports no service"
+            elif here in NEUTRAL and target in NEUTRAL and target not in (here, *NEUTRAL_BELOW[here]):
+                rule = "services/common imports no other package; affinity and workload only services/common"
+            elif target == "affinity" and here not in (*ROUTES, "affinity"):
+                rule = "only the router, the trigger and the retrieval stub import services/affinity"
+            elif target == "workload" and here not in (*DRAWS_USERS, "workload"):
+                rule = "only the retrieval stub and the clients import services/workload"
             elif here in SERVICES and target in SERVICES and target != here:
                 rule = "no service imports another service"
             elif here in CLIENTS and target in SERVICES and IN_PROCESS.get(where) != target:
@@ -148,6 +165,13 @@ def throwaway_tree(tmp_path: Path, monkeypatch, where: str, source: str) -> None
     [
         ("from services.ranker.config import RankerConfig", "services/common/x.py", "imports no service"),
         ("from services.trigger import admission", "services/workload/x.py", "imports no service"),
+        ("from services.affinity import settings", "services/common/x.py", "no other package"),
+        ("from services.workload import universe", "services/affinity/x.py", "only services/common"),
+        ("import services.affinity.ring", "services/workload/x.py", "only services/common"),
+        ("from services.affinity import routing", "services/ranker/x.py", "import services/affinity"),
+        ("from services.affinity.ring import AffinityRing", "tools/x.py", "import services/affinity"),
+        ("from services.workload import universe", "services/trigger/x.py", "services/workload"),
+        ("importlib.import_module('services.workload')", "services/router/x.py", "services/workload"),
         ("import services.trigger.admission", "services/router/x.py", "another service"),
         ("from services.ranker import servicer", "bench/x.py", "import no service module"),
         ("importlib.import_module('services.router.config')", "services/common/x.py", "imports no service"),

@@ -29,10 +29,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.affinity.discovery import Discovery, DnsLookup, srv_discovery, srv_lookup, static_discovery
 from services.affinity.metrics import ROUTER_FAILURES, ROUTER_INFLIGHT, ROUTER_MEMBER_HEALTHY
+from services.affinity.ring import AffinityRing
 from services.affinity.settings import AffinitySettings
 from services.common.config import ServiceConfig
 from services.common.contract import RANKER_SERVICE
-from services.common.ring import AffinityRing
 from services.common.server import dial
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from services.affinity.ring import LOAD_FACTOR, LOAD_FLOOR, VIRTUAL_NODES
 from services.common.config import setting, split_host_port
-from services.common.ring import LOAD_FACTOR, LOAD_FLOOR, VIRTUAL_NODES
 
 ROUTING_POLICIES = ("affinity", "random")
 

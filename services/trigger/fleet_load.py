@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from relaygr.v1 import ranker_pb2
-from services.common.ring import VIRTUAL_NODES, AffinityRing
+from services.affinity.ring import VIRTUAL_NODES, AffinityRing
 
 MIN_WASTE_SPAN_S = 1.0
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from relaygr.v1 import ranker_pb2
-from services.common.ring import VIRTUAL_NODES
+from services.affinity.ring import VIRTUAL_NODES
 from services.trigger.cost_model import CostModel, Path
 
 

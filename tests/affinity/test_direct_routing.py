@@ -21,7 +21,7 @@ from relaygr.v1 import (
     trigger_pb2,
     trigger_pb2_grpc,
 )
-from services.common.ring import AffinityRing
+from services.affinity.ring import AffinityRing
 from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet, FleetConfig
 from tests.ranker.harness import history, pre_infer_request, sequence
 from tests.reliability.harness import scrape, total

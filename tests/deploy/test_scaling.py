@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client import metrics as prometheus_metrics
 
-from services.common.ring import AffinityRing
+from services.affinity.ring import AffinityRing
 from services.ranker import metrics as ranker_metrics
 from tests.deploy.compose import composed, render_composed
 from tests.deploy.manifests import (

@@ -40,8 +40,8 @@ from typing import Any
 
 import pytest
 
+from services.affinity.ring import AffinityRing
 from services.common.contract import RANKER_SERVICE, RECOMMEND_SERVICE, TRIGGER_SERVICE
-from services.common.ring import AffinityRing
 from tests.hosts import netns
 from tests.hosts.driver import Driver, Samples
 from tests.hosts.netns import HostedService, HostNetwork

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from relaygr.v1 import common_pb2, ranker_pb2_grpc
-from services.common.ring import AffinityRing
+from services.affinity.ring import AffinityRing
 from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet
 from tests.reliability.harness import (
     STUB_ARGS,

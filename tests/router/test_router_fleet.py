@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
+from services.affinity.ring import AffinityRing
 from services.common.contract import RANKER_SERVICE
-from services.common.ring import AffinityRing
 from services.launcher.procs import Processes, ServiceProcess
 
 RANKERS = ["ranker-0", "ranker-1", "ranker-2"]

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common.ring import AffinityRing, Placement, load_bound, stable_hash
+from services.affinity.ring import AffinityRing, Placement, load_bound, stable_hash
 from services.launcher.procs import REPO_ROOT
 
 USERS = [f"user-{i}" for i in range(20_000)]
@@ -34,7 +34,7 @@ def test_stable_hash_is_pinned() -> None:
 
 def test_placement_is_identical_in_another_process_with_another_hash_seed() -> None:
     script = (
-        "import json; from services.common.ring import AffinityRing;"
+        "import json; from services.affinity.ring import AffinityRing;"
         "ring = AffinityRing(['ranker-2', 'ranker-0', 'ranker-1'], virtual_nodes=160);"
         "print(json.dumps({f'user-{i}': ring.owner(f'user-{i}') for i in range(500)}))"
     )
