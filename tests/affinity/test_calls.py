@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
 
 import grpc
 import pytest
@@ -20,6 +19,7 @@ from services.affinity.calls import ThroughTarget
 from services.affinity.metrics import RANK_RETRIES
 from services.common.config import ServiceConfig
 from services.common.contract import RANKER_SERVICE
+from tests.support.polling import eventually
 
 CALLS = 24
 
@@ -70,13 +70,6 @@ def retries() -> dict[str, float]:
     return {code: RANK_RETRIES.labels(code)._value.get() for code in ("CANCELLED", "UNAVAILABLE")}
 
 
-async def wait_until(predicate: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "not within the time"
-        await asyncio.sleep(0.005)
-
-
 def test_ranks_a_stopping_router_cancels_unanswered_are_sent_again_to_its_replacement() -> None:
     first = ServerThread(b"first", busy_s=0.05)
     second: ServerThread | None = None
@@ -88,7 +81,7 @@ def test_ranks_a_stopping_router_cancels_unanswered_are_sent_again_to_its_replac
         try:
             ranks = [asyncio.ensure_future(calls.rank(b"rank", "alice", "", 20.0)) for _ in range(CALLS)]
             # The first is being handled (its handler blocks the server), the others queue behind it.
-            await wait_until(lambda: first.handled >= 1, 10)
+            await eventually(lambda: first.handled >= 1, 10, "the first call handled", every_s=0.005)
             await asyncio.sleep(0.02)
             await asyncio.to_thread(first.stop, 5.0)
             second = await asyncio.to_thread(ServerThread, b"second", first.port)

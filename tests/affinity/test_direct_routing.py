@@ -7,7 +7,6 @@ mechanism), by the ring owner each user landed on, and by the Rank finding its p
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import grpc
 import pytest
@@ -23,8 +22,9 @@ from relaygr.v1 import (
 )
 from services.affinity.ring import AffinityRing
 from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet, FleetConfig
-from tests.ranker.harness import history, pre_infer_request, sequence
-from tests.reliability.harness import scrape, total
+from tests.support.metrics import scrape, total
+from tests.support.polling import wait_for
+from tests.support.requests import history, pre_infer_request, sequence
 
 USERS = [f"user-{i}" for i in range(8)]
 # Generous deadlines (a busy test machine must not turn a late Admit into no relay), the trigger admits
@@ -73,16 +73,13 @@ def ring_owner(fleet: Fleet, user_id: str) -> str:
     return next(AffinityRing(fleet.ranker_names).walk(user_id))
 
 
-def wait_until(condition, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
+def healthy(fleet: Fleet, service: str, **member: str) -> float:
+    """How many members (of those `member` names) `service` routes to now, by its own metrics."""
+    return total(scrape(fleet.endpoints()[service].metrics_port), "relaygr_router_member_healthy", **member)
 
 
 def every_member_routable(fleet: Fleet, service: str) -> bool:
-    samples = scrape(fleet.endpoints()[service].metrics_port)
-    return total(samples, "relaygr_router_member_healthy") == len(fleet.ranker_names)
+    return healthy(fleet, service) == len(fleet.ranker_names)
 
 
 def relay_each_user(fleet: Fleet) -> list[recommend_pb2.RecommendResponse]:
@@ -98,7 +95,7 @@ def relay_each_user(fleet: Fleet) -> list[recommend_pb2.RecommendResponse]:
 def test_direct_routing_relays_every_user_to_its_ring_owner_without_the_router(tmp_path):
     with Fleet(fleet_config(tmp_path, "direct")) as fleet:
         for service in (TRIGGER, STUB, ROUTER):
-            wait_until(lambda service=service: every_member_routable(fleet, service))
+            wait_for(lambda service=service: every_member_routable(fleet, service), 30, f"{service}'s ring")
         relay_each_user(fleet)
         n = len(USERS)
         # The trigger placed every PreInfer on the ring, the stub sent every Rank to its hint; the router
@@ -112,16 +109,8 @@ def test_direct_routing_relays_every_user_to_its_ring_owner_without_the_router(t
         # every user is relayed to and ranked on the survivor.
         fleet.kill_ranker("ranker-1")
         for service in (TRIGGER, STUB):
-            wait_until(
-                lambda service=service: (
-                    total(
-                        scrape(fleet.endpoints()[service].metrics_port),
-                        "relaygr_router_member_healthy",
-                        member="ranker-1",
-                    )
-                    == 0
-                )
-            )
+            off_ring = f"ranker-1 off {service}'s ring"
+            wait_for(lambda service=service: healthy(fleet, service, member="ranker-1") == 0, 30, off_ring)
         for user in USERS:
             answer = recommend(fleet, f"{user}-after")
             assert answer.instance == "ranker-0"
@@ -131,7 +120,7 @@ def test_direct_routing_relays_every_user_to_its_ring_owner_without_the_router(t
 @pytest.mark.slow
 def test_routing_through_the_router_places_users_the_same_way(tmp_path):
     with Fleet(fleet_config(tmp_path, "router")) as fleet:
-        wait_until(lambda: every_member_routable(fleet, ROUTER))
+        wait_for(lambda: every_member_routable(fleet, ROUTER), 30, "the router's ring")
         relay_each_user(fleet)
         n = len(USERS)
         assert decisions(fleet, ROUTER, "PreInfer", decision="affinity") == n
@@ -155,7 +144,7 @@ def test_a_prefix_its_owner_cannot_have_ready_in_the_window_is_placed_on_the_nex
     )
     with Fleet(config) as fleet:
         for service in (TRIGGER, STUB):
-            wait_until(lambda service=service: every_member_routable(fleet, service))
+            wait_for(lambda service=service: every_member_routable(fleet, service), 30, f"{service}'s ring")
         busy, idle = fleet.ranker_names
         first, second = [
             user for user in (f"user-{i}" for i in range(100)) if ring_owner(fleet, user) == busy

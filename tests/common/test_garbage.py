@@ -15,8 +15,8 @@ import pytest
 
 from relaygr.v1 import ranker_pb2_grpc
 from services.launcher.procs import Processes
-from tests.ranker.harness import rank_request
-from tests.reliability.harness import scrape, value
+from tests.support.metrics import scrape, value
+from tests.support.requests import rank_request
 
 ARGS = [
     "--model-preset", "cpu-tiny", "--instance-name", "ranker-gc", "--profile-lengths", "16,64",

@@ -12,7 +12,17 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tests.deploy.manifests import Manifest, selects
+from tests.deploy.manifests import Manifest
+from tests.deploy.pods import selects
+
+# Every process that routes to the rankers (PreInfer, GetProfile, Rank and its gRPC health checks of each
+# ranker) reaches them on 50051: the trigger and the retrieval stub directly, the router for its callers.
+FLEET_PATHS = {
+    ("retrieval-stub", "trigger", 50052),
+    ("retrieval-stub", "ranker", 50051),
+    ("trigger", "ranker", 50051),
+    ("router", "ranker", 50051),
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,24 +11,18 @@ import json
 import pytest
 
 from services.affinity.settings import AffinitySettings
-from tests.deploy.manifests import (
-    NAMESPACE,
-    OVERLAYS,
-    Manifest,
+from tests.deploy.configs import loaded_configs, workload_kind
+from tests.deploy.manifests import NAMESPACE, OVERLAYS, Manifest, named, objects, of_kind, workloads
+from tests.deploy.network_policy import Pod, allowed
+from tests.deploy.pods import (
     container_ports,
     containers,
     environment,
-    named,
-    objects,
-    of_kind,
     pod_labels,
     pod_name,
     pod_spec,
     selects,
-    workloads,
 )
-from tests.deploy.network_policy import Pod, allowed
-from tests.deploy.test_service_config import loaded_configs, workload_kind
 
 DOMAIN = f"{NAMESPACE}.svc.cluster.local"
 # workload -> its headless Service, whose records name its ready pods.

@@ -15,7 +15,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from tests.deploy.manifests import DEPLOY, OVERLAYS, REPO_ROOT, containers, objects, pod_spec, workloads
+from tests.deploy.manifests import DEPLOY, OVERLAYS, REPO_ROOT, objects, workloads
+from tests.deploy.pods import containers, pod_spec
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 IMAGE_USER = 10001

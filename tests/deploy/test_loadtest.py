@@ -20,7 +20,8 @@ from services.common import validation
 from services.loadgen.ghz_config import PATH_KEYS, load_ghz_config
 from services.ranker.config import RankerConfig
 from services.ranker.model.presets import get_preset
-from tests.deploy.manifests import DEPLOY, REPO_ROOT, containers, named, objects, of_kind, pod_spec
+from tests.deploy.manifests import DEPLOY, REPO_ROOT, named, objects, of_kind
+from tests.deploy.pods import containers, pod_spec
 
 LOADTEST = DEPLOY / "loadtest"
 CONFIGS = sorted(LOADTEST.glob("*.json"))

@@ -10,30 +10,11 @@ import itertools
 import pytest
 
 from tests.deploy.compose import composed
-from tests.deploy.manifests import (
-    NAMESPACE,
-    OVERLAYS,
-    Manifest,
-    container_ports,
-    containers,
-    named,
-    objects,
-    of_kind,
-    pod_labels,
-    selects,
-    workloads,
-)
-from tests.deploy.network_policy import Pod, allowed
-from tests.deploy.test_service_config import loaded_configs
+from tests.deploy.configs import loaded_configs
+from tests.deploy.manifests import NAMESPACE, OVERLAYS, Manifest, named, objects, of_kind, workloads
+from tests.deploy.network_policy import FLEET_PATHS, Pod, allowed
+from tests.deploy.pods import container_ports, containers, pod_labels, selects
 
-# Every process that routes to the rankers (PreInfer, GetProfile, Rank and its gRPC health checks of each
-# ranker) reaches them on 50051: the trigger and the retrieval stub directly, the router for its callers.
-FLEET_PATHS = {
-    ("retrieval-stub", "trigger", 50052),
-    ("retrieval-stub", "ranker", 50051),
-    ("trigger", "ranker", 50051),
-    ("router", "ranker", 50051),
-}
 COMPONENTS = ("tls", "tracing", "autoscaling", "keda")
 PROMETHEUS = Pod("prometheus-0", "monitoring", {"app.kubernetes.io/name": "prometheus"})
 KUBE_DNS = Pod("coredns-1", "kube-system", {"k8s-app": "kube-dns"})

@@ -4,27 +4,12 @@ service dials, drain timing, the trigger's budgets against the rankers' HBM, mem
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import inspect
-
 import pytest
 import yaml
 
-from services.common.config import ENV_PREFIX, ServiceConfig, env_name, load
-from tests.deploy.manifests import (
-    DEPLOY,
-    NAMESPACE,
-    OVERLAYS,
-    container_ports,
-    containers,
-    environment,
-    named,
-    objects,
-    pod_spec,
-    quantity,
-    workloads,
-)
+from tests.deploy.configs import loaded_configs, workload_kind
+from tests.deploy.manifests import DEPLOY, NAMESPACE, OVERLAYS, named, objects, workloads
+from tests.deploy.pods import container_ports, containers, pod_spec, quantity
 
 MIB = 2**20
 EXPECTED_DEVICE = {
@@ -34,44 +19,9 @@ EXPECTED_DEVICE = {
 }
 
 
-def config_class(module: str) -> type[ServiceConfig]:
-    """The settings dataclass of a service: the ServiceConfig subclass its `config` module defines."""
-    config_module = importlib.import_module(f"{module}.config")
-    (cls,) = [
-        obj
-        for _, obj in inspect.getmembers(config_module, inspect.isclass)
-        if issubclass(obj, ServiceConfig)
-        and obj is not ServiceConfig
-        and obj.__module__ == config_module.__name__
-    ]
-    return cls
-
-
-def loaded_configs(overlay: str) -> dict[str, ServiceConfig]:
-    """{workload name: its container's parsed settings} for every fleet workload of the overlay."""
-    manifests = objects(f"overlays/{overlay}")
-    configs = {}
-    for workload in workloads(manifests):
-        (container,) = containers(workload)
-        python, flag, module = container["command"][:3]
-        assert (python, flag) == ("python", "-m"), container["command"]
-        cls = config_class(module)
-        env = environment(manifests, workload, container)
-        fields = {env_name(f.name) for f in dataclasses.fields(cls)}
-        unknown = {name for name in env if name.startswith(ENV_PREFIX)} - fields
-        assert not unknown, f"{workload['metadata']['name']}: {unknown} are no settings of {cls.__name__}"
-        argv = [*container["command"][3:], *container.get("args", [])]
-        configs[workload["metadata"]["name"]] = load(cls, argv, env)
-    return configs
-
-
 @pytest.fixture(params=OVERLAYS)
 def overlay(request) -> str:
     return request.param
-
-
-def workload_kind(name: str) -> str:
-    return "StatefulSet" if name == "ranker" else "Deployment"
 
 
 def test_every_container_environment_parses_with_its_services_config_loader(overlay):

@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import torch
 from torch.testing import assert_close
 
 from services.ranker.device.accelerator import Accelerator
 from services.ranker.device.graphs import Bucket, RankGraphs
-from services.ranker.engine.runner import ModelRunner
-from services.ranker.engine.scheduler import Priority, Scheduler
-from services.ranker.model.events import Events
 from services.ranker.model.hstu import CachedRank, HSTURanker
 from services.ranker.model.presets import get_preset
-from tests.gpu.test_model_gpu import BF16_SCORE_ATOL, CUDA, inputs
+from tests.gpu.harness import BF16_SCORE_ATOL, CUDA, cpu_scores, inputs, relayed_on_gpu, request_events
 
 
 def cached(model: HSTURanker, seed: int, length: int, num_short: int, num_candidates: int) -> CachedRank:
@@ -70,30 +66,11 @@ def test_a_bf16_graphed_rank_equals_the_full_recomputation_within_epsilon():
 
 def test_a_pre_inferred_prefix_ranked_from_a_graph_across_streams_ranks_like_the_cpu():
     async def scenario():
-        preset = get_preset("cpu-small")
-        rng = np.random.default_rng(1)
-        long = Events.of(rng.integers(0, 2**40, 3000), rng.integers(0, 8, 3000))
-        short = Events.of(rng.integers(0, 2**40, 16), rng.integers(0, 8, 16))
-        candidates = rng.integers(0, 2**40, 128).tolist()
-        scheduler = Scheduler("gpu-graphs")
-        model = HSTURanker(preset).to(CUDA)
-        accelerator = Accelerator(CUDA)
-        graphs = RankGraphs(model, accelerator, (4096,), max_graphs=2)
-        runner = ModelRunner(model, scheduler, 256, None, "v", accelerator, graphs=graphs)
-        try:
-            scores = []
-            for _ in range(2):  # the first rank captures, the second replays
-                prefix = await runner.pre_infer(long, Priority.PRE_INFER)
-                assert prefix.ready is not None
-                scores.append(await runner.rank(prefix, short, candidates, deadline=None))
-        finally:
-            scheduler.close()
+        long, short, candidates = request_events(1, 3000)
+        # The first rank captures, the second replays.
+        scores, graphs = await relayed_on_gpu(long, short, candidates, ranks=2, graph_lengths=(4096,))
         assert graphs.captures == 1 and graphs.replays == 2
-        cpu_runner = ModelRunner(HSTURanker(preset), Scheduler("cpu"), 256, None, "v")
-        try:
-            expected = cpu_runner.rank_sync(cpu_runner.build_sync(long, False), short, candidates)
-        finally:
-            cpu_runner.worker.close()
+        expected = cpu_scores(get_preset("cpu-small"), long, short, candidates)
         for got in scores:
             assert_close(torch.tensor(got), torch.tensor(expected), atol=1e-4, rtol=1e-4)
 

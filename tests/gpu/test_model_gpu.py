@@ -10,34 +10,13 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
 import torch
 from torch.testing import assert_close
 
-from services.ranker.device.accelerator import Accelerator
-from services.ranker.engine.runner import ModelRunner
-from services.ranker.engine.scheduler import Priority, Scheduler
-from services.ranker.model.events import Events
 from services.ranker.model.hstu import CachedRank, HSTURanker
 from services.ranker.model.presets import get_preset
-
-CUDA = torch.device("cuda")
-# bf16 keeps 8 bits of mantissa: scores in (0, 1) agree to a few units of 2^-8 between two exact-in-fp32
-# orders of summation over thousands of tokens.
-BF16_SCORE_ATOL = 2e-2
-
-
-def inputs(preset, length: int, num_short: int, num_candidates: int, seed: int, device) -> tuple:
-    generator = torch.Generator().manual_seed(seed)
-    tensors = (
-        torch.randint(0, 2**40, (1, length), generator=generator),
-        torch.randint(0, preset.num_action_types, (1, length), generator=generator),
-        torch.randint(0, 2**40, (1, num_short), generator=generator),
-        torch.randint(0, preset.num_action_types, (1, num_short), generator=generator),
-        torch.randint(0, 2**40, (1, num_candidates), generator=generator),
-    )
-    return tuple(t.to(device) for t in tensors)
+from tests.gpu.harness import BF16_SCORE_ATOL, CUDA, cpu_scores, inputs, relayed_on_gpu, request_events
 
 
 @pytest.mark.parametrize("length", [512, 2048, 8192])
@@ -73,25 +52,9 @@ def test_fp32_batched_ranks_on_the_gpu_equal_one_at_a_time_and_the_cpu():
 
 def test_a_prefix_handed_across_streams_by_event_ranks_like_the_cpu():
     async def scenario():
-        preset = get_preset("cpu-small")
-        rng = np.random.default_rng(0)
-        long = Events.of(rng.integers(0, 2**40, 4096), rng.integers(0, 8, 4096))
-        short = Events.of(rng.integers(0, 2**40, 16), rng.integers(0, 8, 16))
-        candidates = rng.integers(0, 2**40, 128).tolist()
-        scheduler = Scheduler("gpu-test")
-        model = HSTURanker(preset).to(CUDA)
-        runner = ModelRunner(model, scheduler, 256, None, "v", Accelerator(CUDA))
-        try:
-            prefix = await runner.pre_infer(long, Priority.PRE_INFER)  # pre-infer stream, returns at launch
-            assert prefix.ready is not None
-            scores = await runner.rank(prefix, short, candidates, deadline=None)  # rank stream waits by event
-        finally:
-            scheduler.close()
-        cpu_runner = ModelRunner(HSTURanker(preset), Scheduler("cpu"), 256, None, "v")
-        try:
-            expected = cpu_runner.rank_sync(cpu_runner.build_sync(long, False), short, candidates)
-        finally:
-            cpu_runner.worker.close()
+        long, short, candidates = request_events(0, 4096)
+        (scores,), _ = await relayed_on_gpu(long, short, candidates)
+        expected = cpu_scores(get_preset("cpu-small"), long, short, candidates)
         assert_close(torch.tensor(scores), torch.tensor(expected), atol=1e-4, rtol=1e-4)
 
     asyncio.run(scenario())

@@ -20,23 +20,23 @@ import select
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2
-from prometheus_client.parser import text_string_to_metric_families
 
 from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 from services.affinity.discovery import srv_lookup
 from services.common.contract import cache_source_label
 from services.launcher.procs import health_status
 from tests.reliability.harness import BackgroundLoad, recommend_load
+from tests.support.metrics import Samples, samples, scrape
 
 log = logging.getLogger("driver")
 
-Samples = list[tuple[str, dict[str, str], float]]
+# Samples as they cross the pipe between the driver and its agent: (name, labels, value).
+Rows = list[tuple[str, dict[str, str], float]]
 
 
 class Agent:
@@ -59,14 +59,8 @@ class Agent:
             )
         return list(profile.members)
 
-    def scrape(self, url: str) -> Samples:
-        with urllib.request.urlopen(url, timeout=5) as page:
-            text = page.read().decode()
-        return [
-            (sample.name, dict(sample.labels), sample.value)
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-        ]
+    def scrape(self, url: str) -> Rows:
+        return [(name, dict(labels), value) for (name, labels), value in scrape(url).items()]
 
     def start_load(self, address: str, rate: float, users: int, seed: int) -> float:
         """Starts Recommend calls to `address`, round-robin over `users` users; returns when sending began
@@ -161,7 +155,8 @@ class Driver:
         return self.call("members", address=address)
 
     def scrape(self, url: str) -> Samples:
-        return [(name, labels, value) for name, labels, value in self.call("scrape", url=url)]
+        """Every sample of the metrics endpoint at `url`, read from inside the hosts' network."""
+        return samples(self.call("scrape", url=url))
 
     def start_load(self, address: str, rate: float, users: int, seed: int) -> float:
         return self.call("start_load", address=address, rate=rate, users=users, seed=seed)

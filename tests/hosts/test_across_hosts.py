@@ -35,7 +35,7 @@ import json
 import re
 import shlex
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -43,9 +43,11 @@ import pytest
 from services.affinity.ring import AffinityRing
 from services.common.contract import RANKER_SERVICE, RECOMMEND_SERVICE, TRIGGER_SERVICE
 from tests.hosts import netns
-from tests.hosts.driver import Driver, Samples
+from tests.hosts.driver import Driver
 from tests.hosts.netns import HostedService, HostNetwork
 from tests.reliability.harness import RANKER_ARGS, STUB_ARGS, TRIGGER_ARGS
+from tests.support.metrics import Samples, increase, total
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +117,7 @@ def start_fleet(network: HostNetwork, driver: Driver) -> dict[str, HostedService
     """Rankers on h1 and h2, then router, trigger and retrieval stub on h3, each once the rankers serve
     (as seen from h3, across the switch), and the stub once the trigger does."""
     # The DNS server answers before anything that looks names up starts.
-    until(lambda: answers(driver, RANKER_SRV), 10, "the DNS server answers")
+    wait_for(lambda: answers(driver, RANKER_SRV), 10, "the DNS server answers")
     services: dict[str, HostedService] = {}
     for name, host in RANKER_HOSTS.items():
         services[name] = network.start_service(
@@ -160,26 +162,7 @@ def wait_serving(driver: Driver, service: HostedService) -> None:
             raise RuntimeError(f"{service.name} exited with {process.popen.returncode}; {process.log_tail()}")
         return driver.serving(service.address, process.service)
 
-    until(serving, STARTUP_TIMEOUT_S, f"{service.name} serves on {service.address}")
-
-
-def until(predicate: Callable[[], bool], timeout_s: float, what: str, every_s: float = 0.1) -> float:
-    """Polls `predicate` until it holds and returns when it did (time.monotonic())."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s:.0f}s")
-        time.sleep(every_s)
-    return time.monotonic()
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of `name` over the series whose labels include `labels`."""
-    return sum(v for n, series, v in samples if n == name and labels.items() <= series.items())
-
-
-def increase(before: Samples, after: Samples, name: str, **labels: str) -> float:
-    return total(after, name, **labels) - total(before, name, **labels)
+    wait_for(serving, STARTUP_TIMEOUT_S, f"{service.name} serves on {service.address}")
 
 
 def ranks_ok(samples: Samples) -> float:
@@ -188,12 +171,14 @@ def ranks_ok(samples: Samples) -> float:
 
 def routable(samples: Samples) -> list[str]:
     """The members a routing process has on its ring now, by its own metrics."""
-    return sorted(s["member"] for n, s, v in samples if n == "relaygr_router_member_healthy" and v == 1)
+    return sorted(
+        dict(s)["member"] for (n, s), v in samples.items() if n == "relaygr_router_member_healthy" and v == 1
+    )
 
 
 def members(samples: Samples) -> list[str]:
     """Every member a routing process knows, routable or not."""
-    return sorted(s["member"] for n, s, _ in samples if n == "relaygr_router_member_healthy")
+    return sorted(dict(s)["member"] for n, s in samples if n == "relaygr_router_member_healthy")
 
 
 def decisions(samples: Samples, method: str, *kinds: str) -> float:
@@ -213,9 +198,9 @@ def test_the_fleet_across_hosts_keeps_affinity_and_loses_no_rank_when_a_host_dro
     # 1. Discovery: the cluster DNS lists both rankers, and the router found them there by name, as did
     # the trigger and the stub, which route to them themselves.
     assert driver.srv(RANKER_SRV) == [(f"{pod(name, 'ranker-headless')}.", RANKER_PORT) for name in RANKERS]
-    until(lambda: driver.members(router.address) == RANKERS, 10, "the router has both rankers as members")
+    wait_for(lambda: driver.members(router.address) == RANKERS, 10, "the router has both rankers as members")
     for name in ROUTING:
-        until(
+        wait_for(
             lambda name=name: routable(across.scrape(name)) == RANKERS,
             10,
             f"the {name} routes to both rankers",
@@ -232,13 +217,13 @@ def test_the_fleet_across_hosts_keeps_affinity_and_loses_no_rank_when_a_host_dro
         before_cut = {name: across.scrape(name) for name in ROUTING}
         cut_at = time.monotonic()
         network.cut("h2")
-        gone_at = until(lambda: set(member_healthy("ranker-1").values()) == {0}, 15,
+        gone_at = wait_for(lambda: set(member_healthy("ranker-1").values()) == {0}, 15,
                         "the stub and the trigger take ranker-1 off")  # fmt: skip
         at_gone = {name: across.scrape(name) for name in ("retrieval-stub", "ranker-0")}
         time.sleep(AWAY_S)
         mended_at = time.monotonic()
         network.mend("h2")
-        back_at = until(lambda: set(member_healthy("ranker-1").values()) == {1}, 30,
+        back_at = wait_for(lambda: set(member_healthy("ranker-1").values()) == {1}, 30,
                         "the stub and the trigger take ranker-1 back")  # fmt: skip
         at_back = across.scrape("ranker-1")
         time.sleep(BACK_S)

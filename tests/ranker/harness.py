@@ -1,4 +1,5 @@
-"""An in-process ranker on a real gRPC server over loopback, for the ranker's service tests."""
+"""An in-process ranker on a real gRPC server over loopback, for the ranker's service tests; the requests
+sent to it are built with tests.support.requests."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import grpc
 import numpy as np
 from prometheus_client import REGISTRY
 
-from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
+from relaygr.v1 import ranker_pb2_grpc
 from services.ranker.app import RankerApp
 from services.ranker.cache.prefix_cache import Source
 from services.ranker.config import RankerConfig
@@ -70,33 +71,6 @@ def events(item_ids: list[int]) -> Events:
     return Events.of(item_ids, [i % 5 for i in range(len(item_ids))])
 
 
-def sequence(item_ids: list[int]) -> common_pb2.BehaviorSequence:
-    return common_pb2.BehaviorSequence(
-        item_ids=item_ids, action_types=[i % 5 for i in range(len(item_ids))], timestamps_ms=[]
-    )
-
-
-def history(user: int, length: int) -> list[int]:
-    return [(user * 7919 + i * 104729) % 1_000_003 for i in range(length)]
-
-
-def pre_infer_request(user_id: str, long: list[int]) -> ranker_pb2.PreInferRequest:
-    return ranker_pb2.PreInferRequest(user_id=user_id, long_term=sequence(long))
-
-
-def rank_request(
-    user_id: str, long: list[int], short: list[int], candidates: list[int], relay_instance: str = ""
-) -> ranker_pb2.RankRequest:
-    return ranker_pb2.RankRequest(
-        request_id=f"req-{user_id}",
-        user_id=user_id,
-        long_term=sequence(long),
-        short_term=sequence(short),
-        candidate_item_ids=candidates,
-        relay_instance=relay_instance,
-    )
-
-
 def blocked(scheduler: Scheduler) -> threading.Event:
     """Holds the scheduler's thread in a job until the returned event is set, so that jobs queue behind it."""
     gate, started = threading.Event(), threading.Event()
@@ -108,10 +82,6 @@ def blocked(scheduler: Scheduler) -> threading.Event:
     scheduler.submit(hold, Priority.RANK, Op.PROFILE)
     assert started.wait(10)
     return gate
-
-
-def metric(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def held_bytes(cache) -> dict[str, int]:

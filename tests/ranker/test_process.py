@@ -15,7 +15,7 @@ from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 from services.launcher.procs import Processes, health_status
 from services.ranker.app import RankerApp
 from services.ranker.config import RankerConfig
-from tests.ranker.harness import pre_infer_request, rank_request
+from tests.support.requests import pre_infer_request, rank_request
 
 ARGS = [
     "--model-preset", "cpu-tiny", "--instance-name", "ranker-p", "--profile-lengths", "16,64",

@@ -25,7 +25,8 @@ from services.ranker.model.store import load_model_dir
 from services.router.config import RouterConfig
 from tests.ranker.harness import running_ranker
 from tests.ranker.recsys_examples import cfg_for, reference_scores, write_checkpoint
-from tests.router.harness import eventually, running_router
+from tests.router.harness import running_router
+from tests.support.polling import eventually
 
 HBM, DRAM = common_pb2.CACHE_SOURCE_HBM, common_pb2.CACHE_SOURCE_DRAM
 EXTENDED, MISS = common_pb2.CACHE_SOURCE_EXTENDED, common_pb2.CACHE_SOURCE_MISS

@@ -12,16 +12,9 @@ from relaygr.v1 import common_pb2, ranker_pb2
 from services.ranker.engine.latency_curve import LatencyPoint
 from services.ranker.model.events import Events
 from tests.exact import assert_scores_equal
-from tests.ranker.harness import (
-    events,
-    history,
-    metric,
-    model_passes,
-    pre_infer_request,
-    rank_request,
-    running_ranker,
-    sequence,
-)
+from tests.ranker.harness import events, model_passes, running_ranker
+from tests.support.metrics import metric
+from tests.support.requests import history, pre_infer_request, rank_request, sequence
 
 HBM = common_pb2.CACHE_SOURCE_HBM
 MISS = common_pb2.CACHE_SOURCE_MISS
@@ -188,7 +181,8 @@ def test_a_rank_that_cannot_meet_its_deadline_is_shed_before_the_work():
             # The latency curve is the ranker's own measurement; here it says a rank of any length takes
             # 10 s, so a Rank with 2 s left reaches the server and is shed there, before any work.
             slow = LatencyPoint(prefix_length=60, full_ms=20_000.0, pre_infer_ms=10_000.0, rank_ms=10_000.0)
-            r.app.plane.curve = dataclasses.replace(r.app.plane.curve, points=(slow,))
+            calibration = r.app.plane.calibration
+            calibration.set_curve(dataclasses.replace(calibration.curve, points=(slow,)))
             shed = metric("relaygr_shed_requests_total", method="Rank", reason="deadline")
             passes = model_passes()
             with pytest.raises(grpc.aio.AioRpcError) as caught:

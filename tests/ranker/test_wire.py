@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from relaygr.v1 import common_pb2, ranker_pb2
 from services.ranker import wire
 from tests.exact import assert_scores_equal
-from tests.ranker.harness import history, pre_infer_request, rank_request, running_ranker, sequence
+from tests.ranker.harness import running_ranker
+from tests.support.requests import history, pre_infer_request, rank_request, sequence
 
 HBM = common_pb2.CACHE_SOURCE_HBM
 SHORT = [11, 12, 13]

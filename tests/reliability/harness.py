@@ -4,6 +4,7 @@ and readings of the services' metrics endpoints and of their processes' memory.
 The fleet is `services.launcher.fleet.Fleet` with cpu-tiny rankers, free ports and a universe of short
 histories, so that it starts in seconds on two shared cores. Load runs on its own thread and event loop
 (`BackgroundLoad`), so a test can kill and restart services from the main thread while requests flow.
+Metrics are read with tests.support.metrics and waits are tests.support.polling's.
 """
 
 from __future__ import annotations
@@ -11,20 +12,21 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import re
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
-from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc, recommend_pb2, recommend_pb2_grpc
+from relaygr.v1 import ranker_pb2, ranker_pb2_grpc, recommend_pb2, recommend_pb2_grpc
 from services.launcher.fleet import FleetConfig
 from services.loadgen.openloop import CallRecord, run_open_loop
+from tests.support.metrics import scrape, value
+from tests.support.requests import history, rank_request
 
 RANKER_ARGS = (
     "--torch-threads 1 --profile-lengths 32,128,512 --profile-repeats 1 --profile-candidates 16 "
@@ -69,18 +71,14 @@ def fleet_config(log_dir: Path, **overrides: Any) -> FleetConfig:
 # ---- requests ----
 
 
-def sequence(items: list[int]) -> common_pb2.BehaviorSequence:
-    return common_pb2.BehaviorSequence(item_ids=items, action_types=[i % 4 for i in range(len(items))])
-
-
-def rank_request(user: int, length: int = 64, candidates: int = 8) -> ranker_pb2.RankRequest:
-    """A deterministic Rank of user `user` with a `length`-event history."""
-    return ranker_pb2.RankRequest(
-        user_id=f"user-{user}",
+def user_rank(user: int, length: int = 64, candidates: int = 8) -> ranker_pb2.RankRequest:
+    """A deterministic Rank of user `user` with a `length`-event history, under a request id of its own."""
+    return rank_request(
+        f"user-{user}",
+        history(user, length),
+        [1, 2, 3],
+        range(100, 100 + candidates),
         request_id=f"rank-{user}-{time.monotonic_ns()}",
-        long_term=sequence([(user * 7919 + i * 104729) % 1_000_003 for i in range(length)]),
-        short_term=sequence([1, 2, 3]),
-        candidate_item_ids=list(range(100, 100 + candidates)),
     )
 
 
@@ -159,43 +157,42 @@ class BackgroundLoad:
         return self.records
 
 
-def rank_load(
+def users_load(
     address: str,
     rate: float,
+    call_for: Callable[[grpc.aio.Channel], Callable[..., Any]],
+    request_for: Callable[[int], Any],
     users: int = 200,
     first_user: int = 0,
-    timeout_s: float = RANK_TIMEOUT_S,
-    length: int = 64,
     **kw: Any,
 ) -> BackgroundLoad:
-    """Rank calls to `address` (the router), round-robin over `users` users from `first_user` on."""
+    """Calls to `address` round-robin over `users` users from `first_user` on, `request_for(user)` being
+    user number `user`'s request; `kw` are BackgroundLoad's (`timeout_s`, `seed`)."""
     return BackgroundLoad(
-        address,
-        lambda channel: ranker_pb2_grpc.RankerServiceStub(channel).Rank,
-        lambda index: rank_request(first_user + index % users, length),
-        rate,
-        timeout_s,
-        **kw,
+        address, call_for, lambda index: request_for(first_user + index % users), rate, **kw
     )
 
 
-def recommend_load(
-    address: str,
-    rate: float,
-    users: int = 200,
-    first_user: int = 0,
-    timeout_s: float = RECOMMEND_TIMEOUT_S,
-    **kw: Any,
-) -> BackgroundLoad:
-    """Recommend calls to `address` (the retrieval stub), round-robin over `users` from `first_user` on."""
-    return BackgroundLoad(
-        address,
-        lambda channel: recommend_pb2_grpc.RecommendServiceStub(channel).Recommend,
-        lambda index: recommend_request(first_user + index % users),
-        rate,
-        timeout_s,
-        **kw,
-    )
+def rank_load(address: str, rate: float, length: int = 64, **kw: Any) -> BackgroundLoad:
+    """Rank calls to `address` (the router) of `length`-event histories (`users_load`'s `kw`), each with
+    the stub's default Rank deadline unless `timeout_s` says otherwise."""
+    kw.setdefault("timeout_s", RANK_TIMEOUT_S)
+    return users_load(address, rate, _rank, lambda user: user_rank(user, length), **kw)
+
+
+def recommend_load(address: str, rate: float, **kw: Any) -> BackgroundLoad:
+    """Recommend calls to `address` (the retrieval stub) (`users_load`'s `kw`), each with the stub's whole
+    budget as deadline (RECOMMEND_TIMEOUT_S) unless `timeout_s` says otherwise."""
+    kw.setdefault("timeout_s", RECOMMEND_TIMEOUT_S)
+    return users_load(address, rate, _recommend, recommend_request, **kw)
+
+
+def _rank(channel: grpc.aio.Channel) -> Callable[..., Any]:
+    return ranker_pb2_grpc.RankerServiceStub(channel).Rank
+
+
+def _recommend(channel: grpc.aio.Channel) -> Callable[..., Any]:
+    return recommend_pb2_grpc.RecommendServiceStub(channel).Recommend
 
 
 def codes(records: list[CallRecord]) -> collections.Counter[str]:
@@ -213,37 +210,12 @@ def p99_ms(records: list[CallRecord]) -> float:
 # ---- readings ----
 
 
-def scrape(metrics_port: int) -> dict[tuple[str, frozenset], float]:
-    """Every sample of a metrics endpoint, by (name, labels)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def value(samples: dict[tuple[str, frozenset], float], name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
-
-
-def total(samples: dict[tuple[str, frozenset], float], name: str, **labels: str) -> float:
-    """The sum of `name` over every series whose labels include `labels`."""
-    wanted = set(labels.items())
-    return sum(v for (n, series), v in samples.items() if n == name and wanted <= series)
-
-
-def increase(before: dict, after: dict, name: str, **labels: str) -> float:
-    """How much `name` (summed over the series matching `labels`) grew between two scrapes."""
-    return total(after, name, **labels) - total(before, name, **labels)
-
-
 def rss_bytes(pid: int) -> int:
     """Resident memory of a process, from /proc/<pid>/status."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    found = re.search(r"^VmRSS:\s+(\d+) kB$", Path(f"/proc/{pid}/status").read_text(), re.M)
+    if found is None:
+        raise RuntimeError(f"no VmRSS for pid {pid}")
+    return int(found.group(1)) * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,11 +265,3 @@ class MemoryWatch:
         self._halt.set()
         self._thread.join()
         return self.samples
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, every_s: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s:.0f}s")
-        time.sleep(every_s)

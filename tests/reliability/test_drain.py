@@ -20,7 +20,9 @@ from grpc_health.v1 import health_pb2
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.common.contract import RANKER_SERVICE
 from services.launcher.procs import Processes, ServiceProcess, health_status
-from tests.reliability.harness import rank_request, scrape, value, wait_for
+from tests.reliability.harness import user_rank
+from tests.support.metrics import scrape, value
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +49,7 @@ def leases(ranker: ServiceProcess) -> float:
 
 
 def pre_infer(stub: ranker_pb2_grpc.RankerServiceStub, user: int) -> int:
-    request = rank_request(user)
+    request = user_rank(user)
     return stub.PreInfer(
         ranker_pb2.PreInferRequest(user_id=request.user_id, long_term=request.long_term), timeout=10
     ).outcome
@@ -62,14 +64,14 @@ def test_sigterm_serves_on_consumes_the_lease_finishes_in_flight_work_and_exits(
         stub = ranker_pb2_grpc.RankerServiceStub(channel)
         assert pre_infer(stub, 1) == ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED
         wait_for(lambda: leases(ranker) == 1, 10, "the pre-inferred prefix is leased")
-        in_flight = [pool.submit(stub.Rank, rank_request(100 + i, length=2048), timeout=30) for i in range(6)]
+        in_flight = [pool.submit(stub.Rank, user_rank(100 + i, length=2048), timeout=30) for i in range(6)]
 
         ranker.signal(signal.SIGTERM)
         wait_for(lambda: draining(ranker), 5, "health says NOT_SERVING", every_s=0.02)
         # While draining: no new pre-inference, but Ranks are served, the leased prefix among them.
         assert pre_infer(stub, 2) == ranker_pb2.PRE_INFER_OUTCOME_REJECTED_OVERLOAD
-        assert len(stub.Rank(rank_request(3), timeout=10).scores) == 8
-        relayed = stub.Rank(rank_request(1), timeout=10)
+        assert len(stub.Rank(user_rank(3), timeout=10).scores) == 8
+        relayed = stub.Rank(user_rank(1), timeout=10)
         assert relayed.cache_source == common_pb2.CACHE_SOURCE_HBM
         assert all(len(done.result().scores) == 8 for done in in_flight)
 
@@ -87,6 +89,6 @@ def test_an_unconsumed_lease_is_waited_for_until_it_expires(ranker: ServiceProce
         wait_for(lambda: draining(ranker), 5, "health says NOT_SERVING", every_s=0.02)
         # Well past the minimum drain, the ranker still serves: its lease may yet be consumed.
         time.sleep(DRAIN_MIN_S * 2)
-        assert len(stub.Rank(rank_request(3), timeout=10).scores) == 8
+        assert len(stub.Rank(user_rank(3), timeout=10).scores) == 8
     assert ranker.popen.wait(DRAIN_MIN_S + GRACE_S * 1.5 + 10) == 0
     assert time.monotonic() >= leased_until

@@ -22,15 +22,12 @@ from tests.reliability.harness import (
     codes,
     failures,
     fleet_config,
-    increase,
     rank_load,
-    rank_request,
     recommend_load,
-    scrape,
-    total,
-    value,
-    wait_for,
+    user_rank,
 )
+from tests.support.metrics import increase, scrape, total, value
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +89,7 @@ def test_a_sigkilled_ranker_costs_no_failed_call_and_gets_its_arc_back(fleet: Fl
     assert len(owned) > USERS // 6
     with grpc.insecure_channel(fleet.address(ROUTER)) as channel:
         stub = ranker_pb2_grpc.RankerServiceStub(channel)
-        assert {stub.Rank(rank_request(u), timeout=10).instance for u in owned} == {"ranker-1"}
+        assert {stub.Rank(user_rank(u), timeout=10).instance for u in owned} == {"ranker-1"}
 
 
 def test_a_rolling_restart_with_sigterm_costs_no_failed_call(fleet: Fleet) -> None:
@@ -126,7 +123,7 @@ def test_a_rolling_restart_with_sigterm_costs_no_failed_call(fleet: Fleet) -> No
     }
     with grpc.insecure_channel(fleet.address(ROUTER)) as channel:
         stub = ranker_pb2_grpc.RankerServiceStub(channel)
-        served = {name: stub.Rank(rank_request(user), timeout=10).instance for name, user in owners.items()}
+        served = {name: stub.Rank(user_rank(user), timeout=10).instance for name, user in owners.items()}
     assert served == {name: name for name in fleet.ranker_names}
 
 

@@ -26,13 +26,11 @@ from tests.reliability.harness import (
     codes,
     failures,
     fleet_config,
-    increase,
-    rank_request,
     recommend_load,
-    scrape,
-    value,
-    wait_for,
+    user_rank,
 )
+from tests.support.metrics import increase, scrape, value
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +62,7 @@ def relay_storm(address: str, rate: float) -> BackgroundLoad:
 
     def request(index: int):
         user, length = index // 2, 64 + (index // 2) % 4 * 64
-        rank = rank_request(user, length)
+        rank = user_rank(user, length)
         if index % 2 == 0:
             return ranker_pb2.PreInferRequest(user_id=rank.user_id, long_term=rank.long_term)
         return rank

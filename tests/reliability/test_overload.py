@@ -27,13 +27,11 @@ from tests.reliability.harness import (
     codes,
     failures,
     fleet_config,
-    increase,
     p99_ms,
-    rank_request,
     recommend_load,
-    scrape,
-    total,
+    user_rank,
 )
+from tests.support.metrics import increase, scrape, total
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +65,7 @@ def service_time_s(address: str, first_user: int, requests: int = 12) -> float:
         times = []
         for user in range(first_user, first_user + requests):
             started = time.perf_counter()
-            stub.Rank(rank_request(user, LENGTH), timeout=30)
+            stub.Rank(user_rank(user, LENGTH), timeout=30)
             times.append(time.perf_counter() - started)
     return statistics.median(times[2:])
 
@@ -77,7 +75,7 @@ def rank_load(address: str, rate: float, timeout_s: float, first_user: int) -> B
     return BackgroundLoad(
         address,
         lambda channel: ranker_pb2_grpc.RankerServiceStub(channel).Rank,
-        lambda index: rank_request(first_user + index, LENGTH),
+        lambda index: user_rank(first_user + index, LENGTH),
         rate,
         timeout_s,
     )

@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.launcher.procs import REPO_ROOT, Processes
-from tests.reliability.harness import wait_for
+from tests.support.polling import wait_for
 
 
 def busy_grpc(stop: threading.Event) -> None:

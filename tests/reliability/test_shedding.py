@@ -7,7 +7,9 @@ comes back while the device is held was decided without touching it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -15,8 +17,10 @@ import pytest
 from relaygr.v1 import common_pb2, ranker_pb2
 from services.ranker.config import RankerConfig
 from services.ranker.engine.scheduler import FOR_RANKS, MODEL_PASSES, Priority
-from tests.ranker.harness import Ranker, history, metric, pre_infer_request, rank_request, running_ranker
-from tests.router.harness import eventually
+from tests.ranker.harness import Ranker, running_ranker
+from tests.support.metrics import metric
+from tests.support.polling import eventually
+from tests.support.requests import history, pre_infer_request, rank_request
 
 SHORT = [1, 2, 3]
 CANDIDATES = [7, 8, 9]
@@ -43,6 +47,15 @@ class HeldDevice:
         await self.done
 
 
+@contextlib.asynccontextmanager
+async def held_ranker(**overrides) -> AsyncIterator[tuple[Ranker, HeldDevice]]:
+    """A running ranker (BASE with `overrides`) whose device thread is busy until `held.release()`."""
+    async with running_ranker(**overrides) as ranker:
+        held = HeldDevice(ranker)
+        await held.started()
+        yield ranker, held
+
+
 def run(coro):
     return asyncio.run(coro)
 
@@ -54,9 +67,7 @@ def model_passes() -> float:
 
 def test_a_rank_beyond_the_queue_bound_is_refused_while_the_device_is_busy():
     async def scenario():
-        async with running_ranker(max_queued_ranks=2) as r:
-            held = HeldDevice(r)
-            await held.started()
+        async with held_ranker(max_queued_ranks=2) as (r, held):
             before = metric("relaygr_shed_requests_total", method="Rank", reason="queue_full")
             queued = [
                 asyncio.ensure_future(r.stub.Rank(rank_request(f"q{i}", history(i, 32), SHORT, CANDIDATES)))
@@ -78,9 +89,7 @@ def test_a_rank_beyond_the_queue_bound_is_refused_while_the_device_is_busy():
 
 def test_a_rank_whose_deadline_passes_in_the_queue_costs_no_model_work():
     async def scenario():
-        async with running_ranker() as r:
-            held = HeldDevice(r)
-            await held.started()
+        async with held_ranker() as (r, held):
             passes = model_passes()
             with pytest.raises(grpc.aio.AioRpcError) as late:
                 await r.stub.Rank(rank_request("gone", history(1, 64), SHORT, CANDIDATES), timeout=0.3)
@@ -99,9 +108,7 @@ def test_a_rank_whose_deadline_passes_in_the_queue_costs_no_model_work():
 
 def test_a_rank_that_joins_a_pre_inference_is_not_starved_by_ranks_arriving_after_it():
     async def scenario():
-        async with running_ranker() as r:
-            held = HeldDevice(r)
-            await held.started()
+        async with held_ranker() as (r, held):
             relayed = history(1, 256)
             answer = await r.stub.PreInfer(pre_infer_request("relayed", relayed))
             assert answer.outcome == ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED  # queued as background work

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import urllib.request
 
 import grpc
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from relaygr.v1 import (
     common_pb2,
@@ -22,6 +20,7 @@ from services.common.contract import RECOMMEND_SERVICE
 from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet, FleetConfig
 from services.launcher.procs import Processes, free_port
 from services.workload.universe import UniverseConfig, UserUniverse
+from tests.support.metrics import scrape, total
 
 UNIVERSE = UniverseConfig(
     universe_epoch_ms=1_750_000_000_000, history_min=24, history_median=64, history_max=512, num_candidates=32
@@ -89,20 +88,11 @@ def direct_full_ranking(address: str, user_id: str, request_time_ms: int) -> tup
     return candidates, np.asarray(ranked.scores, dtype=np.float32)
 
 
-def scrape(metrics_url: str, name: str, **labels: str) -> float:
-    """The sum of a Prometheus endpoint's samples called `name` whose labels include `labels`."""
-    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and labels.items() <= sample.labels.items()
-    )
-
-
 def admit_calls(fleet: Fleet) -> float:
     """Admit RPCs the trigger has started."""
-    return scrape(fleet.endpoints()[TRIGGER].metrics_url, "grpc_server_started_total", grpc_method="Admit")
+    return total(
+        scrape(fleet.endpoints()[TRIGGER].metrics_url), "grpc_server_started_total", grpc_method="Admit"
+    )
 
 
 def test_recommend_returns_top_k_by_score_equal_to_a_direct_full_ranking(fleet):
@@ -173,10 +163,9 @@ def test_a_failed_admit_only_costs_the_relay_hint(fleet):
         )  # fmt: skip
         stub.wait_healthy(60)
         response = recommend(stub.address, "user-5")
-        failures = scrape(
-            f"http://127.0.0.1:{stub.metrics_port}/metrics", "relaygr_recommend_admit_failures_total",
-            grpc_code="UNAVAILABLE",
-        )  # fmt: skip
+        failures = total(
+            scrape(stub.metrics_port), "relaygr_recommend_admit_failures_total", grpc_code="UNAVAILABLE"
+        )
     assert len(response.item_ids) == TOP_K
     assert not response.admitted and response.admit_reason == trigger_pb2.ADMIT_REASON_UNSPECIFIED
     assert failures == 1
@@ -192,10 +181,10 @@ def test_an_abandoning_stub_sends_every_admit_and_ranks_only_the_requests_it_kee
         )  # fmt: skip
         stub.wait_healthy(60)
         admits_before = admit_calls(fleet)
-        ranks_before = scrape(router_metrics, "grpc_server_started_total", grpc_method="Rank")
+        ranks_before = total(scrape(router_metrics), "grpc_server_started_total", grpc_method="Rank")
         responses = [recommend(stub.address, f"abandoned-user-{i}") for i in range(20)]
-        ranks = scrape(router_metrics, "grpc_server_started_total", grpc_method="Rank") - ranks_before
-        counted = scrape(f"http://127.0.0.1:{stub.metrics_port}/metrics", "relaygr_recommend_abandoned_total")
+        ranks = total(scrape(router_metrics), "grpc_server_started_total", grpc_method="Rank") - ranks_before
+        counted = total(scrape(stub.metrics_port), "relaygr_recommend_abandoned_total")
         assert admit_calls(fleet) - admits_before == len(responses)
     dropped = [response for response in responses if response.abandoned]
     assert 0 < len(dropped) < len(responses)  # P(all or none of 20 at one half) = 2e-6

@@ -3,6 +3,7 @@
 `StubRanker` is a RankerService on 127.0.0.1 that answers with its own name as `instance`, records the
 raw bytes and the remaining deadline of every request it receives, and can be told to fail with a status
 code, to answer slowly, or to report NOT_SERVING. The real ranker is exercised by test_router_fleet.py.
+`through_router` runs a scenario against an in-process router in front of such stubs.
 """
 
 from __future__ import annotations
@@ -10,17 +11,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from relaygr.v1 import common_pb2, ranker_pb2
+from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.affinity.discovery import DnsLookup, srv_lookup
+from services.affinity.metrics import ROUTER_DECISIONS
 from services.common.contract import RANKER_SERVICE
 from services.router.app import RouterApp
 from services.router.config import RouterConfig
+from tests.support import requests
+from tests.support.polling import eventually
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,15 +102,6 @@ class StubRanker:
         return handle
 
 
-async def eventually(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Waits until `predicate()` holds; fails the test when it does not within `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s}s")
-        await asyncio.sleep(0.02)
-
-
 @contextlib.asynccontextmanager
 async def stub_rankers(count: int) -> AsyncIterator[list[StubRanker]]:
     """`count` started stubs named ranker-0.., stopped on exit."""
@@ -137,3 +131,33 @@ async def running_router(config: RouterConfig, lookup: DnsLookup = srv_lookup) -
         yield router
     finally:
         await router.stop()
+
+
+Scenario = Callable[[RouterApp, ranker_pb2_grpc.RankerServiceStub, list[StubRanker]], Awaitable[None]]
+
+
+def through_router(scenario: Scenario, members: int = 3, **overrides: object) -> None:
+    """Runs `scenario` with an in-process router over `members` healthy stubs and a client stub to it."""
+
+    async def main() -> None:
+        async with stub_rankers(members) as stubs:
+            config = router_config(stubs, **overrides)
+            async with running_router(config) as router, grpc.aio.insecure_channel(router.address) as channel:
+                await asyncio.wait_for(router.wait_serving(), 5)
+                await eventually(lambda: len(router.membership.routable()) == members)
+                await scenario(router, ranker_pb2_grpc.RankerServiceStub(channel), stubs)
+
+    asyncio.run(main())
+
+
+def decisions(method: str, decision: str) -> float:
+    return ROUTER_DECISIONS.labels(method, decision)._value.get()
+
+
+def rank_request(user: str, hint: str = "", events: int = 64) -> ranker_pb2.RankRequest:
+    """A Rank of `user` with `events` long-term events, carrying relay hint `hint`."""
+    return requests.rank_request(user, range(1000, 1000 + events), [7, 8], [11, 12, 13], hint)
+
+
+def stub_named(stubs: list[StubRanker], name: str) -> StubRanker:
+    return next(stub for stub in stubs if stub.name == name)

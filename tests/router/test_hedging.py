@@ -17,8 +17,8 @@ import pytest
 from relaygr.v1 import ranker_pb2_grpc
 from services.affinity.metrics import ROUTER_INFLIGHT
 from services.router.app import RouterApp
-from tests.router.harness import StubRanker, eventually
-from tests.router.test_proxy import decisions, rank_request, stub_named, through_router
+from tests.router.harness import StubRanker, decisions, rank_request, stub_named, through_router
+from tests.support.polling import eventually
 
 Client = ranker_pb2_grpc.RankerServiceStub
 RANK_TIMEOUT_S = 1.0  # the retrieval stub's default Rank deadline: the hedge goes out after ~0.5 s

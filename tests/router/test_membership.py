@@ -14,7 +14,8 @@ from services.affinity.metrics import ROUTER_FAILURES, ROUTER_MEMBER_HEALTHY
 from services.common.config import load
 from services.common.contract import RANKER_SERVICE
 from services.router.config import RouterConfig
-from tests.router.harness import eventually, stub_rankers
+from tests.router.harness import stub_rankers
+from tests.support.polling import eventually
 
 SRV_NAME = "_grpc._tcp.ranker-headless.relaygr.svc.cluster.local"
 

@@ -3,56 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
-from services.affinity.metrics import ROUTER_DECISIONS, ROUTER_INFLIGHT
+from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
+from services.affinity.metrics import ROUTER_INFLIGHT
 from services.common.contract import RANKER_SERVICE
 from services.launcher.procs import health_status
 from services.router.app import RouterApp
 from services.router.config import RouterConfig
-from tests.router.harness import StubRanker, eventually, router_config, running_router, stub_rankers
-
-Scenario = Callable[[RouterApp, ranker_pb2_grpc.RankerServiceStub, list[StubRanker]], Awaitable[None]]
-
-
-def through_router(scenario: Scenario, members: int = 3, **overrides: object) -> None:
-    """Runs `scenario` with an in-process router over `members` healthy stubs and a client stub to it."""
-
-    async def main() -> None:
-        async with stub_rankers(members) as stubs:
-            config = router_config(stubs, **overrides)
-            async with running_router(config) as router, grpc.aio.insecure_channel(router.address) as channel:
-                await asyncio.wait_for(router.wait_serving(), 5)
-                await eventually(lambda: len(router.membership.routable()) == members)
-                await scenario(router, ranker_pb2_grpc.RankerServiceStub(channel), stubs)
-
-    asyncio.run(main())
-
-
-def decisions(method: str, decision: str) -> float:
-    return ROUTER_DECISIONS.labels(method, decision)._value.get()
-
-
-def rank_request(user: str, hint: str = "", events: int = 64) -> ranker_pb2.RankRequest:
-    return ranker_pb2.RankRequest(
-        user_id=user,
-        request_id=f"req-{user}",
-        long_term=common_pb2.BehaviorSequence(
-            item_ids=range(1000, 1000 + events), action_types=[i % 3 for i in range(events)]
-        ),
-        short_term=common_pb2.BehaviorSequence(item_ids=[7, 8], action_types=[0, 1]),
-        candidate_item_ids=[11, 12, 13],
-        relay_instance=hint,
-    )
-
-
-def stub_named(stubs: list[StubRanker], name: str) -> StubRanker:
-    return next(stub for stub in stubs if stub.name == name)
+from tests.router.harness import (
+    StubRanker,
+    decisions,
+    rank_request,
+    router_config,
+    running_router,
+    stub_named,
+    stub_rankers,
+    through_router,
+)
+from tests.support.polling import eventually
 
 
 def test_requests_are_forwarded_byte_for_byte_to_the_users_member() -> None:

@@ -5,18 +5,19 @@ from __future__ import annotations
 import signal
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.affinity.ring import AffinityRing
 from services.common.contract import RANKER_SERVICE
 from services.launcher.procs import Processes, ServiceProcess
+from tests.support import requests
+from tests.support.metrics import scrape, value
+from tests.support.polling import wait_for
 
 RANKERS = ["ranker-0", "ranker-1", "ranker-2"]
 RANKER_ARGS = [
@@ -42,26 +43,15 @@ def start_router(
     listed = ",".join(f"{member}={rankers[member].address}" for member in members)
     router = procs.start(name, "services.router", RANKER_SERVICE, ["--rankers", listed, *ROUTER_ARGS])
     router.wait_healthy(30)
-    deadline = time.monotonic() + 30
-    while (routable := routable_members(router)) != set(members):
-        assert time.monotonic() < deadline, f"{name}: only {sorted(routable)} of {members} routable"
-        time.sleep(0.1)
+    wait_for(lambda: routable_members(router) == set(members), 30, f"{name}: all of {members} routable")
     return router
-
-
-def router_metrics(router: ServiceProcess) -> Iterator[tuple[str, dict[str, str], float]]:
-    url = f"http://127.0.0.1:{router.metrics_port}/metrics"
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            yield sample.name, sample.labels, sample.value
 
 
 def routable_members(router: ServiceProcess) -> set[str]:
     """The members whose `relaygr_router_member_healthy` gauge reads 1 on the router's own metrics."""
     return {
-        labels["member"]
-        for name, labels, value in router_metrics(router)
+        dict(labels)["member"]
+        for (name, labels), value in scrape(router.metrics_port).items()
         if name == "relaygr_router_member_healthy" and value == 1
     }
 
@@ -80,13 +70,8 @@ class Fleet:
         return start_router(self.procs, self.rankers, name, members)
 
     def decisions(self, method: str, decision: str) -> float:
-        for name, labels, value in router_metrics(self.router):
-            if name == "relaygr_router_decisions_total" and labels == {
-                "method": method,
-                "decision": decision,
-            }:
-                return value
-        return 0.0
+        samples = scrape(self.router.metrics_port)
+        return value(samples, "relaygr_router_decisions_total", method=method, decision=decision)
 
 
 @pytest.fixture(scope="module")
@@ -100,30 +85,20 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         fleet.channel.close()
 
 
-def sequence(items: list[int]) -> common_pb2.BehaviorSequence:
-    return common_pb2.BehaviorSequence(item_ids=items, action_types=[i % 4 for i in range(len(items))])
-
-
-def long_term(user: str, length: int = 256) -> common_pb2.BehaviorSequence:
+def long_term(user: str, length: int = 256) -> list[int]:
     seed = int(user.rsplit("-", 1)[-1]) * 1000
-    return sequence([seed + i for i in range(length)])
+    return [seed + i for i in range(length)]
 
 
 def pre_infer_request(user: str) -> ranker_pb2.PreInferRequest:
-    return ranker_pb2.PreInferRequest(user_id=user, long_term=long_term(user))
+    return requests.pre_infer_request(user, long_term(user))
 
 
 def rank_request(
     user: str, hint: str = "", candidates: tuple[int, ...] = (5, 6, 7, 8)
 ) -> ranker_pb2.RankRequest:
-    return ranker_pb2.RankRequest(
-        user_id=user,
-        request_id=f"{user}-{time.monotonic_ns()}",
-        long_term=long_term(user),
-        short_term=sequence([3, 4]),
-        candidate_item_ids=candidates,
-        relay_instance=hint,
-    )
+    request_id = f"{user}-{time.monotonic_ns()}"
+    return requests.rank_request(user, long_term(user), [3, 4], candidates, hint, request_id=request_id)
 
 
 def test_pre_infer_then_rank_through_the_router_hits_hbm_for_every_user(fleet: Fleet) -> None:
@@ -234,8 +209,9 @@ def test_a_killed_ranker_costs_no_failed_rank_and_gets_its_arc_back(fleet: Fleet
     dead = fleet.rankers["ranker-2"]
     fleet.rankers["ranker-2"] = start_ranker(fleet.procs, "ranker-2", port=dead.port)
     fleet.rankers["ranker-2"].wait_healthy(120)
-    deadline = time.monotonic() + 10
-    while fleet.client.Rank(rank_request(owned[0]), timeout=10).instance != "ranker-2":
-        assert time.monotonic() < deadline, "the router did not take ranker-2 back"
-        time.sleep(0.1)
+
+    def taken_back() -> bool:
+        return fleet.client.Rank(rank_request(owned[0]), timeout=10).instance == "ranker-2"
+
+    wait_for(taken_back, 10, "the router took ranker-2 back")
     assert {fleet.client.Rank(rank_request(user), timeout=10).instance for user in owned} == {"ranker-2"}

@@ -12,7 +12,8 @@ import pytest
 from services.affinity.membership import Membership
 from services.affinity.routing import RoutingDecision, RoutingPolicy
 from services.common.errors import Unavailable
-from tests.router.harness import StubRanker, eventually, router_config, stub_rankers
+from tests.router.harness import StubRanker, router_config, stub_rankers
+from tests.support.polling import eventually
 
 USERS = [f"user-{i}" for i in range(50)]
 

@@ -23,7 +23,8 @@ from relaygr.v1 import common_pb2, ranker_pb2, recommend_pb2, trigger_pb2
 from services.common.contract import RANKER_SERVICE, RECOMMEND_SERVICE, TRIGGER_SERVICE
 from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet
 from services.launcher.procs import health_status
-from tests.reliability.harness import fleet_config, scrape, total
+from tests.reliability.harness import fleet_config
+from tests.support.metrics import scrape, total
 
 MAX_MESSAGE_MB = 1
 LIMITS = "--max-long-term-events 512 --max-short-term-events 64 --max-candidates 64"

@@ -28,8 +28,8 @@ from relaygr.v1 import ranker_pb2, ranker_pb2_grpc, trigger_pb2
 from services.launcher.procs import Processes, ServiceProcess
 from services.trigger.admission import AdmissionPolicy, Reason
 from services.trigger.fleet_load import FleetLoad
+from tests.trigger.harness import admit_request, trigger, wait_serving
 from tests.trigger.test_admission import LIMITS, MIB, Clock, prefix, report, user_on
-from tests.trigger.test_service import admit_request, trigger, wait_serving
 
 INSTANCE = "ranker-r"
 LONG = 512  # events: 256 KiB of cpu-tiny KV (512 bytes a token)
@@ -210,8 +210,8 @@ async def admit_at_once(stubs_and_requests) -> list[trigger_pb2.AdmitResponse]:
 def test_two_triggers_admitting_at_once_lease_no_more_than_one_share(fleet):
     async def scenario():
         async with (
-            trigger(fleet.router, replicas=2, **SETTINGS) as (_, first, first_health),
-            trigger(fleet.router, replicas=2, **SETTINGS) as (_, second, second_health),
+            trigger(fleet.router, serving=False, replicas=2, **SETTINGS) as (_, first, first_health),
+            trigger(fleet.router, serving=False, replicas=2, **SETTINGS) as (_, second, second_health),
         ):
             await asyncio.gather(wait_serving(first_health), wait_serving(second_health))
             await asyncio.gather(warm(first), warm(second))
@@ -245,8 +245,7 @@ def test_a_lone_trigger_fills_the_whole_share_and_stops_there(fleet):
     """The split is the replicas': one trigger (`--replicas 1`) admits up to the whole share by itself."""
 
     async def scenario():
-        async with trigger(fleet.router, **SETTINGS) as (server, stub, health):
-            await wait_serving(health)
+        async with trigger(fleet.router, **SETTINGS) as (server, stub, _):
             await warm(stub)
             requests = burst_requests("c", BURST, 300)
             answers = await admit_at_once([(stub, request) for request in requests])

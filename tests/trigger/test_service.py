@@ -8,24 +8,21 @@ history and not for the short one, whatever the speed of the machine running the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from prometheus_client import REGISTRY
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc, trigger_pb2, trigger_pb2_grpc
 from services.common.contract import TRIGGER_SERVICE as SERVICE_NAME
 from services.launcher.procs import Processes, free_port
-from services.trigger.app import TriggerApp
-from services.trigger.config import TriggerConfig
 from services.trigger.fleet_profile import FleetProfile
+from tests.trigger.harness import CANDIDATES, SHORT_TERM, admit_request, events, trigger
 
 INSTANCE = "ranker-a"
 SHORT, LONG = 8, 512
-SHORT_TERM, CANDIDATES = 16, 32
 HBM_BUDGET_MB = 2  # holds a few 512-event prefixes of cpu-tiny (256 KiB each), not an 8192-event one
 KV_BYTES_512 = 512 * 512  # cpu-tiny: 512 KV bytes per token
 
@@ -72,57 +69,16 @@ def fleet(tmp_path_factory) -> Fleet:
         )
 
 
-def events(length: int, seed: int) -> common_pb2.BehaviorSequence:
-    return common_pb2.BehaviorSequence(
-        item_ids=[(seed * 7919 + i * 104729) % 1_000_003 for i in range(length)],
-        action_types=[(seed + i) % 8 for i in range(length)],
-        timestamps_ms=[1_700_000_000_000 + 1000 * i for i in range(length)],
-    )
-
-
-def admit_request(user_id: str, length: int, seed: int = 0) -> trigger_pb2.AdmitRequest:
-    return trigger_pb2.AdmitRequest(
-        user_id=user_id,
-        long_term=events(length, seed),
-        num_candidates=CANDIDATES,
-        short_term_length=SHORT_TERM,
-    )
-
-
 def decisions(reason: str) -> float:
     labels = {"decision": "admit" if reason == "admitted" else "reject", "reason": reason}
     return REGISTRY.get_sample_value("relaygr_trigger_decisions_total", labels) or 0.0
-
-
-@contextlib.asynccontextmanager
-async def trigger(router: str, **settings):
-    # A generous PreInfer deadline: the ranker shares two busy cores with the test.
-    config = TriggerConfig(port=0, metrics_port=-1, router=router, pre_infer_timeout_ms=2000, **settings)
-    config.validate()
-    server = TriggerApp(config)
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(server.address) as channel:
-            yield server, trigger_pb2_grpc.TriggerServiceStub(channel), health_pb2_grpc.HealthStub(channel)
-    finally:
-        await server.stop()
-
-
-async def wait_serving(health: health_pb2_grpc.HealthStub) -> None:
-    for _ in range(200):
-        answer = await health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
-        if answer.status == health_pb2.HealthCheckResponse.SERVING:
-            return
-        await asyncio.sleep(0.05)
-    raise TimeoutError("trigger never became SERVING")
 
 
 def test_an_eight_event_history_gains_nothing_at_the_default_relay_overhead(fleet):
     # What relay would move off the critical path is the 8-event prefix's own computation, microseconds
     # on any device, never the 2 ms round trip: refused however the warm-up measured the curve.
     async def scenario():
-        async with trigger(fleet.router) as (_, stub, health):
-            await wait_serving(health)
+        async with trigger(fleet.router) as (_, stub, _):
             request = admit_request("user-eight", 8)
             request.num_candidates = 64
             answer = await stub.Admit(request)
@@ -133,8 +89,7 @@ def test_an_eight_event_history_gains_nothing_at_the_default_relay_overhead(flee
 
 def test_long_history_is_admitted_and_its_rank_hits_hbm_short_gains_nothing(fleet):
     async def scenario():
-        async with trigger(fleet.router, relay_overhead_ms=fleet.overhead_ms) as (_, stub, health):
-            await wait_serving(health)
+        async with trigger(fleet.router, relay_overhead_ms=fleet.overhead_ms) as (_, stub, _):
             before = {r: decisions(r) for r in ("admitted", "no_gain", "duplicate")}
 
             short = await stub.Admit(admit_request("user-short", SHORT))
@@ -178,8 +133,7 @@ def test_the_hbm_brake_reads_the_bytes_the_ranker_reports(fleet):
     async def scenario():
         # A share of the ranker's 2 MiB that holds one 512-event prefix of cpu-tiny (256 KiB), not two.
         settings = {"relay_overhead_ms": fleet.overhead_ms, "hbm_lease_fraction": 0.2}
-        async with trigger(fleet.router, **settings) as (server, stub, health):
-            await wait_serving(health)
+        async with trigger(fleet.router, **settings) as (server, stub, _):
             first = await stub.Admit(admit_request("user-f1", LONG, seed=3))
             assert first.reason == trigger_pb2.ADMIT_REASON_ADMITTED
             # The answer carried the ranker's report: its budget, and the prefix's bytes held for it.
@@ -197,8 +151,7 @@ def test_the_hbm_brake_reads_the_bytes_the_ranker_reports(fleet):
 def test_the_backlog_brake_refuses_a_prefix_longer_than_the_bound(fleet):
     async def scenario():
         settings = {"relay_overhead_ms": fleet.overhead_ms, "max_backlog_ms": fleet.long_pre_infer_ms / 2}
-        async with trigger(fleet.router, **settings) as (server, stub, health):
-            await wait_serving(health)
+        async with trigger(fleet.router, **settings) as (server, stub, _):
             refused = await stub.Admit(admit_request("user-b1", LONG, seed=5))
             assert (refused.admitted, refused.reason) == (False, trigger_pb2.ADMIT_REASON_BACKLOG_LIMIT)
             assert server.plane.fleet.pre_infer_backlog_ms(INSTANCE) == 0.0  # it reserved nothing
@@ -212,8 +165,7 @@ def test_a_ranker_refusal_is_reported_and_released(fleet):
         # predict more than the default 500 ms for an 8192-event prefix, and the trigger would then refuse it
         # itself (BACKLOG_LIMIT) before the ranker is asked. This test is about the ranker's refusal.
         settings = {"relay_overhead_ms": fleet.overhead_ms, "max_backlog_ms": 3_600_000.0}
-        async with trigger(fleet.router, **settings) as (server, stub, health):
-            await wait_serving(health)
+        async with trigger(fleet.router, **settings) as (server, stub, _):
             fleet_load = server.plane.fleet
             # 8192 events of cpu-tiny are 4 MiB of KV: more than the ranker's whole HBM budget. Before any
             # report the trigger does not know that budget, and the ranker refuses.
@@ -254,8 +206,7 @@ def drop_an_action_type(request: trigger_pb2.AdmitRequest) -> None:
 )
 def test_invalid_requests_name_the_field(fleet, spoil, field):
     async def scenario():
-        async with trigger(fleet.router) as (_, stub, health):
-            await wait_serving(health)
+        async with trigger(fleet.router) as (_, stub, _):
             request = admit_request("user-bad", SHORT)
             spoil(request)
             with pytest.raises(grpc.aio.AioRpcError) as failure:
@@ -280,7 +231,8 @@ def test_the_trigger_runs_as_a_process_and_stops_cleanly(fleet, tmp_path):
 
 def test_without_a_profile_the_trigger_is_not_serving_and_admit_is_unavailable():
     async def scenario():
-        async with trigger(f"127.0.0.1:{free_port()}", profile_retry_s=0.05) as (_, stub, health):
+        unreachable = f"127.0.0.1:{free_port()}"
+        async with trigger(unreachable, serving=False, profile_retry_s=0.05) as (_, stub, health):
             answer = await health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
             assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING
             with pytest.raises(grpc.aio.AioRpcError) as failure:

@@ -14,7 +14,8 @@ from services.ranker.cache.index import CacheEntry, PrefixKey
 from services.ranker.cache.prefix_cache import Source
 from services.ranker.cache.tiers import Tier
 from tests.exact import assert_scores_equal
-from tests.ranker.harness import CANDIDATES, SHORT, cache_app, events, held_bytes, history, rank, settle
+from tests.ranker.harness import CANDIDATES, SHORT, cache_app, events, held_bytes, rank, settle
+from tests.support.requests import history
 
 
 def test_a_pin_is_an_owned_handle_released_once():

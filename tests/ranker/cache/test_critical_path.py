@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from relaygr.v1 import common_pb2
-from tests.ranker.harness import history, pre_infer_request, rank_request, running_ranker
+from tests.ranker.harness import running_ranker
+from tests.support.requests import history, pre_infer_request, rank_request
 
 SHORT = [11, 12, 13]
 CANDIDATES = [5, 99, 1234, 7]

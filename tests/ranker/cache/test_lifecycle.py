@@ -12,7 +12,9 @@ from relaygr.v1 import common_pb2, ranker_pb2
 from services.ranker.cache import PrefixLifecycle
 from services.ranker.engine.scheduler import Priority
 from tests.exact import assert_scores_equal
-from tests.ranker.harness import held_bytes, history, metric, pre_infer_request, rank_request, running_ranker
+from tests.ranker.harness import held_bytes, running_ranker
+from tests.support.metrics import metric
+from tests.support.requests import history, pre_infer_request, rank_request
 
 SHORT = [11, 12, 13]
 CANDIDATES = [5, 99, 1234, 7, 42, 8]

@@ -13,7 +13,8 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from services.ranker.cache.prefix_cache import Source
-from tests.ranker.harness import blocked, cache_app, events, history, settle
+from tests.ranker.harness import blocked, cache_app, events, settle
+from tests.support.requests import history
 
 _ids = itertools.count(1)
 

@@ -22,7 +22,9 @@ from services.ranker.model.hstu import HSTURanker
 from services.ranker.model.prefix_kv import PrefixKV
 from services.ranker.model.presets import get_preset
 from tests.exact import assert_scores_equal
-from tests.ranker.harness import CANDIDATES, SHORT, cache_app, events, history, metric, rank, settle
+from tests.ranker.harness import CANDIDATES, SHORT, cache_app, events, rank, settle
+from tests.support.metrics import metric
+from tests.support.requests import history
 
 CPU = torch.device("cpu")
 TINY = get_preset("cpu-tiny")

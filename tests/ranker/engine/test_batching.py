@@ -20,7 +20,9 @@ from services.ranker.engine.scheduler import Priority
 from services.ranker.model.hstu import CachedRank, HSTURanker
 from services.ranker.model.presets import get_preset
 from tests.exact import assert_scores_equal
-from tests.ranker.harness import blocked, history, metric, pre_infer_request, rank_request, running_ranker
+from tests.ranker.harness import blocked, running_ranker
+from tests.support.metrics import metric
+from tests.support.requests import history, pre_infer_request, rank_request
 
 TINY = get_preset("cpu-tiny")
 

@@ -9,7 +9,9 @@ import threading
 
 from relaygr.v1 import ranker_pb2
 from services.ranker.engine.scheduler import Op, Priority
-from tests.ranker.harness import history, metric, pre_infer_request, rank_request, running_ranker
+from tests.ranker.harness import running_ranker
+from tests.support.metrics import metric
+from tests.support.requests import history, pre_infer_request, rank_request
 
 SHORT = [11, 12, 13]
 CANDIDATES = [5, 99, 1234]

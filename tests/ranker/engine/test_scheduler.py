@@ -42,7 +42,8 @@ from hypothesis import strategies as st
 from services.common.errors import DeadlineExceeded
 from services.ranker import metrics
 from services.ranker.engine.scheduler import FOR_RANKS, Batch, Op, Priority, Scheduler, Yield
-from tests.ranker.harness import blocked, metric
+from tests.ranker.harness import blocked
+from tests.support.metrics import metric
 
 PRIORITIES = st.sampled_from(list(Priority))
 
