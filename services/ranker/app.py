@@ -25,6 +25,7 @@ from services.ranker.device.accelerator import Accelerator, select_device
 from services.ranker.device.copier import TierCopier
 from services.ranker.device.graphs import RankGraphs
 from services.ranker.device.host_pool import HostPool
+from services.ranker.engine.calibration import Calibration
 from services.ranker.engine.latency_curve import LatencyCurve
 from services.ranker.engine.load import LoadBook
 from services.ranker.engine.runner import ModelRunner
@@ -80,7 +81,9 @@ class RankerApp:
         precreate_metrics()
         model, version, self.device = build_model(config)
         self.budgets = resolve_budgets(config, self.device, parameter_bytes(model))
-        self.worker = Scheduler("device", metrics.DEVICE_QUEUE_DEPTH)
+        # The latency curve, corrected by what the device thread's jobs take (the load book reads it).
+        self.calibration = Calibration()
+        self.worker = Scheduler("device", metrics.DEVICE_QUEUE_DEPTH, self.calibration.observe)
         self.copy_worker = Scheduler("copy")
         # The device's streams (rank, pre-infer, copy) and events; synchronous stand-ins on CPU.
         self.accelerator = accelerator or Accelerator(self.device)
@@ -106,7 +109,7 @@ class RankerApp:
             dram_ttl_s=config.dram_ttl_s,
             instance=config.instance_name,
             max_pending_pre_infer=config.max_pending_pre_infer,
-            load=LoadBook(self.worker),
+            load=LoadBook(self.worker, calibration=self.calibration),
             max_pre_infer_backlog_ms=config.max_pre_infer_backlog_ms,
             max_tombstones=config.max_tombstones,
         )

@@ -120,7 +120,11 @@ class RankerConfig(RequestLimits, ServiceConfig):
     torch_threads: int = setting(
         0, "intra-op CPU threads for torch (0: torch's default, one per core)", minimum=0
     )
-    profile_lengths: str = setting("128,512,2048,8192", "prefix lengths of the warm-up latency curve")
+    profile_lengths: str = setting(
+        "128,512,2048,8192",
+        "prefix lengths of the warm-up latency curve (16 events are always measured too: a pass that short "
+        "is almost all a model call's fixed cost, which the trigger's break-even reads)",
+    )
     profile_short_term: int = setting(16, "short-term length used by the warm-up latency curve", above=0)
     profile_candidates: int = setting(128, "candidate count used by the warm-up latency curve", above=0)
     profile_repeats: int = setting(

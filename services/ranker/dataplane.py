@@ -10,8 +10,10 @@ happens here, each step once:
     PreInfer: cache.pre_infer (start, join, renew or refuse a production), metrics, load report
     GetProfile: the model, the latency curve, the tiers' budgets
 
-The latency curve that shedding and the load book read is the data plane's own: `warm_up` measures it on
-the device. `load_report` is what the ranker tells the trigger with every PreInfer answer.
+The latency curve that shedding, the load book and GetProfile read is the data plane's own: `warm_up`
+measures it on the device, and the load book's `Calibration` corrects it from then on by what the jobs
+took (GetProfile answers the corrected curve). `load_report` is what the ranker tells the trigger with every
+PreInfer answer.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from services.ranker import metrics
 from services.ranker.cache import PrefixLifecycle
 from services.ranker.cache.prefix_cache import Acquired, Source
 from services.ranker.config import RankerConfig
+from services.ranker.engine.calibration import Calibration
 from services.ranker.engine.latency_curve import LatencyCurve, measure
 from services.ranker.engine.load import LoadReport
 from services.ranker.engine.runner import ModelRunner
@@ -39,7 +42,7 @@ from services.ranker.model.events import Events
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
-    """The model, its latency curve measured at warm-up, and the tiers' byte budgets."""
+    """The model, its latency curve (measured at warm-up, corrected since), and the tiers' byte budgets."""
 
     preset: str
     kv_bytes_per_token: int
@@ -78,8 +81,6 @@ class DataPlane:
         self.runner = runner
         self.cache = cache
         self.scheduler = scheduler
-        # Measured by `warm_up`, before the service reports SERVING.
-        self.curve: LatencyCurve | None = None
         # Each labelled series looked up once, not on every request.
         self._outcomes = Children(metrics.PRE_INFER_OUTCOMES)
         self._ranks = Children(metrics.RANK_REQUESTS)
@@ -90,7 +91,7 @@ class DataPlane:
     async def warm_up(self) -> LatencyCurve:
         """Measures the latency curve on the device thread; shedding and GetProfile use it from then on."""
         config = self.config
-        self.curve = await self.scheduler.submit(
+        curve = await self.scheduler.submit(
             lambda: measure(
                 self.runner,
                 config.profile_length_list(),
@@ -101,16 +102,22 @@ class DataPlane:
             Priority.RANK,
             Op.PROFILE,
         )
-        self.cache.load.curve = self.curve
-        return self.curve
+        self.calibration.set_curve(curve)
+        return curve
+
+    @property
+    def calibration(self) -> Calibration:
+        """The latency curve as measured by `warm_up` (None before), and corrected since."""
+        return self.cache.load.calibration
 
     def profile(self) -> Profile:
         """What GetProfile answers; Unavailable until the warm-up has measured the latency curve."""
-        if self.curve is None:
+        if self.calibration.curve is None:
             raise Unavailable("warming up: the latency curve is not measured yet")
         preset, version = self.runner.model.preset, self.runner.model_version
         hbm, dram = self.cache.budgets()
-        return Profile(preset.name, preset.kv_bytes_per_token, version, self.curve, hbm, dram)
+        curve = self.calibration.corrected()
+        return Profile(preset.name, preset.kv_bytes_per_token, version, curve, hbm, dram)
 
     def load_report(self) -> LoadReport:
         cache, config = self.cache, self.config
@@ -206,8 +213,8 @@ class DataPlane:
             raise ResourceExhausted(f"rank queue is full ({self.config.max_queued_ranks} waiting)")
         if time_remaining_s is None:
             return None
-        if self.curve is not None:
-            cheapest_ms = self.curve.predict_ms("rank_ms", length)
+        if self.calibration.curve is not None:
+            cheapest_ms = self.calibration.predict_ms("rank_ms", max(length, 1))
             if time_remaining_s * 1000 < cheapest_ms:
                 metrics.SHED_REQUESTS.labels("Rank", "deadline").inc()
                 raise DeadlineExceeded(

@@ -48,6 +48,13 @@ DEVICE_BATCH_SIZE = Histogram(
     ["op"],
     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32),
 )
+COST_CORRECTION = Gauge(
+    "relaygr_cost_correction",
+    "Measured device time over what the warm-up latency curve predicted for the same work, by path "
+    "(full_ms, pre_infer_ms, rank_ms), over about the last 100 jobs: the factor the ranker's load reports, "
+    "shedding and GetProfile apply to the curve (1 until 10 jobs of the path have run).",
+    ["path"],
+)
 DEVICE_QUEUE_DEPTH = Gauge(
     "relaygr_device_queue_depth", "Model jobs waiting for the device thread, by priority.", ["priority"]
 )

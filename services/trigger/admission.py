@@ -6,12 +6,16 @@ request that relay pays for, and refuses only when the fleet cannot afford it. `
 answers with the first of these that applies:
 
 1. NO_GAIN: the prefix's own computation, which is what relay moves off the critical path (F_full -
-   F_cached = F_pre), is predicted to cost no more than relaying it (`relay_overhead_ms`, the PreInfer round
-   trip): short histories, where a prefix is cheaper to recompute than to move. The prediction is one
-   fitted quantity (the pre-inference path's work on its tokens and pairs, `CostModel.compute_ms`), so the
-   break-even is one length that a restart measures again alike, and no history below it is admitted,
-   however fast or slow the device. Load does not move it: the miss's queueing cost for the Ranks behind
-   it grows with load, and so does the round trip's cost on the same contended cores.
+   F_cached = F_pre), is predicted to cost no more than relaying it: the PreInfer round trip
+   (`relay_overhead_ms`, host time) plus the pre-inference's own model call (`Prefix.call_ms`, the fixed
+   cost of a pass on the device, which the relay pays once more than the miss). Short histories, where a
+   prefix is cheaper to recompute than to move. The gain is one fitted quantity (the pre-inference path's
+   work on its tokens and pairs, `CostModel.compute_ms`), and the call's cost comes from the same measured
+   curve: a curve measured k times too slow (rankers warming up together on contended cores) scales both
+   sides alike, so the break-even length does not follow the misreading (with only the fixed round trip on
+   the cost side, a 100x slow curve put an 8-event prefix's gain above it). Load does not move it: the
+   miss's queueing cost for the Ranks behind it grows with load, and so does the round trip's cost on the
+   same contended cores.
 2. DUPLICATE: the same prefix key (user and exact long-term sequence) was admitted within the duplicate
    window; its PreInfer is in flight or its prefix is leased. The instance that holds it is returned with
    the refusal, so the caller's Rank can still carry the hint (empty while the first PreInfer is unanswered).
@@ -123,6 +127,11 @@ class Prefix:
     gain_ms: float  # the prefix's own computation: what relay moves off the critical path
     pre_infer_ms: float  # computing the prefix in the background (its work and a call's fixed cost)
 
+    @property
+    def call_ms(self) -> float:
+        """The pre-inference's model call without its work: the fixed cost of one pass on the device."""
+        return max(0.0, self.pre_infer_ms - self.gain_ms)
+
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
@@ -176,7 +185,7 @@ class AdmissionPolicy:
         now = self._clock()
         self._expire(now)
         limits = self.limits
-        if not limits.admit_all and prefix.gain_ms <= limits.relay_overhead_ms:
+        if not limits.admit_all and prefix.gain_ms <= limits.relay_overhead_ms + prefix.call_ms:
             return Decision(Reason.NO_GAIN)
         earlier = self._admissions.get(prefix.key)
         if earlier is not None:

@@ -45,17 +45,21 @@ def make(limits: Limits = LIMITS) -> tuple[AdmissionPolicy, FleetLoad, Clock]:
     return AdmissionPolicy(limits, fleet, clock), fleet, clock
 
 
+CALL_MS = 0.5  # a model call's fixed cost on the device
+
+
 def prefix(user: str, length: int = 2048, miss_ms: float = 40.0, seq: int = 0) -> Prefix:
-    """A prefix whose costs scale with its length like the model's: relay saves the miss but a cached
-    rank's 2 ms at 2048 events."""
+    """A prefix whose costs scale with its length like the model's: pre-inferring it costs most of the miss,
+    and relay moves that work (without the call's fixed cost) off the critical path."""
+    pre_infer_ms = miss_ms * 0.8
     return Prefix(
         key=(user, length, seq),
         user_id=user,
         length=length,
         nbytes=length * 1024,
         miss_ms=miss_ms,
-        gain_ms=miss_ms - 2.0 * length / 2048,
-        pre_infer_ms=miss_ms * 0.8,
+        gain_ms=pre_infer_ms - CALL_MS,
+        pre_infer_ms=pre_infer_ms,
     )
 
 
@@ -71,11 +75,39 @@ def user_on(fleet: FleetLoad, member: str, start: int = 0) -> str:
 def test_relay_is_admitted_when_it_pays_and_refused_when_it_does_not():
     policy, _, _ = make()
     assert policy.decide(prefix("long", miss_ms=40.0)).reason is Reason.ADMITTED
-    # The prefix's computation costs no more than the round trip (2.0 ms), however long the miss.
-    short = dataclasses.replace(prefix("short", length=64), miss_ms=30.0, gain_ms=2.0)
+    # The prefix's computation costs no more than the round trip (2.0 ms) and the pre-inference's own call
+    # (0.5 ms), however long the miss.
+    short = dataclasses.replace(prefix("short", length=64), miss_ms=30.0, gain_ms=2.5, pre_infer_ms=3.0)
+    assert short.call_ms == pytest.approx(CALL_MS)
     assert policy.decide(short).reason is Reason.NO_GAIN
-    barely = dataclasses.replace(short, key="barely", gain_ms=2.01)
+    barely = dataclasses.replace(short, key="barely", gain_ms=2.51, pre_infer_ms=3.01)
     assert policy.decide(barely).reason is Reason.ADMITTED
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    work_ms=st.floats(0.0, 0.5),
+    call_ms=st.floats(0.5, 5.0),
+    slowness=st.floats(1.0, 1000.0),
+)
+def test_a_prefix_cheaper_than_a_call_gains_nothing_however_slow_the_curve_was_measured(
+    work_ms: float, call_ms: float, slowness: float
+) -> None:
+    """A short prefix, whose work costs less than a model call's fixed cost, is refused NO_GAIN from a curve
+    measured `slowness` times too slow (rankers warming up together on contended cores: the gain and the
+    call's cost are read from the same curve and scale alike), though its gain alone may pass the 2 ms
+    round trip many times over."""
+    policy, _, _ = make()
+    short = Prefix(
+        key="short",
+        user_id="u",
+        length=8,
+        nbytes=8 * 1024,
+        miss_ms=slowness * (work_ms + call_ms + 1.0),
+        gain_ms=slowness * work_ms,
+        pre_infer_ms=slowness * (work_ms + call_ms),
+    )
+    assert policy.decide(short).reason is Reason.NO_GAIN
 
 
 def test_a_duplicate_gets_the_remembered_instance_until_its_window_ends():

@@ -7,6 +7,12 @@ allocators: timing noise on a shared host only ever adds, so the least is the cl
 and a restart under load measures nearly the same curve as one on an idle host). GetProfile returns the curve;
 the trigger predicts ranking cost from it, and the ranker itself uses it to shed requests that cannot meet
 their deadline.
+
+Every curve starts at `ANCHOR_LENGTH` events, whatever the profile lengths: a pass over so few events is
+almost all a model call's fixed cost, which the trigger's break-even (at the short end) reads, so the fits
+measure it there instead of extrapolating it from 128 events and more (where a fit could put it at zero).
+
+What the curve predicts is corrected while the ranker serves: `Calibration` (engine/calibration.py).
 """
 
 from __future__ import annotations
@@ -48,6 +54,16 @@ class LatencyCurve:
         return max(0.0, y0 + (y1 - y0) * (length - x0) / (x1 - x0))
 
 
+# The shortest point of every latency curve (see the module docstring).
+ANCHOR_LENGTH = 16
+
+
+def curve_lengths(lengths: list[int]) -> list[int]:
+    """The profile lengths, with `ANCHOR_LENGTH` first when the shortest is longer (and it fits)."""
+    anchor = min(ANCHOR_LENGTH, max(lengths))
+    return sorted({anchor, *lengths})
+
+
 def _synthetic(length: int, rng: np.random.Generator, model) -> Events:
     """Events the model has rows for (an imported item table refuses other ids)."""
     actions = min(8, model.preset.num_action_types)
@@ -57,7 +73,9 @@ def _synthetic(length: int, rng: np.random.Generator, model) -> Events:
 def measure(
     runner: ModelRunner, lengths: list[int], short: int, candidates: int, repeats: int
 ) -> LatencyCurve:
-    """Times the three paths on the calling thread (call it before serving, nothing else runs)."""
+    """Times the three paths at `curve_lengths(lengths)` on the calling thread (call it before serving,
+    nothing else runs)."""
+    lengths = curve_lengths(lengths)
     rng = np.random.default_rng(0)
     short_events = _synthetic(short, rng, runner.model)
     candidate_ids = runner.model.item_index.sample(rng, candidates).tolist()

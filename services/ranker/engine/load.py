@@ -1,7 +1,8 @@
 """The ranker's load, kept as work starts and ends: what its load report tells the trigger.
 
 Costs are device milliseconds estimated from the ranker's own latency curve (measured at warm-up on this
-device), so they are comparable with each other and with a relay window:
+device, corrected since by what its jobs took: `Calibration`), so they are comparable with each other and
+with a relay window:
 
 - rank backlog: every Rank in flight (queued or running) at the cost of a cached rank of its length, plus
   the prefix computations that misses started (a miss waits for its prefix): the wait a new Rank sees;
@@ -27,7 +28,7 @@ from collections.abc import Callable
 
 from services.common.metrics import Children
 from services.ranker import metrics
-from services.ranker.engine.latency_curve import LatencyCurve
+from services.ranker.engine.calibration import PATHS, Calibration
 from services.ranker.engine.scheduler import Scheduler
 
 BUSY_WINDOW_S = 1.0  # the busy fraction is measured over about this much of the recent past
@@ -74,8 +75,14 @@ class BusyMeter:
 class LoadBook:
     """Backlogs and the fate of pre-inferred tokens, updated by the data plane, the cache and the leases."""
 
-    def __init__(self, scheduler: Scheduler, clock: Callable[[], float] = time.monotonic) -> None:
-        self.curve: LatencyCurve | None = None  # set by warm-up
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        clock: Callable[[], float] = time.monotonic,
+        calibration: Calibration | None = None,
+    ) -> None:
+        # The corrected curve (its measured curve set by warm-up).
+        self.calibration = calibration if calibration is not None else Calibration()
         self._scheduler = scheduler
         self._busy = BusyMeter(scheduler, clock)
         self.rank_backlog_ms = 0.0
@@ -87,11 +94,14 @@ class LoadBook:
         # The backlogs, read when the metrics are scraped.
         metrics.RANK_BACKLOG_SECONDS.set_function(lambda: max(0.0, self.rank_backlog_ms) / 1000)
         metrics.PRE_INFER_BACKLOG_SECONDS.set_function(lambda: max(0.0, self.pre_infer_backlog_ms) / 1000)
+        ratio = self.calibration.ratio  # replaced per path, never as a whole
+        for path in PATHS:
+            metrics.COST_CORRECTION.labels(path).set_function(lambda path=path: ratio[path])
         self._tokens = Children(metrics.PRE_INFER_TOKENS)
 
     def cost_ms(self, op: str, length: int) -> float:
-        """The curve's `op` (pre_infer_ms, rank_ms, full_ms) at `length`; 0 before warm-up."""
-        return 0.0 if self.curve is None or length <= 0 else self.curve.predict_ms(op, length)
+        """The corrected curve's `op` (pre_infer_ms, rank_ms, full_ms) at `length`; 0 before warm-up."""
+        return self.calibration.predict_ms(op, length)
 
     def add_rank(self, ms: float) -> None:
         self.rank_backlog_ms += ms

@@ -197,7 +197,7 @@ class ModelRunner:
         stream); more urgent work runs between its chunks."""
         background = priority is Priority.PRE_INFER
         job = lambda yield_: self.build_sync(events, background, between_chunks=yield_)  # noqa: E731
-        return self.worker.submit_yielding(job, priority, Op.PRE_INFER, deadline)
+        return self.worker.submit_yielding(job, priority, Op.PRE_INFER, deadline, work=len(events))
 
     def extend(
         self, base: PrefixKV, appended: Events, priority: Priority, deadline: float | None = None
@@ -205,7 +205,7 @@ class ModelRunner:
         """`base` extended with the events appended since it was computed."""
         background = priority is Priority.PRE_INFER
         job = lambda yield_: self.build_sync(appended, background, base, between_chunks=yield_)  # noqa: E731
-        return self.worker.submit_yielding(job, priority, Op.EXTEND, deadline)
+        return self.worker.submit_yielding(job, priority, Op.EXTEND, deadline, work=len(appended))
 
     def rank(
         self, prefix: PrefixKV, short: Events, candidates: Sequence[int], deadline: float | None
@@ -213,11 +213,13 @@ class ModelRunner:
         """Scores of `candidates` (request order) against a ready prefix; ranks queued together run as one
         batch."""
         item = (prefix, short, candidates)
-        return self.worker.submit_batched(item, self._rank_batch, Priority.RANK, Op.RANK, deadline)
+        return self.worker.submit_batched(
+            item, self._rank_batch, Priority.RANK, Op.RANK, deadline, work=prefix.length
+        )
 
     def uncached(
         self, long: Events, short: Events, candidates: Sequence[int], deadline: float | None
     ) -> asyncio.Future[list[float]]:
         """Scores computed without keeping a prefix: the path when no prefix can be held."""
         job = lambda yield_: self.uncached_sync(long, short, candidates, between_chunks=yield_)  # noqa: E731
-        return self.worker.submit_yielding(job, Priority.AWAITED, Op.UNCACHED, deadline)
+        return self.worker.submit_yielding(job, Priority.AWAITED, Op.UNCACHED, deadline, work=len(long))

@@ -15,6 +15,11 @@ Each job's own thread CPU time (a job's Yield-nested jobs count theirs) is count
 benchmark subtracts from the process's CPU. The thread takes its own name as the OS's thread name, so
 `top -H` and /proc tell the device thread from the event loop.
 
+A job may carry its `work` (the events its model pass covers); every job that ends tells the scheduler's
+`observer`, when one is given, its op, work and own device time (its wall time on the thread, less the jobs
+nested at its `Yield`; for a batch, the pass and each job's work): the ranker's `Calibration` corrects its
+latency curve from them.
+
 Every job's future carries its `DeviceTime` (`device_time(future)`): when it was queued, started and ended on
 the device thread, and the size of the batch it ran in. A traced request turns it into its queue-wait and
 model-pass spans (`trace_device`).
@@ -37,7 +42,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from prometheus_client import Gauge
@@ -51,6 +56,8 @@ from services.ranker import metrics
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# Told each ended job's (op, the work of each of its jobs, its own device seconds) on the device thread.
+Observer = Callable[["Op", Sequence[int], float], None]
 
 
 class Priority(enum.IntEnum):
@@ -137,6 +144,8 @@ class Job:
     item: Any = dataclasses.field(default=None, compare=False)
     # Set for a job that yields between its steps: `fn` takes the running job's `Yield`.
     yields: bool = dataclasses.field(default=False, compare=False)
+    # The events its model pass covers, for the observer (0: none told).
+    work: int = dataclasses.field(default=0, compare=False)
     time: DeviceTime = dataclasses.field(default_factory=lambda: DeviceTime(time.time_ns()), compare=False)
 
 
@@ -166,9 +175,12 @@ class Yield:
 class Scheduler:
     """A single thread that runs submitted callables in priority order. Thread-safe `submit`."""
 
-    def __init__(self, name: str = "device", depth_gauge: Gauge | None = None) -> None:
+    def __init__(
+        self, name: str = "device", depth_gauge: Gauge | None = None, observer: Observer | None = None
+    ) -> None:
         """`depth_gauge` (labelled by priority), when given, reads this scheduler's queue depths when it is
-        scraped (the device scheduler's: relaygr_device_queue_depth)."""
+        scraped (the device scheduler's: relaygr_device_queue_depth); `observer` is told every ended job
+        that carries work (see the module docstring)."""
         self._heap: list[Job] = []
         self._counter = itertools.count()
         self._cond = threading.Condition()
@@ -179,8 +191,10 @@ class Scheduler:
         # Seconds the thread has spent running jobs (nested ones are inside their outer job's time).
         self.busy_s = 0.0
         self._cpu_seconds = Children(metrics.MODEL_CPU_SECONDS)
-        # [thread CPU at its start, CPU of the jobs nested in it] of each job on the thread, innermost last.
-        self._cpu_frames: list[list[float]] = []
+        # Of each job on the thread, innermost last: [thread CPU at its start, CPU of the jobs nested in it,
+        # wall time at its start, wall time of the jobs nested in it].
+        self._frames: list[list[float]] = []
+        self.observer = observer
         self._model_seconds = Children(metrics.MODEL_SECONDS)
         if depth_gauge is not None:
             for priority in Priority:
@@ -204,24 +218,36 @@ class Scheduler:
         return self._push(fn, priority, op, deadline, None, None)
 
     def submit_yielding(
-        self, fn: Callable[[Yield], T], priority: Priority, op: Op, deadline: float | None = None
+        self,
+        fn: Callable[[Yield], T],
+        priority: Priority,
+        op: Op,
+        deadline: float | None = None,
+        work: int = 0,
     ) -> asyncio.Future[T]:
         """Queues `fn`, a long job that lets more urgent work run between its steps: it is called with its
-        `Yield`, which it calls between two steps (see `submit`)."""
-        return self._push(fn, priority, op, deadline, None, None, yields=True)
+        `Yield`, which it calls between two steps (see `submit`; `work` for the observer)."""
+        return self._push(fn, priority, op, deadline, None, None, yields=True, work=work)
 
     def submit_batched(
-        self, item: Any, batch: Batch, priority: Priority, op: Op, deadline: float | None = None
+        self,
+        item: Any,
+        batch: Batch,
+        priority: Priority,
+        op: Op,
+        deadline: float | None = None,
+        work: int = 0,
     ) -> asyncio.Future:
-        """Queues `item` for `batch.run`, with the jobs of the same batch queued beside it (see `submit`)."""
-        return self._push(lambda: batch.run([item])[0], priority, op, deadline, batch, item)
+        """Queues `item` for `batch.run`, with the jobs of the same batch queued beside it (see `submit`;
+        `work` for the observer)."""
+        return self._push(lambda: batch.run([item])[0], priority, op, deadline, batch, item, work=work)
 
-    def _push(self, fn, priority, op, deadline, batch, item, yields=False) -> asyncio.Future:
+    def _push(self, fn, priority, op, deadline, batch, item, yields=False, work=0) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         with self._cond:
             if self._closed:
                 raise RuntimeError("device worker is closed")
-            job = Job(priority, next(self._counter), deadline, fn, future, op, batch, item, yields)
+            job = Job(priority, next(self._counter), deadline, fn, future, op, batch, item, yields, work)
             future.device_time = job.time  # read back by `device_time(future)`
             heapq.heappush(self._heap, job)
             self._count(priority, +1)
@@ -324,28 +350,39 @@ class Scheduler:
             return False
         return True
 
-    def _cpu_start(self) -> None:
-        self._cpu_frames.append([time.thread_time(), 0.0])
+    def _frame_start(self) -> None:
+        self._frames.append([time.thread_time(), 0.0, time.perf_counter(), 0.0])
 
-    def _cpu_stop(self, op: Op) -> None:
-        """Counts the job's own thread CPU time: the jobs run nested at its `Yield` count theirs, so the
-        per-op sums add up to the thread's time in jobs."""
-        started, nested = self._cpu_frames.pop()
-        spent = time.thread_time() - started
-        if self._cpu_frames:
-            self._cpu_frames[-1][1] += spent
-        self._cpu_seconds(op).inc(spent - nested)
+    def _frame_stop(self, op: Op) -> float:
+        """Counts the job's own thread CPU time and returns its own wall time: the jobs run nested at its
+        `Yield` count theirs, so the per-op sums add up to the thread's time in jobs."""
+        cpu_started, cpu_nested, wall_started, wall_nested = self._frames.pop()
+        cpu, wall = time.thread_time() - cpu_started, time.perf_counter() - wall_started
+        if self._frames:
+            self._frames[-1][1] += cpu
+            self._frames[-1][3] += wall
+        self._cpu_seconds(op).inc(cpu - cpu_nested)
+        return wall - wall_nested
+
+    def _observe(self, op: Op, works: Sequence[int], seconds: float) -> None:
+        if self.observer is not None and any(works):
+            try:
+                self.observer(op, works, seconds)
+            except Exception:  # an observer's fault must not take the device thread down
+                log.exception("device job observer failed")
 
     def _execute(self, job: Job, running: _Running) -> None:
         fn, future, op = job.fn, job.future, job.op
         loop = future.get_loop()
         job.time.started_ns = time.time_ns()
         started = time.perf_counter()
-        self._cpu_start()
+        self._frame_start()
+        failed = False
         try:
             result = fn(Yield(self, running)) if job.yields else fn()
         except BaseException as exc:  # delivered to the awaiting coroutine, never lost on this thread
             log.debug("device job %s failed", op, exc_info=True)
+            failed = True
             job.time.ended_ns = time.time_ns()
             loop.call_soon_threadsafe(_set_exception, future, exc)
         else:
@@ -353,23 +390,25 @@ class Scheduler:
             loop.call_soon_threadsafe(_set_result, future, result)
         finally:
             self._model_seconds(op).observe(time.perf_counter() - started)
-            self._cpu_stop(op)
+            own_s = self._frame_stop(op)
+            if not failed:
+                self._observe(op, (job.work,), own_s)
 
     def _execute_batch(self, jobs: list[Job], running: _Running) -> None:
         """One pass for every job of a batch; if it fails, each job alone (its own result or error). Batched
         jobs never yield."""
         started_ns = time.time_ns()
         started = time.perf_counter()
-        self._cpu_start()
+        self._frame_start()
         try:
             results = jobs[0].batch.run([job.item for job in jobs])
         except Exception:
-            self._cpu_stop(jobs[0].op)
+            self._frame_stop(jobs[0].op)
             log.debug("device batch of %d %s jobs failed; running them one by one", len(jobs), jobs[0].op)
             for job in jobs:
                 self._execute(job, running)
             return
-        self._cpu_stop(jobs[0].op)
+        self._observe(jobs[0].op, [job.work for job in jobs], self._frame_stop(jobs[0].op))
         # Each job is counted with its share of the pass: the count stays the jobs served, the sum the
         # device time.
         share = (time.perf_counter() - started) / len(jobs)
