@@ -19,8 +19,10 @@ The wasted share is the fleet's pre-inference device time no Rank consumed, over
 least a second), averaged over the rankers that reported (each has one device). A ranker that stops
 reporting adds nothing more, so its share decays as time passes.
 
-A member with no report yet counts as idle with an unknown HBM capacity. Not thread-safe: the trigger's
-event loop owns it. Time comes from the injected clock (monotonic seconds).
+A member with no report yet counts as idle, with the HBM capacity the fleet profile states
+(`assume_hbm_capacity`: the rankers of one fleet share a model and a device kind), so the HBM brake binds
+from the first admission, before any PreInfer has answered (0 until a profile came: unknown, no brake).
+Not thread-safe: the trigger's event loop owns it. Time comes from the injected clock (monotonic seconds).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class FleetLoad:
         self._members: dict[str, MemberLoad] = {}
         self._unanswered_ms: collections.Counter[str] = collections.Counter()
         self._unanswered_bytes: collections.Counter[str] = collections.Counter()
+        self._assumed_capacity = 0
 
     def set_members(self, names: Iterable[str], virtual_nodes: int = VIRTUAL_NODES) -> None:
         """The ring's members; reports of members that left are forgotten."""
@@ -140,10 +143,14 @@ class FleetLoad:
         """Bytes of this trigger's admissions to `name` whose PreInfer has not answered yet."""
         return self._unanswered_bytes[name]
 
+    def assume_hbm_capacity(self, nbytes: int) -> None:
+        """The HBM budget of a member that has not reported yet (the fleet profile's)."""
+        self._assumed_capacity = max(0, nbytes)
+
     def hbm_capacity_bytes(self, name: str) -> int:
-        """The member's HBM budget as it last reported it; 0 when unknown."""
+        """The member's HBM budget as it last reported it, else the assumed one; 0 when unknown."""
         report, _ = self._aged(name)
-        return 0 if report is None else report.hbm_capacity_bytes
+        return self._assumed_capacity if report is None else report.hbm_capacity_bytes
 
     def wasted_share(self) -> float:
         """Share of the fleet's device time spent, over the waste window, on pre-inference never consumed."""

@@ -20,6 +20,7 @@ class FleetProfile:
     model_version: str
     members: tuple[str, ...] = ()
     virtual_nodes: int = VIRTUAL_NODES
+    hbm_capacity_bytes: int = 0  # the answering ranker's HBM budget: a member's until it reports its own
 
     @classmethod
     def from_response(cls, response: ranker_pb2.GetProfileResponse) -> FleetProfile:
@@ -46,4 +47,5 @@ class FleetProfile:
             model_version=response.model_version,
             members=tuple(response.members),
             virtual_nodes=response.ring_virtual_nodes or VIRTUAL_NODES,
+            hbm_capacity_bytes=response.hbm_capacity_bytes,
         )

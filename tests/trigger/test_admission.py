@@ -42,6 +42,7 @@ def make(limits: Limits = LIMITS) -> tuple[AdmissionPolicy, FleetLoad, Clock]:
     clock = Clock()
     fleet = FleetLoad(waste_window_s=10.0, clock=clock)
     fleet.set_members(RANKERS)
+    fleet.assume_hbm_capacity(64 * MIB)  # the fleet profile's, until a ranker reports its own
     return AdmissionPolicy(limits, fleet, clock), fleet, clock
 
 
@@ -134,6 +135,21 @@ def test_a_refused_prefix_may_be_tried_again_and_its_reservation_is_released():
     assert fleet.pre_infer_backlog_ms(target) == 0.0
     assert fleet.leased_bytes(target) == 0
     assert policy.decide(first).admitted
+
+
+def test_before_any_report_the_hbm_brake_binds_at_the_profiles_capacity():
+    """No PreInfer has answered yet, so no ranker has reported its HBM: the fleet profile's capacity
+    (64 MiB, a share of 32) bounds the unanswered admissions (8 MiB each)."""
+    policy, fleet, _ = make()
+    user = user_on(fleet, "ranker-a")
+    reasons = [policy.decide(prefix(user, length=8192, seq=seq)).reason for seq in range(6)]
+    assert reasons == [Reason.ADMITTED] * 4 + [Reason.HBM_LIMIT] * 2
+    assert fleet.unanswered_bytes("ranker-a") == 4 * 8192 * 1024
+    unknown = FleetLoad(waste_window_s=10.0)
+    unknown.set_members(RANKERS)
+    assert unknown.hbm_capacity_bytes("ranker-a") == 0  # no profile yet: unknown
+    fleet.observe(report("ranker-a", hbm_capacity_bytes=16 * MIB))
+    assert fleet.hbm_capacity_bytes("ranker-a") == 16 * MIB  # its own report wins
 
 
 def test_the_hbm_brake_reads_the_bytes_the_ranker_reports_and_lets_them_age_out():
@@ -263,6 +279,7 @@ def test_users_are_placed_on_the_routers_ring_and_leavers_are_forgotten():
 
 
 @settings(max_examples=60, deadline=None)
+@example([(8192, "ranker-a", 0.0, False)] * 6)  # no report yet: the profile's capacity binds
 @example(  # an unanswered admission expires in the decision that admits the next one
     [(1, "ranker-a", 0.0, False)] * 4 + [(1, "ranker-a", 0.5, False)] * 3
     + [(5333, "ranker-a", 0.0, False), (153, "ranker-a", 0.5, True), (4161, "ranker-a", 0.25, False),
@@ -276,24 +293,35 @@ def test_users_are_placed_on_the_routers_ring_and_leavers_are_forgotten():
     )
 )
 def test_admissions_never_lease_more_than_the_share_of_a_rankers_hbm(steps):
-    """Every admission fits, with what the ranker last reported and what is unanswered, in the share."""
+    """Every admission fits in the share with what the ranker holds and what is unanswered, both counted
+    here, independently of the trigger: the ranker's holding as its last report stated it, aged as the
+    report's contract says (linearly to zero over its lease TTL), and every admission to it whose PreInfer
+    has not answered and whose duplicate window is still open, this one included. (Read back from the
+    trigger's own `FleetLoad`, an over-lease from forgetting unanswered admissions would pass unseen.)"""
     policy, fleet, clock = make()
-    held = {name: 0 for name in RANKERS}  # bytes the ranker holds for prefixes, as it would report
+    share = LIMITS.hbm_lease_fraction * 64 * MIB
+    ttl_s = report("x").lease_ttl_ms / 1000
+    reported = {name: (0, clock.now) for name in RANKERS}  # (leased bytes, when) of each last report
+    unanswered: dict[str, list[tuple[float, int]]] = {name: [] for name in RANKERS}  # (expires at, bytes)
     for number, (length, member, wait_s, answer) in enumerate(steps):
         clock.now += wait_s
         user = user_on(fleet, member, start=number * 10_000)
         item = prefix(user, length=length, miss_ms=5.0 + length / 100)
         decision = policy.decide(item)
-        if decision.admitted:
-            # What the ranker holds as the trigger sees it once the decision is taken: its aged report
-            # plus every unanswered admission, this one included (an unanswered admission older than the
-            # duplicate window was released by this very decision, so the bytes before it may be fewer).
-            assert fleet.leased_bytes(member) <= LIMITS.hbm_lease_fraction * 64 * MIB
-            assert fleet.unanswered_bytes(member) >= item.nbytes
-            if answer:
-                held[member] = fleet.leased_bytes(member)
-                policy.answered(item.key, member, held=True)
-                fleet.observe(report(member, leased_bytes=held[member]))
+        if not decision.admitted:
+            continue
+        unanswered[member] = [(until, nbytes) for until, nbytes in unanswered[member] if until > clock.now]
+        unanswered[member].append((clock.now + LIMITS.duplicate_window_s, item.nbytes))
+        leased, at = reported[member]
+        holds = leased * max(0.0, 1.0 - (clock.now - at) / ttl_s)
+        waiting = sum(nbytes for _, nbytes in unanswered[member])
+        assert holds + waiting <= share + 1  # (the trigger rounds the aged bytes to whole ones)
+        if answer:
+            # The ranker now holds its leases (aged as reported) and this prefix, and says so.
+            unanswered[member].pop()
+            reported[member] = (round(holds) + item.nbytes, clock.now)
+            policy.answered(item.key, member, held=True)
+            fleet.observe(report(member, leased_bytes=reported[member][0]))
 
 
 WINDOW = dataclasses.replace(LIMITS, relay_window_ms=100.0)

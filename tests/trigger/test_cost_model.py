@@ -109,6 +109,7 @@ def test_each_path_is_fitted_on_its_own_column_with_its_own_work():
         profile_num_candidates=PROFILE_C,
         members=["ranker-b", "ranker-a"],
         ring_virtual_nodes=40,
+        hbm_capacity_bytes=3 << 30,
         latency_curve=[
             ranker_pb2.LatencyPoint(
                 prefix_length=n,
@@ -134,9 +135,9 @@ def test_each_path_is_fitted_on_its_own_column_with_its_own_work():
     assert saved == pytest.approx(true.per_token_ms * n + true.per_pair_ms * n * (n + 1) / 2, rel=1e-6)
     # ... which the pre-inference path's compute alone predicts: the trigger's gain is that one fit.
     assert profile.pre_infer.compute_ms(n, 0, 0) == pytest.approx(saved, rel=1e-6)
-    assert (profile.members, profile.virtual_nodes, profile.kv_bytes_per_token) == (
-        ("ranker-b", "ranker-a"), 40, 512,
-    )  # fmt: skip
+    ring = (profile.members, profile.virtual_nodes)
+    assert ring == (("ranker-b", "ranker-a"), 40)
+    assert (profile.kv_bytes_per_token, profile.hbm_capacity_bytes) == (512, 3 << 30)
 
 
 def test_fleet_profile_refuses_a_profile_without_curve():
