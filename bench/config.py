@@ -88,7 +88,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from services.common.config import env_name, flag_name, listed, load, setting
+from services.common.config import env_name, flag_name, grid, listed, load, setting
 from services.launcher.fleet import ROUTINGS
 
 PROFILES = ("quick", "full", "gpu")
@@ -127,16 +127,14 @@ class Profile:
         return min(self.measured, max(self.measured_min, round(rate * self.measured_s)))
 
 
+QUICK = Profile(
+    measured=200, floor_repeats=3, cached_rank_iterations=20, window_delays_ms=(), refine_steps=0, seeds=1
+)
 PROFILE_SETTINGS = {
-    "quick": Profile(
-        measured=200,
-        floor_repeats=3,
-        cached_rank_iterations=20,
-        window_delays_ms=(),
-        refine_steps=0,
-        seeds=1,
-    ),
-    "full": Profile(
+    "quick": QUICK,
+    # More of everything: refined loads, three load seeds at each verdict, two more relay windows.
+    "full": dataclasses.replace(
+        QUICK,
         measured=1000,
         floor_repeats=7,
         cached_rank_iterations=100,
@@ -144,16 +142,8 @@ PROFILE_SETTINGS = {
         refine_steps=2,
         seeds=3,
     ),
-    "gpu": Profile(
-        measured=300,
-        floor_repeats=2,
-        cached_rank_iterations=20,
-        window_delays_ms=(),
-        refine_steps=0,
-        seeds=1,
-        measured_s=4.0,
-        measured_min=150,
-    ),
+    # Points sized by their rate (4 s of requests, 150-300), the floor timed twice.
+    "gpu": dataclasses.replace(QUICK, measured=300, floor_repeats=2, measured_s=4.0, measured_min=150),
 }
 
 # The gpu profile's own defaults: each applies where neither its flag nor its RELAYGR_ variable is given
@@ -222,31 +212,24 @@ class BenchConfig:
     dram_budget_mb: float = setting(
         1024.0, "DRAM-tier budget per ranker, MiB (the baseline and no-dram: 0; -1: the ranker's auto budget)"
     )
-    ranker_profile_lengths: str = setting(
+    ranker_profile_lengths: str = grid(
         "128,256,512,2048,4096",
         "prefix lengths of each ranker's warm-up curve (the short ones place the trigger's break-even)",
-        items=int,
-        above=0,
-        increasing=True,
+        int,
     )
     ranker_profile_repeats: int = setting(
         2, "timed repeats per length of each ranker's warm-up curve", above=0
     )
     short_term: int = setting(16, "short-term events per request", above=0)
-    lengths: str = setting(
+    lengths: str = grid(
         "512,768,1024,1536,2048,3072,4096,6144,8192",
         "long-term lengths of the length sweep (experiment 1)",
-        items=int,
-        above=0,
-        increasing=True,
+        int,
     )
     length_rate: float = setting(8.0, "offered load of the length sweep, Recommend calls per second", above=0)
-    loads: str = setting(
+    loads: str = grid(
         "1,1.5,2,3,4,6,8,11,16,23,32,45,64,90,128",
         "offered loads of the throughput sweeps (experiment 2), calls/s",
-        items=float,
-        above=0,
-        increasing=True,
     )
     mix_median: int = setting(
         1024, "median long-term length of the throughput sweep's lognormal mix", above=0
@@ -262,9 +245,9 @@ class BenchConfig:
         "shares of requests abandoned after retrieval (Admit sent, no Rank) at which both modes' load "
         "sweeps run on the first mix; 0 is the throughput sweep itself",
         items=float,
+        increasing=True,
         minimum=0,
         below=1,
-        increasing=True,
     )
     growth_headroom: int = setting(
         256, "events a fixed-length history may grow by before it slides", minimum=0

@@ -27,6 +27,9 @@ share is asked for), wired to the rankers and the trigger exactly like the fleet
 
 The trigger and the stubs route their own PreInfer and Rank calls (the launcher's `--routing direct`, its
 default), so the router takes no part in a measured request.
+
+`FleetSettings` declares, once, the settings of the fleets a bench command starts (`bench.mlperf`,
+`bench.tracing`), with the services' flag names; a command redeclares a default where its own differs.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import shlex
 from pathlib import Path
 
 from bench.workload import Universe
+from services.common.config import setting
 from services.common.contract import RECOMMEND_SERVICE
 from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet, FleetConfig
 from services.launcher.procs import Processes, ServiceProcess
@@ -84,6 +88,24 @@ ABLATIONS = (
         revisits=False,
     ),
 )
+
+
+# The rankers' model presets a bench command may name (the ranker's registry, which bench may not import).
+MODEL_PRESETS = ("cpu-tiny", "cpu-small", "gpu-dlrmv3")
+RELAY_WINDOW_HELP = "the relay window: the stub's pre-processing time, the trigger's placement window"
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetSettings:
+    """The settings of the fleets a bench command starts, each a flag with a `RELAYGR_…` twin."""
+
+    model_preset: str = setting("cpu-small", "every ranker's model preset", choices=MODEL_PRESETS)
+    rankers: int = setting(2, "rankers per fleet", above=0)
+    torch_threads: int = setting(1, "intra-op threads per ranker", above=0)
+    relay_window_ms: float = setting(100.0, RELAY_WINDOW_HELP, minimum=0)
+    hbm_budget_mb: float = setting(256.0, "HBM tier per ranker, MiB", above=0)
+    dram_budget_mb: float = setting(1024.0, "DRAM tier per ranker, MiB (the baseline keeps none)", minimum=0)
+    startup_timeout_s: float = setting(300.0, "seconds each service gets to become healthy", above=0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,10 +17,10 @@ module named to `importlib.import_module`, in services/, bench/ and tools/):
   they start gets the flags they set, and a flag they leave out keeps the service's own default), nor its
   internals. Exempt are the in-process harnesses in `IN_PROCESS`, each for the one service it measures in
   process, without gRPC (`bench/micro/floor.py` and `bench/micro/accelerator.py` time the ranker's model,
-  engine and device layers as a floor under the fleet's numbers; `bench/micro/serving.py` times the same
-  passes in process against the ranker's, and `bench/micro/null_model.py` serves the ranker with its model
-  passes made free; `bench/studies/gain_stability.py`, issue 25's record, fits the trigger's cost model): they
-  may import that service's internals and config, never its handlers.
+  engine and device layers as a floor under the fleet's numbers; `bench/micro/serving/in_process.py` times
+  the same passes in process against the ranker's, and `bench/micro/null_model.py` serves the ranker with its
+  model passes made free; `bench/studies/gain_stability.py`, issue 25's record, fits the trigger's cost
+  model): they may import that service's internals and config, never its handlers.
   `tools/docs.py` renders every command's settings class into docs/configuration.md, which is its job: it
   loads them by name, out of this check's sight;
 - the ranker's packages are layers, `model` < `device` < `engine` < `cache` < its top-level modules: a
@@ -49,7 +49,7 @@ CLIENTS = ("launcher", "loadgen", "bench", "tools")
 IN_PROCESS = {
     "bench/micro/floor.py": "ranker",
     "bench/micro/accelerator.py": "ranker",
-    "bench/micro/serving.py": "ranker",
+    "bench/micro/serving/in_process.py": "ranker",
     "bench/micro/null_model.py": "ranker",
     "bench/studies/gain_stability.py": "trigger",
 }

@@ -28,7 +28,19 @@ SERVICES = [
     ),
     ("Local fleet — `python -m services.launcher` (`make run`)", "services.launcher.demo", "LauncherConfig"),
     ("Benchmark — `python -m bench`", "bench.config", "BenchConfig"),
-    ("Serving-overhead benchmark — `python -m bench.micro.serving`", "bench.micro.serving", "ServingConfig"),
+    ("Tracing-overhead benchmark — `python -m bench.tracing`", "bench.tracing.config", "TracingBench"),
+    ("MLCommons LoadGen — `python -m bench.mlperf`", "bench.mlperf.config", "MlperfConfig"),
+    (
+        "Serving-overhead benchmark — `python -m bench.micro.serving`",
+        "bench.micro.serving.config",
+        "ServingConfig",
+    ),
+    (
+        "Accelerator path — `python -m bench.micro.accelerator`",
+        "bench.micro.accelerator",
+        "AcceleratorBenchConfig",
+    ),
+    ("gRPC call floor — `python -m bench.micro.grpc_floor`", "bench.micro.grpc_floor", "GrpcFloorConfig"),
 ]
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from services.common.config import load, setting
+from services.common.config import grid, listed, load, setting
 from services.ranker.config import RankerConfig
 from services.ranker.device.accelerator import Accelerator, select_device, synchronize
 from services.ranker.device.copier import TierCopier
@@ -48,26 +48,14 @@ from services.ranker.model.presets import PRESETS, get_preset
 @dataclasses.dataclass(frozen=True)
 class AcceleratorBenchConfig:
     device: str = setting("cuda", "device to measure: cuda, npu, cpu (optionally with an index)")
-    preset: str = setting("gpu-dlrmv3", f"model preset: {', '.join(PRESETS)}", choices=PRESETS)
-    lengths: str = setting("512,1024,2048,4096,8192", "prefix lengths measured")
+    model_preset: str = setting("gpu-dlrmv3", f"model preset: {', '.join(PRESETS)}", choices=PRESETS)
+    lengths: str = grid("512,1024,2048,4096,8192", "prefix lengths measured", int)
     short_term: int = setting(32, "short-term events of each rank", above=0)
     candidates: int = setting(512, "candidates of each rank", above=0)
     repeats: int = setting(50, "timed repetitions per point (after 3 untimed ones)", above=0)
     batch: int = setting(8, "users ranked together in the batched measurement", above=0)
     chunk_tokens: int = setting(512, "pre-inference chunk size", above=0)
     out: str = setting("bench/results/gpu-accelerator", "directory the results are written to")
-
-    def validate(self) -> None:
-        self.length_list()
-
-    def length_list(self) -> list[int]:
-        try:
-            lengths = sorted({int(x) for x in self.lengths.split(",") if x.strip()})
-        except ValueError as exc:
-            raise ValueError(f"--lengths: {exc}") from None
-        if not lengths or lengths[0] < 1:
-            raise ValueError("--lengths must list positive lengths")
-        return lengths
 
 
 class Timer:
@@ -101,7 +89,7 @@ def measure_epsilon(runner: ModelRunner, config: AcceleratorBenchConfig) -> list
     preset, rows = runner.model.preset, []
     short = synthetic(config.short_term, 1, preset.num_action_types)
     candidates = np.random.default_rng(2).integers(0, 2**40, config.candidates).tolist()
-    for length in config.length_list():
+    for length in listed(config, "lengths"):
         long = synthetic(length, length, preset.num_action_types)
         cached = torch.tensor(runner.rank_sync(runner.build_sync(long, False), short, candidates))
         full = torch.tensor(runner.full_sync(long, short, candidates))
@@ -112,7 +100,7 @@ def measure_epsilon(runner: ModelRunner, config: AcceleratorBenchConfig) -> list
 def measure_reload(runner: ModelRunner, accelerator: Accelerator, config: AcceleratorBenchConfig) -> dict:
     """Reload bandwidth of the longest prefix through the host pool, against one pinned H2D copy's peak."""
     preset, timer = runner.model.preset, Timer(accelerator)
-    length = config.length_list()[-1]
+    length = listed(config, "lengths")[-1]
     kv = runner.build_sync(synthetic(length, 3, preset.num_action_types), False).wait()
     nbytes = kv.nbytes()
     capacity = nbytes + 4096  # room for the pool's slab alignment
@@ -160,7 +148,7 @@ def measure_ranks(
 ) -> list[dict]:
     """Cached rank P50/P99 per length; and a batch of `--batch` users against the same ranks one at a time."""
     timer, rows = Timer(accelerator), []
-    for length in config.length_list():
+    for length in listed(config, "lengths"):
         items = rank_items(runner, config, length, seed=4)
         for _ in range(3):
             runner.rank_sync(*items[0])
@@ -190,7 +178,7 @@ def measure_graphs(
     graphs = RankGraphs(runner.model, accelerator, buckets, max_graphs=4 * len(buckets))
     graphed = ModelRunner(runner.model, runner.worker, config.chunk_tokens, None, runner.model_version,
                           accelerator, rank_batch_max=config.batch, graphs=graphs)  # fmt: skip
-    for length in config.length_list():
+    for length in listed(config, "lengths"):
         items = rank_items(runner, config, length, seed=6)
         capture_ms = timer.ms(lambda i=items: graphed.rank_sync(*i[0]))
         batch_capture_ms = timer.ms(lambda i=items: graphed.rank_batch_sync(i))
@@ -291,7 +279,7 @@ def report(results: dict[str, Any]) -> str:
 
 def run(config: AcceleratorBenchConfig) -> dict[str, Any]:
     device = select_device(config.device)
-    preset = get_preset(config.preset)
+    preset = get_preset(config.model_preset)
     accelerator = Accelerator(device, copies=True)
     scheduler = Scheduler("bench-device")
     model = HSTURanker(preset).to(device)

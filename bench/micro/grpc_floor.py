@@ -14,8 +14,8 @@ more than in a closed loop: each one wakes the event loop and gRPC's threads fro
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import dataclasses
 import os
 import resource
 import subprocess
@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from services.common.config import listed, load, setting
 
 SERVICE, METHOD = "relaygr.bench.Echo", "Echo"
 PATH = f"/{SERVICE}/{METHOD}"
@@ -84,18 +86,23 @@ async def drive(
         return client, process_cpu_seconds(server_pid) - server_cpu, time.perf_counter() - started
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--rates", default="25,50,100,200,0", help="calls a second, comma-separated; 0: closed"
+@dataclasses.dataclass(frozen=True)
+class GrpcFloorConfig:
+    rates: str = setting(
+        "25,50,100,200,0", "calls a second, comma-separated; 0: closed loop", items=float, minimum=0
     )
-    parser.add_argument("--seconds", type=float, default=8.0, help="seconds of calls at each open-loop rate")
-    parser.add_argument("--calls", type=int, default=2000, help="calls in the closed loop")
-    parser.add_argument("--request-kb", type=float, default=12.0, help="request size, KiB")
-    parser.add_argument("--answer-kb", type=float, default=2.0, help="answer size, KiB")
-    parser.add_argument("--idle-seconds", type=float, default=3.0, help="seconds the idle cost is measured")
-    parser.add_argument("--serve", help=argparse.SUPPRESS)  # the child: write the port to this file
-    args = parser.parse_args(argv)
+    seconds: float = setting(8.0, "seconds of calls at each open-loop rate", above=0)
+    calls: int = setting(2000, "calls in the closed loop", above=0)
+    request_kb: float = setting(12.0, "request size, KiB", minimum=0)
+    answer_kb: float = setting(2.0, "answer size, KiB", minimum=0)
+    idle_seconds: float = setting(3.0, "seconds the idle cost is measured", above=0)
+    serve: str = setting("", "internal: run as the echo server, writing its port to this file")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = load(
+        GrpcFloorConfig, argv, prog="python -m bench.micro.grpc_floor", description=__doc__.split("\n\n")[0]
+    )
     import uvloop
 
     if args.serve:
@@ -119,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"idle server: {idle_per_s * 1000:.2f} ms CPU a second\n")
         print("| rate, calls/s | calls | client CPU µs/call | server CPU µs/call | both µs/call |")
         print("|---|---|---|---|---|")
-        for rate in (float(r) for r in args.rates.split(",")):
+        for rate in listed(args, "rates"):
             calls = args.calls if rate <= 0 else max(1, round(rate * args.seconds))
             client, server, wall = uvloop.run(drive(address, rate, calls, request, child.pid))
             client, server = client / calls, (server - idle_per_s * wall) / calls
@@ -136,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         port_file.unlink(missing_ok=True)
 
 
-def _sizes(args: argparse.Namespace) -> list[str]:
+def _sizes(args: GrpcFloorConfig) -> list[str]:
     return ["--request-kb", str(args.request_kb), "--answer-kb", str(args.answer_kb)]
 
 

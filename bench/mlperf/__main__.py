@@ -31,7 +31,7 @@ def single_run(config: MlperfConfig, out: Path) -> RunResult:
     if config.recommend:
         settings = run_settings(config, "external", config.recommend, config.target_qps, None, label)
         return run_loadgen(settings, out, config.short_term)
-    log(f"starting the {config.mode} fleet ({config.preset}, {config.rankers} rankers)")
+    log(f"starting the {config.mode} fleet ({config.model_preset}, {config.rankers} rankers)")
     with local_fleet(config, config.mode, out / "tmp" / "logs") as fleet:
         wait_routable(fleet, config.rankers, config.startup_timeout_s)
         address = run_stub(fleet, config)

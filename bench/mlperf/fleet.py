@@ -46,7 +46,7 @@ def shape(config: MlperfConfig) -> FleetShape:
     )
     return FleetShape(
         rankers=c.rankers,
-        model_preset=c.preset,
+        model_preset=c.model_preset,
         hbm_budget_mb=c.hbm_budget_mb,
         dram_budget_mb=c.dram_budget_mb,
         slo_ms=max(c.p99_ms - c.relay_window_ms, 1.0),

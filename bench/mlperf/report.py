@@ -128,12 +128,13 @@ def _counts(counts: dict[str, int]) -> str:
 def search_markdown(search: SearchResult) -> str:
     """The summary.md of a search: the highest VALID target QPS per mode, then every run."""
     c = search.configuration
+    preset = c["model_preset"] if "model_preset" in c else c["preset"]  # `preset` before the flags matched
     lines = [
         f"# LoadGen Server search: highest VALID target QPS at P99 ≤ {c['p99_ms']:g} ms",
         "",
         CAVEAT,
         "",
-        f"{c['preset']}, {c['rankers']} rankers, relay window {c['relay_window_ms']:g} ms, streaming users "
+        f"{preset}, {c['rankers']} rankers, relay window {c['relay_window_ms']:g} ms, streaming users "
         f"(long-term median {c['history_median']}, cap {c['history_max']}, {c['growth_events_per_min']:g} "
         f"new events a minute, {c['visits_per_user']:g} visits a user), at least {c['min_query_count']} "
         f"queries and {c['duration_s']:g} s a run; {search.wall_s / 60:.1f} minutes, commit "

@@ -72,7 +72,7 @@ def search(config: MlperfConfig, out: Path, log: Callable[[str], None] = print) 
     with contextlib.ExitStack() as stack:
         fleets = {}
         for mode in modes:
-            log(f"starting the {mode} fleet ({config.preset}, {config.rankers} rankers)")
+            log(f"starting the {mode} fleet ({config.model_preset}, {config.rankers} rankers)")
             fleets[mode] = stack.enter_context(local_fleet(config, mode, out / "tmp" / "logs" / mode))
             wait_routable(fleets[mode], config.rankers, config.startup_timeout_s)
         measured = {mode: measure(fleets[mode], config, mode, out, log) for mode in modes}

@@ -20,15 +20,6 @@ PLOTS = {"length": "p99_vs_length.png", "load": "p99_vs_load.png"}
 EXTRA_HEADER = ("GPU busy", "host CPU ms/request", "send lag P99 ms")
 
 
-def write(run: GpuRun, out_dir: Path, plots: bool = True) -> None:
-    """Writes results.json, report.md and (with `plots`) the plots into `out_dir`."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    run.write(out_dir / "results.json")
-    if plots:
-        plot_all(run, out_dir)
-    (out_dir / "report.md").write_text(render_markdown(run))
-
-
 def busy(point: GpuPoint | None) -> str:
     gpu = None if point is None else point.gpu
     if gpu is None:

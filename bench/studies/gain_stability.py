@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from bench.config import BenchConfig
-from services.common.config import load
+from services.common.config import listed, load
 from services.launcher.procs import REPO_ROOT
 from services.trigger.config import TriggerConfig
 from services.trigger.cost_model import CostModel, _nonnegative_least_squares
@@ -31,7 +31,7 @@ HOG = "import torch\ntorch.set_num_threads(1)\na = torch.randn(512, 512)\nwhile 
 def warm_up(config: BenchConfig) -> list[dict[str, float]]:
     from bench.micro.floor import model_floor
 
-    lengths = [int(n) for n in config.ranker_profile_lengths.split(",")]
+    lengths = listed(config, "ranker_profile_lengths")
     threads, short, chunk = config.torch_threads, config.short_term, config.pre_infer_chunk_tokens
     points = model_floor("cpu-small", threads, lengths, short, CANDIDATES, 2, chunk)
     return [vars(point) for point in points]

@@ -18,7 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.micro.serving import Driver, ServingConfig, measure_point, start_ranker
+from bench.micro.serving.config import ServingConfig
+from bench.micro.serving.pairs import Driver, measure_point
+from bench.micro.serving.run import start_ranker
 from services.launcher import procs as launcher_procs
 from services.launcher.procs import Processes
 

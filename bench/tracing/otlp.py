@@ -5,9 +5,9 @@ unless told one) in this process's threads and keeps every span it is sent with 
 `service.instance.id` of its resource. Use it as a context manager; `endpoint` is what a service's
 `--otlp-endpoint` (or `RELAYGR_OTLP_ENDPOINT`) takes.
 
-`python -m bench.tracing.otlp --out FILE` runs one in a process of its own, so that receiving spans costs
-neither the load generator's CPU nor its event loop; it prints `listening on PORT` once serving, writes every
-span it receives to FILE as one JSON `SpanRecord` a line, and stops on SIGTERM or SIGINT.
+`python -m bench.tracing.otlp --spans-file FILE` runs one in a process of its own, so that receiving spans
+costs neither the load generator's CPU nor its event loop; it prints `listening on PORT` once serving, writes
+every span it receives to FILE as one JSON `SpanRecord` a line, and stops on SIGTERM or SIGINT.
 `ReceiverProcess` starts and stops that process and reads the file back (`bench.tracing` uses it).
 
 `SpanRecord` is a span as plain data (ids as hex, times in ns since the epoch, attributes as Python
@@ -16,7 +16,6 @@ values), which is what reports and drawings read; `records` converts an export r
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import signal
@@ -32,6 +31,8 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
+
+from services.common.config import load, setting
 
 HOST = "127.0.0.1"
 # OTLP's span kinds by their proto number, as the lower-case words a report prints.
@@ -194,7 +195,7 @@ class ReceiverProcess:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
         self._popen = subprocess.Popen(
-            [sys.executable, "-m", "bench.tracing.otlp", "--out", str(path)],
+            [sys.executable, "-m", "bench.tracing.otlp", "--spans-file", str(path)],
             stdout=subprocess.PIPE,
             text=True,
             cwd=Path(__file__).resolve().parents[1],
@@ -258,17 +259,25 @@ def serve(out: IO[str], port: int = 0) -> None:
         stopped.wait()
 
 
+@dataclasses.dataclass(frozen=True)
+class ReceiverConfig:
+    spans_file: str = setting("", "file the spans are written to, one JSON line each (replaced; required)")
+    receiver_port: int = setting(0, "port to serve on (0: a free one)", minimum=0)
+
+    def validate(self) -> None:
+        if not self.spans_file:
+            raise ValueError("--spans-file is required")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    config = load(
+        ReceiverConfig,
+        argv,
         prog="python -m bench.tracing.otlp",
         description="An OTLP/gRPC trace receiver on 127.0.0.1 writing every span it receives as a JSON line.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--out", required=True, help="file the spans are written to (replaced)")
-    parser.add_argument("--port", type=int, default=0, help="port to serve on (0: a free one)")
-    args = parser.parse_args(argv)
-    with open(args.out, "w") as out:
-        serve(out, args.port)
+    with open(config.spans_file, "w") as out:
+        serve(out, config.receiver_port)
 
 
 if __name__ == "__main__":

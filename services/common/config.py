@@ -55,6 +55,17 @@ def setting(
     return dataclasses.field(default=default, metadata={"help": help, **bounds})
 
 
+def numbers(default: str, help: str, kind: type = float, **options: Any) -> Any:
+    """A setting listing positive values of `kind`, comma-separated (`options`: more of `setting()`'s, such
+    as `may_be_empty` or other bounds for each item)."""
+    return setting(default, help, items=kind, **{"above": 0, **options})
+
+
+def grid(default: str, help: str, kind: type = float, **options: Any) -> Any:
+    """A sweep's grid: `numbers` that are distinct and in increasing order."""
+    return numbers(default, help, kind, increasing=True, **options)
+
+
 def comma_list(text: str, kind: type = float) -> list:
     """The values of a comma-separated list, each converted by `kind` (blank items are skipped)."""
     return [kind(part.strip()) for part in text.split(",") if part.strip()]
@@ -87,10 +98,11 @@ def _out_of_bounds(value: Any, metadata: Mapping[str, Any]) -> str | None:
 
 def _check_list(flag: str, text: str, metadata: Mapping[str, Any]) -> None:
     spec = metadata["items"]
+    kind = "names" if spec["kind"] is str else "numbers"
     try:
         values = comma_list(text, spec["kind"])
     except ValueError as exc:
-        raise ValueError(f"{flag}: {exc}") from exc
+        raise ValueError(f"{flag}: {text!r} must list {kind}, comma-separated: {exc}") from exc
     wrong = [value for value in values if _out_of_bounds(value, metadata) is not None]
     unordered = spec["increasing"] and sorted(values) != values
     repeated = spec["distinct"] and len(set(values)) != len(values)
@@ -98,7 +110,6 @@ def _check_list(flag: str, text: str, metadata: Mapping[str, Any]) -> None:
         what = "distinct " if spec["distinct"] else ""
         bound = _out_of_bounds(wrong[0], metadata) if wrong else None
         order = " in increasing order" if spec["increasing"] else ""
-        kind = "names" if spec["kind"] is str else "numbers"
         within = "" if bound is None else f", each {bound}"
         raise ValueError(f"{flag}: {text!r} must list {what}{kind}{order}, comma-separated{within}")
 
@@ -158,7 +169,8 @@ def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentPar
             default=field.default,
             choices=None if "items" in field.metadata else field.metadata.get("choices"),
             metavar=field.name.upper(),
-            help=f"{field.metadata['help']} [env {env_name(field.name)}]",
+            # argparse formats help with %: a literal one is doubled
+            help=f"{field.metadata['help'].replace('%', '%%')} [env {env_name(field.name)}]",
         )
     return parser
 

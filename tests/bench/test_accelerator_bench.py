@@ -12,7 +12,7 @@ from services.ranker.model.presets import get_preset
 
 
 def test_the_accelerator_bench_measures_every_figure_on_cpu(tmp_path, capsys):
-    argv = ["--device", "cpu", "--preset", "cpu-tiny", "--lengths", "64,256", "--short-term", "4",
+    argv = ["--device", "cpu", "--model-preset", "cpu-tiny", "--lengths", "64,256", "--short-term", "4",
             "--candidates", "16", "--repeats", "5", "--batch", "3", "--chunk-tokens", "32",
             "--out", str(tmp_path)]  # fmt: skip
     assert accelerator.main(argv) == 0

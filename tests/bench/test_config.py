@@ -1,5 +1,6 @@
-"""The benchmark's settings and fleets: the grids and shares parse or are refused naming their flag, the
-profiles differ only in how much they measure, and every mode's stub and fleet get what it names."""
+"""The benchmark's settings and fleets: the grids and shares parse or are refused naming their flag, every
+bench command's settings have `RELAYGR_…` twins and the services' flag names, the profiles differ only in
+how much they measure, and every mode's stub and fleet get what it names."""
 
 from __future__ import annotations
 
@@ -9,9 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from bench import codec
 from bench.config import PROFILE_SETTINGS, BenchConfig
 from bench.experiments import Plan, users
 from bench.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet, FleetShape
+from bench.micro.grpc_floor import GrpcFloorConfig
+from bench.micro.serving.config import ServingConfig
+from bench.mlperf.config import MlperfConfig, parse
+from bench.tracing.config import TracingBench
 from bench.workload import mix_universe
 from services.common.config import load
 from services.retrieval_stub.config import RetrievalStubConfig
@@ -37,7 +43,10 @@ def test_the_defaults_parse_with_two_mixes_and_three_abandonment_shares_zero_inc
             "'-0.1' must list distinct numbers in increasing order, comma-separated, each not negative",
         ),
         (["--abandon-fractions", ""], "--abandon-fractions: '' must list distinct numbers"),
-        (["--abandon-fractions", "x"], "--abandon-fractions: could not convert"),
+        (
+            ["--abandon-fractions", "x"],
+            "--abandon-fractions: 'x' must list numbers, comma-separated: could not convert",
+        ),
         (
             ["--loads", "0,2"],
             "--loads: '0,2' must list distinct numbers in increasing order, comma-separated, each positive",
@@ -52,6 +61,53 @@ def test_bad_grids_shares_and_mixes_are_refused_naming_the_flag(argv, message, c
     with pytest.raises(SystemExit):
         load(BenchConfig, argv, environ={})
     assert message in capsys.readouterr().err
+
+
+def test_list_settings_read_from_their_flag_or_their_environment_twin_and_refuse_naming_the_flag(capsys):
+    assert load(BenchConfig, [], environ={"RELAYGR_LOADS": "2, 4,8"}).load_grid() == [2.0, 4.0, 8.0]
+    assert load(BenchConfig, ["--loads", "3"], environ={"RELAYGR_LOADS": "2,4"}).load_grid() == [3.0]
+    assert load(ServingConfig, ["--capacity-rates", ""], environ={}).capacity_rates == ""  # may be empty
+    assert load(GrpcFloorConfig, ["--rates", "0,50"], environ={}).rates == "0,50"  # 0: the closed loop
+    assert load(TracingBench, ["--sample-ratios", "0.5,1"], environ={}).ratios() == [0.5, 1.0]
+    with pytest.raises(SystemExit):
+        load(TracingBench, ["--sample-ratios", "0.5,2"], environ={})
+    assert (
+        "--sample-ratios: '0.5,2' must list numbers, comma-separated, each at most 1"
+        in capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        parse(["--search-modes", "relay,relay"], environ={})
+    assert "--search-modes: 'relay,relay' must list distinct names" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse(["--search-modes", "relay,other"], environ={})
+    assert "each one of relay, baseline" in capsys.readouterr().err
+
+
+def test_the_bench_commands_take_the_services_flag_names():
+    mlperf = parse(["--model-preset", "cpu-tiny", "--relay-window-ms", "40"], environ={})
+    assert (mlperf.model_preset, mlperf.relay_window_ms, mlperf.modes()) == (
+        "cpu-tiny",
+        40.0,
+        ["baseline", "relay"],
+    )
+    assert parse([], environ={"RELAYGR_SEARCH": "true", "RELAYGR_RELAY_WINDOW_MS": "10"}).search is True
+    bench = load(BenchConfig, [], environ={"RELAYGR_RELAY_WINDOW_MS": "50"})
+    assert bench.relay_window_ms == 50.0
+    assert load(TracingBench, ["--relay-window-ms", "20"], environ={}).relay_window_ms == 20.0
+    names = {
+        field.name for cls in (BenchConfig, MlperfConfig, TracingBench) for field in dataclasses.fields(cls)
+    }
+    assert "relay_window_ms" in names and not {"preprocess_delay_ms", "preset"} & names
+
+
+def test_a_results_configuration_from_before_the_rename_reads_its_relay_window():
+    written = codec.to_json(load(BenchConfig, ["--relay-window-ms", "70"], environ={}))
+    assert list(written)[4] == "relay_window_ms"  # where preprocess_delay_ms stood
+    old = {
+        ("preprocess_delay_ms" if key == "relay_window_ms" else key): value for key, value in written.items()
+    }
+    assert codec.from_json(BenchConfig, old).relay_window_ms == 70.0
+    assert codec.from_json(BenchConfig, written).relay_window_ms == 70.0
 
 
 def test_the_profiles_differ_in_how_much_they_measure():

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench import __main__ as entry
-from bench import experiments, probes, report
+from bench import experiments, probes, record, report
 from bench.config import BenchConfig
 from bench.experiments import Bench, Plan
 from bench.schema import CachedRankPoint, FloorPoint, Machine, Point, Run, Versions
@@ -117,7 +116,7 @@ def run():
     try:
         bench = Bench(CONFIG, log_dir=None, log=lambda line: None)
         machine = Machine(cores=2, cpu_model="x", memory_gib=8.0, platform="x", python="x")
-        results = entry.assemble(
+        results = record.assemble(
             CONFIG, bench.run(), "2026-01-01T00:00:00+00:00", 3600.0, machine,
             Versions(torch="2.x", git_commit="abc1234"),
         )  # fmt: skip
@@ -221,7 +220,7 @@ def test_the_results_render_and_the_summary_names_every_ratio(run, tmp_path):
     markdown = (tmp_path / "report.md").read_text()
     assert "| dram-only | 19.2 | x1.59 |" in markdown and "| 10% | 12.1 | 37.9 |" not in markdown
     assert "| 10% | 13.3 | 34.8 | x2.62 |" in markdown
-    line = entry.summary(results)
+    line = record.summary(results)
     assert f"throughput ratios {MIX1} {round(37.9 / 12.1, 3)} (37.9 vs 12.1 req/s)" in line
     assert "length ratio 2.0 (3072 vs 1536 events at 8 req/s, relay window 100 ms)" in line
     assert f"0% {round(37.9 / 12.1, 3)}, 10% {round(34.8 / 13.3, 3)}, 30% {round(29.4 / 16, 3)}" in line

@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench import codec, gpu_monitor
+from bench import codec, gpu_monitor, report
 from bench.config import PROFILE_DEFAULTS, PROFILE_SETTINGS, BenchConfig, load_config
 from bench.experiments import Plan
 from bench.fleets import RELAY
@@ -236,7 +236,7 @@ def test_the_report_shows_a_cut_sweep_as_cut_with_its_bounds_and_no_gpu_as_unkno
     assert "- skipped throughput m2: late" in text
     assert "- cut short by the time budget: highest SLO-compliant load, m1, req/s, relay: out of time" in text
     assert "unknown (no GPU monitor)" in text and "cut by the budget" in text
-    gpu_report.write(results(relay), tmp_path)
+    report.write(results(relay), tmp_path)
     assert (tmp_path / "results.json").exists() and (tmp_path / "p99_vs_load.png").exists()
 
 

@@ -38,7 +38,7 @@ def test_a_short_server_run_against_a_local_relay_fleet(tmp_path: Path):
     # none slides and goes stale), growing by about 2 events a second.
     main([
         "--scenario", "Server", "--target-qps", "4", "--duration-s", "5", "--min-query-count", "10",
-        "--mode", "relay", "--preset", "cpu-tiny", "--rankers", "2", "--users", "2",
+        "--mode", "relay", "--model-preset", "cpu-tiny", "--rankers", "2", "--users", "2",
         "--history-median", "64", "--history-sigma", "0.5", "--history-max", "512",
         "--growth-events-per-min", "120", "--startup-timeout-s", "60", "--output", str(out),
     ])  # fmt: skip
@@ -90,7 +90,7 @@ def test_a_baseline_miss_computes_its_whole_long_term_history(tmp_path: Path):
     out = tmp_path / "baseline"
     main([
         "--scenario", "Server", "--target-qps", "4", "--duration-s", "2", "--min-query-count", "6",
-        "--mode", "baseline", "--preset", "cpu-tiny", "--rankers", "1", "--users", "60",
+        "--mode", "baseline", "--model-preset", "cpu-tiny", "--rankers", "1", "--users", "60",
         "--history-median", "64", "--history-sigma", "0.5", "--history-max", "512",
         "--startup-timeout-s", "60", "--output", str(out),
     ])  # fmt: skip

@@ -1,0 +1,25 @@
+"""`python -m bench.micro.serving`: what one ranker's serving path costs the host beyond its model."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from bench.micro.serving.config import ServingConfig
+from bench.micro.serving.run import run
+from bench.micro.serving.summary import summary, write
+from services.common.config import load
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = load(
+        ServingConfig, argv, prog="python -m bench.micro.serving", description=__doc__.split("\n")[0]
+    )
+    result = asyncio.run(run(config))
+    print(summary(result))
+    if config.out:
+        write(result, Path(config.out))
+
+
+if __name__ == "__main__":
+    main()

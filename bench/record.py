@@ -1,0 +1,62 @@
+"""A run's record: what `Bench.run` or `GpuBench.run` measured, with the headline ratios and the run's
+context (`assemble`), and its headline in one line (`summary`)."""
+
+from __future__ import annotations
+
+from typing import overload
+
+from bench.config import BenchConfig
+from bench.schema import GpuMeasurements, GpuRun, Machine, Measurements, Run, Versions, headline_ratios
+
+
+@overload
+def assemble(
+    config: BenchConfig, measured: Measurements, started_at: str, duration_s: float, host: Machine,
+    package_versions: Versions,
+) -> Run: ...  # fmt: skip
+@overload
+def assemble(
+    config: BenchConfig, measured: GpuMeasurements, started_at: str, duration_s: float, host: Machine,
+    package_versions: Versions,
+) -> GpuRun: ...  # fmt: skip
+def assemble(
+    config: BenchConfig,
+    measured: Measurements | GpuMeasurements,
+    started_at: str,
+    duration_s: float,
+    host: Machine,
+    package_versions: Versions,
+) -> Run:
+    """The run's results: the headline ratios (from what it measured), the run's context, and what
+    `Bench.run` (a `Run`) or `GpuBench.run` (a `GpuRun`) measured."""
+    kind = GpuRun if isinstance(measured, GpuMeasurements) else Run
+    return kind(
+        name=config.results_name,
+        **headline_ratios(measured),
+        started_at=started_at,
+        duration_s=round(duration_s, 1),
+        machine=host,
+        versions=package_versions,
+        configuration=config,
+        profile=config.settings,
+        measured=measured,
+    )
+
+
+def summary(results: Run) -> str:
+    """The headline ratios in one line: length (with its relay window), each mix, each abandonment share."""
+    measured = results.measured
+    length = measured.length_sweep
+    window = results.configuration.relay_window_ms
+    mixes = ", ".join(
+        f"{label} {mix.ratio} ({mix.relay.best} vs {mix.baseline.best} req/s)"
+        for label, mix in measured.throughput_sweeps.items()
+    )
+    abandoned = ", ".join(
+        f"{entry.fraction:.0%} {entry.ratio}" for entry in measured.abandonment.fractions.values()
+    )
+    return (
+        f"length ratio {results.length_ratio} ({length.relay.best} vs {length.baseline.best} "
+        f"events at {length.rate:g} req/s, relay window {window:g} ms); throughput ratios {mixes}; "
+        f"throughput ratios with requests abandoned {abandoned or 'not measured'}"
+    )
