@@ -58,31 +58,54 @@ def sequence_arrays(
     """Checks a BehaviorSequence and returns its (item_ids, action_types, timestamps_ms) as int64 arrays.
 
     Works on arrays: converting a repeated field at once is ~30x faster than iterating it in Python,
-    which matters for 8192-event histories on the ranking path.
+    which matters for 8192-event histories on the ranking path. A sequence over `max_events` is refused
+    before it is converted.
     """
-    n = len(seq.item_ids)
+    _event_count(len(seq.item_ids), field, max_events)
+    arrays = (
+        np.array(seq.item_ids, dtype=np.int64),
+        np.array(seq.action_types, dtype=np.int64),
+        np.array(seq.timestamps_ms, dtype=np.int64),
+    )
+    event_arrays(*arrays, field, max_events, num_action_types, allow_empty)
+    return arrays
+
+
+def _event_count(n: int, field: str, max_events: int) -> None:
     if n > max_events:
         raise InvalidArgument(f"{field}.item_ids", f"has {n} events, more than the limit of {max_events}")
-    if len(seq.action_types) != n:
+
+
+def event_arrays(
+    item_ids: np.ndarray,
+    action_types: np.ndarray,
+    timestamps_ms: np.ndarray,
+    field: str,
+    max_events: int,
+    num_action_types: int,
+    allow_empty: bool,
+) -> int:
+    """Checks a behaviour sequence given as parallel arrays (a BehaviorSequence's fields) and returns its
+    length; each failure names the field (`long_term.action_types`, ...)."""
+    n = len(item_ids)
+    _event_count(n, field, max_events)
+    if len(action_types) != n:
         raise InvalidArgument(
-            f"{field}.action_types", f"has {len(seq.action_types)} entries but item_ids has {n}"
+            f"{field}.action_types", f"has {len(action_types)} entries but item_ids has {n}"
         )
-    if len(seq.timestamps_ms) not in (0, n):
+    if len(timestamps_ms) not in (0, n):
         raise InvalidArgument(
-            f"{field}.timestamps_ms", f"has {len(seq.timestamps_ms)} entries but item_ids has {n}"
+            f"{field}.timestamps_ms", f"has {len(timestamps_ms)} entries but item_ids has {n}"
         )
     if n == 0 and not allow_empty:
         raise InvalidArgument(f"{field}.item_ids", "must not be empty")
-    item_ids = np.array(seq.item_ids, dtype=np.int64)
-    action_types = np.array(seq.action_types, dtype=np.int64)
-    timestamps_ms = np.array(seq.timestamps_ms, dtype=np.int64)
     if n and item_ids.min() < 0:
         raise InvalidArgument(f"{field}.item_ids", "must be non-negative")
     if n and (action_types.min() < 0 or action_types.max() >= num_action_types):
         raise InvalidArgument(f"{field}.action_types", f"must be in [0, {num_action_types})")
     if len(timestamps_ms) and timestamps_ms.min() < 0:
         raise InvalidArgument(f"{field}.timestamps_ms", "must be non-negative")
-    return item_ids, action_types, timestamps_ms
+    return n
 
 
 def behavior_sequence(

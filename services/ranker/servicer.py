@@ -1,8 +1,8 @@
 """RankerService over gRPC: protobuf in, data-plane calls, protobuf out.
 
-It validates each request into `Events` and arrays, calls `DataPlane` once, and writes the answer; it
-decides nothing. Errors are raised as `services.common.errors` exceptions and mapped to status codes by
-the shared interceptor.
+It validates each request into `Events` and arrays, in one place per request (`_pre_infer_input`,
+`_rank_input`), calls `DataPlane` once, and writes the answer; it decides nothing. Errors are raised as
+`services.common.errors` exceptions and mapped to status codes by the shared interceptor.
 
 PreInfer and Rank are parsed with the wire views of `services.ranker.wire` (`add_to_server`): the long-term
 history arrives as bytes, and a history whose bytes the ranker has already decoded (the Rank of a relayed
@@ -86,13 +86,22 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
         return events
 
     async def PreInfer(self, request, context) -> ranker_pb2.PreInferResponse:
-        validation.user_id(request.user_id)
-        events = self._long_term(request.user_id, request.long_term)
-        result = await self.plane.pre_infer(request.user_id, events)
+        result = await self.plane.pre_infer(*self._pre_infer_input(request))
         return self._pre_infer_response(result, self.plane.load_report())
 
     async def Rank(self, request, context: grpc.aio.ServicerContext) -> ranker_pb2.RankResponse:
         received_at = time.perf_counter()
+        result = await self.plane.rank(*self._rank_input(request), context.time_remaining(), received_at)
+        return self._rank_response(result)
+
+    def _pre_infer_input(self, request) -> tuple[str, Events]:
+        """Every check of a PreInfer, in one place: the plane's (user_id, long-term events)."""
+        validation.user_id(request.user_id)
+        return request.user_id, self._long_term(request.user_id, request.long_term)
+
+    def _rank_input(self, request) -> tuple[str, Events, Events, np.ndarray, str]:
+        """Every check of a Rank, in one place, in the order of its fields: the plane's (user_id, long-term
+        and short-term events, candidates, relay_instance)."""
         validation.user_id(request.user_id)
         validation.request_id(request.request_id)
         validation.instance_name(request.relay_instance)
@@ -101,16 +110,7 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
         candidates = np.array(request.candidate_item_ids, dtype=np.int64)
         validation.candidates(candidates, self.config.max_candidates)
         self._known(candidates, "candidate_item_ids")
-        result = await self.plane.rank(
-            request.user_id,
-            long_term,
-            short_term,
-            candidates,
-            request.relay_instance,
-            context.time_remaining(),
-            received_at,
-        )
-        return self._rank_response(result)
+        return request.user_id, long_term, short_term, candidates, request.relay_instance
 
     def _pre_infer_response(self, result: PreInferResult, load: LoadReport) -> ranker_pb2.PreInferResponse:
         return ranker_pb2.PreInferResponse(

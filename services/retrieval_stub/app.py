@@ -1,5 +1,6 @@
 """Assembles a retrieval stub: its user universe, its way to the rankers (through the router, or routed
-directly with `--rankers`/`--rankers-srv`), its channel to the trigger, RecommendService.
+directly with `--rankers`/`--rankers-srv`), its channel to the trigger, the data plane (`RecommendPlane`)
+over them (`GrpcUpstream`), RecommendService.
 
 `RetrievalStubApp` is what `python -m services.retrieval_stub` runs (`services.common.server.serve_app`):
 `start()` binds the ports, starts watching the rankers when it routes directly, and turns SERVING at once
@@ -16,7 +17,8 @@ from services.affinity.calls import describe, ranker_calls
 from services.common.contract import RECOMMEND_SERVICE
 from services.common.server import GrpcServer, dial
 from services.retrieval_stub.config import RetrievalStubConfig
-from services.retrieval_stub.servicer import RecommendService
+from services.retrieval_stub.dataplane import RecommendPlane
+from services.retrieval_stub.servicer import GrpcUpstream, RecommendService
 from services.workload.universe import UserUniverse
 
 log = logging.getLogger("services.retrieval_stub")
@@ -28,12 +30,9 @@ class RetrievalStubApp:
         self.universe = UserUniverse(config)
         self.rankers = ranker_calls(config, config, config.router)
         self._trigger = dial(config.trigger, config) if config.relay else None
-        self.service = RecommendService(
-            config,
-            self.universe,
-            self.rankers,
-            trigger_pb2_grpc.TriggerServiceStub(self._trigger) if self._trigger is not None else None,
-        )
+        trigger = trigger_pb2_grpc.TriggerServiceStub(self._trigger) if self._trigger is not None else None
+        self.plane = RecommendPlane(config, self.universe, GrpcUpstream(config, self.rankers, trigger))
+        self.service = RecommendService(self.plane)
         self.grpc = GrpcServer(
             config,
             RECOMMEND_SERVICE,

@@ -1,9 +1,10 @@
 """The trigger's data plane: Admit as a plain call, with no transport in it.
 
-The servicer translates protobuf into this call and the decision back; everything an Admit does happens
-here, each step once:
+The servicer translates an AdmitRequest into an `AdmitCall` (plain values and arrays, no protobuf) and the
+decision back; everything an Admit does happens here, each step once:
 
-    Admit: validate -> predict (the fleet profile's cost models) -> decide (`AdmissionPolicy`)
+    Admit: validate (`AdmitCall`'s fields, against the request limits: the one place)
+           -> predict (the fleet profile's cost models) -> decide (`AdmissionPolicy`)
            -> fire the PreInfer signal (admitted only) -> the decision, metrics
 
 The predictions are the fleet profile's cost models', the decision `admission.AdmissionPolicy`'s, the
@@ -15,13 +16,16 @@ answer's `instance` becomes `relay_instance`. A refusal or a failed call (`PreIn
 RANKER_REFUSED and the admission's reservation is released. A DUPLICATE answers admitted=false with the
 instance remembered from the first admission, so the caller's Rank keeps its hint.
 
-The PreInfer payload is the Admit request itself: the protos state that AdmitRequest's fields 1 (user_id)
-and 2 (long_term) are PreInferRequest's, so with the Admit-only fields (`ADMIT_ONLY_FIELDS`) cleared its
-encoding is a valid PreInferRequest's (tests/trigger/test_wire.py fails when a number, name or type drifts
-apart, or a field is added to either message without this list following). It is serialised once, without
-copying the history into a new message, and the same bytes key duplicates: their digest names the user and
-the exact long-term sequence. At 8192 events that takes 0.2 ms, against 0.6 ms to copy into a
-PreInferRequest, serialise it and digest the history apart.
+An optimisation, stated: the Admit's bytes are reused as its PreInfer. The protos state that AdmitRequest's
+fields 1 (user_id) and 2 (long_term) are PreInferRequest's, so with the Admit-only fields
+(the servicer's `ADMIT_ONLY_FIELDS`) cleared an AdmitRequest's encoding is a valid PreInferRequest's
+(tests/trigger/test_wire.py fails when a number, name or type drifts apart, or a field is added to either
+message without this list following). The servicer serialises it so, once, into `AdmitCall.pre_infer`,
+without copying the history into a new message; the plane sends those bytes as the PreInfer and keys
+duplicates by their digest, which names the user and the exact long-term sequence. At 8192 events that takes
+0.2 ms, against 0.6 ms to copy into a PreInferRequest, serialise it and digest the history apart. The plane
+itself reads no request protobuf (a test drives it with arrays and any bytes for the payload); the PreInfer's
+answer reaches it as the ranker's PreInferResponse, whose load report the fleet view keeps as it came.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from relaygr.v1 import ranker_pb2, trigger_pb2
+import numpy as np
+
+from relaygr.v1 import ranker_pb2
 from services.common import tracing, validation
 from services.common.errors import InvalidArgument, Unavailable
 from services.common.metrics import Children, precreate
@@ -50,9 +56,6 @@ from services.trigger.metrics import (
 
 log = logging.getLogger(__name__)
 
-# AdmitRequest's fields that PreInferRequest does not have: cleared, the rest of an Admit is a PreInfer.
-ADMIT_ONLY_FIELDS = ("num_candidates", "short_term_length")
-
 # The action vocabulary is the model's, which the trigger does not know; the ranker checks it.
 ANY_ACTION_TYPE = 2**31
 
@@ -68,6 +71,21 @@ _HELD_OUTCOMES = frozenset(
 _DECISIONS = Children(TRIGGER_DECISIONS)
 _MUST_RELAY = Children(TRIGGER_MUST_RELAY)
 _BRAKE_PRESSURE = Children(TRIGGER_BRAKE_PRESSURE)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AdmitCall:
+    """One Admit, as the servicer translated it: the user, the long-term history as parallel arrays (a
+    BehaviorSequence's fields), the sizes of the Rank to come, and `pre_infer`, this Admit serialised as the
+    PreInferRequest its prefix is pre-inferred with (see the module docstring). Not validated yet."""
+
+    user_id: str
+    item_ids: np.ndarray
+    action_types: np.ndarray
+    timestamps_ms: np.ndarray
+    short_term_length: int
+    num_candidates: int
+    pre_infer: bytes
 
 
 class PreInferFailed(Exception):
@@ -132,25 +150,22 @@ class TriggerPlane:
         self._profile = profile
         self.fleet.set_members(profile.members, profile.virtual_nodes)
 
-    async def admit(self, request: trigger_pb2.AdmitRequest) -> Decision:
-        """The decision on `request`, its PreInfer fired when admitted. Clears the Admit-only fields of
-        `request` (it becomes the PreInfer payload)."""
+    async def admit(self, call: AdmitCall) -> Decision:
+        """The decision on `call`, its PreInfer fired when admitted; InvalidArgument (naming the field) for
+        a call over the request limits, Unavailable before the first fleet profile."""
         profile = self._profile
         if profile is None:
             raise Unavailable("no latency profile from the router yet")
-        length = self._validate(request)
+        length = self._validate(call)
         live = self._members()
         if live is not None:  # the users' placement follows the ring the PreInfer is routed on, as it is now
             self.fleet.set_members(live, profile.virtual_nodes)
-        miss_ms = profile.full.predict_ms(length, request.short_term_length, request.num_candidates)
+        miss_ms = profile.full.predict_ms(length, call.short_term_length, call.num_candidates)
         TRIGGER_PREDICTED_SECONDS.observe(miss_ms / 1000.0)
-        for field in ADMIT_ONLY_FIELDS:
-            request.ClearField(field)
-        payload = request.SerializeToString()
-        key = hashlib.blake2b(payload, digest_size=16).digest()
+        key = hashlib.blake2b(call.pre_infer, digest_size=16).digest()
         prefix = Prefix(
             key=key,
-            user_id=request.user_id,
+            user_id=call.user_id,
             length=length,
             nbytes=length * profile.kv_bytes_per_token,
             miss_ms=miss_ms,
@@ -159,13 +174,13 @@ class TriggerPlane:
         )
         decision = self.policy.decide(prefix)
         if decision.admitted:
-            decision = await self._fire(key, payload, request.user_id, decision)
+            decision = await self._fire(key, call.pre_infer, call.user_id, decision)
         self._record(decision)
         span = tracing.current()
         if span.is_recording():
             span.set_attributes(
                 {
-                    "relaygr.user_hash": tracing.user_hash(request.user_id),
+                    "relaygr.user_hash": tracing.user_hash(call.user_id),
                     "relaygr.long_term_length": length,
                     "relaygr.admitted": decision.admitted,
                     "relaygr.reason": decision.reason.name.lower(),
@@ -175,22 +190,27 @@ class TriggerPlane:
             )
         return decision
 
-    def _validate(self, request: trigger_pb2.AdmitRequest) -> int:
-        validation.user_id(request.user_id)
-        length = validation.behavior_sequence(
-            request.long_term,
+    def _validate(self, call: AdmitCall) -> int:
+        """Every check of an Admit, against the request limits (the ranker's, `RequestLimits`): the
+        long-term length."""
+        config = self.config
+        validation.user_id(call.user_id)
+        length = validation.event_arrays(
+            call.item_ids,
+            call.action_types,
+            call.timestamps_ms,
             "long_term",
-            self.config.max_long_term_events,
+            config.max_long_term_events,
             ANY_ACTION_TYPE,
             allow_empty=False,
         )
-        validation.positive(request.num_candidates, "num_candidates", self.config.max_candidates)
-        if request.short_term_length < 0:
+        validation.positive(call.num_candidates, "num_candidates", config.max_candidates)
+        if call.short_term_length < 0:
             raise InvalidArgument("short_term_length", "must not be negative")
-        if request.short_term_length > self.config.max_short_term_events:
+        if call.short_term_length > config.max_short_term_events:
             raise InvalidArgument(
                 "short_term_length",
-                f"is {request.short_term_length}, more than the limit of {self.config.max_short_term_events}",
+                f"is {call.short_term_length}, more than the limit of {config.max_short_term_events}",
             )
         return length
 

@@ -1,22 +1,44 @@
 """TriggerService.Admit as a table of contents: protobuf in, the data plane's decision out.
 
 Everything an Admit does (validate, predict, decide, fire the PreInfer signal) is `TriggerPlane.admit`'s;
-the servicer only translates the decision into an AdmitResponse. `pre_infer_call` is the PreInfer transport
-the plane is given: RankerService.PreInfer through the router or routed directly (`RankerCalls`), taking
-the already-serialised request.
+the servicer only translates: an AdmitRequest into an `AdmitCall` (`admit_call`, which also serialises the
+request as the PreInfer it becomes, the optimisation `services.trigger.dataplane` states), the decision into
+an AdmitResponse. `pre_infer_call` is the PreInfer transport the plane is given: RankerService.PreInfer
+through the router or routed directly (`RankerCalls`), taking the already-serialised request.
 """
 
 from __future__ import annotations
 
 import grpc
+import numpy as np
 
 from relaygr.v1 import ranker_pb2, trigger_pb2, trigger_pb2_grpc
 from services.affinity.calls import RankerCalls
 from services.common.errors import RequestError
 from services.trigger.admission import Reason
-from services.trigger.dataplane import PreInferCall, PreInferFailed, TriggerPlane
+from services.trigger.dataplane import AdmitCall, PreInferCall, PreInferFailed, TriggerPlane
 
 _PROTO_REASONS = {reason: trigger_pb2.AdmitReason.Value(f"ADMIT_REASON_{reason.name}") for reason in Reason}
+
+# AdmitRequest's fields that PreInferRequest does not have: cleared, the rest of an Admit is a PreInfer.
+ADMIT_ONLY_FIELDS = ("num_candidates", "short_term_length")
+
+
+def admit_call(request: trigger_pb2.AdmitRequest) -> AdmitCall:
+    """`request` as the data plane's `AdmitCall`. Clears the Admit-only fields of `request`: what is left is
+    the PreInferRequest of its prefix, serialised once into `AdmitCall.pre_infer`."""
+    seq = request.long_term
+    sizes = {"short_term_length": request.short_term_length, "num_candidates": request.num_candidates}
+    for field in ADMIT_ONLY_FIELDS:
+        request.ClearField(field)
+    return AdmitCall(
+        user_id=request.user_id,
+        item_ids=np.array(seq.item_ids, dtype=np.int64),
+        action_types=np.array(seq.action_types, dtype=np.int64),
+        timestamps_ms=np.array(seq.timestamps_ms, dtype=np.int64),
+        pre_infer=request.SerializeToString(),
+        **sizes,
+    )
 
 
 def pre_infer_call(rankers: RankerCalls) -> PreInferCall:
@@ -44,7 +66,7 @@ class TriggerService(trigger_pb2_grpc.TriggerServiceServicer):
     async def Admit(
         self, request: trigger_pb2.AdmitRequest, context: grpc.aio.ServicerContext
     ) -> trigger_pb2.AdmitResponse:
-        decision = await self.plane.admit(request)
+        decision = await self.plane.admit(admit_call(request))
         return trigger_pb2.AdmitResponse(
             admitted=decision.admitted,
             reason=_PROTO_REASONS[decision.reason],

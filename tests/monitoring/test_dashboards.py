@@ -112,7 +112,7 @@ def test_the_query_list_covers_every_panel_target_and_recording_rule():
 
 
 # The histograms the services observe with the request's trace id as an exemplar
-# (services/common/interceptor.py, services/ranker/dataplane.py, services/retrieval_stub/servicer.py).
+# (services/common/interceptor.py, services/ranker/dataplane.py, services/retrieval_stub/dataplane.py).
 EXEMPLAR_HISTOGRAMS = {
     "grpc_server_handling_seconds",
     "relaygr_rank_latency_seconds",

@@ -1,5 +1,6 @@
 """Abandonment: the share of requests filtered after retrieval, the same ones in every mode, each with its
-Admit and without a Rank (the servicer over fake trigger and ranker stubs, at a fixed universe time)."""
+Admit and without a Rank (the servicer, its data plane and its gRPC upstream over fake trigger and ranker
+stubs, at a fixed universe time)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from prometheus_client import REGISTRY
 from relaygr.v1 import common_pb2, ranker_pb2, recommend_pb2, trigger_pb2
 from services.common.config import load
 from services.retrieval_stub.config import RetrievalStubConfig
-from services.retrieval_stub.servicer import RecommendService, abandoned
+from services.retrieval_stub.dataplane import RecommendPlane, abandoned
+from services.retrieval_stub.servicer import GrpcUpstream, RecommendService
 from services.workload.universe import UserUniverse
 
 EPOCH_MS = 1_750_000_000_000
@@ -63,9 +65,8 @@ class FakeRanker:
 def serve(config: RetrievalStubConfig, users: list[str]) -> tuple[list, FakeTrigger, FakeRanker]:
     """Recommend for each user at NOW_MS through a servicer over fakes: the responses and the fakes."""
     trigger, ranker = FakeTrigger(), FakeRanker()
-    service = RecommendService(
-        config, UserUniverse(config, clock=lambda: NOW_MS), ranker, trigger if config.relay else None
-    )
+    upstream = GrpcUpstream(config, ranker, trigger if config.relay else None)
+    service = RecommendService(RecommendPlane(config, UserUniverse(config, clock=lambda: NOW_MS), upstream))
 
     async def all_of_them() -> list[recommend_pb2.RecommendResponse]:
         requests = [recommend_pb2.RecommendRequest(user_id=user, top_k=4) for user in users]

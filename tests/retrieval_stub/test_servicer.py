@@ -6,7 +6,7 @@ import numpy as np
 
 from relaygr.v1 import common_pb2
 from services.common.contract import cache_source_label
-from services.retrieval_stub.servicer import top_k_order
+from services.retrieval_stub.dataplane import top_k_order
 
 
 def test_top_k_order_is_best_first_and_keeps_candidate_order_on_ties():

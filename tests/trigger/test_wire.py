@@ -12,7 +12,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf.descriptor import Descriptor
 
 from relaygr.v1 import common_pb2, ranker_pb2, trigger_pb2
-from services.trigger.dataplane import ADMIT_ONLY_FIELDS
+from services.trigger.servicer import ADMIT_ONLY_FIELDS
 
 
 def mismatches(admit: Descriptor, pre_infer: Descriptor, admit_only: tuple[str, ...]) -> list[str]:
