@@ -26,6 +26,11 @@ SERVICES = [
         "services.retrieval_stub.config",
         "RetrievalStubConfig",
     ),
+    (
+        "Checkpoint converter — `python -m services.ranker.convert`",
+        "services.ranker.convert",
+        "ConvertConfig",
+    ),
     ("Local fleet — `python -m services.launcher` (`make run`)", "services.launcher.demo", "LauncherConfig"),
     ("Benchmark — `python -m bench`", "bench.config", "BenchConfig"),
     ("Tracing-overhead benchmark — `python -m bench.tracing`", "bench.tracing.config", "TracingBench"),

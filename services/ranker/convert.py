@@ -1,4 +1,7 @@
-"""`python -m services.ranker.convert --from recsys-examples --in PATH --config CFG.json --out DIR`.
+"""`python -m services.ranker.convert --source PATH --source-config CFG.json --model-dir DIR`.
+
+Its settings (`ConvertConfig`) are flags with `RELAYGR_…` environment twins like every service's
+(docs/configuration.md lists them); `--source-format` names the framework the checkpoint comes from.
 
 Converts an HSTU ranking checkpoint trained with NVIDIA recsys-examples (`examples/hstu`, read at commit
 43465aeabf61515e28d74cbb5234ff7c627dcc19) into a model directory (`model/store.py`) that
@@ -33,10 +36,10 @@ says otherwise: target_group_size 1 and causal attention (their ranking defaults
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from services.common.config import check, flag_name, load, setting
 from services.ranker.model.family import DTYPES, ModelConfig, NotClosedError
 from services.ranker.model.store import save_model_dir
 
@@ -367,27 +371,54 @@ def convert_recsys_examples(path: str | Path, cfg: dict[str, Any]) -> tuple[Mode
     return config, state_out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+SOURCE_FORMATS = ("recsys-examples",)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertConfig:
+    """What `python -m services.ranker.convert` converts, from where, to where."""
+
+    source_format: str = setting(
+        "recsys-examples",
+        "the framework the checkpoint was trained with (NVIDIA recsys-examples' HSTU ranking model)",
+        choices=SOURCE_FORMATS,
+    )
+    source: str = setting(
+        "", "the checkpoint to convert: the directory their training saved, or its torch_module/model.0.pth"
+    )
+    source_config: str = setting(
+        "",
+        "JSON file of what the checkpoint does not hold: "
+        + "; ".join(f"{name}: {meaning}" for name, meaning in CONFIG_FIELDS.items()),
+    )
+    model_dir: str = setting(
+        "", "the model directory to write (model.json, weights.pt), which a ranker's --checkpoint serves"
+    )
+
+    def validate(self) -> None:
+        check(self)
+        for name in ("source", "source_config", "model_dir"):
+            if not getattr(self, name):
+                raise ValueError(f"{flag_name(name)} is required")
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    config = load(
+        ConvertConfig,
+        argv,
+        environ,
         prog="python -m services.ranker.convert",
         description="Convert a checkpoint trained elsewhere into a model directory for --checkpoint DIR.",
     )
-    parser.add_argument("--from", dest="source", required=True, choices=["recsys-examples"])
-    parser.add_argument("--in", dest="inp", required=True, help="checkpoint directory or its model.0.pth")
-    parser.add_argument(
-        "--config", required=True, help="JSON: " + "; ".join(f"{k}: {v}" for k, v in CONFIG_FIELDS.items())
-    )
-    parser.add_argument("--out", required=True, help="model directory to write (model.json, weights.pt)")
-    args = parser.parse_args(argv)
     try:
-        config, state = convert_recsys_examples(args.inp, read_config(args.config))
-        out = save_model_dir(args.out, config, state)
+        model, state = convert_recsys_examples(config.source, read_config(config.source_config))
+        out = save_model_dir(config.model_dir, model, state)
     except ValueError as exc:  # ConvertError, NotClosedError, a store check
         print(f"convert: {exc}", file=sys.stderr)
         return 2
     print(
-        f"wrote {out} (model {config.name}, {config.num_layers} layers, D {config.embed_dim}, "
-        f"version {config.version})"
+        f"wrote {out} (model {model.name}, {model.num_layers} layers, D {model.embed_dim}, "
+        f"version {model.version})"
     )
     return 0
 

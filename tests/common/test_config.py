@@ -49,11 +49,13 @@ def test_markdown_table_documents_every_field():
 
 def _bounded_settings():
     from services.launcher.demo import LauncherConfig
+    from services.ranker.convert import ConvertConfig
     from services.retrieval_stub.config import RetrievalStubConfig
     from services.router.config import RouterConfig
     from services.trigger.config import TriggerConfig
 
-    for cls in (RankerConfig, RouterConfig, TriggerConfig, RetrievalStubConfig, LauncherConfig):
+    commands = (RankerConfig, RouterConfig, TriggerConfig, RetrievalStubConfig, LauncherConfig, ConvertConfig)
+    for cls in commands:
         for field in dataclasses.fields(cls):
             meta = field.metadata
             if meta.get("above") is not None or meta.get("minimum") is not None or meta.get("choices"):

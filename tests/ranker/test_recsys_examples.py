@@ -34,7 +34,7 @@ EXTENDED, MISS = common_pb2.CACHE_SOURCE_EXTENDED, common_pb2.CACHE_SOURCE_MISS
 
 def convert_args(tmp_path: Path, out: Path) -> list[str]:
     ckpt, cfg = str(tmp_path / "ckpt"), str(tmp_path / "cfg.json")
-    return ["--from", "recsys-examples", "--in", ckpt, "--config", cfg, "--out", str(out)]
+    return ["--source", ckpt, "--source-config", cfg, "--model-dir", str(out)]
 
 
 def converted(tmp_path: Path, cfg: dict, **writer) -> tuple[Path, dict]:
