@@ -2,24 +2,32 @@
 one offered load, 1000 measured requests a point, three user draws each, modes in turn (a point stops
 early once it has failed for certain). It uses the benchmark's own fleets and point code.
 
-Run from the repository root: `python -m bench.studies.focus_16 16`.
+Run from the repository root: `python -m bench.studies.focus_16 --rate 16`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
+from collections.abc import Sequence
 
+from bench import codec
 from bench.config import BenchConfig
 from bench.experiments import Bench, Plan
 from bench.fleets import ABLATIONS, BASELINE, RELAY
+from services.common.config import load, setting
 from services.launcher.procs import REPO_ROOT
 
 HERE = REPO_ROOT / "bench" / "results" / "focus-16"
 
 
-def main(rate: float) -> None:
+@dataclasses.dataclass(frozen=True)
+class Focus16:
+    rate: float = setting(16.0, "offered load of every point, Recommend calls/s", above=0)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    rate = load(Focus16, argv, prog="python -m bench.studies.focus_16", description=__doc__).rate
     config = dataclasses.replace(BenchConfig(), profile="full")  # 1000 measured requests a point
     bench = Bench(config, HERE / "tmp" / "logs", log=lambda line: print(line, flush=True))
     dram_only = next(mode for mode in ABLATIONS if mode.name == "dram-only")
@@ -28,7 +36,7 @@ def main(rate: float) -> None:
         for draw in range(3):
             for fleet in (base, dram, relay):
                 plan = Plan(fleet, 0, config.relay_window_ms)
-                point = bench.point(plan, bench.mix, rate, seed_index=draw + 7)
+                point = codec.to_json(bench.point(plan, bench.mix, rate, seed_index=draw + 7))
                 points.append(
                     {
                         "mode": fleet.mode.name,
@@ -44,4 +52,4 @@ def main(rate: float) -> None:
 
 
 if __name__ == "__main__":
-    main(float(sys.argv[1]))
+    main()

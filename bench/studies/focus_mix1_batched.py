@@ -6,6 +6,7 @@ point, load seeds 0-2, both fleets up at once as in `python -m bench`. Run from 
 import json
 from pathlib import Path
 
+from bench import codec
 from bench.config import BenchConfig
 from bench.experiments import Bench, Plan
 from bench.fleets import BASELINE, RELAY
@@ -19,7 +20,8 @@ with bench.fleet(RELAY) as relay, bench.fleet(BASELINE) as baseline:
     jobs = [(baseline, 16), (baseline, 23), (baseline, 45), (relay, 45), (relay, 64)]
     for seed in range(3):
         for fleet, rate in jobs:
-            point = bench.point(Plan(fleet, 0, config.relay_window_ms), bench.mix, rate, seed_index=seed)
+            plan = Plan(fleet, 0, config.relay_window_ms)
+            point = codec.to_json(bench.point(plan, bench.mix, rate, seed_index=seed))
             point.pop("cost", None)
             points.append({"mode": fleet.mode.name, "rate": rate, "seed_index": seed, **point})
             out.mkdir(parents=True, exist_ok=True)

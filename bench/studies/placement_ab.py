@@ -2,13 +2,12 @@
 100 ms window) against every prefix on its ring owner (`--relay-window-ms 0`), both fleets up at once, load
 seeds 0-2. Each run sends 1500 Recommends open loop and counts the last 1275 (after 5 s at the rate) with
 no early stop, so the counts of Ranks over the SLO compare. From the repository root:
-`python -m bench.studies.placement_ab 45` (the load, req/s); rows go to
+`python -m bench.studies.placement_ab --rate 45`; rows go to
 /tmp/placement-ab/rows.json."""
 
 import asyncio
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import grpc
@@ -18,7 +17,7 @@ from bench.experiments import Bench, Plan, users
 from bench.fleets import RELAY
 from bench.workload import RevisitSampler
 from relaygr.v1 import recommend_pb2, recommend_pb2_grpc
-from services.common.config import load
+from services.common.config import load, setting
 from services.loadgen.openloop import run_open_loop
 
 SENT, WARM_UP = 1500, 225
@@ -26,7 +25,14 @@ out = Path("/tmp/placement-ab")
 config = load(BenchConfig, ["--profile", "full", "--name", "placement-ab"], {})
 bench = Bench(config, out / "tmp", log=lambda line: print(line, flush=True))
 OWNER_ONLY = dataclasses.replace(RELAY, name="relay-owner-only", trigger_args="--relay-window-ms 0")
-rate = float(sys.argv[1]) if len(sys.argv) > 1 else 45.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementAb:
+    rate: float = setting(45.0, "offered load of every run, Recommend calls/s", above=0)
+
+
+rate = load(PlacementAb, prog="python -m bench.studies.placement_ab", description=__doc__).rate
 
 
 async def drive(address: str, sampler: RevisitSampler, seed: int) -> list:

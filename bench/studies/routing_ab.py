@@ -1,10 +1,10 @@
 """RelayGR on mix 1 at 32 and 45 req/s, load seeds 0-2, routed directly (the trigger and the stub route
 their own calls) against through the router, both fleets up at once; the full profile's 1000 measured
-requests a point. From the repository root: `python -m bench.studies.routing_ab`
-(other rates as arguments); the points go to /tmp/ab/points.json."""
+requests a point. From the repository root: `python -m bench.studies.routing_ab` (other loads:
+`--rates`); the points go to /tmp/ab/points.json."""
 
+import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -12,9 +12,14 @@ from bench import codec
 from bench.config import BenchConfig
 from bench.experiments import Bench, Plan
 from bench.fleets import RELAY
-from services.common.config import load
+from services.common.config import listed, load, numbers
 
 out = Path("/tmp/ab")
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutingAb:
+    rates: str = numbers("32,45", "offered loads measured, Recommend calls/s")
 
 
 def bench(routing: str) -> tuple[BenchConfig, Bench]:
@@ -23,7 +28,7 @@ def bench(routing: str) -> tuple[BenchConfig, Bench]:
 
 
 direct, router = bench("direct"), bench("router")
-rates = [float(arg) for arg in sys.argv[1:]] or [32.0, 45.0]
+rates = listed(load(RoutingAb, prog="python -m bench.studies.routing_ab", description=__doc__), "rates")
 points = []
 with direct[1].fleet(RELAY) as direct_fleet, router[1].fleet(RELAY) as router_fleet:
     for seed in range(3):

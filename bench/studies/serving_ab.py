@@ -5,7 +5,7 @@ rounds.
 Run from the repository root with the 07bd905 tree checked out beside it (its generated stubs copied in):
 
     git worktree add /tmp/before 07bd905 && cp -r relaygr /tmp/before/
-    python -m bench.studies.serving_ab /tmp/before > bench/results/serving-ab/ab.md
+    python -m bench.studies.serving_ab --before-tree /tmp/before > bench/results/serving-ab/ab.md
 
 Only ratios within the run count: the machine's speed drifts by a third over minutes.
 """
@@ -13,6 +13,7 @@ Only ratios within the run count: the machine's speed drifts by a third over min
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -21,6 +22,7 @@ from pathlib import Path
 from bench.micro.serving.config import ServingConfig
 from bench.micro.serving.pairs import Driver, measure_point
 from bench.micro.serving.run import start_ranker
+from services.common.config import load, setting
 from services.launcher import procs as launcher_procs
 from services.launcher.procs import Processes
 
@@ -76,5 +78,15 @@ async def main(before_tree: Path) -> None:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class ServingAb:
+    before_tree: str = setting("", "a checkout of 07bd905 with its generated stubs (required)")
+
+    def validate(self) -> None:
+        if not self.before_tree:
+            raise ValueError("--before-tree is required")
+
+
 if __name__ == "__main__":
-    asyncio.run(main(Path(sys.argv[1])))
+    config = load(ServingAb, prog="python -m bench.studies.serving_ab", description=__doc__)
+    asyncio.run(main(Path(config.before_tree)))
