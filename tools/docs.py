@@ -46,6 +46,7 @@ SERVICES = [
         "AcceleratorBenchConfig",
     ),
     ("gRPC call floor — `python -m bench.micro.grpc_floor`", "bench.micro.grpc_floor", "GrpcFloorConfig"),
+    ("Router hop — `python -m bench.micro.router_hop`", "bench.micro.router_hop", "RouterHopBench"),
 ]
 
 
