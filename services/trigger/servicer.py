@@ -1,16 +1,16 @@
 """TriggerService.Admit as a table of contents: protobuf in, the data plane's decision out.
 
 Everything an Admit does (validate, predict, decide, fire the PreInfer signal) is `TriggerPlane.admit`'s;
-the servicer only translates: an AdmitRequest into an `AdmitCall` (`admit_call`, which also serialises the
-request as the PreInfer it becomes, the optimisation `services.trigger.dataplane` states), the decision into
-an AdmitResponse. `pre_infer_call` is the PreInfer transport the plane is given: RankerService.PreInfer
-through the router or routed directly (`RankerCalls`), taking the already-serialised request.
+the servicer only translates: an AdmitRequest into an `AdmitCall` (`admit_call`: its repeated fields as they
+are, which the plane converts once their counts are checked, and the request serialised as the PreInfer it
+becomes, the optimisation `services.trigger.dataplane` states), the decision into an AdmitResponse.
+`pre_infer_call` is the PreInfer transport the plane is given: RankerService.PreInfer through the router or
+routed directly (`RankerCalls`), taking the already-serialised request.
 """
 
 from __future__ import annotations
 
 import grpc
-import numpy as np
 
 from relaygr.v1 import ranker_pb2, trigger_pb2, trigger_pb2_grpc
 from services.affinity.calls import RankerCalls
@@ -33,9 +33,9 @@ def admit_call(request: trigger_pb2.AdmitRequest) -> AdmitCall:
         request.ClearField(field)
     return AdmitCall(
         user_id=request.user_id,
-        item_ids=np.array(seq.item_ids, dtype=np.int64),
-        action_types=np.array(seq.action_types, dtype=np.int64),
-        timestamps_ms=np.array(seq.timestamps_ms, dtype=np.int64),
+        item_ids=seq.item_ids,
+        action_types=seq.action_types,
+        timestamps_ms=seq.timestamps_ms,
         pre_infer=request.SerializeToString(),
         **sizes,
     )

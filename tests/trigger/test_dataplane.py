@@ -148,8 +148,8 @@ def test_the_servicer_translates_an_admit_request_into_a_call_whose_payload_is_a
     request = trigger_pb2.AdmitRequest(user_id="u", long_term=seq, num_candidates=64, short_term_length=8)
     translated = admit_call(request)
     assert (translated.user_id, translated.num_candidates, translated.short_term_length) == ("u", 64, 8)
-    assert translated.item_ids.tolist() == [5, 6, 7] and translated.action_types.tolist() == [1, 0, 1]
-    assert translated.timestamps_ms.tolist() == [10, 20, 30]
+    assert list(translated.item_ids) == [5, 6, 7] and list(translated.action_types) == [1, 0, 1]
+    assert list(translated.timestamps_ms) == [10, 20, 30]
     pre_infer = ranker_pb2.PreInferRequest.FromString(translated.pre_infer)
     assert pre_infer == ranker_pb2.PreInferRequest(user_id="u", long_term=seq)
     assert translated.pre_infer == pre_infer.SerializeToString()
