@@ -4,7 +4,8 @@ For each profile length L the ranker times, on its device thread, ranking withou
 ranker serves a miss — the prefix computed, then ranked against), a pre-inference of L tokens and a cached
 rank of S + C tokens against L (the least of a few repeats, after one untimed run that warms kernels and
 allocators: timing noise on a shared host only ever adds, so the least is the closest to the path's own cost,
-and a restart under load measures nearly the same curve as one on an idle host). GetProfile returns the curve;
+and a restart under load measures nearly the same curve as one on an idle host; then each point is lowered to
+the least of any longer one, `monotone`). GetProfile returns the curve;
 the trigger predicts ranking cost from it, and the ranker itself uses it to shed requests that cannot meet
 their deadline.
 
@@ -59,7 +60,7 @@ ANCHOR_LENGTH = 16
 
 
 def curve_lengths(lengths: list[int]) -> list[int]:
-    """The profile lengths, with `ANCHOR_LENGTH` first when the shortest is longer (and it fits)."""
+    """The profile lengths with `ANCHOR_LENGTH` among them (or the longest, when that is shorter)."""
     anchor = min(ANCHOR_LENGTH, max(lengths))
     return sorted({anchor, *lengths})
 
@@ -101,4 +102,18 @@ def measure(
         pre_ms, kv = timed(lambda le=long_events: runner.build_sync(le, background=False))
         rank_ms, _ = timed(lambda kv=kv: runner.rank_sync(kv, short_events, candidate_ids))
         points.append(LatencyPoint(length, full_ms, pre_ms, rank_ms))
-    return LatencyCurve(tuple(points), short, candidates)
+    return LatencyCurve(monotone(points), short, candidates)
+
+
+def monotone(points: list[LatencyPoint]) -> tuple[LatencyPoint, ...]:
+    """`points` (by length) with each path's time lowered to the least measured at it or any longer
+    prefix: a path's cost cannot fall as the prefix grows, and timing noise only ever adds, so one stalled
+    measurement (the first points of rankers warming up together read 5-10x slower than longer ones) does
+    not make a short prefix look dearer than a long one."""
+    lowered: list[LatencyPoint] = []
+    least = {"full_ms": float("inf"), "pre_infer_ms": float("inf"), "rank_ms": float("inf")}
+    for point in reversed(points):
+        for path in least:
+            least[path] = min(least[path], getattr(point, path))
+        lowered.append(dataclasses.replace(point, **least))
+    return tuple(reversed(lowered))

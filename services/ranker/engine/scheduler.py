@@ -372,27 +372,24 @@ class Scheduler:
                 log.exception("device job observer failed")
 
     def _execute(self, job: Job, running: _Running) -> None:
+        """Runs one job; its time is counted (metrics, observer) before its caller is handed the outcome, so
+        whoever sees a job's result sees it counted."""
         fn, future, op = job.fn, job.future, job.op
-        loop = future.get_loop()
         job.time.started_ns = time.time_ns()
         started = time.perf_counter()
         self._frame_start()
-        failed = False
         try:
-            result = fn(Yield(self, running)) if job.yields else fn()
+            outcome = fn(Yield(self, running)) if job.yields else fn()
+            deliver = _set_result
         except BaseException as exc:  # delivered to the awaiting coroutine, never lost on this thread
             log.debug("device job %s failed", op, exc_info=True)
-            failed = True
-            job.time.ended_ns = time.time_ns()
-            loop.call_soon_threadsafe(_set_exception, future, exc)
-        else:
-            job.time.ended_ns = time.time_ns()
-            loop.call_soon_threadsafe(_set_result, future, result)
-        finally:
-            self._model_seconds(op).observe(time.perf_counter() - started)
-            own_s = self._frame_stop(op)
-            if not failed:
-                self._observe(op, (job.work,), own_s)
+            outcome, deliver = exc, _set_exception
+        job.time.ended_ns = time.time_ns()
+        self._model_seconds(op).observe(time.perf_counter() - started)
+        own_s = self._frame_stop(op)
+        if deliver is _set_result:
+            self._observe(op, (job.work,), own_s)
+        future.get_loop().call_soon_threadsafe(deliver, future, outcome)
 
     def _execute_batch(self, jobs: list[Job], running: _Running) -> None:
         """One pass for every job of a batch; if it fails, each job alone (its own result or error). Batched
