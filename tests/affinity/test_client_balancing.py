@@ -20,8 +20,8 @@ from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 from services.common.config import ServiceConfig
 from services.common.server import dial
 from services.router.app import RouterApp
+from tests.affinity.loopback_dns import LoopbackDns
 from tests.router.harness import StubRanker, router_config, running_router
-from tests.router.loopback_dns import LoopbackDns
 
 CALLS = 40
 ROUTERS_NAME = "routers.relaygr.test"

@@ -19,8 +19,8 @@ from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 from services.affinity.discovery import DiscoveryFailed, SrvRecord, srv_lookup
 from services.affinity.membership import Membership
 from services.router.config import RouterConfig
+from tests.affinity.loopback_dns import LoopbackDns
 from tests.router.harness import StubRanker, running_router
-from tests.router.loopback_dns import LoopbackDns
 from tests.support.polling import eventually
 
 SRV_NAME = "_grpc._tcp.ranker-headless.relaygr.svc.cluster.local"

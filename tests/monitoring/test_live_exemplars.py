@@ -29,7 +29,7 @@ from relaygr.v1 import recommend_pb2, recommend_pb2_grpc
 from services.common.tracing import EXEMPLAR_LABEL
 from services.launcher.fleet import STUB, Fleet, FleetConfig
 from services.launcher.procs import free_port
-from tests.monitoring.test_live_prometheus import VARIABLES, PrometheusApi, prometheus_config, running
+from tests.monitoring.prometheus import VARIABLES, PrometheusApi, prometheus_config, running
 from tools.dashboards.queries import exemplar_queries, expand
 
 RECOMMENDS = 6

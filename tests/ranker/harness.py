@@ -10,6 +10,7 @@ import threading
 
 import grpc
 import numpy as np
+import torch
 from prometheus_client import REGISTRY
 
 from relaygr.v1 import ranker_pb2_grpc
@@ -19,6 +20,7 @@ from services.ranker.config import RankerConfig
 from services.ranker.device.accelerator import Accelerator
 from services.ranker.engine.scheduler import Op, Priority, Scheduler
 from services.ranker.model.events import Events
+from services.ranker.model.hstu import CachedRank, HSTURanker
 
 BASE = RankerConfig(
     host="127.0.0.1",
@@ -147,3 +149,36 @@ async def rank(app: RankerApp, user: str, long: list[int], relay: str = "") -> t
     finally:
         app.cache.release(acquired)
     return scores, acquired.source
+
+
+# ---- the model and the device's copies driven directly ----
+
+
+class PendingEvent:
+    """An event of a copy still in flight: complete once set, or once the host waits for it."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.waited = 0
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waited += 1
+        self.done = True
+
+
+def user_request(model: HSTURanker, seed: int, length: int, num_short: int, candidates: int) -> CachedRank:
+    """One user's cached rank for `model`: a random prefix of `length` events pre-inferred, `num_short`
+    short-term events and `candidates` candidates, drawn from `seed`."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def ids(n: int) -> torch.Tensor:
+        return torch.randint(0, 2**40, (n,), generator=generator)
+
+    def actions(n: int) -> torch.Tensor:
+        return torch.randint(0, model.preset.num_action_types, (n,), generator=generator)
+
+    prefix = model.pre_infer(ids(length)[None], actions(length)[None], chunk_size=16)
+    return CachedRank(prefix, ids(num_short), actions(num_short), ids(candidates))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from services.ranker.device.accelerator import Accelerator, CpuEvent, CpuStream, InflightWindow
-from tests.ranker.device.test_host_pool import PendingEvent
+from tests.ranker.harness import PendingEvent
 
 
 def test_the_cpu_accelerator_is_synchronous_and_copies_only_when_forced():

@@ -21,7 +21,7 @@ from services.ranker.engine.scheduler import Scheduler
 from services.ranker.model.events import Events
 from services.ranker.model.hstu import CachedRank, HSTURanker
 from services.ranker.model.presets import get_preset
-from tests.ranker.engine.test_batching import user_request
+from tests.ranker.harness import user_request
 
 TINY = get_preset("cpu-tiny")
 CPU = torch.device("cpu")

@@ -12,21 +12,7 @@ from hypothesis import strategies as st
 from torch.testing import assert_close
 
 from services.ranker.device.host_pool import HostPool
-
-
-class PendingEvent:
-    """An event of a copy still in flight: complete once set, or once the host waits for it."""
-
-    def __init__(self) -> None:
-        self.done = False
-        self.waited = 0
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        self.waited += 1
-        self.done = True
+from tests.ranker.harness import PendingEvent
 
 
 def assert_disjoint_within(pool: HostPool, slabs) -> None:

@@ -20,7 +20,7 @@ from services.ranker.engine.scheduler import Priority
 from services.ranker.model.hstu import CachedRank, HSTURanker
 from services.ranker.model.presets import get_preset
 from tests.exact import assert_scores_equal
-from tests.ranker.harness import blocked, running_ranker
+from tests.ranker.harness import blocked, running_ranker, user_request
 from tests.support.metrics import metric
 from tests.support.requests import history, pre_infer_request, rank_request
 
@@ -30,19 +30,6 @@ TINY = get_preset("cpu-tiny")
 @pytest.fixture(scope="module")
 def model() -> HSTURanker:
     return HSTURanker(TINY)
-
-
-def user_request(model: HSTURanker, seed: int, length: int, num_short: int, candidates: int) -> CachedRank:
-    generator = torch.Generator().manual_seed(seed)
-
-    def ids(n: int) -> torch.Tensor:
-        return torch.randint(0, 2**40, (n,), generator=generator)
-
-    def actions(n: int) -> torch.Tensor:
-        return torch.randint(0, TINY.num_action_types, (n,), generator=generator)
-
-    prefix = model.pre_infer(ids(length)[None], actions(length)[None], chunk_size=16)
-    return CachedRank(prefix, ids(num_short), actions(num_short), ids(candidates))
 
 
 users = st.lists(
