@@ -146,9 +146,11 @@ class TriggerPlane:
         precreate(TRIGGER_BRAKE_PRESSURE, *[(brake.value,) for brake in Brake])
 
     def use_profile(self, profile: FleetProfile) -> None:
-        """Calibrates predictions from a fresh fleet profile and places users on its members' ring."""
+        """Calibrates predictions from a fresh fleet profile, places users on its members' ring and brakes
+        members that have not reported yet at its HBM capacity."""
         self._profile = profile
         self.fleet.set_members(profile.members, profile.virtual_nodes)
+        self.fleet.assume_hbm_capacity(profile.hbm_capacity_bytes)
 
     async def admit(self, call: AdmitCall) -> Decision:
         """The decision on `call`, its PreInfer fired when admitted; InvalidArgument (naming the field) for

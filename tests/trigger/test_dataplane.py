@@ -153,3 +153,10 @@ def test_the_servicer_translates_an_admit_request_into_a_call_whose_payload_is_a
     pre_infer = ranker_pb2.PreInferRequest.FromString(translated.pre_infer)
     assert pre_infer == ranker_pb2.PreInferRequest(user_id="u", long_term=seq)
     assert translated.pre_infer == pre_infer.SerializeToString()
+
+
+def test_the_profile_brakes_members_that_have_not_reported_at_its_hbm_capacity():
+    built = plane(Rankers())
+    assert built.fleet.hbm_capacity_bytes("ranker-a") == 0  # this profile states none: unknown
+    built.use_profile(dataclasses.replace(profile(), hbm_capacity_bytes=1 << 30))
+    assert [built.fleet.hbm_capacity_bytes(name) for name in MEMBERS] == [1 << 30, 1 << 30]
