@@ -41,12 +41,21 @@ class LoadgenConfig:
             raise ValueError("--config is required")
 
 
-def open_channel(ghz: GhzConfig, target: str) -> grpc.aio.Channel:
-    options = [
+def channel_options(ghz: GhzConfig) -> list[tuple[str, Any]]:
+    """The options of each of the run's channels: message limits, a connection of its own (as ghz's
+    `connections`) and the config's `lb-strategy`, if any."""
+    options: list[tuple[str, Any]] = [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.use_local_subchannel_pool", 1),  # one connection per channel, as ghz's `connections`
     ]
+    if ghz.lb_strategy:
+        options.append(("grpc.lb_policy_name", ghz.lb_strategy))
+    return options
+
+
+def open_channel(ghz: GhzConfig, target: str) -> grpc.aio.Channel:
+    options = channel_options(ghz)
     if ghz.insecure:
         return grpc.aio.insecure_channel(target, options=options)
     files = {key: path.read_bytes() for key, path in ghz.paths.items() if key in ("cacert", "key", "cert")}

@@ -11,7 +11,8 @@ Supported keys, with ghz's meaning:
 - the length: `duration` (then `total` is ignored, as in ghz), else `total` (default 200), capped by
   `max-duration`; `skipFirst` leaves the first results out of the report (warm-up);
 - `insecure` (ghz's default is TLS), `cacert`, `cert`, `key`; `connections` (channels used round-robin);
-  `name` and `tags` are copied into the report.
+  `lb-strategy` (`pick_first` or `round_robin`: how each channel spreads its calls over the addresses a
+  `dns:///` host resolves to, gRPC's client-side balancing); `name` and `tags` are copied into the report.
 
 Values have ghz's types: counts and rates are whole numbers (ghz reads them into Go integers and refuses
 20.5), durations are Go duration strings. Relative paths (`data-file`, `protoset`, `proto`, `cacert`,
@@ -48,15 +49,17 @@ DEFAULT_TIMEOUT_S = 20.0
 SUPPORTED_KEYS = frozenset({
     "call", "host", "data", "data-file", "metadata", "timeout", "rps", "load-schedule", "load-start",
     "load-step", "load-step-duration", "load-end", "load-max-duration", "duration", "total", "max-duration",
-    "skipFirst", "insecure", "cacert", "cert", "key", "connections", "name", "tags",
+    "skipFirst", "insecure", "cacert", "cert", "key", "connections", "lb-strategy", "name", "tags",
 })  # fmt: skip
 IGNORED_KEYS = frozenset({
     "proto", "protoset", "import-paths", "concurrency", "concurrency-schedule", "concurrency-start",
     "concurrency-end", "concurrency-step", "concurrency-step-duration", "concurrency-max-duration", "async",
     "cpus", "CPUs", "format", "output", "connect-timeout", "dial-timeout", "keepalive", "reflect-metadata",
-    "debug", "enable-compression", "count-errors", "duration-stop", "lb-strategy", "cname", "authority",
+    "debug", "enable-compression", "count-errors", "duration-stop", "cname", "authority",
 })  # fmt: skip
 
+# gRPC load-balancing policies a channel can be given by name (empty: gRPC's default, pick_first).
+LB_STRATEGIES = frozenset({"", "pick_first", "round_robin"})
 # Keys whose values are paths ghz reads, relative to its working directory.
 PATH_KEYS = ("data-file", "protoset", "proto", "cacert", "cert", "key")
 # ghz sets `total` to this when a duration bounds the run (runner/options.go).
@@ -267,6 +270,7 @@ class GhzConfig:
     insecure: bool
     paths: Mapping[str, Path]  # the config's PATH_KEYS, resolved from the base folder
     connections: int
+    lb_strategy: str  # gRPC's load-balancing policy of each channel; empty: gRPC's default (pick_first)
     name: str
     tags: Mapping[str, str]
     options: Mapping[str, Any]  # ghz's report `options` for this config (`ghz_options`)
@@ -319,10 +323,18 @@ class GhzConfig:
             insecure=options["insecure"],
             paths=paths,
             connections=max(1, options.get("connections", 1)),
+            lb_strategy=_lb_strategy(raw),
             name=options.get("name", ""),
             tags=dict(tags),
             options=options,
         )
+
+
+def _lb_strategy(raw: Mapping[str, Any]) -> str:
+    strategy = _text(raw, "lb-strategy")
+    if strategy not in LB_STRATEGIES:
+        raise ValueError(f"lb-strategy: {strategy!r} is not one of {', '.join(sorted(LB_STRATEGIES))}")
+    return strategy
 
 
 def resolve_paths(raw: Mapping[str, Any], base_dir: Path) -> dict[str, Path]:

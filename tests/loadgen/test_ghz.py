@@ -12,6 +12,7 @@ import pytest
 
 from relaygr.v1 import ranker_pb2, recommend_pb2
 from services.launcher.procs import REPO_ROOT
+from services.loadgen.__main__ import channel_options
 from services.loadgen.ghz_config import (
     GHZ_DURATION_TOTAL,
     GhzConfig,
@@ -118,6 +119,7 @@ def test_relative_paths_are_taken_from_the_working_directory_as_ghz_takes_them(t
         ({"keepalive": 30}, "keepalive"),
         ({"tags": {"run": 1}}, "tags"),
         ({"protoset": "no/such.protoset"}, "protoset: no file no/such.protoset"),
+        ({"lb-strategy": "roundrobin"}, "lb-strategy: 'roundrobin' is not one of"),
     ],
 )
 def test_mistakes_in_a_config_are_reported_by_key(change, message):
@@ -236,3 +238,16 @@ def test_the_go_types_refuse_what_ghz_refuses():
     assert [error.split(":")[0] for error in errors] == [
         "report.date", "report.options.rps", "report.options.duration", "report.count",
     ]  # fmt: skip
+
+
+def test_the_lb_strategy_becomes_each_channels_balancing_policy():
+    raw = {"call": "relaygr.v1.RankerService.Rank", "host": "dns:///routers:1", "rps": 10, "data": RANK_ENTRY}
+    balanced = GhzConfig.from_dict({**raw, "lb-strategy": "round_robin", "connections": 2})
+    assert balanced.lb_strategy == "round_robin"
+    assert ("grpc.lb_policy_name", "round_robin") in channel_options(balanced)
+    plain = GhzConfig.from_dict(raw)
+    assert plain.lb_strategy == "" and all(key != "grpc.lb_policy_name" for key, _ in channel_options(plain))
+    # The shipped router configs dial the routers' headless Service with round_robin, as ghz would.
+    for name in ("rank.json", "pre-infer.json"):
+        shipped = load_ghz_config(REPO_ROOT / "deploy" / "loadtest" / name, base_dir=REPO_ROOT)
+        assert shipped.host.startswith("dns:///") and shipped.lb_strategy == "round_robin", name
