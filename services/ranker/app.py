@@ -17,7 +17,8 @@ from services.common.metrics import enum_labels, precreate
 from services.common.server import GrpcServer
 from services.ranker import metrics
 from services.ranker.budgets import parameter_bytes, resolve_budgets
-from services.ranker.cache.prefix_cache import Kind, PrefixCache, Source
+from services.ranker.cache.acquired import Source
+from services.ranker.cache.prefix_cache import Kind, PrefixCache
 from services.ranker.cache.tiers import POLICIES, Tier
 from services.ranker.config import RankerConfig
 from services.ranker.dataplane import DataPlane

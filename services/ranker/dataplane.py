@@ -30,13 +30,14 @@ from services.common.errors import DeadlineExceeded, ResourceExhausted, Unavaila
 from services.common.metrics import Children, enum_label
 from services.ranker import metrics
 from services.ranker.cache import PrefixLifecycle
-from services.ranker.cache.prefix_cache import Acquired, Source
+from services.ranker.cache.acquired import Acquired, Source
 from services.ranker.config import RankerConfig
 from services.ranker.engine.calibration import Calibration
+from services.ranker.engine.device_time import device_time, trace_device
 from services.ranker.engine.latency_curve import LatencyCurve, measure
 from services.ranker.engine.load import LoadReport
 from services.ranker.engine.runner import ModelRunner
-from services.ranker.engine.scheduler import FOR_RANKS, Op, Priority, Scheduler, device_time, trace_device
+from services.ranker.engine.scheduler import FOR_RANKS, Op, Priority, Scheduler
 from services.ranker.model.events import Events
 
 

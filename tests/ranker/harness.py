@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 
 from relaygr.v1 import ranker_pb2_grpc
 from services.ranker.app import RankerApp
-from services.ranker.cache.prefix_cache import Source
+from services.ranker.cache.acquired import Source
 from services.ranker.config import RankerConfig
 from services.ranker.device.accelerator import Accelerator
 from services.ranker.engine.scheduler import Op, Priority, Scheduler

@@ -83,9 +83,14 @@ def test_a_relayed_recommend_is_one_trace_across_the_services(
         rankers=1, model_preset="cpu-tiny", base_port=0, metrics_base_port=0, log_dir=str(tmp_path / "logs"),
         routing=routing,
         ranker_args="--profile-lengths 32,128 --profile-repeats 1",
-        # Admit everything, with a pre-processing window long enough for the prefix to be ready or joined.
+        # Admit everything, with a pre-processing window long enough for the prefix to be ready or joined,
+        # and an Admit deadline a busy test machine cannot turn into no relay (the first traced Admit pays
+        # the exporter's and the cold paths' start-up).
         trigger_args="--admit-all true",
-        stub_args="--history-max 256 --num-candidates 16 --rank-timeout-ms 20000 --relay-window-ms 30",
+        stub_args=(
+            "--history-max 256 --num-candidates 16 --rank-timeout-ms 20000 --relay-window-ms 30 "
+            "--admit-timeout-ms 5000"
+        ),
     )  # fmt: skip
     with Fleet(config) as fleet:
         endpoints = fleet.start()

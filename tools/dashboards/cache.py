@@ -150,8 +150,9 @@ def build() -> dashboard.Dashboard:
             timeseries_panel(
                 "Latency-curve correction",
                 "Measured device time over what each ranker's warm-up latency curve predicted for the same "
-                "work, per path: 1 is a curve that holds; far from 1, the warm-up misread the device (rankers "
-                "warming up together) or the host's speed moved. Backlogs, shedding and GetProfile apply it.",
+                "work, per path: 1 is a curve that holds; far from 1, the warm-up misread the device "
+                "(rankers warming up together) or the host's speed moved. Backlogs, shedding and "
+                "GetProfile apply it.",
                 "short",
                 [Target(f"max by (pod, path) (relaygr_cost_correction{RANKER})", "{{pod}} {{path}}")],
             ),

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from services.ranker.cache.prefix_cache import Acquired
+    from services.ranker.cache.acquired import Acquired
     from services.ranker.engine.load import LoadBook
     from services.ranker.model.events import Events
 

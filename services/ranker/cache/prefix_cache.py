@@ -27,18 +27,15 @@ run on their own threads.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import logging
 import time
 from collections.abc import Callable
 
-from opentelemetry.trace import SpanContext
-
-from relaygr.v1 import common_pb2, ranker_pb2
+from relaygr.v1 import ranker_pb2
 from services.common import tracing
 from services.common.errors import DeadlineExceeded
 from services.ranker import metrics
+from services.ranker.cache.acquired import Acquired, Miss, Source
 from services.ranker.cache.index import CacheEntry, Index, Pin, PrefixKey
 from services.ranker.cache.leases import Leases
 from services.ranker.cache.moves import TierMoves
@@ -53,7 +50,6 @@ from services.ranker.model.prefix_kv import PrefixKV
 
 log = logging.getLogger(__name__)
 
-Miss = common_pb2.MissReason
 Outcome = ranker_pb2.PreInferOutcome
 
 # How long past its TTL an idle DRAM entry may wait for the sweep that evicts it when no request sweeps
@@ -64,34 +60,6 @@ DRAM_SWEEP_SLACK_S = 1.0
 class OverBudget(Exception):
     """A production's KV came out larger than the HBM bytes reserved for it, and the tier cannot hold the
     difference: the entry is refused rather than let the budget be exceeded."""
-
-
-class Source(enum.Enum):
-    HBM = common_pb2.CACHE_SOURCE_HBM
-    DRAM = common_pb2.CACHE_SOURCE_DRAM
-    EXTENDED = common_pb2.CACHE_SOURCE_EXTENDED
-    MISS = common_pb2.CACHE_SOURCE_MISS
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-
-@dataclasses.dataclass(frozen=True)
-class Acquired:
-    """What a Rank ranks against: a pinned entry, or nothing (compute the whole sequence)."""
-
-    entry: CacheEntry | None
-    source: Source
-    miss_reason: int = Miss.MISS_REASON_UNSPECIFIED
-    pin: Pin | None = None
-    # It waited for a production that was already running (a pre-inference, or another Rank's miss).
-    joined: bool = False
-    # The sampled PreInfer whose prefix it consumes (its lease, or the production it joined).
-    pre_infer: SpanContext | None = None
-    # Long-term events a production this Rank started computed for it (a miss's, or an extension's
-    # appended ones); 0 for a prefix found, reloaded or joined.
-    computed_events: int = 0
 
 
 class PrefixCache:

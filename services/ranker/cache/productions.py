@@ -29,8 +29,9 @@ from relaygr.v1 import common_pb2
 from services.common import tracing
 from services.ranker.cache.index import CacheEntry, Pin, PrefixKey
 from services.ranker.device.copier import TierCopier
+from services.ranker.engine.device_time import trace_device
 from services.ranker.engine.runner import ModelRunner
-from services.ranker.engine.scheduler import Op, Priority, Scheduler, trace_device
+from services.ranker.engine.scheduler import Op, Priority, Scheduler
 from services.ranker.model.events import Events
 from services.ranker.model.prefix_kv import PrefixKV
 

@@ -15,14 +15,9 @@ Each job's own thread CPU time (a job's Yield-nested jobs count theirs) is count
 benchmark subtracts from the process's CPU. The thread takes its own name as the OS's thread name, so
 `top -H` and /proc tell the device thread from the event loop.
 
-A job may carry its `work` (the events its model pass covers); every job that ends tells the scheduler's
-`observer`, when one is given, its op, work and own device time (its wall time on the thread, less the jobs
-nested at its `Yield`; for a batch, the pass and each job's work): the ranker's `Calibration` corrects its
-latency curve from them.
-
-Every job's future carries its `DeviceTime` (`device_time(future)`): when it was queued, started and ended on
-the device thread, and the size of the batch it ran in. A traced request turns it into its queue-wait and
-model-pass spans (`trace_device`).
+A job may carry its `work` (the events its pass covers); each ended job tells the `observer` its op, work and
+own device time (its wall time less the jobs nested at its `Yield`; a batch: the pass, each job's work), from
+which `Calibration` corrects the latency curve. Its future carries its `DeviceTime` (`device_time.py`).
 
 Jobs submitted with a `Batch` (cached ranks) are run together: when one reaches the front, the jobs of the
 same batch queued right behind it at its priority join it, up to `Batch.max_size`, and `Batch.run` does
@@ -47,11 +42,11 @@ from typing import Any, TypeVar
 
 from prometheus_client import Gauge
 
-from services.common import tracing
 from services.common.errors import DeadlineExceeded
 from services.common.metrics import Children
 from services.common.threads import name_os_thread
 from services.ranker import metrics
+from services.ranker.engine.device_time import DeviceTime
 
 log = logging.getLogger(__name__)
 
@@ -101,32 +96,6 @@ class Batch:
 
 # The jobs that run the model (the others copy tensors or measure).
 MODEL_PASSES = (Op.PRE_INFER, Op.EXTEND, Op.RANK, Op.UNCACHED)
-
-
-@dataclasses.dataclass
-class DeviceTime:
-    """When a job was queued, started and ended on the device thread (`time.time_ns()`, the clock traces
-    use; 0 until it happens) and how many jobs its pass ran. A nested job's time is inside its outer one's."""
-
-    queued_ns: int
-    started_ns: int = 0
-    ended_ns: int = 0
-    batch_size: int = 1
-
-
-def device_time(future: asyncio.Future) -> DeviceTime | None:
-    """The `DeviceTime` of the job that resolves `future` (None for a future no scheduler made)."""
-    return getattr(future, "device_time", None)
-
-
-def trace_device(future: asyncio.Future, name: str, **attributes: object) -> None:
-    """Tells a finished job's time on the device thread as two spans of the current (sampled) request: the
-    wait in the queue (`queue`), then the pass itself (`name`), with its batch size."""
-    timing = device_time(future)
-    if timing is None or not timing.ended_ns or not tracing.sampled():
-        return
-    tracing.record("queue", timing.queued_ns, timing.started_ns, op=name)
-    tracing.record(name, timing.started_ns, timing.ended_ns, batch_size=timing.batch_size, **attributes)
 
 
 @dataclasses.dataclass(order=True)

@@ -10,8 +10,8 @@ import random
 import pytest
 
 from relaygr.v1 import common_pb2
+from services.ranker.cache.acquired import Source
 from services.ranker.cache.index import CacheEntry, PrefixKey
-from services.ranker.cache.prefix_cache import Source
 from services.ranker.cache.tiers import Tier
 from tests.exact import assert_scores_equal
 from tests.ranker.harness import CANDIDATES, SHORT, cache_app, events, held_bytes, rank, settle

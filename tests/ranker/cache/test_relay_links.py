@@ -12,7 +12,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from services.ranker.cache.prefix_cache import Source
+from services.ranker.cache.acquired import Source
 from tests.ranker.harness import blocked, cache_app, events, settle
 from tests.support.requests import history
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from services.ranker.app import RankerApp
-from services.ranker.cache.prefix_cache import Source
+from services.ranker.cache.acquired import Source
 from services.ranker.device.accelerator import Accelerator
 from services.ranker.device.copier import PoolExhausted, TierCopier
 from services.ranker.device.host_pool import HostPool
