@@ -32,7 +32,8 @@ class TriggerConfig(RequestLimits, RelaySettings, AffinitySettings, ServiceConfi
         2.0,
         "cost of relaying a prefix (the PreInfer round trip), ms: a request is admitted only when its "
         "prefix's own computation, which relay moves off the critical path, is predicted to cost more than "
-        "this plus the pre-inference's own model call (its fixed cost, from the rankers' latency curve)",
+        "this, and more than the pre-inference's own model call (its fixed cost, from the rankers' latency "
+        "curve)",
         minimum=0,
     )
     lease_window_ms: int = setting(

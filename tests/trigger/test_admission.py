@@ -76,13 +76,18 @@ def user_on(fleet: FleetLoad, member: str, start: int = 0) -> str:
 def test_relay_is_admitted_when_it_pays_and_refused_when_it_does_not():
     policy, _, _ = make()
     assert policy.decide(prefix("long", miss_ms=40.0)).reason is Reason.ADMITTED
-    # The prefix's computation costs no more than the round trip (2.0 ms) and the pre-inference's own call
-    # (0.5 ms), however long the miss.
-    short = dataclasses.replace(prefix("short", length=64), miss_ms=30.0, gain_ms=2.5, pre_infer_ms=3.0)
+    # The prefix's computation costs no more than the round trip (2.0 ms), however long the miss.
+    short = dataclasses.replace(prefix("short", length=64), miss_ms=30.0, gain_ms=2.0, pre_infer_ms=2.5)
     assert short.call_ms == pytest.approx(CALL_MS)
     assert policy.decide(short).reason is Reason.NO_GAIN
-    barely = dataclasses.replace(short, key="barely", gain_ms=2.51, pre_infer_ms=3.01)
+    barely = dataclasses.replace(short, key="barely", gain_ms=2.01, pre_infer_ms=2.51)
     assert policy.decide(barely).reason is Reason.ADMITTED
+    # ... nor than the pre-inference's own call (4 ms here), which then sets the break-even.
+    dear_call = dataclasses.replace(short, key="dear", gain_ms=3.0, pre_infer_ms=7.0)
+    assert dear_call.call_ms == pytest.approx(4.0)
+    assert policy.decide(dear_call).reason is Reason.NO_GAIN
+    worth_it = dataclasses.replace(dear_call, key="worth-it", gain_ms=4.01, pre_infer_ms=8.01)
+    assert policy.decide(worth_it).reason is Reason.ADMITTED
 
 
 @settings(max_examples=200, deadline=None)
