@@ -21,6 +21,7 @@ from torch.testing import assert_close
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.ranker import convert
+from services.ranker.model import recsys_examples
 from services.ranker.model.store import load_model_dir
 from services.router.config import RouterConfig
 from tests.ranker.harness import running_ranker
@@ -138,8 +139,8 @@ def refused(tmp_path: Path, cfg: dict, mutate=None, **writer) -> str:
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     args = convert_args(tmp_path, tmp_path / "model")
     with pytest.raises(ValueError) as caught:
-        config = convert.read_config(tmp_path / "cfg.json")
-        convert.convert_recsys_examples(tmp_path / "ckpt", config)
+        config = recsys_examples.read_config(tmp_path / "cfg.json")
+        recsys_examples.convert_recsys_examples(tmp_path / "ckpt", config)
     assert convert.main(args) == 2
     assert not (tmp_path / "model" / "model.json").exists()
     return str(caught.value)
@@ -191,7 +192,7 @@ def test_a_fused_table_of_the_wrong_size_is_refused_naming_the_key(tmp_path):
     write_checkpoint(tmp_path / "ckpt", cfg, tables="data_parallel")
     cfg["vocab"]["other"] = 8
     with pytest.raises(ValueError, match="action/other/item_weights' has"):
-        convert.convert_recsys_examples(tmp_path / "ckpt", cfg)
+        recsys_examples.convert_recsys_examples(tmp_path / "ckpt", cfg)
 
 
 def test_unknown_item_ids_are_refused_by_name_over_grpc(tmp_path):
