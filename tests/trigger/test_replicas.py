@@ -29,7 +29,7 @@ from services.launcher.procs import Processes, ServiceProcess
 from services.trigger.admission import AdmissionPolicy, Reason
 from services.trigger.fleet_load import FleetLoad
 from tests.trigger.harness import admit_request, trigger, wait_serving
-from tests.trigger.test_admission import LIMITS, MIB, Clock, prefix, report, user_on
+from tests.trigger.policy import LIMITS, MIB, Clock, prefix, report, user_on
 
 INSTANCE = "ranker-r"
 LONG = 512  # events: 256 KiB of cpu-tiny KV (512 bytes a token)
@@ -187,10 +187,10 @@ def burst_requests(tag: str, count: int, seed: int) -> list[trigger_pb2.AdmitReq
 
 
 async def warm(stub) -> None:
-    """A prefix larger than the ranker's HBM: it refuses it, and the refusal's report tells the trigger the
-    ranker's budget (a trigger brakes on no budget before a first report)."""
+    """A prefix larger than the ranker's HBM share, before any PreInfer has answered: the trigger refuses it
+    itself, braking at the HBM budget that the fleet profile stated (no ranker has reported yet)."""
     answer = await stub.Admit(admit_request(f"user-warm-{id(stub)}", 8192, seed=999))
-    assert answer.reason == trigger_pb2.ADMIT_REASON_RANKER_REFUSED
+    assert answer.reason == trigger_pb2.ADMIT_REASON_HBM_LIMIT
 
 
 SETTINGS = {
