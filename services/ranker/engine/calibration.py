@@ -9,10 +9,12 @@ trigger's break-even, placement and brakes.
 So every model job reports, when it ends on the device thread, its own device time (its wall time on that
 thread, less the jobs run nested at its `Yield`; a batch's pass time for the ranks in it) and the work it
 did (`Scheduler(observer=...)`). `Calibration` keeps, per path of the curve (`full_ms`: an uncached rank,
-`pre_infer_ms`: a pre-inference or an extension, `rank_ms`: a cached rank), the ratio of the measured time
-to what the measured curve predicted for the same work, each sum exponentially weighted over about
+`pre_infer_ms`: a pre-inference, `rank_ms`: a cached rank), the ratio of the measured time to what the
+measured curve predicted for the same work, each sum exponentially weighted over about
 `MEMORY_JOBS` jobs, so the ratio follows a host whose speed drifts. `predict_ms` is the curve's prediction
-times its path's ratio; a path's ratio stays 1 until `MIN_JOBS` of its jobs have ended. GetProfile answers
+times its path's ratio; a path's ratio stays 1 until `MIN_JOBS` of its jobs have ended. An extension is no
+point of the curve (its appended events attend over the whole base, which the curve at their count does not
+price), so it teaches nothing; its cost is the pre-inference path's, corrected. GetProfile answers
 `corrected()`: the curve with each path's column scaled by its ratio, so the trigger reads the corrected
 figures at its next profile refresh, and in every load report.
 
@@ -41,7 +43,6 @@ PATHS = ("full_ms", "pre_infer_ms", "rank_ms")
 _PATH_OF = {
     Op.UNCACHED: "full_ms",
     Op.PRE_INFER: "pre_infer_ms",
-    Op.EXTEND: "pre_infer_ms",
     Op.RANK: "rank_ms",
 }
 
@@ -80,7 +81,7 @@ class Calibration:
     def observe(self, op: Op, works: Sequence[int], seconds: float) -> None:
         """A job (or a batch of jobs) of `op` ended after `seconds` of device time; `works` is the length each
         job's prediction is read at: the events a pre-inference or extension computed, the prefix length a
-        rank ranked against. Other ops (the profile itself, tier moves) are not the curve's."""
+        rank ranked against. Other ops (extensions, the profile itself, tier moves) are not the curve's."""
         path = _PATH_OF.get(op)
         curve = self.curve
         if path is None or curve is None:

@@ -52,7 +52,9 @@ def test_each_path_is_corrected_by_its_own_jobs_once_enough_have_ended():
         calibration.observe(Op.PRE_INFER, (256,), 3 * 8.0 / 1000)
     assert calibration.ratio["pre_infer_ms"] == 1.0
     assert calibration.predict_ms("pre_infer_ms", 256) == pytest.approx(8.0)
-    calibration.observe(Op.EXTEND, (256,), 3 * 8.0 / 1000)  # an extension computes on the same path
+    calibration.observe(Op.EXTEND, (16,), 1.0)  # no point of the curve: it teaches nothing
+    assert calibration.jobs["pre_infer_ms"] == 9
+    calibration.observe(Op.PRE_INFER, (256,), 3 * 8.0 / 1000)
     assert calibration.ratio["pre_infer_ms"] == pytest.approx(3.0)
     assert calibration.predict_ms("pre_infer_ms", 256) == pytest.approx(24.0)
     assert calibration.predict_ms("pre_infer_ms", 16) == pytest.approx(3.0)
