@@ -6,18 +6,15 @@ request that relay pays for, and refuses only when the fleet cannot afford it. `
 answers with the first of these that applies:
 
 1. NO_GAIN: the prefix's own computation, which is what relay moves off the critical path (F_full -
-   F_cached = F_pre), is predicted to cost no more than what relaying it costs the host, the PreInfer
-   round trip (`relay_overhead_ms`), or the device, the pre-inference's own model call (`Prefix.call_ms`,
-   the fixed cost of a pass, which the relay pays once more than the miss): the gain must exceed each.
-   Short histories, where a prefix is cheaper to recompute than to move. The gain is one fitted quantity
-   (the pre-inference path's work on its tokens and pairs, `CostModel.compute_ms`), and the call's cost
-   comes from the same measured curve (which always has a 16-event point, where a pass is almost all its
-   fixed cost): a curve measured k times too slow (rankers warming up together on contended cores) scales
-   both alike, so once the misreading is large the break-even length no longer follows it (against the
-   fixed round trip alone, a 100x slow curve put an 8-event prefix's gain above it). On a curve measured
-   right the call costs less than the round trip and the round trip sets the break-even. Load does not move
-   it: the miss's queueing cost for the Ranks behind it grows with load, and so does the round trip's cost
-   on the same contended cores.
+   F_cached = F_pre), is predicted to cost no more than relaying it (`relay_overhead_ms`, the PreInfer round
+   trip): short histories, where a prefix is cheaper to recompute than to move. The prediction is one
+   fitted quantity (the pre-inference path's work on its tokens and pairs, `CostModel.compute_ms`, without
+   a call's fixed cost, which every curve measures at its 16-event point rather than extrapolating it),
+   so the break-even is one length that a restart measures again alike. It is as right as the curve: a
+   curve misread at warm-up (rankers warming up together on contended cores) is made monotone by the
+   ranker and corrected by it as its jobs run (`Calibration`), and the trigger reads the correction at its
+   next profile refresh. Load does not move it: the miss's queueing cost for the Ranks behind it grows with
+   load, and so does the round trip's cost on the same contended cores.
 2. DUPLICATE: the same prefix key (user and exact long-term sequence) was admitted within the duplicate
    window; its PreInfer is in flight or its prefix is leased. The instance that holds it is returned with
    the refusal, so the caller's Rank can still carry the hint (empty while the first PreInfer is unanswered).
@@ -129,11 +126,6 @@ class Prefix:
     gain_ms: float  # the prefix's own computation: what relay moves off the critical path
     pre_infer_ms: float  # computing the prefix in the background (its work and a call's fixed cost)
 
-    @property
-    def call_ms(self) -> float:
-        """The pre-inference's model call without its work: the fixed cost of one pass on the device."""
-        return max(0.0, self.pre_infer_ms - self.gain_ms)
-
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
@@ -187,7 +179,7 @@ class AdmissionPolicy:
         now = self._clock()
         self._expire(now)
         limits = self.limits
-        if not limits.admit_all and prefix.gain_ms <= max(limits.relay_overhead_ms, prefix.call_ms):
+        if not limits.admit_all and prefix.gain_ms <= limits.relay_overhead_ms:
             return Decision(Reason.NO_GAIN)
         earlier = self._admissions.get(prefix.key)
         if earlier is not None:

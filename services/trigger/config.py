@@ -31,9 +31,7 @@ class TriggerConfig(RequestLimits, RelaySettings, AffinitySettings, ServiceConfi
     relay_overhead_ms: float = setting(
         2.0,
         "cost of relaying a prefix (the PreInfer round trip), ms: a request is admitted only when its "
-        "prefix's own computation, which relay moves off the critical path, is predicted to cost more than "
-        "this, and more than the pre-inference's own model call (its fixed cost, from the rankers' latency "
-        "curve)",
+        "prefix's own computation, which relay moves off the critical path, is predicted to cost more",
         minimum=0,
     )
     lease_window_ms: int = setting(

@@ -159,28 +159,30 @@ def test_the_backlog_brake_refuses_a_prefix_longer_than_the_bound(fleet):
     asyncio.run(scenario())
 
 
-def test_a_ranker_refusal_is_reported_and_released(fleet):
+def test_a_prefix_over_the_rankers_budget_is_refused_before_any_pre_infer(fleet):
+    """The ranker's refusal of a PreInfer (reported, its reservation released) is the data plane's, tested
+    without a server (tests/trigger/test_dataplane.py); here, the budget it would refuse by is known to the
+    trigger from the fleet profile before any ranker has reported, and no PreInfer is sent."""
+
     async def scenario():
         # The backlog brake is lifted out of the way: on a loaded machine the curve fitted at start-up can
-        # predict more than the default 500 ms for an 8192-event prefix, and the trigger would then refuse it
-        # itself (BACKLOG_LIMIT) before the ranker is asked. This test is about the ranker's refusal.
+        # predict more than the default 500 ms for an 8192-event prefix (BACKLOG_LIMIT would come first).
         settings = {"relay_overhead_ms": fleet.overhead_ms, "max_backlog_ms": 3_600_000.0}
         async with trigger(fleet.router, **settings) as (server, stub, _):
             fleet_load = server.plane.fleet
-            # 8192 events of cpu-tiny are 4 MiB of KV: more than the ranker's whole HBM budget. Before any
-            # report the trigger does not know that budget, and the ranker refuses.
-            refused = await stub.Admit(admit_request("user-huge", 8192, seed=7))
-            assert (refused.admitted, refused.reason, refused.relay_instance) == (
-                False, trigger_pb2.ADMIT_REASON_RANKER_REFUSED, "",
-            )  # fmt: skip
-            # The refusal's report told the trigger the budget: the same prefix is not a duplicate now (a
-            # refusal leaves no record), and the trigger's own brake refuses it before any PreInfer.
-            again = await stub.Admit(admit_request("user-huge", 8192, seed=7))
-            assert (again.admitted, again.reason) == (False, trigger_pb2.ADMIT_REASON_HBM_LIMIT)
+            before = {reason: decisions(reason) for reason in ("hbm_limit", "ranker_refused")}
+            # 8192 events of cpu-tiny are 4 MiB of KV: more than the ranker's whole HBM budget, which the
+            # profile stated (no PreInfer has answered, so no ranker has reported).
             assert fleet_load.hbm_capacity_bytes(INSTANCE) == HBM_BUDGET_MB * 1024 * 1024
-            # The refusal's report says the ranker holds nothing for it, and nothing is left reserved.
-            assert fleet_load.leased_bytes(INSTANCE) < KV_BYTES_512
-            assert fleet_load.pre_infer_backlog_ms(INSTANCE) < fleet.long_pre_infer_ms
+            for _ in range(2):  # a refusal leaves no record: the same prefix is no duplicate
+                refused = await stub.Admit(admit_request("user-huge", 8192, seed=7))
+                assert (refused.admitted, refused.reason, refused.relay_instance) == (
+                    False, trigger_pb2.ADMIT_REASON_HBM_LIMIT, "",
+                )  # fmt: skip
+            # The trigger's own refusals, counted as such: no PreInfer went to the ranker to be refused.
+            assert decisions("hbm_limit") == before["hbm_limit"] + 2
+            assert decisions("ranker_refused") == before["ranker_refused"]
+            assert fleet_load.unanswered_bytes(INSTANCE) == 0 and fleet_load.leased_bytes(INSTANCE) == 0
 
     asyncio.run(scenario())
 
