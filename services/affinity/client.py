@@ -107,7 +107,7 @@ class AffinityClient:
         try:
             await asyncio.wait(attempts, timeout=hedge_after)
             first = attempts[0]
-            if first.done() and not _dropped(first):
+            if first.done() and not dropped(first.exception()):  # not the member's fault: no failover
                 return first.result()  # the answer, or an error that another member would repeat
             if not first.done() and time.monotonic() - route.member.last_answer < hedge_after / 2:
                 return await first  # busy, not gone: it answers other calls
@@ -182,11 +182,6 @@ async def _call(member: Member, path: str, request: bytes, timeout: float) -> by
 def _finished(member: Member) -> None:
     member.in_flight -= 1
     ROUTER_INFLIGHT.labels(member.name).set(member.in_flight)
-
-
-def _dropped(attempt: asyncio.Future) -> bool:
-    """The finished call was dropped unanswered: its member, not the request, is at fault."""
-    return dropped(attempt.exception())
 
 
 def dropped(error: BaseException | None) -> bool:

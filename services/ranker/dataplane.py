@@ -214,14 +214,13 @@ class DataPlane:
             raise ResourceExhausted(f"rank queue is full ({self.config.max_queued_ranks} waiting)")
         if time_remaining_s is None:
             return None
-        if self.calibration.curve is not None:
-            cheapest_ms = self.calibration.predict_ms("rank_ms", max(length, 1))
-            if time_remaining_s * 1000 < cheapest_ms:
-                metrics.SHED_REQUESTS.labels("Rank", "deadline").inc()
-                raise DeadlineExceeded(
-                    f"deadline in {time_remaining_s * 1000:.1f} ms is shorter than the "
-                    f"{cheapest_ms:.1f} ms a rank takes"
-                )
+        cheapest_ms = self.calibration.predict_ms("rank_ms", max(length, 1))  # 0 before warm-up
+        if time_remaining_s * 1000 < cheapest_ms:
+            metrics.SHED_REQUESTS.labels("Rank", "deadline").inc()
+            raise DeadlineExceeded(
+                f"deadline in {time_remaining_s * 1000:.1f} ms is shorter than the "
+                f"{cheapest_ms:.1f} ms a rank takes"
+            )
         return time.monotonic() + time_remaining_s
 
 
