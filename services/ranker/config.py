@@ -128,7 +128,10 @@ class RankerConfig(RequestLimits, ServiceConfig):
     profile_short_term: int = setting(16, "short-term length used by the warm-up latency curve", above=0)
     profile_candidates: int = setting(128, "candidate count used by the warm-up latency curve", above=0)
     profile_repeats: int = setting(
-        3, "timed repetitions per point of the latency curve (the least kept)", above=0
+        3,
+        "timed rounds across every length of the latency curve (the least kept per point; as many more while "
+        "a shorter point measures dearer than a longer one)",
+        above=0,
     )
 
     def resolved(self) -> RankerConfig:

@@ -2,31 +2,44 @@
 
 For each profile length L the ranker times, on its device thread, ranking without relay (`full_ms`: how the
 ranker serves a miss — the prefix computed, then ranked against), a pre-inference of L tokens and a cached
-rank of S + C tokens against L (the least of a few repeats, after one untimed run that warms kernels and
-allocators: timing noise on a shared host only ever adds, so the least is the closest to the path's own cost,
-and a restart under load measures nearly the same curve as one on an idle host; then each point is lowered to
-the least of any longer one, `monotone`). GetProfile returns the curve;
-the trigger predicts ranking cost from it, and the ranker itself uses it to shed requests that cannot meet
-their deadline.
+rank of S + C tokens against L. Timing noise on a shared host only ever adds, so each path keeps the least
+of its repeats: the closest to the path's own cost, and a restart under load measures nearly the same curve
+as one on an idle host.
+
+The repeats are rounds over every length (`rounds`), after one untimed round that warms kernels and
+allocators, not one length's repeats in a row: a spell of contention (another ranker warming up beside this
+one on the same cores) then slows one round of every length instead of every repeat of the lengths it
+happened to fall on. Measured one length at a time, a fleet of two rankers warming up together measured its
+longest point faster than every shorter one in 3 of 8 starts, and the curve, lowered to the least of any
+longer point (`monotone`: a path's cost cannot fall as the prefix grows), came out flat: no gain at any
+length, so that fleet admitted nothing. A curve that still measures a shorter point dearer than a longer one
+by more than `INVERSION` is measured for up to as many rounds again, then lowered.
 
 Every curve starts at `ANCHOR_LENGTH` events, whatever the profile lengths: a pass over so few events is
 almost all a model call's fixed cost, which the trigger's break-even (at the short end) reads, so the fits
 measure it there instead of extrapolating it from 128 events and more (where a fit could put it at zero).
 
-What the curve predicts is corrected while the ranker serves: `Calibration` (engine/calibration.py).
+GetProfile returns the curve; the trigger predicts ranking cost from it, and the ranker itself uses it to
+shed requests that cannot meet their deadline. What the curve predicts is corrected while the ranker
+serves: `Calibration` (engine/calibration.py).
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 
 from services.ranker.device.accelerator import synchronize
 from services.ranker.engine.runner import ModelRunner
 from services.ranker.model.events import Events
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +84,47 @@ def _synthetic(length: int, rng: np.random.Generator, model) -> Events:
     return Events.of(model.item_index.sample(rng, length), rng.integers(0, actions, length))
 
 
+PATHS = ("full_ms", "pre_infer_ms", "rank_ms")
+# A shorter point measured dearer than a longer one by more than this factor was measured in a stall: the
+# curve is measured for more rounds (a path's cost cannot fall as the prefix grows).
+INVERSION = 1.25
+
+
+def rounds(
+    lengths: list[int], time_length: Callable[[int], tuple[float, float, float]], repeats: int
+) -> list[LatencyPoint]:
+    """Each path's least time at each of `lengths` over `repeats` rounds of `time_length(length)` (its
+    full, pre-inference and cached-rank ms) across every length in turn, after one untimed round; up to
+    `repeats` more rounds while a shorter point measures dearer than a longer one (`inverted`)."""
+    for length in lengths:
+        time_length(length)  # warm kernels and the allocator
+    least = {length: [math.inf] * len(PATHS) for length in lengths}
+
+    def one_round() -> None:
+        for length in lengths:
+            least[length] = [min(pair) for pair in zip(least[length], time_length(length), strict=True)]
+
+    for _ in range(repeats):
+        one_round()
+    for _ in range(repeats):
+        if not inverted(least):
+            break
+        one_round()
+    return [LatencyPoint(length, *least[length]) for length in lengths]
+
+
+def inverted(least: dict[int, list[float]]) -> bool:
+    """Whether a path measured a shorter length dearer than a longer one by more than `INVERSION`."""
+    ordered = [least[length] for length in sorted(least)]
+    for path in range(len(PATHS)):
+        cheapest_longer = math.inf
+        for times in reversed(ordered):
+            if times[path] > INVERSION * cheapest_longer:
+                return True
+            cheapest_longer = min(cheapest_longer, times[path])
+    return False
+
+
 def measure(
     runner: ModelRunner, lengths: list[int], short: int, candidates: int, repeats: int
 ) -> LatencyCurve:
@@ -80,29 +134,22 @@ def measure(
     rng = np.random.default_rng(0)
     short_events = _synthetic(short, rng, runner.model)
     candidate_ids = runner.model.item_index.sample(rng, candidates).tolist()
-    # One untimed pass of every path at the longest length first: thread pools and the allocator are then
-    # warm for every timed point (otherwise the first point measured can be 100x slow).
-    longest = _synthetic(max(lengths), rng, runner.model)
-    runner.uncached_sync(longest, short_events, candidate_ids)
-    points = []
-    for length in lengths:
-        long_events = _synthetic(length, rng, runner.model)
+    histories = {length: _synthetic(length, rng, runner.model) for length in lengths}
 
-        def timed(fn):
-            fn()  # warm kernels and the allocator
-            samples = []
-            for _ in range(repeats):
-                started = time.perf_counter()
-                result = fn()
-                synchronize(runner.device)
-                samples.append((time.perf_counter() - started) * 1000)
-            return min(samples), result
+    def timed(fn: Callable[[], T]) -> tuple[float, T]:
+        started = time.perf_counter()
+        result = fn()
+        synchronize(runner.device)
+        return (time.perf_counter() - started) * 1000, result
 
-        full_ms, _ = timed(lambda le=long_events: runner.uncached_sync(le, short_events, candidate_ids))
-        pre_ms, kv = timed(lambda le=long_events: runner.build_sync(le, background=False))
-        rank_ms, _ = timed(lambda kv=kv: runner.rank_sync(kv, short_events, candidate_ids))
-        points.append(LatencyPoint(length, full_ms, pre_ms, rank_ms))
-    return LatencyCurve(monotone(points), short, candidates)
+    def time_length(length: int) -> tuple[float, float, float]:
+        long_events = histories[length]
+        full_ms, _ = timed(lambda: runner.uncached_sync(long_events, short_events, candidate_ids))
+        pre_ms, kv = timed(lambda: runner.build_sync(long_events, background=False))
+        rank_ms, _ = timed(lambda: runner.rank_sync(kv, short_events, candidate_ids))
+        return full_ms, pre_ms, rank_ms
+
+    return LatencyCurve(monotone(rounds(lengths, time_length, repeats)), short, candidates)
 
 
 def monotone(points: list[LatencyPoint]) -> tuple[LatencyPoint, ...]:
@@ -111,7 +158,7 @@ def monotone(points: list[LatencyPoint]) -> tuple[LatencyPoint, ...]:
     measurement (the first points of rankers warming up together read 5-10x slower than longer ones) does
     not make a short prefix look dearer than a long one."""
     lowered: list[LatencyPoint] = []
-    least = {"full_ms": float("inf"), "pre_infer_ms": float("inf"), "rank_ms": float("inf")}
+    least = dict.fromkeys(PATHS, math.inf)
     for point in reversed(points):
         for path in least:
             least[path] = min(least[path], getattr(point, path))

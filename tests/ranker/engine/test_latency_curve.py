@@ -1,11 +1,20 @@
-"""The warm-up latency curve: always anchored at a short prefix, and never dearer at a shorter one."""
+"""The warm-up latency curve: always anchored at a short prefix, measured in rounds across the lengths, and
+never dearer at a shorter one."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.ranker.engine.latency_curve import ANCHOR_LENGTH, LatencyPoint, curve_lengths, monotone
+from services.ranker.engine.latency_curve import (
+    ANCHOR_LENGTH,
+    INVERSION,
+    LatencyPoint,
+    curve_lengths,
+    inverted,
+    monotone,
+    rounds,
+)
 
 
 def test_every_curve_starts_at_the_anchor_length():
@@ -43,3 +52,74 @@ def test_the_lowered_curve_never_falls_and_never_exceeds_what_was_measured(times
         assert all(low <= getattr(point, path) for low, point in zip(values, measured, strict=True))
         assert values[-1] == getattr(measured[-1], path)
     assert [point.prefix_length for point in lowered] == [point.prefix_length for point in measured]
+
+
+LENGTHS = [16, 128, 512, 2048]
+# A path's own cost (full, pre-inference, cached rank) at each length, ms: what a quiet device measures.
+COST = {16: (4.0, 1.0, 3.0), 128: (6.0, 2.0, 3.2), 512: (12.0, 6.0, 3.6), 2048: (40.0, 30.0, 5.0)}
+
+
+class Device:
+    """Times a length at its own cost, or `stall` times it while the call's number is in `stalled`
+    (another ranker warming up on the same cores); records the order it was asked in."""
+
+    def __init__(self, stalled, stall: float = 10.0) -> None:
+        self.stalled, self.stall, self.asked = stalled, stall, []
+
+    def __call__(self, length: int) -> tuple[float, float, float]:
+        slow = self.stall if len(self.asked) in self.stalled else 1.0
+        self.asked.append(length)
+        return tuple(ms * slow for ms in COST[length])
+
+
+def true_curve() -> list[LatencyPoint]:
+    return [LatencyPoint(length, *COST[length]) for length in LENGTHS]
+
+
+def test_a_spell_of_contention_slows_one_round_of_every_length_not_every_repeat_of_the_first_ones():
+    # The other ranker warms up through the first 10 passes: the untimed round, the first timed round and
+    # half the second. Measured one length at a time (3 repeats each after a warm pass), those 10 passes
+    # would have been every pass of 16 and 128 events and half of 512's, while 2048 was measured quiet:
+    # the longest point the cheapest, and the lowered curve flat, with no gain at any length.
+    device = Device(stalled=range(10))
+    measured = rounds(LENGTHS, device, repeats=3)
+    assert device.asked == LENGTHS * 4  # an untimed round, then three rounds across every length
+    assert measured == true_curve()  # the last round was quiet for every length
+    assert monotone(measured) == tuple(true_curve())
+
+
+def test_a_curve_still_inverted_after_its_rounds_is_measured_for_more_rounds():
+    # 16 events stall in each of the three timed rounds (passes 4, 8 and 12), so they measure dearer than
+    # 128: the curve is measured again, and the fourth round's quiet pass is kept.
+    device = Device(stalled={4, 8, 12})
+    assert rounds(LENGTHS, device, repeats=3) == true_curve()
+    assert device.asked == LENGTHS * 5
+
+
+def test_the_extra_rounds_are_bounded_by_the_repeats():
+    device = Device(stalled=set(range(0, 100, 4)))  # 16 events stall whenever they are measured
+    measured = rounds(LENGTHS, device, repeats=2)
+    assert device.asked == LENGTHS * 5  # the untimed round, 2 rounds and at most 2 more
+    assert measured[0] == LatencyPoint(16, *(ms * 10 for ms in COST[16]))  # kept, then lowered by `monotone`
+    assert measured[1:] == true_curve()[1:]
+
+
+def test_an_inversion_is_a_shorter_point_dearer_than_a_longer_one_by_more_than_the_tolerance():
+    quiet = {length: list(COST[length]) for length in LENGTHS}
+    assert not inverted(quiet)
+    within = {**quiet, 16: [COST[128][0] * INVERSION, *COST[16][1:]]}  # as dear as 128 events allow
+    assert not inverted(within)
+    beyond = {**quiet, 128: [COST[128][0], COST[512][1] * INVERSION * 1.01, COST[128][2]]}
+    assert inverted(beyond)
+
+
+@given(st.lists(st.sets(st.integers(0, 3), max_size=3), min_size=3, max_size=3))
+def test_a_length_measured_quiet_in_any_round_gets_its_own_cost(stalls_by_round):
+    # Round r (0-2, after the untimed round) stalls the lengths in stalls_by_round[r]; every length is
+    # quiet in at least one of them when no index is in all three sets.
+    assume_quiet = set.intersection(*stalls_by_round)
+    stalled = {4 * (round_ + 1) + index for round_, stalls in enumerate(stalls_by_round) for index in stalls}
+    measured = rounds(LENGTHS, Device(stalled), repeats=3)
+    for index, point in enumerate(measured):
+        if index not in assume_quiet:
+            assert point == LatencyPoint(LENGTHS[index], *COST[LENGTHS[index]])
