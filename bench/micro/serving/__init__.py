@@ -21,7 +21,12 @@ events, few candidates) at production rates: the pairs a second one ranker susta
 An idle sequence of pairs gives the cached Rank's latency through the service against the in-process
 rank. `--stages` samples the ranker with py-spy (a dev dependency) and splits its CPU by where it goes.
 
-On CPU the ratios and the split are what count; on an accelerator the absolute figures do too.
+On CPU the ratios and the split are what count; on an accelerator the absolute figures do too. With
+`--device cuda` the ranker and the in-process passes run on the GPU, and each point also reads the busiest
+GPU's utilization over its measured pairs (`bench.gpu_monitor`: NVML, else nvidia-smi). A CUDA synchronize
+spin-waits, so there the host's CPU counts waiting for the GPU as work: the waits inside a model pass (the
+scores' copy back ends every rank) fall within the pass's thread CPU time and are subtracted with the model;
+what remains, the event loop, the copy thread and the rest, is the serving path's own.
 
 The package, by role: `config` (the settings), `pairs` (the requests, the driver, one point), `cpu` (the
 ranker's CPU by thread and its model passes'), `in_process` (the same passes in this process), `stages`

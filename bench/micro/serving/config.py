@@ -7,11 +7,18 @@ import dataclasses
 from services.common.config import numbers, setting
 
 RANKER_SERVICE = "relaygr.v1.RankerService"
+DEVICES = ("cpu", "cuda")
 
 
 @dataclasses.dataclass(frozen=True)
 class ServingConfig:
     model_preset: str = setting("cpu-tiny", "the ranker's model preset")
+    device: str = setting(
+        "cpu",
+        "the ranker's device and the in-process passes': cpu, or cuda (each point then reads how busy the "
+        "GPU was over its measured pairs)",
+        choices=DEVICES,
+    )
     torch_threads: int = setting(1, "torch threads of the ranker (and of the in-process passes)", above=0)
     lengths: str = numbers("256,1024,4096,8192", "long-term lengths of the overhead points (comma list)", int)
     rate: float = setting(20.0, "PreInfer + Rank pairs a second at the overhead points (open loop)", above=0)

@@ -22,7 +22,7 @@ class InProcess:
         from services.ranker.engine.scheduler import Scheduler
 
         ranker_config = RankerConfig(
-            model_preset=config.model_preset, device="cpu", torch_threads=config.torch_threads
+            model_preset=config.model_preset, device=config.device, torch_threads=config.torch_threads
         )
         model, version, _ = build_model(ranker_config)
         self.worker = Scheduler("in-process")

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import grpc
 import numpy as np
 
+from bench.gpu_monitor import GpuMonitor
 from bench.micro.serving.config import RANKER_SERVICE, ServingConfig
 from bench.micro.serving.cpu import THREAD_GROUPS, model_cpu_s, thread_cpu
 from bench.stats import percentile
@@ -140,6 +141,8 @@ class Point:
     sources: dict[str, int]
     errors: dict[str, int]
     stages: dict[str, float] = dataclasses.field(default_factory=dict)  # share of sampled CPU (py-spy)
+    # The busiest GPU's utilization over the measured pairs (`bench.gpu_monitor`); None on a CPU.
+    gpu_busy: float | None = None
 
 
 async def measure_point(
@@ -152,6 +155,7 @@ async def measure_point(
     rate: float,
     pairs: int,
     in_process_ms: float,
+    monitor: GpuMonitor | None = None,
 ) -> Point:
     metrics_url = f"http://127.0.0.1:{ranker.metrics_port}/metrics"
     delay_s = config.relay_window_ms / 1000
@@ -162,9 +166,10 @@ async def measure_point(
     if warmup:
         await driver.run(warmup, rate, delay_s)
     cpu_before, model_before = thread_cpu(ranker.popen.pid), model_cpu_s(metrics_url)
-    started = time.perf_counter()
+    started, window_start = time.perf_counter(), time.monotonic()
     answers = await driver.run(measured, rate, delay_s)
     wall_s = time.perf_counter() - started
+    busy = None if monitor is None else monitor.busy(window_start, time.monotonic())
     cpu_after, model_after = thread_cpu(ranker.popen.pid), model_cpu_s(metrics_url)
     cpu_ms = {group: (cpu_after[group] - cpu_before[group]) * 1000 / pairs for group in THREAD_GROUPS}
     cpu_ms["total"] = sum(cpu_ms.values())
@@ -187,6 +192,7 @@ async def measure_point(
         rank_p99_ms=round(percentile(answers.latency_ms, 99), 3),
         sources=answers.sources,
         errors=answers.errors,
+        gpu_busy=None if busy is None or busy["busy"] is None else round(busy["busy"], 3),
     )
 
 

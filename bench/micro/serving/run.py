@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.gpu_monitor import GpuMonitor
 from bench.micro.serving.config import RANKER_SERVICE, ServingConfig
 from bench.micro.serving.cpu import THREAD_GROUPS, thread_cpu
 from bench.micro.serving.in_process import InProcess
@@ -26,7 +27,7 @@ def start_ranker(procs: Processes, config: ServingConfig, module: str) -> Servic
     max_length = max([*listed(config, "lengths"), config.capacity_length])
     args = [
         "--model-preset", config.model_preset, "--torch-threads", str(config.torch_threads),
-        "--device", "cpu", "--instance-name", "ranker-serving",
+        "--device", config.device, "--instance-name", "ranker-serving",
         "--max-long-term-events", str(max(max_length, 1)), "--max-candidates", "1024",
         "--profile-lengths", "128,1024", "--profile-repeats", "2", "--lease-ttl-ms", "10000",
     ]  # fmt: skip
@@ -81,6 +82,7 @@ async def drive(
     todo: Sequence[Shape],
     label: str,
     in_process: InProcess | None = None,
+    monitor: GpuMonitor | None = None,
 ) -> list[Point]:
     """Each shape's point on `target`. With `in_process`, the same passes are timed in this process right
     before each point (the machine's speed drifts over minutes: only passes timed together compare)."""
@@ -97,7 +99,7 @@ async def drive(
                 spy = sample_stages(target.popen.pid, shape.pairs / shape.rate)
             point = await measure_point(
                 driver, target, config, f"{label}-{shape.tag}", shape.length, shape.candidates, shape.rate,
-                shape.pairs, shape.in_process_ms,
+                shape.pairs, shape.in_process_ms, monitor,
             )  # fmt: skip
             if spy is not None:
                 spy.wait()
@@ -114,6 +116,7 @@ async def run(config: ServingConfig) -> dict:
     shapes and rates (so no process shares the machine with another under test)."""
     lengths = listed(config, "lengths")
     in_process = InProcess(config)
+    monitor = GpuMonitor.start() if config.device != "cpu" else None
     try:
         todo = shapes(config, in_process)
         overhead = [shape for shape in todo if not shape.capacity]
@@ -124,14 +127,16 @@ async def run(config: ServingConfig) -> dict:
             null.stop()
             ranker = start_ranker(procs, config, "services.ranker")
             idle_cpu["ranker"] = idle_cpu_ms_per_s(ranker.popen.pid)
-            points = await drive(config, ranker, overhead, "ranker", in_process)
+            points = await drive(config, ranker, overhead, "ranker", in_process, monitor)
             idle = await _idle_latency(config, ranker, in_process, lengths)
             ranker.stop()
             free = start_ranker(procs, config, "bench.micro.null_model")
             idle_cpu["null_model"] = idle_cpu_ms_per_s(free.popen.pid)
-            null_model = await drive(config, free, todo, "null-model")
+            null_model = await drive(config, free, todo, "null-model", monitor=monitor)
     finally:
         in_process.close()
+        if monitor is not None:
+            monitor.close()
     return result_of(config, lengths, todo, floor, points, null_model, idle, idle_cpu)
 
 

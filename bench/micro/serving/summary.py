@@ -95,11 +95,13 @@ def _provenance() -> dict:
 
 
 def _table(rows: list[dict]) -> list[str]:
+    # A GPU's busy share where a point read it (`--device cuda`; runs before it have no such key).
+    gpu = any(p.get("gpu_busy") is not None for p in rows)
     lines = [
         "| long-term events | candidates | pairs/s | CPU per pair | model (service) | model (in process) "
         "| not the model | event loop | device | other | serving floor | beyond the floor | switches "
-        "| page faults | Rank P50 / P99 | answers |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| page faults | Rank P50 / P99 | answers |" + (" GPU busy |" if gpu else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if gpu else ""),
     ]
     for p in rows:
         c = p["cpu_ms"]
@@ -111,8 +113,13 @@ def _table(rows: list[dict]) -> list[str]:
             f"| {c['event_loop']:.2f} | {c['device']:.2f} | {c['other']:.2f} | {p['floor_ms']:.2f} "
             f"| {p['ranker_own_ms']:.2f} | {p['switches']:.0f} | {p['page_faults']:.0f} "
             f"| {p['rank_p50_ms']:.1f} / {p['rank_p99_ms']:.1f} | {answers} |"
+            + (f" {_share(p.get('gpu_busy'))} |" if gpu else "")
         )
     return lines
+
+
+def _share(fraction: float | None) -> str:
+    return "no sample" if fraction is None else f"{fraction * 100:.0f} %"
 
 
 def summary(result: dict) -> str:
@@ -123,7 +130,8 @@ def summary(result: dict) -> str:
     lines = [
         f"# Serving overhead at {provenance['commit']}{' (dirty)' if provenance['dirty'] else ''}",
         "",
-        f"`python -m bench.micro.serving`, {configuration['model_preset']}, "
+        f"`python -m bench.micro.serving`, {configuration['model_preset']} "
+        f"on {configuration.get('device', 'cpu')}, "
         f"{configuration['torch_threads']} torch thread, {configuration['short_term']} short-term events, "
         f"a Rank {window:g} ms after its PreInfer with the relay hint; "
         f"{provenance['cores']} cores, torch {provenance['torch']}, {provenance['date']}. "

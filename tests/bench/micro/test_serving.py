@@ -12,6 +12,7 @@ import pytest
 from bench.micro.serving.__main__ import main
 from bench.micro.serving.cpu import THREAD_GROUPS
 from bench.micro.serving.stages import classify
+from bench.micro.serving.summary import summary
 
 HBM = "CACHE_SOURCE_HBM"
 
@@ -64,6 +65,30 @@ def test_the_summary_tells_each_table_and_the_slopes(result):
         assert heading in summary
     assert "ns per history event" in summary and "ns per candidate" in summary
     assert result["provenance"]["cores"] == os.cpu_count()
+
+
+def test_a_gpu_busy_share_is_a_column_only_where_a_point_read_one(result):
+    # On a CPU no point reads a GPU: no column, and the device is named.
+    assert all(row["gpu_busy"] is None for row in result["points"] + result["null_model"])
+    assert "GPU busy" not in result["summary"] and "on cpu" in result["summary"]
+    # With `--device cuda` each point carries the busiest GPU's share over its measured pairs.
+    on_gpu = {**result, "configuration": {**result["configuration"], "device": "cuda"}}
+    on_gpu["points"] = [{**row, "gpu_busy": 0.42} for row in result["points"]]
+    on_gpu["null_model"] = [{**row, "gpu_busy": None} for row in result["null_model"]]
+    lines = summary(on_gpu).splitlines()
+    ranker = lines[lines.index("## The ranker") + 2 :]
+    assert ranker[0].endswith("| GPU busy |") and all(row.endswith("| 42 % |") for row in ranker[2:5])
+    free = lines[
+        lines.index("## The ranker with free model passes (`bench.micro.null_model`), same shapes and rates")
+        + 2
+    ]
+    assert "GPU busy" not in free and "on cuda" in summary(on_gpu)
+
+
+def test_a_device_other_than_cpu_or_cuda_is_refused_naming_the_flag(capsys):
+    with pytest.raises(SystemExit):
+        main(["--device", "tpu"])
+    assert "--device" in capsys.readouterr().err
 
 
 def test_a_sampled_stack_goes_to_the_stage_of_its_innermost_known_frame():
