@@ -66,5 +66,11 @@ bench: install
 bench-full: install
 	$(PY) -m bench --profile full
 
+# A fixed-load A/B (docs/benchmark.md): baseline against RelayGR at 20 and 40 calls/s, 5 load seeds, about
+# 16 minutes on 2 cores; AB_ARGS adds flags or replaces defaults (AB_ARGS="--modes relay,no-dram --rates 30").
+.PHONY: bench-ab
+bench-ab: install
+	$(PY) -m bench.ab $(AB_ARGS)
+
 clean:
 	rm -rf $(VENV) $(TOOLS) relaygr .pytest_cache .ruff_cache .hypothesis

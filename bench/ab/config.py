@@ -1,0 +1,136 @@
+"""`python -m bench.ab`'s settings, each a flag with a `RELAYGR_…` environment twin.
+
+Defaults, and why:
+
+- baseline against RelayGR at 20 and 40 Recommend/s on the benchmark's first length mix (median 1024,
+  cap 2048 events), cpu-small with 2 rankers and a 100 ms relay window: the shape of `python -m bench`'s
+  CPU runs, whose last full run (90fa212, docs/benchmark.md) put the baseline's edge between about 21 and
+  25 req/s and RelayGR's between about 45 and 70: 20/s is just below the baseline's, 40/s between them.
+- 5 load seeds (the issue's least), each run 1000 measured Recommends after 5 s of warm-up, with no early
+  stop: 5000 Ranks per mode and load, so a share over the SLO of 1 % is about 50 Ranks and its interval
+  is about ±0.3 percentage points before the seeds' design effect.
+- Recommends have their own SLO: a Recommend includes the relay window (the stub's pre-processing time)
+  before its Rank, so by default its bound is the Rank's SLO plus the window.
+- P99 intervals resample blocks of 1 s of requests (`--block-s`), long enough to keep a burst of
+  arrivals and the queue it builds together (`bench.intervals`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+from bench.config import BenchConfig
+from bench.fleets import ABLATIONS, BASELINE, RELAY, FleetSettings, Mode
+from services.common.config import grid, listed, numbers, setting
+from services.launcher.procs import REPO_ROOT
+
+# The placement study's other arm (bench.studies.placement_ab): RelayGR whose trigger puts every prefix on
+# its ring owner instead of placing it by the rankers' queues within the relay window.
+OWNER_ONLY = dataclasses.replace(
+    RELAY,
+    name="relay-owner-only",
+    description="RelayGR whose trigger puts every prefix on its ring owner (its --relay-window-ms 0)",
+    trigger_args="--relay-window-ms 0",
+)
+MODES = {mode.name: mode for mode in (BASELINE, RELAY, *ABLATIONS, OWNER_ONLY)}
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+
+
+@dataclasses.dataclass(frozen=True)
+class AbConfig(FleetSettings):
+    """The A/B's settings; the fleets' are `FleetSettings`' and every mode's fleet has the same ones."""
+
+    name: str = setting(
+        "", "results go to bench/results/<name>/ (empty: relaygr-ab in the system's temporary folder)"
+    )
+    modes: str = setting(
+        "baseline,relay",
+        "the modes compared, two or more (bench.fleets; relay-owner-only: the placement study's)",
+        items=str,
+        distinct=True,
+        choices=tuple(MODES),
+    )
+    rates: str = numbers("20,40", "offered loads, Recommend calls/s; every mode runs at each", distinct=True)
+    seeds: int = setting(5, "load seeds per load (the issue asks for at least 5)", above=0)
+    load_seed: int = setting(0, "the first load seed: seeds are load_seed … load_seed + seeds - 1")
+    requests: int = setting(
+        1000, "measured Recommends of each run, after the warm-up; none stops early", above=0
+    )
+    warmup_s: float = setting(5.0, "seconds of each run's load that are not measured", minimum=0)
+    slo_ms: float = setting(100.0, "ranking-latency P99 SLO (the Rank as the stub sees it)", above=0)
+    recommend_slo_ms: float = setting(
+        0.0,
+        "the Recommend's latency bound (0: --slo-ms plus --relay-window-ms, the window it waits)",
+        minimum=0,
+    )
+    confidence: float = setting(0.95, "confidence of every interval", above=0, below=1)
+    resamples: int = setting(2000, "bootstrap resamples of each P99 interval", above=0)
+    block_s: float = setting(
+        1.0,
+        "the P99 bootstrap resamples blocks of this many seconds of requests (0: single requests)",
+        minimum=0,
+    )
+    mix_median: int = setting(1024, "median long-term length of the users' lognormal mix", above=0)
+    mix_sigma: float = setting(0.75, "sigma of the log length of the mix", above=0)
+    mix_max: int = setting(2048, "longest long-term history of the mix", above=0)
+    short_term: int = setting(16, "short-term events per request", above=0)
+    universe_seed: int = setting(0, "seed of the user universe (the same in every mode)")
+    revisit_probability: float = setting(
+        0.5, "share of requests from a user seen within --revisit-window-s", minimum=0, below=1
+    )
+    revisit_window_s: float = setting(
+        5.0, "a revisit repeats the user of a request of the last this many s", above=0
+    )
+    rank_timeout_ms: float = setting(1000.0, "the stub's Rank deadline (a missed one is an error)", above=0)
+    ranker_profile_lengths: str = grid(
+        "128,256,512,2048,4096",
+        "prefix lengths of each ranker's warm-up curve (the short ones place the trigger's break-even)",
+        int,
+    )
+    ranker_profile_repeats: int = setting(
+        2, "timed repeats per length of each ranker's warm-up curve", above=0
+    )
+
+    def validate(self) -> None:
+        if len(self.mode_names()) < 2:
+            raise ValueError("--modes must name two or more modes")
+        if self.mix_median >= self.mix_max:
+            raise ValueError("--mix-median must be below --mix-max")
+
+    def mode_names(self) -> list[str]:
+        return listed(self, "modes")
+
+    def mode_list(self) -> list[Mode]:
+        return [MODES[name] for name in self.mode_names()]
+
+    def rate_list(self) -> list[float]:
+        return listed(self, "rates")
+
+    @property
+    def recommend_bound_ms(self) -> float:
+        return self.recommend_slo_ms or self.slo_ms + self.relay_window_ms
+
+    def block(self, rate: float) -> int:
+        """Requests per bootstrap block at `rate`."""
+        return max(1, round(rate * self.block_s))
+
+    def out_dir(self) -> Path:
+        if self.name:
+            return RESULTS_DIR / self.name
+        return Path(tempfile.gettempdir()) / "relaygr-ab"
+
+    def bench_config(self) -> BenchConfig:
+        """The benchmark's settings that start this A/B's fleets (`bench.experiments.Bench`): the shared
+        ones from here, the rest at their defaults, and one mix (the rankers' longest history is its cap)."""
+        shared = {field.name for field in dataclasses.fields(BenchConfig)}
+        mine = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in shared}
+        return dataclasses.replace(
+            BenchConfig(),
+            **mine,
+            lengths=str(self.mix_max),
+            growth_headroom=0,
+            mix2_median=self.mix_median,
+            mix2_max=self.mix_max,
+        )

@@ -1,0 +1,99 @@
+"""report.md of a fixed-load A/B, rendered from its results alone (`AbResults`)."""
+
+from __future__ import annotations
+
+import math
+
+from bench.ab.analysis import latencies
+from bench.ab.schema import AbResults
+from bench.intervals import Interval
+from bench.stats import percentile
+
+
+def _number(value: float | None, scale: float = 1.0, digits: int = 1, signed: bool = False) -> str:
+    if value is None:
+        return "∞"
+    return f"{value * scale:+.{digits}f}" if signed else f"{value * scale:.{digits}f}"
+
+
+def interval(value: Interval, scale: float = 1.0, digits: int = 1, signed: bool = False) -> str:
+    if value.value is None and value.low is None and value.high is None:
+        return "n/a"
+    low, high = (_number(bound, scale, digits, signed) for bound in (value.low, value.high))
+    return f"{_number(value.value, scale, digits, signed)} [{low}, {high}]"
+
+
+def render_markdown(results: AbResults) -> str:
+    c = results.settings
+    modes = c.mode_names()
+    seeds = sorted({run.seed for run in results.runs})
+    level = f"{c.confidence:.0%}"
+    machine = results.machine
+    lines = [
+        f"# Fixed-load A/B: {', '.join(modes)}",
+        "",
+        f"`python -m bench.ab` at {results.versions.git_commit}, started {results.started_at}, "
+        f"{results.duration_s / 60:.1f} minutes on {machine.cores} cores ({machine.cpu_model}); load average "
+        f"at the start {', '.join(f'{x:.2f}' for x in machine.load_average_at_start or [])}.",
+        "",
+        f"Every mode's fleet up at once ({c.rankers} {c.model_preset} ranker(s) each, {c.torch_threads} "
+        f"thread(s)), driven in turn by (load seed, load), the modes' order rotating; users of "
+        f"`{results.universe.label}` with revisit probability {c.revisit_probability:g}, relay window "
+        f"{c.relay_window_ms:g} ms. Each run: {c.warmup_s:g} s of warm-up, then {c.requests} measured "
+        f"Recommends open loop, no early stop. Load seeds {', '.join(str(s) for s in seeds)}; loads "
+        f"{', '.join(f'{r:g}' for r in c.rate_list())} Recommend/s.",
+        "",
+        f"A Rank is over the SLO above {c.slo_ms:g} ms, a Recommend above {results.recommend_bound_ms:g} ms "
+        "(its bound includes the relay window); a failed request is over both. Shares are over every "
+        f"measured request of every seed, with {level} Wilson intervals on the effective counts (counts "
+        "divided by the design effect, the seeds' dispersion beyond a binomial's); P99s are pooled over "
+        f"the seeds, with {level} moving-block bootstrap intervals ({c.resamples} resamples, blocks of "
+        f"{c.block_s:g} s of requests within each seed). A difference is the second mode's value less the "
+        "first's: Newcombe's interval for shares (pp: percentage points), the paired block bootstrap for "
+        "P99s (`bench.intervals`).",
+        "",
+        "## Per mode and load",
+        "",
+        "| load /s | mode | requests | errors | Ranks over SLO | share % | design effect | "
+        "Recommends over bound | share % | design effect | Rank P99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in results.cells:
+        lines.append(
+            f"| {cell.rate:g} | {cell.mode} | {cell.ranks} | {cell.errors} | {cell.ranks_over} | "
+            f"{interval(cell.ranks_over_share, 100, 2)} | {cell.ranks_design_effect:g} | "
+            f"{cell.recommends_over} | {interval(cell.recommends_over_share, 100, 2)} | "
+            f"{cell.recommends_design_effect:g} | {interval(cell.rank_p99_ms)} |"
+        )
+    lines += [
+        "",
+        "## Per pair of modes",
+        "",
+        "| load /s | second - first | Ranks over SLO, pp | Recommends over bound, pp | Rank P99, ms |",
+        "|---|---|---|---|---|",
+    ]
+    for pair in results.comparisons:
+        lines.append(
+            f"| {pair.rate:g} | {pair.b} - {pair.a} | {interval(pair.ranks_over_share, 100, 2, True)} | "
+            f"{interval(pair.recommends_over_share, 100, 2, True)} | "
+            f"{interval(pair.rank_p99_ms, 1, 1, True)} |"
+        )
+    lines += ["", *[f"- {verdict}" for pair in results.comparisons for verdict in pair.verdicts], ""]
+    if len(seeds) < 5:
+        lines += [f"Only {len(seeds)} load seed(s): the design effect rests on few of them.", ""]
+    lines += [
+        "## Every run, in the order driven",
+        "",
+        "| # | mode | load /s | seed | Ranks over SLO | Rank P99 ms | errors | send lag P99 ms | wall s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in results.runs:
+        ranks = latencies(run.rank_ms)
+        p99 = percentile(ranks, 99) if ranks else math.nan
+        p99_text = _number(None if math.isinf(p99) else p99)
+        lines.append(
+            f"| {run.order} | {run.mode} | {run.rate:g} | {run.seed} | "
+            f"{sum(ms > c.slo_ms for ms in ranks)} of {len(ranks)} | {p99_text} | "
+            f"{run.errors} | {run.send_lag_p99_ms:g} | {run.wall_s:g} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,150 @@
+"""Driving a fixed-load A/B: every mode's fleet up at once, one run of each mode per (seed, load) in turn.
+
+`schedule` is the order: seed by seed, load by load, every mode once at each (seed, load) before the next
+one starts, so a drift of the machine's other load hits every mode alike; the modes' order rotates by one
+from one (seed, load) to the next, so no mode always runs first (after the previous block's settle) or
+last. `AbBench.measure` drives one run: `warmup + requests` Recommends open loop, with the arrivals of its
+load seed and the users of `bench.experiments.users` (named after the mix, load, window and seed, so every
+mode sees exactly the same users and arrival times at a (seed, load), and no run inherits another load's
+or seed's cache), and no early stop: every run sends all its requests, so the counts over the SLO of the
+modes compare. `no-revisit` gets the same users' names with revisit probability 0 (its point).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import grpc
+
+from bench.ab.config import AbConfig
+from bench.ab.schema import AbRun
+from bench.experiments import SETTLE_S, Bench, Plan, users
+from bench.fleets import BenchFleet, Mode
+from bench.stats import percentile
+from bench.workload import RevisitSampler
+from relaygr.v1 import recommend_pb2, recommend_pb2_grpc
+from services.loadgen.openloop import CallRecord, run_open_loop
+
+TOP_K = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One run to drive: a mode at a load with a load seed (its index from the first)."""
+
+    seed_index: int
+    rate: float
+    mode: str
+
+
+def schedule(modes: Sequence[str], rates: Sequence[float], seeds: int) -> list[Job]:
+    """Every (seed, load) in turn, each mode once at each, the modes' order rotating by one per block."""
+    jobs = []
+    for block, (seed_index, rate) in enumerate((s, r) for s in range(seeds) for r in rates):
+        turn = block % len(modes)
+        jobs += [Job(seed_index, rate, mode) for mode in [*modes[turn:], *modes[:turn]]]
+    return jobs
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    """What one run sends: how many requests (warm-up first), at which rate, arrival seed and deadline."""
+
+    rate: float
+    warmup: int
+    total: int
+    timeout_s: float
+    seed: int
+
+
+async def open_loop(address: str, sampler: RevisitSampler, load: Load) -> list[CallRecord]:
+    """Every one of the run's Recommends, open loop at the load's Poisson arrivals: nothing stops it."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await run_open_loop(
+            recommend_pb2_grpc.RecommendServiceStub(channel).Recommend,
+            lambda index: recommend_pb2.RecommendRequest(user_id=sampler.user(index), top_k=TOP_K),
+            rate=load.rate,
+            total=load.total,
+            timeout_s=load.timeout_s,
+            seed=load.seed,
+        )
+
+
+class AbBench:
+    """Runs a fixed-load A/B; `log` receives one line per step. `fleet` starts a mode's fleet and `drive`
+    sends one run's load (a test replaces them)."""
+
+    def __init__(self, config: AbConfig, log_dir: Path, log: Callable[[str], None] = print) -> None:
+        self.config = config
+        self.bench = Bench(config.bench_config(), log_dir, log)
+        self.log = self.bench.log
+
+    def fleet(self, mode: Mode) -> contextlib.AbstractContextManager[BenchFleet]:
+        return self.bench.fleet(mode)
+
+    def drive(self, address: str, sampler: RevisitSampler, load: Load) -> list[CallRecord]:
+        return asyncio.run(open_loop(address, sampler, load))
+
+    def run(self, modes: Sequence[Mode], on_run: Callable[[list[AbRun]], None] | None = None) -> list[AbRun]:
+        """Every mode's fleet up at once, then every job of `schedule` in its order; `on_run` hears the
+        runs so far after each."""
+        c = self.config
+        runs: list[AbRun] = []
+        with contextlib.ExitStack() as stack:
+            fleets = {mode.name: stack.enter_context(self.fleet(mode)) for mode in modes}
+            jobs = schedule([mode.name for mode in modes], c.rate_list(), c.seeds)
+            for order, job in enumerate(jobs):
+                runs.append(self.measure(fleets[job.mode], job, order))
+                if on_run is not None:
+                    on_run(runs)
+        return runs
+
+    def measure(self, fleet: BenchFleet, job: Job, order: int) -> AbRun:
+        """One run of `job` on `fleet`: all its requests, the warm-up's left out."""
+        c = self.config
+        mix, window = self.bench.mix, c.relay_window_ms
+        seed = c.load_seed + job.seed_index
+        namespace = users(mix, job.rate, Plan(fleet, 0, window), job.seed_index)
+        revisit = c.revisit_probability if fleet.mode.revisits else 0.0
+        sampler = RevisitSampler(namespace, job.rate, revisit, c.revisit_window_s, seed)
+        warmup = round(job.rate * c.warmup_s)
+        load = Load(job.rate, warmup, warmup + c.requests, (window + c.rank_timeout_ms) / 1000 + 1.0, seed)
+        started = time.perf_counter()
+        records = self.drive(fleet.stub(mix, window, 0.0), sampler, load)
+        wall_s = time.perf_counter() - started
+        if [record.index for record in records] != list(range(load.total)):
+            raise RuntimeError(f"{job}: {len(records)} of {load.total} requests came back")
+        run = summarize(records, job, order, namespace, load, wall_s)
+        time.sleep(SETTLE_S)
+        over = sum(ms is None or ms > c.slo_ms for ms in run.rank_ms)
+        p99 = percentile([float("inf") if ms is None else ms for ms in run.rank_ms], 99)
+        self.log(
+            f"{job.mode:<16} {namespace:<36} {job.rate:>6g}/s seed {seed}: rank P99 {p99:.1f} ms, "
+            f"{over} of {len(run.rank_ms)} Ranks over {c.slo_ms:g} ms, {run.errors} err"
+        )
+        return run
+
+
+def summarize(
+    records: Sequence[CallRecord], job: Job, order: int, namespace: str, load: Load, wall_s: float
+) -> AbRun:
+    """A run's record: the latencies of its measured requests in send order (None: failed)."""
+    measured = [record for record in records if record.index >= load.warmup]
+    return AbRun(
+        order=order,
+        mode=job.mode,
+        rate=job.rate,
+        seed=load.seed,
+        users=namespace,
+        warmup=load.warmup,
+        errors=sum(not record.ok for record in measured),
+        wall_s=round(wall_s, 2),
+        send_lag_p99_ms=round(percentile([r.send_lag_s * 1000 for r in records], 99), 3),
+        rank_ms=[round(r.response.rank_latency_ms, 3) if r.ok else None for r in measured],
+        recommend_ms=[round(r.latency_s * 1000, 3) if r.ok else None for r in measured],
+    )

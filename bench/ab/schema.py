@@ -1,0 +1,95 @@
+"""results.json of a fixed-load A/B (`python -m bench.ab`), as dataclasses that `bench.codec` writes and
+reads: the settings and context, every run's latencies (so the statistics can be computed again), and
+the summary per mode and load (`Cell`) and per pair of modes and load (`Comparison`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from bench import codec
+from bench.ab.config import AbConfig
+from bench.fleets import FleetShape, Mode
+from bench.intervals import Interval
+from bench.schema import Machine, Versions
+from bench.workload import Universe
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AbRun:
+    """One mode driven at one load with one load seed: its measured requests in send order."""
+
+    order: int  # its place in the run's sequence (0: driven first)
+    mode: str
+    rate: float
+    seed: int  # the load seed (arrivals and user draws)
+    users: str  # the users' namespace: the same for every mode at this load and seed
+    warmup: int  # requests sent before the measured ones, not counted
+    errors: int
+    wall_s: float
+    send_lag_p99_ms: float
+    rank_ms: list[float | None]  # the stub's Rank latency of each measured request; None: it failed
+    recommend_ms: list[float | None]  # the Recommend's, from its intended send time; None: it failed
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Cell:
+    """One mode at one load, every seed pooled."""
+
+    mode: str
+    rate: float
+    ranks: int  # measured requests (a failed one counts as a Rank over the SLO)
+    errors: int
+    ranks_over: int  # Ranks over --slo-ms
+    ranks_over_share: Interval  # their share, Wilson interval on the effective counts
+    ranks_design_effect: float
+    recommends_over: int  # Recommends over the Recommend bound
+    recommends_over_share: Interval
+    recommends_design_effect: float
+    rank_p99_ms: Interval  # pooled P99, block-bootstrap interval
+    block: int  # requests per bootstrap block
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Comparison:
+    """Mode `b` against mode `a` at one load: each difference is b's value less a's."""
+
+    a: str
+    b: str
+    rate: float
+    ranks_over_share: Interval  # Newcombe's interval on the effective counts
+    recommends_over_share: Interval
+    rank_p99_ms: Interval  # paired block-bootstrap interval
+    verdicts: list[str]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AbResults:
+    started_at: str
+    duration_s: float
+    machine: Machine
+    versions: Versions
+    settings: AbConfig
+    recommend_bound_ms: float
+    modes: list[Mode]
+    fleet: FleetShape
+    universe: Universe
+    cells: list[Cell]
+    comparisons: list[Comparison]
+    runs: list[AbRun]
+
+    def to_json(self) -> dict[str, Any]:
+        return codec.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> AbResults:
+        return codec.from_json(cls, data)
+
+    @classmethod
+    def load(cls, path: Path) -> AbResults:
+        return cls.from_json(json.loads(path.read_text()))
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")

@@ -1,0 +1,238 @@
+"""The fixed-load A/B (`python -m bench.ab`) over fake fleets whose latencies are known: its order, the
+users and arrivals every mode gets, no early stop, its statistics (the real ones) and its results files;
+and one tiny real run on loopback."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import grpc
+import pytest
+
+from bench.ab import __main__ as ab_main
+from bench.ab import config as ab_config
+from bench.ab import run as ab_run
+from bench.ab.config import AbConfig
+from bench.ab.report import render_markdown
+from bench.ab.run import AbBench, Job, Load, schedule
+from bench.ab.schema import AbResults
+from bench.fleets import Mode
+from bench.workload import RevisitSampler
+from relaygr.v1 import recommend_pb2
+from services.common.config import load
+from services.loadgen.openloop import CallRecord
+
+ARGS = [
+    "--modes", "baseline,relay,no-dram", "--rates", "10,20", "--seeds", "2", "--requests", "200",
+    "--warmup-s", "1", "--resamples", "300", "--load-seed", "3",
+]  # fmt: skip
+B, R, N = "baseline", "relay", "no-dram"
+
+
+def fake_rank_ms(mode: str, index: int, load: Load) -> float | None:
+    """Baseline: every 10th request over 100 ms; relay and no-dram: every 100th; relay's fourth measured
+    request of load seed 4 (the second) fails."""
+    if mode == R and load.seed == 4 and index == load.warmup + 3:
+        return None
+    every = 10 if mode == B else 100
+    return 150.0 if index % every == 0 else 40.0
+
+
+class FakeFleet:
+    def __init__(self, mode: Mode, events: list) -> None:
+        self.mode = mode
+        self.events = events
+
+    def __enter__(self) -> FakeFleet:
+        self.events.append(("start", self.mode.name))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.events.append(("stop", self.mode.name))
+
+    def stub(self, universe, delay_ms: float, abandon_fraction: float) -> str:
+        assert (delay_ms, abandon_fraction) == (100.0, 0.0)
+        return f"fake://{self.mode.name}/{universe.label}"
+
+
+class FakeAbBench(AbBench):
+    events: list = []
+
+    def fleet(self, mode: Mode) -> FakeFleet:
+        return FakeFleet(mode, self.events)
+
+    def drive(self, address: str, sampler: RevisitSampler, load: Load) -> list[CallRecord]:
+        mode = address.split("/")[2]
+        named = [sampler.user(i) for i in range(load.total)]
+        self.events.append(("drive", mode, load, named))
+        records = []
+        for index in range(load.total):
+            rank_ms = fake_rank_ms(mode, index, load)
+            ok = rank_ms is not None
+            response = recommend_pb2.RecommendResponse(rank_latency_ms=rank_ms) if ok else None
+            code = grpc.StatusCode.OK if ok else grpc.StatusCode.DEADLINE_EXCEEDED
+            latency_s = (rank_ms + 105.0) / 1000 if ok else 2.1
+            records.append(
+                CallRecord(index, index / load.rate, index / load.rate, latency_s, code, "", response)
+            )
+        return records
+
+
+@pytest.fixture(scope="module")
+def fake_run(tmp_path_factory):
+    monkeypatch = pytest.MonkeyPatch()
+    out = tmp_path_factory.mktemp("results")
+    monkeypatch.setattr(ab_config, "RESULTS_DIR", out)
+    monkeypatch.setattr(ab_run, "SETTLE_S", 0.0)
+    FakeAbBench.events = []
+    try:
+        results = ab_main.main([*ARGS, "--name", "fake"], bench_class=FakeAbBench)
+    finally:
+        monkeypatch.undo()
+    return results, FakeAbBench.events, out / "fake"
+
+
+def test_the_runs_rotate_the_modes_within_each_seed_and_load():
+    jobs = schedule([B, R, N], [10.0, 20.0], 2)
+    assert [(j.seed_index, j.rate, j.mode) for j in jobs] == [
+        (0, 10.0, B), (0, 10.0, R), (0, 10.0, N),
+        (0, 20.0, R), (0, 20.0, N), (0, 20.0, B),
+        (1, 10.0, N), (1, 10.0, B), (1, 10.0, R),
+        (1, 20.0, B), (1, 20.0, R), (1, 20.0, N),
+    ]  # fmt: skip
+    assert schedule([B, R], [5.0], 3) == [Job(0, 5.0, B), Job(0, 5.0, R), Job(1, 5.0, R), Job(1, 5.0, B),
+                                          Job(2, 5.0, B), Job(2, 5.0, R)]  # fmt: skip
+
+
+def test_every_fleet_is_up_before_the_first_run_and_down_after_the_last(fake_run):
+    _, events, _ = fake_run
+    kinds = [event[0] for event in events]
+    assert kinds == ["start"] * 3 + ["drive"] * 12 + ["stop"] * 3
+    assert [e[1] for e in events if e[0] == "start"] == [B, R, N]
+    assert [e[1] for e in events if e[0] == "drive"] == [j.mode for j in schedule([B, R, N], [10.0, 20.0], 2)]
+
+
+def test_every_mode_gets_the_same_users_and_arrivals_at_a_seed_and_load_and_no_early_stop(fake_run):
+    results, events, _ = fake_run
+    drives = [event for event in events if event[0] == "drive"]
+    by_block: dict = {}
+    for _, mode, load_, named in drives:
+        by_block.setdefault((load_.seed, load_.rate), []).append((mode, load_, named))
+    assert set(by_block) == {(3, 10.0), (3, 20.0), (4, 10.0), (4, 20.0)}  # load seeds 3 and 4
+    blocks = list(by_block.values())
+    for block in blocks:
+        assert len({mode for mode, _, _ in block}) == 3
+        assert len({load_ for _, load_, _ in block}) == 1  # rate, total, deadline and arrival seed
+        assert len({tuple(named) for _, _, named in block}) == 1
+        (_, load_, named), *_ = block
+        assert load_.total == load_.warmup + 200 and load_.warmup == round(load_.rate)  # 1 s of warm-up
+        assert len(set(named)) < len(named)  # revisits: some users come back
+    # Another seed or load: other users.
+    assert len({block[0][2][0] for block in blocks}) == 4
+    for run in results.runs:
+        assert len(run.rank_ms) == len(run.recommend_ms) == 200  # every request sent, the warm-up left out
+
+
+def test_the_cells_count_every_request_over_the_slo_failures_included(fake_run):
+    results, _, _ = fake_run
+    cells = {(cell.mode, cell.rate): cell for cell in results.cells}
+    # Baseline: multiples of 10 among indices 10-209 (20-219): 20 a seed. Relay: 100 and 200 a seed, and
+    # one failure at load seed 4. Recommends: 105 ms more than their Rank, over 200 ms exactly when it is.
+    for rate in (10.0, 20.0):
+        assert (cells[B, rate].ranks, cells[B, rate].ranks_over, cells[B, rate].errors) == (400, 40, 0)
+        assert (cells[R, rate].ranks_over, cells[R, rate].errors) == (5, 1)
+        assert (cells[N, rate].ranks_over, cells[N, rate].errors) == (4, 0)
+        for cell in (cells[B, rate], cells[R, rate], cells[N, rate]):
+            assert cell.recommends_over == cell.ranks_over
+            share = cell.ranks_over_share
+            assert share.value == cell.ranks_over / 400 and share.low < share.value < share.high
+        assert cells[B, rate].ranks_design_effect == 1.0  # the same count in both seeds
+        assert cells[B, rate].rank_p99_ms.value == 150.0
+        assert cells[R, rate].block == round(rate)  # 1 s of requests a block
+    results_recommend_bound = results.recommend_bound_ms
+    assert results_recommend_bound == 200.0
+
+
+def test_every_pair_of_modes_is_compared_with_a_verdict(fake_run):
+    results, _, _ = fake_run
+    pairs = {(pair.a, pair.b, pair.rate): pair for pair in results.comparisons}
+    assert set(pairs) == {(a, b, rate) for a, b in ((B, R), (B, N), (R, N)) for rate in (10.0, 20.0)}
+    relay = pairs[B, R, 10.0]
+    assert relay.ranks_over_share.value == pytest.approx(5 / 400 - 40 / 400)
+    assert relay.ranks_over_share.high < 0
+    assert relay.verdicts[0].startswith("relay has fewer Ranks over the SLO than baseline at 10/s: -8.75 pp")
+    close = pairs[R, N, 20.0]
+    assert close.ranks_over_share.low < 0 < close.ranks_over_share.high
+    assert "no difference shown" in close.verdicts[0]
+    # Relay's 400 Ranks: 395 at 40 ms, 4 at 150, one failure: its P99 (the 396th) is 150; no-dram has 396
+    # at 40 ms. A resample with one fewer of relay's slow ones ties them: the interval reaches 0.
+    p99 = close.rank_p99_ms
+    assert (p99.value, p99.low, p99.high) == (-110.0, -110.0, 0.0)
+    assert close.verdicts[2] == (
+        "Rank P99 at 20/s, no-dram against relay: no difference shown (-110.0 ms [-110.0, +0.0])"
+    )
+
+
+def test_the_results_read_back_byte_for_byte_and_render_the_written_report(fake_run):
+    results, _, folder = fake_run
+    text = (folder / "results.json").read_text()
+    loaded = AbResults.load(folder / "results.json")
+    assert loaded == results
+    assert json.dumps(loaded.to_json(), indent=1) + "\n" == text
+    report = (folder / "report.md").read_text()
+    assert render_markdown(loaded) == report
+    assert "| 20 | relay | 400 | 1 | 5 | 1.25 [" in report
+    assert "- relay has fewer Ranks over the SLO than baseline at 20/s" in report
+    failed = loaded.runs[[run.mode == R and run.seed == 4 for run in loaded.runs].index(True)]
+    assert failed.rank_ms[3] is None and failed.errors == 1
+
+
+def test_settings_need_two_modes_and_name_only_known_ones():
+    with pytest.raises(SystemExit):
+        load(AbConfig, ["--modes", "relay"])
+    with pytest.raises(SystemExit):
+        load(AbConfig, ["--modes", "relay,nonsense"])
+    config = load(AbConfig, ["--modes", "relay,relay-owner-only", "--relay-window-ms", "80"], environ={})
+    assert [mode.trigger_args for mode in config.mode_list()] == ["", "--relay-window-ms 0"]
+    assert config.recommend_bound_ms == 180.0 and config.block(45.0) == 45
+    assert config.out_dir().name == "relaygr-ab"
+    bench_config = config.bench_config()
+    assert (bench_config.relay_window_ms, bench_config.longest_long_term) == (80.0, 2048)
+
+
+def fleet_children() -> list[int]:
+    """Processes still running that the launcher started for this process (services.launcher.child <pid>)."""
+    marker = f"services.launcher.child\0{os.getpid()}\0".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_tiny_real_ab_runs_end_to_end_on_loopback(tmp_path: Path, monkeypatch):
+    """Two cpu-tiny fleets of one ranker each up at once, baseline and relay at 10/s, two seeds of 30
+    requests: every run sends every request, the results read back, and no process is left behind."""
+    monkeypatch.setattr(ab_config, "RESULTS_DIR", tmp_path)
+    results = ab_main.main([
+        "--name", "tiny", "--model-preset", "cpu-tiny", "--rankers", "1", "--modes", "baseline,relay",
+        "--rates", "10", "--seeds", "2", "--requests", "30", "--warmup-s", "0.5", "--mix-median", "128",
+        "--mix-max", "256", "--ranker-profile-repeats", "1",
+        "--ranker-profile-lengths", "128,256", "--resamples", "200", "--startup-timeout-s", "60",
+    ])  # fmt: skip
+    assert fleet_children() == []
+    assert [(run.mode, run.seed) for run in results.runs] == [("baseline", 0), ("relay", 0),
+                                                              ("relay", 1), ("baseline", 1)]  # fmt: skip
+    for run in results.runs:
+        assert len(run.rank_ms) == 30 and run.warmup == 5
+        assert all(ms is None or (0 < ms < 10_000 and not math.isnan(ms)) for ms in run.rank_ms)
+    assert len(results.cells) == 2 and len(results.comparisons) == 1
+    assert AbResults.load(tmp_path / "tiny" / "results.json") == results
