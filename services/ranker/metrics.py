@@ -51,8 +51,9 @@ DEVICE_BATCH_SIZE = Histogram(
 COST_CORRECTION = Gauge(
     "relaygr_cost_correction",
     "Measured device time over what the warm-up latency curve predicted for the same work, by path "
-    "(full_ms, pre_infer_ms, rank_ms), over about the last 100 jobs: the factor the ranker's load reports, "
-    "shedding and GetProfile apply to the curve (1 until 10 jobs of the path have run).",
+    "(full_ms, pre_infer_ms, rank_ms), over about the last 100 jobs (1 until 10 jobs of the path have run): "
+    "the factor the ranker's load reports, shedding and GetProfile apply to the curve's points that no job "
+    "has reached yet; each point that jobs reached is scaled by its own such ratio.",
     ["path"],
 )
 DEVICE_QUEUE_DEPTH = Gauge(

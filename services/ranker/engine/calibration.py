@@ -11,28 +11,34 @@ thread, less the jobs run nested at its `Yield`; a batch's pass time for the ran
 did (`Scheduler(observer=...)`). `Calibration` keeps, per path of the curve (`full_ms`: an uncached rank,
 `pre_infer_ms`: a pre-inference, `rank_ms`: a cached rank), the ratio of the measured time to what the
 measured curve predicted for the same work, each sum exponentially weighted over about
-`MEMORY_JOBS` jobs, so the ratio follows a host whose speed drifts. `predict_ms` is the curve's prediction
-times its path's ratio; a path's ratio stays 1 until `MIN_JOBS` of its jobs have ended. An extension is no
-point of the curve (its appended events attend over the whole base, which the curve at their count does not
-price), so it teaches nothing; its cost is the pre-inference path's, corrected. GetProfile answers
-`corrected()`: the curve with each path's column scaled by its ratio, so the trigger reads the corrected
-figures at its next profile refresh, and in every load report.
+`MEMORY_JOBS` jobs, so the ratio follows a host whose speed drifts; a path's ratio stays 1 until `MIN_JOBS`
+of its jobs have ended. It keeps the same ratio per point of each path too: a job between two points of the
+curve teaches both, each by its interpolation weight (the job's measured time shared among a batch's jobs
+by their predictions). A warm-up under contention does not only slow a curve, it bends it (two rankers
+warming up together measured 512 events 4-16x their quiet cost while 16 and 128 events read 1-2x), and a
+ratio per path can scale a curve but not straighten it. So each point is scaled by its own ratio once its
+jobs weigh `MIN_JOBS`, by its path's before, and the scaled curve is made monotone again (`monotone`).
+`predict_ms` interpolates that curve. An extension is no point of the curve (its appended events attend
+over the whole base, which the curve at their count does not price), so it teaches nothing; its cost is the
+pre-inference path's, corrected. GetProfile answers `corrected()`, the same curve, so the trigger reads the
+corrected figures at its next profile refresh, and in every load report.
 
 Where the device runs asynchronously (CUDA), a job's time is what the device thread waited for it: a rank
 ends with its scores copied back, so its time is the device's; a background pre-inference may end before
 its last chunks ran, and reads short.
 
-Thread-safety: `observe` runs on the device thread; `predict_ms` and `corrected` on the event loop read one
-float per path, which the device thread replaces whole (atomic under the GIL). `set_curve` runs before
-serving.
+Thread-safety: `observe` runs on the device thread and replaces the corrected curve and each path's ratio
+whole; `predict_ms` and `corrected` on the event loop read them (a reference or a float: atomic under the
+GIL). `set_curve` runs before serving.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Sequence
 
-from services.ranker.engine.latency_curve import LatencyCurve
+from services.ranker.engine.latency_curve import LatencyCurve, monotone
 from services.ranker.engine.scheduler import Op
 
 # The sums forget at this rate: each job weighs 1 - 1/MEMORY_JOBS of the job after it.
@@ -55,6 +61,7 @@ class Calibration:
         if memory_jobs < 1 or min_jobs < 1:
             raise ValueError("memory_jobs and min_jobs must be at least 1")
         self.curve: LatencyCurve | None = None
+        self._corrected: LatencyCurve | None = None
         self._keep = 1.0 - 1.0 / memory_jobs
         self._min_jobs = min_jobs
         self._measured_ms = dict.fromkeys(PATHS, 0.0)
@@ -62,6 +69,10 @@ class Calibration:
         self.jobs = dict.fromkeys(PATHS, 0)
         # Per path; its values are replaced, the dict never (gauges read it).
         self.ratio = dict.fromkeys(PATHS, 1.0)
+        # Per path and point of the curve: the weighted sums and the jobs' weight (their share at the point).
+        self._point_measured_ms: dict[str, list[float]] = {}
+        self._point_predicted_ms: dict[str, list[float]] = {}
+        self.point_jobs: dict[str, list[float]] = {}
 
     def set_curve(self, curve: LatencyCurve) -> None:
         """The measured curve; what was learnt against another one is forgotten."""
@@ -70,13 +81,24 @@ class Calibration:
             self._measured_ms[path] = self._predicted_ms[path] = 0.0
             self.jobs[path] = 0
             self.ratio[path] = 1.0
+            self._point_measured_ms[path] = [0.0] * len(curve.points)
+            self._point_predicted_ms[path] = [0.0] * len(curve.points)
+            self.point_jobs[path] = [0.0] * len(curve.points)
+        self._corrected = curve
 
     def predict_ms(self, path: str, length: int) -> float:
         """The corrected cost of `path` at `length` events (0 before warm-up, or for no events)."""
-        curve = self.curve
-        if curve is None or length <= 0:
+        corrected = self._corrected
+        if corrected is None or length <= 0:
             return 0.0
-        return curve.predict_ms(path, length) * self.ratio[path]
+        return corrected.predict_ms(path, length)
+
+    def point_ratio(self, path: str, index: int) -> float:
+        """The ratio point `index` of `path` is scaled by: its own once its jobs weigh `MIN_JOBS`, else its
+        path's."""
+        if self.point_jobs[path][index] >= self._min_jobs:
+            return self._point_measured_ms[path][index] / self._point_predicted_ms[path][index]
+        return self.ratio[path]
 
     def observe(self, op: Op, works: Sequence[int], seconds: float) -> None:
         """A job (or a batch of jobs) of `op` ended after `seconds` of device time; `works` is the length each
@@ -86,28 +108,54 @@ class Calibration:
         curve = self.curve
         if path is None or curve is None:
             return
-        predicted = sum(curve.predict_ms(path, work) for work in works if work > 0)
+        predictions = [(work, curve.predict_ms(path, work)) for work in works if work > 0]
+        predicted = sum(ms for _, ms in predictions)
         if predicted <= 0:
             return
         keep = self._keep
-        measured = self._measured_ms[path] = self._measured_ms[path] * keep + seconds * 1000
+        measured_ms = seconds * 1000
+        measured = self._measured_ms[path] = self._measured_ms[path] * keep + measured_ms
         expected = self._predicted_ms[path] = self._predicted_ms[path] * keep + predicted
         self.jobs[path] += len(works)
         if self.jobs[path] >= self._min_jobs:
             self.ratio[path] = measured / expected
+        lengths = [point.prefix_length for point in curve.points]
+        point_measured, point_predicted = self._point_measured_ms[path], self._point_predicted_ms[path]
+        for work, ms in predictions:
+            for index, weight in interpolation_weights(lengths, work):
+                forget = keep**weight
+                point_measured[index] = point_measured[index] * forget + measured_ms * ms / predicted * weight
+                point_predicted[index] = point_predicted[index] * forget + ms * weight
+                self.point_jobs[path][index] += weight
+        self._corrected = self._correct(curve)
+
+    def _correct(self, curve: LatencyCurve) -> LatencyCurve:
+        """`curve` with each point of each path scaled by its ratio, then made monotone again."""
+        points = [
+            dataclasses.replace(
+                point, **{path: getattr(point, path) * self.point_ratio(path, index) for path in PATHS}
+            )
+            for index, point in enumerate(curve.points)
+        ]
+        return dataclasses.replace(curve, points=monotone(points))
 
     def corrected(self) -> LatencyCurve:
-        """The measured curve with each path's column scaled by its ratio: what GetProfile answers."""
-        if self.curve is None:
+        """The measured curve, corrected point by point: what GetProfile answers and `predict_ms` reads."""
+        if self._corrected is None:
             raise ValueError("no latency curve yet")
-        ratio = self.ratio
-        points = tuple(
-            dataclasses.replace(
-                point,
-                full_ms=point.full_ms * ratio["full_ms"],
-                pre_infer_ms=point.pre_infer_ms * ratio["pre_infer_ms"],
-                rank_ms=point.rank_ms * ratio["rank_ms"],
-            )
-            for point in self.curve.points
-        )
-        return dataclasses.replace(self.curve, points=points)
+        return self._corrected
+
+
+def interpolation_weights(lengths: Sequence[int], length: int) -> list[tuple[int, float]]:
+    """The points (index, weight) that `LatencyCurve.predict_ms` reads at `length` and how much each
+    weighs there: the two ends of its segment by linear interpolation, or the nearest end alone beyond
+    them."""
+    if len(lengths) == 1:
+        return [(0, 1.0)]
+    i = min(max(bisect.bisect_left(lengths, length), 1), len(lengths) - 1)
+    share = (length - lengths[i - 1]) / (lengths[i] - lengths[i - 1])
+    if share <= 0:
+        return [(i - 1, 1.0)]
+    if share >= 1:
+        return [(i, 1.0)]
+    return [(i - 1, 1.0 - share), (i, share)]

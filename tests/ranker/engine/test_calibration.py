@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from relaygr.v1 import common_pb2, ranker_pb2
 from services.ranker.app import RankerApp
-from services.ranker.engine.calibration import PATHS, Calibration
-from services.ranker.engine.latency_curve import LatencyCurve, LatencyPoint
+from services.ranker.engine.calibration import MIN_JOBS, PATHS, Calibration, interpolation_weights
+from services.ranker.engine.latency_curve import LatencyCurve, LatencyPoint, monotone
 from services.ranker.engine.runner import ModelRunner
 from services.ranker.engine.scheduler import Batch, Op, Priority, Scheduler
 from tests.ranker.harness import running_ranker
@@ -71,6 +71,71 @@ def test_each_path_is_corrected_by_its_own_jobs_once_enough_have_ended():
         pytest.approx((12.0, 24.0, 2.0)),
     ]
     assert (corrected.short_term_length, corrected.num_candidates) == (4, 8)
+
+
+# A pre-inference curve bent by its warm-up: 512 events measured 4x their cost, every other point right.
+BENT = LatencyCurve(
+    tuple(
+        LatencyPoint(length, full_ms=pre + 1.0, pre_infer_ms=pre, rank_ms=1.0)
+        for length, pre in ((16, 1.0), (128, 2.0), (512, 24.0), (2048, 40.0))
+    ),
+    short_term_length=4,
+    num_candidates=8,
+)
+TRUE_PRE_MS = {16: 1.0, 128: 2.0, 512: 6.0, 2048: 40.0}
+
+
+def test_a_bent_curve_is_straightened_point_by_point_where_jobs_ran():
+    calibration = Calibration(memory_jobs=100, min_jobs=10)
+    calibration.set_curve(BENT)
+    for _ in range(10):
+        for length, true_ms in TRUE_PRE_MS.items():
+            calibration.observe(Op.PRE_INFER, (length,), true_ms / 1000)
+    for length, true_ms in TRUE_PRE_MS.items():
+        assert calibration.predict_ms("pre_infer_ms", length) == pytest.approx(true_ms)
+    # Between two points, the straightened segment: 1280 events cost what 512 and 2048 say, halfway.
+    assert calibration.predict_ms("pre_infer_ms", 1280) == pytest.approx((6.0 + 40.0) / 2)
+    # A ratio per path could only scale the curve: its ratio here is about the mean, (1+2+6+40)/(1+2+24+40)
+    # (the latest jobs weigh a little more), and would have read 2048 events at 29 ms.
+    assert calibration.ratio["pre_infer_ms"] == pytest.approx(49 / 67, rel=0.01)
+    assert [p.pre_infer_ms for p in calibration.corrected().points] == pytest.approx(
+        list(TRUE_PRE_MS.values())
+    )
+
+
+def test_a_job_between_two_points_teaches_each_by_its_interpolation_weight():
+    assert interpolation_weights([16, 128, 512, 2048], 1280) == [(2, 0.5), (3, 0.5)]
+    assert interpolation_weights([16, 128, 512, 2048], 512) == [(2, 1.0)]
+    assert interpolation_weights([16, 128, 512, 2048], 8) == [(0, 1.0)]  # beyond an end: the end alone
+    assert interpolation_weights([16, 128, 512, 2048], 4096) == [(3, 1.0)]
+    assert interpolation_weights([256], 64) == [(0, 1.0)]
+    calibration = Calibration(memory_jobs=100, min_jobs=10)
+    calibration.set_curve(BENT)
+    for _ in range(20):  # 1280 events, measured at what the straight curve says: 23 ms
+        calibration.observe(Op.PRE_INFER, (1280,), 23.0 / 1000)
+    assert calibration.point_jobs["pre_infer_ms"] == pytest.approx([0.0, 0.0, 10.0, 10.0])
+    # Each of the two points learnt the job's ratio, 23 / 32 (the bent curve predicted (24 + 40) / 2).
+    assert calibration.point_ratio("pre_infer_ms", 2) == pytest.approx(23 / 32)
+    assert calibration.point_ratio("pre_infer_ms", 3) == pytest.approx(23 / 32)
+    assert calibration.predict_ms("pre_infer_ms", 1280) == pytest.approx(23.0)
+    # The points no job reached read their path's ratio, learnt from the same jobs.
+    assert (
+        calibration.point_ratio("pre_infer_ms", 0)
+        == calibration.ratio["pre_infer_ms"]
+        == pytest.approx(23 / 32)
+    )
+
+
+def test_a_point_corrected_below_a_shorter_one_lowers_it_too():
+    calibration = Calibration(memory_jobs=100, min_jobs=10)
+    calibration.set_curve(BENT)
+    for _ in range(10):  # 2048 events run in 1 ms: the path's ratio falls, and with it every point
+        calibration.observe(Op.PRE_INFER, (2048,), 1.0 / 1000)
+    for _ in range(10):  # while 128 events are measured as the curve says
+        calibration.observe(Op.PRE_INFER, (128,), 2.0 / 1000)
+    corrected = [p.pre_infer_ms for p in calibration.corrected().points]
+    assert corrected == sorted(corrected) and corrected[-1] == pytest.approx(1.0)
+    assert corrected[1] == pytest.approx(1.0)  # 2 ms measured, lowered to the longer point's 1 ms
 
 
 def test_jobs_of_other_ops_no_work_and_no_curve_teach_nothing():
@@ -230,12 +295,30 @@ def test_a_ranker_whose_curve_is_three_times_off_predicts_its_jobs_within_20_per
                     uncorrected,
                     calibration.ratio,
                 )
-            # The mechanism: GetProfile answers the injected curve times each ratio; the gauge shows it.
+            # The mechanism: GetProfile answers the injected curve, each point times its own ratio (the two
+            # points the jobs fell between learnt theirs; the others read their path's), made monotone; the
+            # gauge shows each path's ratio.
             profile = await r.stub.GetProfile(ranker_pb2.GetProfileRequest())
+            lengths = [point.prefix_length for point in off.points]
+            learnt = {index for index, _ in interpolation_weights(lengths, length)}
+            for path in ("pre_infer_ms", "rank_ms"):
+                assert [i for i, w in enumerate(calibration.point_jobs[path]) if w >= MIN_JOBS] == sorted(
+                    learnt
+                )
+            expected = monotone(
+                [
+                    dataclasses.replace(
+                        wrong,
+                        pre_infer_ms=wrong.pre_infer_ms * calibration.point_ratio("pre_infer_ms", index),
+                        rank_ms=wrong.rank_ms * calibration.point_ratio("rank_ms", index),
+                    )
+                    for index, wrong in enumerate(off.points)
+                ]
+            )
+            for point, corrected in zip(profile.latency_curve, expected, strict=True):
+                assert point.pre_infer_ms == pytest.approx(corrected.pre_infer_ms)
+                assert point.rank_ms == pytest.approx(corrected.rank_ms)
             ratio = calibration.ratio
-            for point, wrong in zip(profile.latency_curve, off.points, strict=True):
-                assert point.pre_infer_ms == pytest.approx(wrong.pre_infer_ms * ratio["pre_infer_ms"])
-                assert point.rank_ms == pytest.approx(wrong.rank_ms * ratio["rank_ms"])
             assert metric("relaygr_cost_correction", path="rank_ms") == ratio["rank_ms"]
             print(f"uncorrected {uncorrected}, corrected {predicted}, measured {took_ms} ms a job")
 
