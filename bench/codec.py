@@ -2,8 +2,10 @@
 
 `to_json` writes a dataclass as an object of its fields in declaration order, nested dataclasses, lists,
 tuples and dictionaries included. Two field options change that: `FLAT` writes a nested dataclass's
-fields into the enclosing object (several records share a group of fields that way), and `OMIT_NONE`
-leaves a field out while it is None (a field only some records of a kind have).
+fields into the enclosing object (several records share a group of fields that way), `OMIT_NONE`
+leaves a field out while it is None (a field only some records of a kind have), and `TRANSIENT` leaves a
+field out always (what a run keeps in memory only, such as a point's latency samples; read back, it
+has its default).
 
 `from_json` reads one back by the field types: a key that a field without a default needs and the object
 lacks, or a key that no field takes, is a ValueError naming where it is (`throughput_sweeps.<mix>.relay.
@@ -23,6 +25,7 @@ from typing import Any, TypeVar
 
 FLAT = {"flat": True}
 OMIT_NONE = {"omit_none": True}
+TRANSIENT = {"transient": True}
 T = TypeVar("T")
 
 
@@ -31,6 +34,8 @@ def to_json(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
         for field in dataclasses.fields(value):
+            if field.metadata.get("transient"):
+                continue
             item = getattr(value, field.name)
             if field.metadata.get("flat"):
                 out.update(to_json(item))
@@ -59,6 +64,8 @@ def json_keys(cls: type) -> list[str]:
     """The keys an object of `cls` has, flat fields' own keys included."""
     keys: list[str] = []
     for field in dataclasses.fields(cls):
+        if field.metadata.get("transient"):
+            continue
         if field.metadata.get("flat"):
             keys += json_keys(_hints(cls)[field.name])
         else:
@@ -71,6 +78,8 @@ def _fields_from(cls: type, data: dict[str, Any], where: str) -> tuple[dict[str,
     used: set[str] = set()
     missing = []
     for field in dataclasses.fields(cls):
+        if field.metadata.get("transient"):
+            continue  # never written: its default applies
         hint = _hints(cls)[field.name]
         if field.metadata.get("flat"):
             nested, nested_used = _fields_from(hint, data, where)

@@ -114,11 +114,17 @@ class Profile:
     cached_rank_iterations: int  # Ranks per length through the router
     window_delays_ms: tuple[float, ...]  # extra relay windows of the length sweep
     refine_steps: int  # loads measured between a load sweep's best grid value and the next one
-    seeds: int  # load seeds of each throughput sweep's verdict points (1: no repeats)
+    # Load seeds at which runs before the sequential verdict re-measured each throughput sweep's verdict
+    # points (`bench.schema.Repeat`; 3 in their full profile); 1 in every profile now: a load's verdict
+    # pools its own seeds, up to `seed_cap`.
+    seeds: int = 1
     # With `measured_s`, a point measures its rate times this many seconds of requests, within
     # [measured_min, measured]: a slow point stays short, a fast one still has `measured` requests.
     measured_s: float = 0.0  # 0: every point measures `measured` requests
     measured_min: int = 0
+    # The most load seeds a load's sequential verdict pools (`bench.sweep.pooled_point`); 1: every
+    # verdict is one seed's, as in every run before it (what a results file without it means).
+    seed_cap: int = 1
 
     def measured_at(self, rate: float) -> int:
         """Requests a point at `rate` measures."""
@@ -128,11 +134,11 @@ class Profile:
 
 
 QUICK = Profile(
-    measured=200, floor_repeats=3, cached_rank_iterations=20, window_delays_ms=(), refine_steps=0, seeds=1
+    measured=200, floor_repeats=3, cached_rank_iterations=20, window_delays_ms=(), refine_steps=0, seed_cap=3
 )
 PROFILE_SETTINGS = {
     "quick": QUICK,
-    # More of everything: refined loads, three load seeds at each verdict, two more relay windows.
+    # More of everything: refined loads, up to five load seeds a verdict, two more relay windows.
     "full": dataclasses.replace(
         QUICK,
         measured=1000,
@@ -140,10 +146,13 @@ PROFILE_SETTINGS = {
         cached_rank_iterations=100,
         window_delays_ms=(30.0, 200.0),
         refine_steps=2,
-        seeds=3,
+        seed_cap=5,
     ),
-    # Points sized by their rate (4 s of requests, 150-300), the floor timed twice.
-    "gpu": dataclasses.replace(QUICK, measured=300, floor_repeats=2, measured_s=4.0, measured_min=150),
+    # Points sized by their rate (4 s of requests, 150-300), the floor timed twice, one seed a verdict
+    # (the time budget has no room for more).
+    "gpu": dataclasses.replace(
+        QUICK, measured=300, floor_repeats=2, measured_s=4.0, measured_min=150, seed_cap=1
+    ),
 }
 
 # The gpu profile's own defaults: each applies where neither its flag nor its RELAYGR_ variable is given
@@ -271,6 +280,18 @@ class BenchConfig:
     )
     floor_device: str = setting(
         "cpu", "device of the in-process floor: cpu, cuda, npu or auto (as the rankers' --device)"
+    )
+    floor_drift_limit: float = setting(
+        0.05,
+        "a run whose in-process floor (summed full forwards at the lengths both timed) moved by more than "
+        "this share from the previous committed run of its profile is flagged (bench.checks)",
+        above=0,
+    )
+    foreign_cores_limit: float = setting(
+        0.2,
+        "a run whose points' mean foreign CPU (cores other users of the machine took) is above this is "
+        "flagged (bench.checks)",
+        above=0,
     )
     routing: str = absent_means(
         "router",

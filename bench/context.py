@@ -1,6 +1,7 @@
 """Where a benchmark ran, recorded beside what it measured, written once for every entry point (`python -m
 bench`, `bench.tracing`, `bench.mlperf`'s search, `bench.micro.serving`): the commit (`commit`,
-`git_commit`), the machine (`machine`, `load_average`) and the packages (`versions`)."""
+`git_commit`; a file as committed: `committed_file`), the machine (`machine`, `load_average`) and the
+packages (`versions`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ PACKAGES = ("torch", "numpy", "grpcio", "protobuf", "matplotlib")
 def _git(*args: str) -> str:
     answer = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     return answer.stdout.strip()
+
+
+def committed_file(path: str) -> str:
+    """The text of `path` (from the repository's root) at the checkout's HEAD; empty when it has none."""
+    return _git("show", f"HEAD:{path}")
 
 
 def commit() -> tuple[str, bool]:

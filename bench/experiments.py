@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import itertools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +45,7 @@ from bench import probes
 from bench.config import BenchConfig
 from bench.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet, FleetShape, Mode
 from bench.micro.floor import cached_rank_through_router, model_floor
-from bench.points import PointSpec, describe, describe_cost, run_point
+from bench.points import PointSpec, describe, describe_cost, describe_verdict, run_point
 from bench.schema import (
     Abandonment,
     Ablations,
@@ -60,9 +59,10 @@ from bench.schema import (
     Sweep,
     Waste,
     ratio,
+    ratio_interval,
     recorded,
 )  # fmt: skip
-from bench.sweep import add_seed, last_within, repeat_record, run_sweeps, verdict_points
+from bench.sweep import last_within, pooled_point, run_sweeps
 from bench.workload import RevisitSampler, Universe, fixed_length_universe, mix_universe
 
 SETTLE_S = 1.0  # pause between points: lets the last answers and background pre-inference finish
@@ -162,8 +162,8 @@ class Bench:
     def length_sweeps(self, plans: list[Plan]) -> list[Sweep]:
         """Experiment 1 for each plan: every user at one length, at the length sweep's rate."""
 
-        def measure(plan: Plan, length: float) -> Point:
-            point = self.point(plan, self.universe(int(length)), self.config.length_rate)
+        def measure(plan: Plan, length: float, seed_index: int) -> Point:
+            point = self.point(plan, self.universe(int(length)), self.config.length_rate, seed_index)
             return dataclasses.replace(point, long_term=int(length), delay_ms=plan.delay_ms)
 
         return self._sweeps(self.config.length_grid(), plans, measure, refine_steps=0)
@@ -171,8 +171,8 @@ class Bench:
     def load_sweeps(self, universe: Universe, plans: list[Plan]) -> list[Sweep]:
         """Experiment 2 for each plan: a length mix at one offered load, refined between grid values."""
 
-        def measure(plan: Plan, rate: float) -> Point:
-            return self.point(plan, universe, rate)
+        def measure(plan: Plan, rate: float, seed_index: int) -> Point:
+            return self.point(plan, universe, rate, seed_index)
 
         return self._sweeps(self.config.load_grid(), plans, measure, self.config.settings.refine_steps)
 
@@ -182,41 +182,27 @@ class Bench:
         self,
         grid: list[float],
         plans: list[Plan],
-        measure: Callable[[Plan, float], Point],
+        measure: Callable[[Plan, float, int], Point],
         refine_steps: int,
     ) -> list[Sweep]:
-        """One sweep per plan over `grid`, one point of each in turn (refinements included)."""
+        """One sweep per plan over `grid`, one load's verdict of each in turn (refinements included):
+        `measure(plan, value, seed_index)` measures one seed, `pooled_point` decides how many a load takes."""
+        c = self.config
+
+        def verdict(number: int, value: float) -> Point:
+            plan = plans[number]
+            point = pooled_point(
+                lambda k: measure(plan, value, k), c.settings.seed_cap, c.slo_ms, c.max_error_fraction
+            )
+            if point.verdict is not None and c.settings.seed_cap > 1:
+                self.log(f"{plan.fleet.mode.name:<11} {value:g}: {describe_verdict(point.verdict)}")
+            return point
+
         firsts = [plan.first for plan in plans]
-        sweeps, stopped = run_sweeps(
-            grid, firsts, lambda number, value: measure(plans[number], value), refine_steps, self.new_sweep
-        )
+        sweeps, stopped = run_sweeps(grid, firsts, verdict, refine_steps, self.new_sweep)
         if stopped is not None:
             self.log(f"time budget: {stopped}; the sweep is cut short")
         return sweeps
-
-    def throughput_sweeps(self, universe: Universe, plans: list[Plan]) -> list[Sweep]:
-        """Experiment 2 on one mix: the plans' load sweeps in turn, then their verdicts repeated."""
-        sweeps = self.load_sweeps(universe, plans)
-        self.repeat_verdicts(universe, list(zip(plans, sweeps, strict=True)))
-        return sweeps
-
-    def repeat_verdicts(self, universe: Universe, swept: list[tuple[Plan, Sweep]]) -> None:
-        """Measures each sweep's verdict points (its best, and the first failing load above it) again with
-        load seeds 1 … seeds-1 (their own users), one point of each sweep in turn, and records per seed
-        the P99 and the verdict (`Sweep.repeats`) and whether every seed agreed (`Sweep.seeds_agree`)."""
-        seeds = self.config.settings.seeds
-        if seeds < 2:
-            return
-        queues = []
-        for plan, sweep in swept:
-            sweep.repeats = [repeat_record(point, role) for role, point in verdict_points(sweep)]
-            queues.append([(plan, record, k) for record in sweep.repeats for k in range(1, seeds)])
-        for job in itertools.chain.from_iterable(itertools.zip_longest(*queues)):
-            if job is not None:
-                plan, record, k = job
-                add_seed(record, self.point(plan, universe, record.rate, seed_index=k))
-        for _, sweep in swept:
-            sweep.seeds_agree = all(record.agree for record in sweep.repeats)
 
     def ranker_counters(self, fleet: BenchFleet, work: Callable[[], T]) -> tuple[T, dict[str, Any]]:
         """`work()`'s result and the change of the fleet's ranker counters over it, read after the
@@ -274,7 +260,7 @@ class Bench:
                 )
                 for mix in self.mixes:
                     plans = [Plan(baseline, first_base, window), Plan(relay, first_relay, window)]
-                    work = functools.partial(self.throughput_sweeps, mix, plans)
+                    work = functools.partial(self.load_sweeps, mix, plans)
                     (base_load, relay_load), counters = self.ranker_counters(relay, work)
                     throughput[mix.label] = mix_result(mix, base_load, relay_load, counters)
                     # The next mix is longer: one grid step below this one's answers.
@@ -324,6 +310,7 @@ class Bench:
                 baseline_best=first_mix.baseline.best,
                 relay_best=first_mix.relay.best,
                 ratio=first_mix.ratio,
+                ratio_interval=first_mix.ratio_interval,
                 waste=first_mix.waste,
             )
         loads = self.config.load_grid()
@@ -339,6 +326,7 @@ class Bench:
             baseline_best=base.best,
             relay_best=rel.best,
             ratio=ratio(rel.best, base.best),
+            ratio_interval=ratio_interval(rel, base),
             waste=waste(counters),
         )
 
@@ -365,6 +353,7 @@ def mix_result(mix: Universe, baseline: Sweep, relay: Sweep, counters: dict[str,
         baseline=baseline,
         relay=relay,
         ratio=ratio(relay.best, baseline.best),
+        ratio_interval=ratio_interval(relay, baseline),
         waste=waste(counters),
     )
 

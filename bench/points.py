@@ -26,7 +26,7 @@ import time
 
 import grpc
 
-from bench.schema import Cost, Percentiles, PointResult
+from bench.schema import Cost, Percentiles, PointResult, Verdict
 from bench.stats import bootstrap_ci, meets_slo, percentile, violation_budget
 from bench.workload import RevisitSampler
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
@@ -120,6 +120,7 @@ def summarize(
         wall_s=round(wall_s, 2),
         meets_slo=not (aborted or cut)
         and meets_slo(p99, errors, len(ranked), spec.slo_ms, spec.max_error_fraction),
+        rank_samples_ms=tuple(rank_ms),
     )
 
 
@@ -204,4 +205,15 @@ def describe_cost(cost: Cost) -> str:
         f"cores used: {cores}, not ours {cost.foreign_cores:.2f} | "
         f"productions {rankers.get('productions', {})} | pre_infer {rankers.get('pre_infer', {})} | "
         f"joins {rankers.get('joins', 0):g} | wasted pre-infer {rankers.get('pre_infer_wasted_s', 0):g} s"
+    )
+
+
+def describe_verdict(verdict: Verdict) -> str:
+    """A load's pooled verdict in one log line: seeds, requests, the pooled P99 and its interval."""
+    low, high = verdict.rank_p99_ci_ms
+    outcome = "meets SLO" if verdict.meets_slo else "FAILS"
+    undecided = "" if verdict.decided else " (undecided at the seed cap: the pooled P99 decided)"
+    return (
+        f"verdict over seeds {verdict.seeds}: {verdict.requests} req, pooled rank P99 {verdict.rank_p99_ms} "
+        f"[{low}, {high}] ms | {outcome}{undecided}"
     )

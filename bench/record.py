@@ -1,10 +1,13 @@
 """A run's record: what `Bench.run` or `GpuBench.run` measured, with the headline ratios and the run's
-context (`assemble`), and its headline in one line (`summary`)."""
+context (`assemble`; a CPU profile's run with its checks, `bench.checks`), and its headline in one line
+(`summary`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import overload
 
+from bench.checks import Reference, committed_reference, with_checks
 from bench.config import BenchConfig
 from bench.schema import GpuMeasurements, GpuRun, Machine, Measurements, Run, Versions, headline_ratios
 
@@ -12,12 +15,12 @@ from bench.schema import GpuMeasurements, GpuRun, Machine, Measurements, Run, Ve
 @overload
 def assemble(
     config: BenchConfig, measured: Measurements, started_at: str, duration_s: float, host: Machine,
-    package_versions: Versions,
+    package_versions: Versions, reference: Callable[[str], Reference | None] = ...,
 ) -> Run: ...  # fmt: skip
 @overload
 def assemble(
     config: BenchConfig, measured: GpuMeasurements, started_at: str, duration_s: float, host: Machine,
-    package_versions: Versions,
+    package_versions: Versions, reference: Callable[[str], Reference | None] = ...,
 ) -> GpuRun: ...  # fmt: skip
 def assemble(
     config: BenchConfig,
@@ -26,11 +29,13 @@ def assemble(
     duration_s: float,
     host: Machine,
     package_versions: Versions,
+    reference: Callable[[str], Reference | None] = committed_reference,
 ) -> Run:
     """The run's results: the headline ratios (from what it measured), the run's context, and what
-    `Bench.run` (a `Run`) or `GpuBench.run` (a `GpuRun`) measured."""
+    `Bench.run` (a `Run`, with its checks against `reference(profile)`, by default the previous
+    committed run of its profile) or `GpuBench.run` (a `GpuRun`) measured."""
     kind = GpuRun if isinstance(measured, GpuMeasurements) else Run
-    return kind(
+    run = kind(
         name=config.results_name,
         **headline_ratios(measured),
         started_at=started_at,
@@ -41,6 +46,7 @@ def assemble(
         profile=config.settings,
         measured=measured,
     )
+    return run if kind is GpuRun else with_checks(run, reference)
 
 
 def summary(results: Run) -> str:
@@ -55,7 +61,10 @@ def summary(results: Run) -> str:
     abandoned = ", ".join(
         f"{entry.fraction:.0%} {entry.ratio}" for entry in measured.abandonment.fractions.values()
     )
-    return (
+    flagged = (
+        f"FLAGGED ({'; '.join(results.checks.flags)}); " if results.checks and results.checks.flags else ""
+    )
+    return flagged + (
         f"length ratio {results.length_ratio} ({length.relay.best} vs {length.baseline.best} "
         f"events at {length.rate:g} req/s, relay window {window:g} ms); throughput ratios {mixes}; "
         f"throughput ratios with requests abandoned {abandoned or 'not measured'}"

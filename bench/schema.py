@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench import codec
-from bench.codec import FLAT, OMIT_NONE
+from bench.codec import FLAT, OMIT_NONE, TRANSIENT
 from bench.config import BenchConfig, Profile
 from bench.fleets import FleetShape, Mode
+from bench.schema_context import CachedRankPoint, FloorPoint, Machine, RunChecks, Versions
 from bench.workload import Universe
 
 R = TypeVar("R", bound="Run")
@@ -68,7 +69,10 @@ class PointResult:
     mean_long_term: float
     send_lag_p99_ms: float
     wall_s: float
-    meets_slo: bool
+    meets_slo: bool  # this measurement's own verdict (a load's pooled one: `Point.verdict`)
+    # The ranking latencies the percentiles are of, in memory only: a load's verdict pools its seeds'.
+    rank_samples_ms: tuple[float, ...] = dataclasses.field(default=(), repr=False, compare=False,
+                                                           metadata=TRANSIENT)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -89,6 +93,29 @@ class Point(PointResult):
 
     seed: int
     cost: Cost
+    # The load's verdict over its seeds (absent: this point's own, as in runs before it).
+    verdict: Verdict | None = dataclasses.field(default=None, metadata=OMIT_NONE)
+
+    @property
+    def passes(self) -> bool:
+        """Whether the load met the SLO: its pooled verdict, or this point's own where it has none."""
+        return self.meets_slo if self.verdict is None else self.verdict.meets_slo
+
+
+@schema
+class Verdict:
+    """A load's sequential verdict (`bench.sweep.pooled_point`): the load seeds measured at it, the
+    ranked requests pooled over them, their P99 with its bootstrap 95 % interval, and whether the load
+    met the SLO. `decided`: the interval excluded the SLO (or a seed failed early); False when the seed
+    cap was reached with the interval still holding it, and the pooled P99 decided alone."""
+
+    seeds: list[int]
+    requests: int
+    rank_p99_ms: float | None  # None: it falls on a failed request
+    rank_p99_ci_ms: list[float | None]
+    meets_slo: bool
+    decided: bool
+    points: list[Point]  # the other seeds' points, the first seed's being the one that holds this
 
 
 def recorded(cls: type[P], result: PointResult, **more: Any) -> P:
@@ -134,6 +161,9 @@ class Sweep:
     points: list[Point] = dataclasses.field(default_factory=list)
     best: float | None = None
     at_grid_top: bool = False  # the best is the grid's last value: the true limit may be higher
+    # The lowest value above the best whose load failed: the edge lies in [best, first_failure) (absent
+    # from runs before the bracket was recorded, and when nothing above the best failed).
+    first_failure: float | None = _optional()
     refined: list[float] = dataclasses.field(default_factory=list)  # values measured between grid values
     # The verdict points (the best, the first failure above it) measured again with other load seeds.
     repeats: list[Repeat] = dataclasses.field(default_factory=list)
@@ -181,6 +211,7 @@ class Mix:
     baseline: Sweep
     relay: Sweep
     ratio: float | None
+    ratio_interval: list[float | None] | None = _optional()  # `ratio_interval` of the two brackets
     waste: Waste = dataclasses.field(metadata=FLAT)
 
 
@@ -200,6 +231,7 @@ class Fraction:
     baseline_best: float | None
     relay_best: float | None
     ratio: float | None
+    ratio_interval: list[float | None] | None = _optional()  # `ratio_interval` of the two brackets
     waste: Waste = dataclasses.field(metadata=FLAT)
 
 
@@ -214,54 +246,6 @@ class Ablations:
     universe: str
     rate: float  # the grid load at or below RelayGR's best, where every ablation's sweep starts
     sweeps: dict[str, Sweep]  # by mode
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FloorPoint:
-    """The in-process floor at one prefix length: median ms of a full forward, a pre-inference and a rank
-    against the cached prefix (the ranker's `LatencyPoint`)."""
-
-    prefix_length: int
-    full_ms: float
-    pre_infer_ms: float
-    rank_ms: float
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CachedRankPoint:
-    """Ranks through the router against a prefix a PreInfer leased in HBM, on an idle fleet."""
-
-    prefix_length: int
-    request_kib: float
-    serialize_ms: float  # client-side serialization of the Rank request (median)
-    rank_ms_p50: float | None  # client-observed Rank latency of the HBM-served Ranks (None: none was)
-    rank_ms_p99: float | None
-    sources: dict[str, int]
-
-
-@schema
-class Machine:
-    cores: int | None
-    cpu_model: str
-    memory_gib: float | None
-    platform: str
-    python: str
-    load_average_at_start: list[float] | None = _optional()
-    gpu: dict[str, Any] | None = _optional()  # `bench.gpu_monitor.gpu_info`: absent without a GPU
-    load_average_at_end: list[float] | None = _optional()  # absent from a checkpoint before the end
-
-
-@schema
-class Versions:
-    """Package versions (absent: not recorded by an older run) and the commit."""
-
-    torch: str
-    numpy: str | None = _optional()
-    grpcio: str | None = _optional()
-    protobuf: str | None = _optional()
-    matplotlib: str | None = _optional()
-    torch_cuda: str | None = _optional()  # "none": a torch without CUDA
-    git_commit: str  # with `-dirty` when tracked files had changes
 
 
 @schema
@@ -328,6 +312,8 @@ class Run:
     throughput_ratio: float | None  # the first mix's
     throughput_ratios: dict[str, float | None]  # every mix's
     length_ratio: float | None
+    length_ratio_interval: list[float | None] | None = _optional()
+    checks: RunChecks | None = _optional()  # absent: a run from before the checks (`bench.checks`)
     started_at: str
     duration_s: float
     machine: Machine
@@ -373,12 +359,31 @@ def ratio(relay: float | None, baseline: float | None) -> float | None:
     return round(relay / baseline, 3)
 
 
+def ratio_interval(relay: Sweep, baseline: Sweep) -> list[float | None]:
+    """The bracket of RelayGR's edge over the baseline's: with RelayGR's edge in [best_R, fail_R) and the
+    baseline's in [best_B, fail_B) (a sweep's `best` and `first_failure`), their ratio lies in
+    [best_R / fail_B, fail_R / best_B]. A missing best is a bound of 0 (nothing passed), a missing
+    failure none at all (None: unbounded). It bounds the ratio of the edges as the verdicts placed them,
+    not a confidence interval: each verdict is itself a statistic (`Verdict`)."""
+    if relay.best is None or baseline.first_failure is None:
+        low = 0.0
+    else:
+        low = round(relay.best / baseline.first_failure, 3)
+    if relay.first_failure is None or not baseline.best:
+        return [low, None]
+    return [low, round(relay.first_failure / baseline.best, 3)]
+
+
 def headline_ratios(measured: Measurements | GpuMeasurements) -> dict[str, Any]:
-    """A run's headline ratios from what it measured: the length sweep's, each mix's and the first mix's."""
+    """A run's headline ratios from what it measured: the length sweep's (with its interval), each mix's
+    and the first mix's."""
     length = measured.length_sweep
     ratios = {label: mix.ratio for label, mix in measured.throughput_sweeps.items()}
-    return {
+    headline = {
         "throughput_ratio": next(iter(ratios.values()), None),
         "throughput_ratios": ratios,
         "length_ratio": None if length is None else ratio(length.relay.best, length.baseline.best),
     }
+    if isinstance(measured, Measurements):
+        headline["length_ratio_interval"] = ratio_interval(length.relay, length.baseline)
+    return headline

@@ -16,13 +16,19 @@ about 93 % of the time with 1000 samples (the full profile), 84 % with 200 (the 
 
 `largest_passing` finds the largest grid value that passes a monotone test (passes up to some value,
 fails above) from a starting guess: it gallops away from the guess until the verdict flips and bisects
-the rest. With a right guess it needs two measurements, with a wrong one a few more (logarithmically
+the rest. With a right guess it needs two verdicts, with a wrong one a few more (logarithmically
 many); it never measures a value twice. It is a coroutine so that `interleave` can run the baseline's
 and RelayGR's searches one measurement each in turn: on a shared machine whose background load drifts,
 both modes then see the same conditions. `largest_passing_value` runs the same search over grid values
 and then refines its answer: between the best value and the failing one above it, it measures up to
 `refine_steps` geometric midpoints (rounded to `resolution`), keeping the largest that passes, so a
 coarse grid (steps of about 1.4x) still gives a close limit.
+
+`slo_decision` is one step of a load's sequential verdict (`bench.sweep.pooled_point`): over the requests
+of every load seed measured so far, pooled, it passes the load when the P99's bootstrap interval lies
+wholly within the SLO, fails it when the interval lies wholly above it (or the pooled error share reaches
+the bound), and otherwise says that more seeds are needed (None). A load far from the edge is thus decided
+by one seed; one whose interval holds the SLO gets more requests, up to a seed cap.
 """
 
 from __future__ import annotations
@@ -83,6 +89,26 @@ def violation_budget(count: int, q: float = 99.0) -> int:
 def meets_slo(rank_p99_ms: float, errors: int, count: int, slo_ms: float, max_error_fraction: float) -> bool:
     """The verdict of one point: P99 within the SLO and an error fraction under the bound."""
     return count > 0 and rank_p99_ms <= slo_ms and errors / count < max_error_fraction
+
+
+def slo_decision(
+    samples: Sequence[float], slo_ms: float, max_error_fraction: float, seed: int = 0
+) -> tuple[bool | None, float, tuple[float, float]]:
+    """The decision on pooled ranking latencies (a failed request as an infinite one): True when the
+    P99 and its bootstrap 95 % interval are within `slo_ms` and the error share is under the bound, False
+    when the P99 and the whole interval are above it or the error share reaches the bound (or there is
+    no sample), None when the interval holds the SLO; with the P99 and the interval."""
+    count = len(samples)
+    if not count:
+        return False, math.nan, (math.nan, math.nan)
+    p99 = percentile(samples, 99)
+    low, high = bootstrap_ci(samples, 99, seed=seed)
+    errors = sum(1 for value in samples if math.isinf(value))
+    if errors / count >= max_error_fraction or (low > slo_ms and p99 > slo_ms):
+        return False, p99, (low, high)
+    if high <= slo_ms and p99 <= slo_ms:
+        return True, p99, (low, high)
+    return None, p99, (low, high)
 
 
 def largest_passing(size: int, first: int) -> Generator[int, bool, int | None]:

@@ -1,22 +1,26 @@
 """Sweeps, written once for every entry point: each finds the largest grid value that meets the SLO.
 
 `run_sweeps` runs one sweep per first guess over the same grid (`bench.stats.largest_passing_value`,
-refined between grid values), one point of each in turn (`bench.stats.interleave`), so that sweeps share
+refined between grid values), one load of each in turn (`bench.stats.interleave`), so that sweeps share
 the machine's drifting load. A measurement may stop them all (`SweepStopped`: the gpu profile's time
-budget): each sweep then keeps what it saw (`BudgetedSweep`'s bounds) and is marked cut short.
+budget): each sweep then keeps what it saw (`BudgetedSweep`'s bounds) and is marked cut short. A finished
+sweep records its bracket: its best and the lowest failing value above it (`Sweep.first_failure`).
 
-A sweep's verdict points (its best, the first failure above it) may be measured again with other load
-seeds (`verdict_points`, `repeat_record`, `add_seed`).
+A load's verdict is sequential (`pooled_point`): its first load seed, then, while the P99's interval over
+the requests pooled so far holds the SLO, one more seed, up to a cap (`Profile.seed_cap`). The search
+takes the pooled verdict (`Point.passes`) as it took one point's before.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from bench.schema import BudgetedSweep, Point, Repeat, Sweep
-from bench.stats import interleave, largest_passing_value
+from bench.schema import BudgetedSweep, Point, Sweep, Verdict
+from bench.stats import interleave, largest_passing_value, slo_decision
 
 
 class SweepStopped(Exception):
@@ -44,10 +48,10 @@ def run_sweeps(
             sweep.points.append(point)
             if value not in grid:
                 sweep.refined.append(value)
-            if point.cut:
+            if any(seed_point.cut for seed_point in seed_points(point)):
                 raise SweepStopped(f"the budget's end stopped the point at {value:g}")
-            seen.append((value, point.meets_slo))
-            return point.meets_slo
+            seen.append((value, point.passes))
+            return point.passes
 
         return passes
 
@@ -91,6 +95,8 @@ def close_sweep(sweep: Sweep, verdicts: list[tuple[float, bool]], grid: Sequence
     if finished:
         sweep.best = best
         sweep.at_grid_top = best == grid[-1]
+        above = [value for value, ok in verdicts if not ok and (best is None or value > best)]
+        sweep.first_failure = min(above, default=None)
 
 
 def last_within(values: Sequence[float], bound: float) -> int:
@@ -98,31 +104,49 @@ def last_within(values: Sequence[float], bound: float) -> int:
     return max(int(np.searchsorted(values, bound, side="right")) - 1, 0)
 
 
-def verdict_points(sweep: Sweep) -> list[tuple[str, Point]]:
-    """The points that decided a load sweep: its best (when one passed) and the lowest failure above it."""
-    chosen = []
-    if sweep.best is not None:
-        chosen.append(("best", next(p for p in sweep.points if p.rate == sweep.best)))
-    above = [p for p in sweep.points if not p.meets_slo and (sweep.best is None or p.rate > sweep.best)]
-    if above:
-        chosen.append(("first_failure", min(above, key=lambda p: p.rate)))
-    return chosen
+def seed_points(point: Point) -> list[Point]:
+    """Every seed's point of a load: the first seed's (`point`) and those its verdict pooled."""
+    return [point] if point.verdict is None else [point, *point.verdict.points]
 
 
-def repeat_record(point: Point, role: str) -> Repeat:
-    """The per-seed record of a verdict point, starting with the sweep's own measurement."""
-    record = Repeat(role=role, rate=point.rate, seeds=[], rank_p99_ms=[], rank_p99_ci_ms=[], meets_slo=[],
-                    agree=True, points=[])  # fmt: skip
-    add_seed(record, point, keep=False)
-    return record
+def _finite(value: float) -> float | None:
+    return None if math.isinf(value) or math.isnan(value) else round(value, 3)
 
 
-def add_seed(record: Repeat, point: Point, keep: bool = True) -> None:
-    """Adds one seed's measurement of the record's load (`keep`: store the whole point with it)."""
-    record.seeds.append(point.seed)
-    record.rank_p99_ms.append(point.rank_ms.p99)
-    record.rank_p99_ci_ms.append(point.rank_p99_ci_ms)
-    record.meets_slo.append(point.meets_slo)
-    record.agree = len(set(record.meets_slo)) == 1
-    if keep:
-        record.points.append(point)
+def pooled_point(measure: Callable[[int], Point], seed_cap: int, slo_ms: float, max_error_fraction: float
+                 ) -> Point:  # fmt: skip
+    """A load's sequential verdict: `measure(k)` measures it with load seed index k (its own users and
+    arrivals). After each seed, the ranked requests of every seed so far are pooled and
+    `bench.stats.slo_decision` decides; while its interval holds the SLO, one more seed is measured, up
+    to `seed_cap` seeds, where the pooled P99 decides alone (`Verdict.decided` False). A seed stopped
+    early (`aborted`, failed for certain) fails the load: its sample is truncated at its failures. A
+    seed cut by a time budget ends the verdict undecided and failing (the sweep stops on it). Returns
+    the first seed's point with the `Verdict` attached (the others inside it); the first point alone
+    when it was cut."""
+    if seed_cap < 1:
+        raise ValueError("seed_cap must be at least 1")
+    first = measure(0)
+    if first.cut:
+        return first
+    points = [first]
+    while True:
+        samples = [ms for point in points for ms in point.rank_samples_ms]
+        decision, p99, (low, high) = slo_decision(samples, slo_ms, max_error_fraction, seed=first.seed)
+        if any(point.aborted for point in points):
+            decision = False
+        if decision is not None or len(points) >= seed_cap:
+            break
+        points.append(measure(len(points)))
+        if points[-1].cut:
+            decision, p99 = False, math.nan
+            break
+    verdict = Verdict(
+        seeds=[point.seed for point in points],
+        requests=len(samples),
+        rank_p99_ms=_finite(p99),
+        rank_p99_ci_ms=[_finite(low), _finite(high)],
+        meets_slo=decision if decision is not None else p99 <= slo_ms,
+        decided=decision is not None and not points[-1].cut,
+        points=points[1:],
+    )
+    return dataclasses.replace(first, verdict=verdict)

@@ -19,9 +19,19 @@ def shares(counts: dict[str, int]) -> dict[str, float]:
 
 
 def verdict(point: Point) -> str:
-    if point.meets_slo:
-        return "meets"
-    return "fails (stopped early)" if point.aborted else "fails"
+    """The load's verdict: this point's own, or the one pooled over its seeds, with their count (and
+    `undecided` where the seed cap was reached)."""
+    pooled = point.verdict
+    if pooled is None:
+        if point.meets_slo:
+            return "meets"
+        return "fails (stopped early)" if point.aborted else "fails"
+    aborted = any(p.aborted for p in (point, *pooled.points))
+    text = "meets" if pooled.meets_slo else ("fails (stopped early)" if aborted else "fails")
+    seeds = len(pooled.seeds)
+    if seeds > 1 or not pooled.decided:
+        text += f" ({seeds} seed{'s' if seeds > 1 else ''}{'' if pooled.decided else ', undecided'})"
+    return text
 
 
 def cores(point: Point, rankers: bool) -> float:
@@ -84,7 +94,7 @@ def point_at(sweep: Sweep, key: str, value: float | None) -> Point | None:
 def first_failure(sweep: Sweep, key: str) -> Point | None:
     """The failing point just above the best one (what stopped the sweep)."""
     best = sweep.best
-    above = [p for p in sweep.points if not p.meets_slo and (best is None or getattr(p, key) > best)]
+    above = [p for p in sweep.points if not p.passes and (best is None or getattr(p, key) > best)]
     return min(above, key=lambda p: getattr(p, key)) if above else None
 
 
@@ -93,7 +103,7 @@ def within_noise(relay: Point | None, other: Point) -> bool:
     it meets the SLO too, or its P99's 95% interval reaches into the other's."""
     if relay is None:
         return False
-    if relay.meets_slo:
+    if relay.passes:
         return True
     low, _ = relay.rank_p99_ci_ms
     _, other_high = other.rank_p99_ci_ms

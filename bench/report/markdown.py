@@ -25,6 +25,7 @@ from bench.report.tables import (
     table,
     times,
 )  # fmt: skip
+from bench.report.verdicts import checks_banner, edges_section
 from bench.schema import Run, Sweep
 
 PAPER_LENGTH_RATIO = 1.5
@@ -38,6 +39,7 @@ def render_markdown(run: Run) -> str:
     sections = [
         _introduction(run),
         _headline(run),
+        edges_section(run),
         _against_no_relay_and_admit_all(run),
         _limits(run),
         _length_section(run),
@@ -62,9 +64,11 @@ def machine_section(run: Run) -> str:
 
 def _introduction(run: Run) -> str:
     c, versions = run.configuration, run.versions
+    banner = checks_banner(run)
     return (
         f"# RelayGR benchmark: `{run.name}` ({c.profile} profile)\n\n"
-        f"{run.started_at}, {run.duration_s / 60:.1f} minutes on "
+        + (f"{banner}\n\n" if banner else "")
+        + f"{run.started_at}, {run.duration_s / 60:.1f} minutes on "
         f"{machine_cores(run)} cores ({run.machine.cpu_model}), torch {versions.torch}, "
         f"preset `{c.model_preset}`, {c.rankers} rankers with {c.torch_threads} thread(s) each, "
         f"commit `{versions.git_commit}`.\n\n"
@@ -136,7 +140,7 @@ def _against_no_relay_and_admit_all(run: Run) -> str:
     admit_all = sweeps.get("admit-all")
     if admit_all is not None:
         rows = []
-        for point in sorted((p for p in admit_all.points if p.meets_slo), key=lambda p: p.rate):
+        for point in sorted((p for p in admit_all.points if p.passes), key=lambda p: p.rate):
             mine = point_at(relay, "rate", point.rate)
             if mine is None and relay.best is not None and point.rate <= relay.best:
                 cells, noise = ["not measured", f"meets (it met the SLO at {relay.best:g})"], "yes"

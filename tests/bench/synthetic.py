@@ -4,6 +4,7 @@ records it: `point_of`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, TypeVar
 
 import grpc
@@ -62,9 +63,11 @@ def point(
     return {**codec.to_json(recorded_point), **extra}
 
 
-def point_of(kind: type[P], *args: Any, **extra: Any) -> P:
-    """`point` as a run records it: a `kind` (`Point`, `GpuPoint`) with `extra` fields."""
-    return codec.from_json(kind, point(*args, **extra))
+def point_of(kind: type[P], rate: float, rank_ms: float, *args: Any, **extra: Any) -> P:
+    """`point` as a run records it: a `kind` (`Point`, `GpuPoint`) with `extra` fields, and the latency
+    samples a run keeps in memory (CALLS of `rank_ms`; results.json does not hold them)."""
+    recorded_point = codec.from_json(kind, point(rate, rank_ms, *args, **extra))
+    return dataclasses.replace(recorded_point, rank_samples_ms=(rank_ms,) * CALLS)
 
 
 def sweep(points: list[dict[str, Any]], best: float | None, **extra: Any) -> dict[str, Any]:

@@ -112,8 +112,8 @@ def test_a_results_configuration_from_before_the_rename_reads_its_relay_window()
 
 def test_the_profiles_differ_in_how_much_they_measure():
     quick, full = PROFILE_SETTINGS["quick"], PROFILE_SETTINGS["full"]
-    assert (quick.measured, quick.refine_steps, quick.seeds) == (200, 0, 1)
-    assert (full.measured, full.refine_steps, full.seeds) == (1000, 2, 3)
+    assert (quick.measured, quick.refine_steps, quick.seed_cap, quick.seeds) == (200, 0, 3, 1)
+    assert (full.measured, full.refine_steps, full.seed_cap, full.seeds) == (1000, 2, 5, 1)
 
 
 def test_the_modes_share_a_fleet_only_where_their_processes_are_the_same():

@@ -20,9 +20,14 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 # Fields newer than the CPU runs committed before them: reading one of those, the default applies, and
 # writing it out adds them (`cut`: False in every point; the gpu profile's settings; the profile's
 # per-rate point size).
+# Fields newer than every committed run: the run's checks' limits and the seed cap of a load's verdict.
+ADDED_SINCE_EVERY_RUN = {
+    "configuration.floor_drift_limit", "configuration.foreign_cores_limit", "profile.seed_cap",
+}  # fmt: skip
 ADDED_SINCE_THE_CPU_RUNS = {
     "configuration.floor_device", "configuration.ranker_profile_repeats", "configuration.time_budget_s",
     "profile.measured_min", "profile.measured_s", "*.points.*.cut", "configuration.routing",
+    *ADDED_SINCE_EVERY_RUN,
 }  # fmt: skip
 CPU_RUNS = ("full-febe785", "quick-batched", "quick-relay")  # written before the results were typed
 TYPED_CPU_RUNS = ("full-b893f0b", "full-5e3657a", "full")  # written by bench.schema: read back byte for byte
@@ -96,8 +101,10 @@ def test_a_committed_run_reads_back_and_writes_out_as_it_was(path: Path):
         == json.loads(path.read_text())["configuration"]["preprocess_delay_ms"]
     )
     if path.parent.name in (*GPU_RUNS, *TYPED_CPU_RUNS):
-        if not direct:
-            del written["configuration"]["routing"]  # the one field added since
+        assert added == ADDED_SINCE_EVERY_RUN | ({"configuration.routing"} if not direct else set())
+        for key in added:  # the fields added since, at their defaults
+            group, name = key.split(".")
+            del written[group][name]
         assert json.dumps(written, indent=1) + "\n" == text  # byte for byte
     else:
         assert added == ADDED_SINCE_THE_CPU_RUNS

@@ -1,0 +1,108 @@
+"""The report's sections on a run's checks and on its edges as statistics (issue 31), for runs that
+recorded them: older runs render without them, as they did.
+
+`checks_banner`: at the top of the report, whether the run is flagged (`bench.checks`) and why; a flagged
+run's figures are not for the README. `edges_section`: each sweep's bracket (its best and the lowest
+failing value above it), each ratio with its bracket-based interval, and the pooled verdicts at each
+mode's bracket on every mix (the seeds, requests, pooled P99 and interval, decided or not).
+"""
+
+from __future__ import annotations
+
+from bench.report.tables import ms, table, times
+from bench.schema import Point, Run, Sweep
+
+
+def checks_banner(run: Run) -> str:
+    """The run's checks in a paragraph (empty for a run from before them)."""
+    checks = run.checks
+    if checks is None:
+        return ""
+    drift = "no committed run to compare with" if checks.floor_drift is None else (
+        f"{checks.floor_drift:+.1%} against {checks.floor_reference}"
+    )  # fmt: skip
+    measured = (
+        f"in-process floor {drift}; other users of the machine took {checks.foreign_cores_mean:.2f} cores "
+        f"on average during the points (at most {checks.foreign_cores_max:.2f})"
+    )
+    if checks.flags:
+        reasons = "".join(f"\n- {flag}" for flag in checks.flags)
+        return f"**FLAGGED: this run's figures are not for the README.** ({measured}){reasons}"
+    return f"Checks: {measured}; not flagged."
+
+
+def bracket(sweep: Sweep) -> str:
+    """A sweep's bracket: [best, first failure), open where a side is missing."""
+    if sweep.best is None:
+        return "none" if sweep.first_failure is None else f"< {sweep.first_failure:g}"
+    if sweep.first_failure is None:
+        return f"≥ {sweep.best:g}"
+    return f"[{sweep.best:g}, {sweep.first_failure:g})"
+
+
+def interval_cell(interval: list[float | None] | None) -> str:
+    if interval is None:
+        return ""
+    low, high = interval
+    return f"≥ {times(low)}" if high is None else f"{times(low)} to {times(high)}"
+
+
+def _verdict_rows(mode: str, sweep: Sweep) -> list[list[str]]:
+    rows = []
+    chosen = [("best", sweep.best), ("first failure", sweep.first_failure)]
+    for role, value in chosen:
+        point: Point | None = next((p for p in sweep.points if value is not None and p.rate == value), None)
+        if point is None or point.verdict is None:
+            continue
+        v = point.verdict
+        low, high = v.rank_p99_ci_ms
+        rows.append([
+            mode, role, f"{value:g}", ", ".join(str(seed) for seed in v.seeds), v.requests,
+            f"{ms(v.rank_p99_ms)} [{ms(low)}, {ms(high)}]", "meets" if v.meets_slo else "fails",
+            "yes" if v.decided else "**no** (seed cap: the pooled P99 decided)",
+        ])  # fmt: skip
+    return rows
+
+
+def edges_section(run: Run) -> str:
+    """Brackets, ratio intervals and the pooled verdicts at the brackets (empty for older runs)."""
+    measured = run.measured
+    mixes = measured.throughput_sweeps
+    if run.length_ratio_interval is None or any(mix.ratio_interval is None for mix in mixes.values()):
+        return ""
+    length = measured.length_sweep
+    rows = [[
+        f"length (events) at {length.rate:g} req/s", bracket(length.baseline), bracket(length.relay),
+        times(run.length_ratio), interval_cell(run.length_ratio_interval),
+    ]]  # fmt: skip
+    rows += [
+        [f"load (req/s) on `{label}`", bracket(mix.baseline), bracket(mix.relay), times(mix.ratio),
+         interval_cell(mix.ratio_interval)]
+        for label, mix in mixes.items()
+    ]  # fmt: skip
+    rows += [
+        [f"load (req/s), {entry.fraction:.0%} abandoned", bracket(entry.sweeps.baseline),
+         bracket(entry.sweeps.relay), times(entry.ratio), interval_cell(entry.ratio_interval)]
+        for entry in measured.abandonment.fractions.values()
+        if entry.sweeps is not None
+    ]  # fmt: skip
+    cap = run.profile.seed_cap
+    verdicts = [row for mix in mixes.values() for mode in ("baseline", "relay")
+                for row in _verdict_rows(f"{mode} on `{mix.universe}`", getattr(mix, mode))]  # fmt: skip
+    parts = [
+        "## Edges: brackets and ratio intervals",
+        f"A value's verdict pools its load seeds (each its own users and arrivals): after each seed, the "
+        f"ranked requests of every seed so far give the P99 and its bootstrap 95% interval; the value "
+        f"passes when the interval lies within the SLO, fails when it lies above it (or a seed stopped "
+        f"early, failed for certain), and otherwise gets one more seed, up to {cap}; at the cap the pooled "
+        f"P99 decides alone (undecided). Each mode's edge lies in its bracket: its highest passing value "
+        f"and the lowest failing one above it. A ratio's interval follows from the two brackets (RelayGR's "
+        f"best over the baseline's first failure, RelayGR's first failure over the baseline's best): it "
+        f"bounds the ratio of the edges as the verdicts placed them, and is not a confidence interval.",
+        table(("sweep", "baseline edge", "RelayGR edge", "ratio", "ratio interval"), rows),
+    ]
+    if verdicts:
+        header = ("mode", "point", "load req/s", "load seeds", "requests", "pooled rank P99 ms (95% CI)",
+                  "verdict", "decided")  # fmt: skip
+        parts += ["The pooled verdicts at each mode's bracket:", table(header, verdicts)]
+    return "\n\n".join(parts)

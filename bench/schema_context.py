@@ -1,0 +1,78 @@
+"""The part of results.json that says where a run ran and whether its figures may be quoted: the in-process
+floor and the idle fleet's cached Rank (measured before any load), the machine, the versions, and the
+run's checks (`bench.checks`). `bench.schema` holds the rest and re-exports these."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from bench.codec import OMIT_NONE
+
+schema = dataclasses.dataclass(kw_only=True)
+
+
+def _optional() -> Any:
+    """A field left out of results.json while it is None (older runs lack it; None reads as absent)."""
+    return dataclasses.field(default=None, metadata=OMIT_NONE)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FloorPoint:
+    """The in-process floor at one prefix length: median ms of a full forward, a pre-inference and a rank
+    against the cached prefix (the ranker's `LatencyPoint`)."""
+
+    prefix_length: int
+    full_ms: float
+    pre_infer_ms: float
+    rank_ms: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CachedRankPoint:
+    """Ranks through the router against a prefix a PreInfer leased in HBM, on an idle fleet."""
+
+    prefix_length: int
+    request_kib: float
+    serialize_ms: float  # client-side serialization of the Rank request (median)
+    rank_ms_p50: float | None  # client-observed Rank latency of the HBM-served Ranks (None: none was)
+    rank_ms_p99: float | None
+    sources: dict[str, int]
+
+
+@schema
+class Machine:
+    cores: int | None
+    cpu_model: str
+    memory_gib: float | None
+    platform: str
+    python: str
+    load_average_at_start: list[float] | None = _optional()
+    gpu: dict[str, Any] | None = _optional()  # `bench.gpu_monitor.gpu_info`: absent without a GPU
+    load_average_at_end: list[float] | None = _optional()  # absent from a checkpoint before the end
+
+
+@schema
+class Versions:
+    """Package versions (absent: not recorded by an older run) and the commit."""
+
+    torch: str
+    numpy: str | None = _optional()
+    grpcio: str | None = _optional()
+    protobuf: str | None = _optional()
+    matplotlib: str | None = _optional()
+    torch_cuda: str | None = _optional()  # "none": a torch without CUDA
+    git_commit: str  # with `-dirty` when tracked files had changes
+
+
+@schema
+class RunChecks:
+    """Whether a run's figures may be quoted (`bench.checks`): how far its in-process floor moved from the
+    previous committed run of its profile's, how many cores other users took during its points, and the
+    flags these raise (empty: none; a flagged run's figures never go into the README)."""
+
+    floor_reference: str | None  # the previous committed run compared with (None: none was found)
+    floor_drift: float | None  # relative change of the floor's summed full forwards at the shared lengths
+    foreign_cores_mean: float  # over every measured point, by its wall time
+    foreign_cores_max: float
+    flags: list[str]
