@@ -332,6 +332,20 @@ def test_the_results_render_and_the_summary_names_every_ratio(run, tmp_path):
     markdown = (tmp_path / "report.md").read_text()
     assert "| dram-only | 19.2 | x1.59 |" in markdown and "| 10% | 12.1 | 37.9 |" not in markdown
     assert "| 10% | 13.3 | 34.8 | x2.62 |" in markdown
+    # The checks, the brackets, the ratios' intervals and the pooled verdicts at the brackets.
+    assert markdown.split("\n")[2].startswith("Checks: in-process floor +0.0% against full-before;")
+    assert f"| load (req/s) on `{MIX1}` | [12.1, 13.3) | [37.9, 41.3) | x3.13 | x2.85 to x3.41 |" in markdown
+    assert "| length (events) at 8 req/s | [1536, 2048) | [3072, 4096) | x2.00 | x1.50 to x2.67 |" in markdown
+    undecided = "| meets | **no** (seed cap: the pooled P99 decided) |"
+    assert (
+        f"| relay on `{MIX1}` | best | 37.9 | 0, 1, 2, 3, 4 | 500 | 40.0 [40.0, 400.0] {undecided}"
+        in markdown
+    )
+    assert (
+        f"| relay on `{MIX1}` | first failure | 41.3 | 0, 1 | 200 | 400.0 [400.0, 400.0] | fails | yes |"
+        in markdown
+    )
+    assert "| meets (5 seeds, undecided) |" in markdown and "| fails (2 seeds) |" in markdown
     line = record.summary(results)
     assert f"throughput ratios {MIX1} {round(37.9 / 12.1, 3)} (37.9 vs 12.1 req/s)" in line
     assert "length ratio 2.0 (3072 vs 1536 events at 8 req/s, relay window 100 ms)" in line

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bench import report
+from bench import checks, report
 from bench.report import gpu as gpu_report
 from bench.schema import GpuRun, Run
 
@@ -122,3 +122,12 @@ def test_the_full_run_renders_to_the_same_report():
     changes."""
     run = load(RESULTS / "full-febe785" / "results.json")
     assert report.render_markdown(run) == (GOLDEN / "full-report.md").read_text()
+
+
+def test_the_readme_quotes_the_committed_full_run_and_it_is_not_flagged():
+    """README's Results come from bench/results/full (its commit is named there) and never from a flagged
+    run: `bench.checks.quotable` refuses one (tests/bench/test_experiments.py flags one)."""
+    run = load(RESULTS / "full" / "results.json")
+    results = (RESULTS.parents[1] / "README.md").read_text().split("## Results", 1)[1].split("\n## ", 1)[0]
+    assert f"(commit {run.versions.git_commit}," in results
+    assert checks.quotable(run) is run

@@ -1,8 +1,10 @@
-"""The benchmark's statistics: nearest-rank percentiles and their bootstrap intervals, the SLO verdict,
-the grid search and its refinement."""
+"""The benchmark's statistics: nearest-rank percentiles and their bootstrap intervals, the SLO verdict
+(one point's, and a load's sequential one pooled over its seeds), the grid search and its refinement,
+and the brackets and ratio intervals the sweeps record."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -12,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.schema import Point, Sweep, ratio_interval
 from bench.stats import (
     bootstrap_ci,
     interleave,
@@ -19,8 +22,18 @@ from bench.stats import (
     largest_passing_value,
     meets_slo,
     percentile,
+    slo_decision,
     violation_budget,
 )
+from bench.sweep import pooled_point, run_sweeps
+from relaygr.v1 import common_pb2
+from tests.bench.synthetic import point_of
+
+SLO_MS = 100.0
+FAST = [40.0] * 100  # a seed far below the SLO
+SLOW = [400.0] * 100  # far above
+NEAR_PASS = [40.0] * 99 + [400.0]  # one slow request: the P99 meets the SLO, its interval holds it
+NEAR_FAIL = [40.0] * 96 + [400.0] * 4  # four: the P99 misses it, one seed's interval still holds it
 
 
 def test_percentiles_are_nearest_rank_and_count_failures_as_infinitely_slow():
@@ -236,3 +249,121 @@ def test_refinements_of_several_sweeps_take_turns():
     ]
     assert interleave(searches) == [9.5, 13.4]
     assert order == ["baseline", "relay"] * 4
+
+
+def test_the_slo_decision_passes_fails_or_asks_for_more_by_the_interval():
+    assert slo_decision(FAST, SLO_MS, 0.001) == (True, 40.0, (40.0, 40.0))
+    assert slo_decision(SLOW, SLO_MS, 0.001) == (False, 400.0, (400.0, 400.0))
+    decision, p99, (low, high) = slo_decision(NEAR_PASS, SLO_MS, 0.001)
+    assert (decision, p99, low, high) == (None, 40.0, 40.0, 400.0)
+    assert slo_decision(NEAR_FAIL, SLO_MS, 0.001)[:2] == (None, 400.0)
+    assert slo_decision(NEAR_FAIL * 2, SLO_MS, 0.001)[0] is False  # 200 requests: the interval is above
+    # An error share at the bound fails whatever the latencies; no sample is a failure.
+    assert slo_decision([*FAST[:-1], math.inf], SLO_MS, 0.01)[0] is False
+    assert slo_decision([], SLO_MS, 0.001)[0] is False
+
+
+def seeds_of(*latencies: list[float], aborted: int | None = None, cut: int | None = None):
+    """`measure(k)` for `pooled_point`: seed k's point has the k-th latencies (`aborted`/`cut`: that seed
+    stopped early / at a time budget); the seed indices asked for are appended to `.asked`."""
+
+    def measure(k: int) -> Point:
+        measure.asked.append(k)
+        point = point_of(Point, 8.0, 40.0, common_pb2.CACHE_SOURCE_HBM, seed=k)
+        return dataclasses.replace(
+            point, rank_samples_ms=tuple(latencies[k]), aborted=k == aborted, cut=k == cut
+        )
+
+    measure.asked = []
+    return measure
+
+
+def test_a_load_far_from_the_slo_is_decided_by_one_seed():
+    for latencies, meets in ((FAST, True), (SLOW, False)):
+        measure = seeds_of(latencies, latencies)
+        point = pooled_point(measure, 5, SLO_MS, 0.001)
+        assert measure.asked == [0] and point.passes is meets
+        verdict = point.verdict
+        assert (verdict.seeds, verdict.requests, verdict.decided, verdict.points) == ([0], 100, True, [])
+
+
+def test_a_load_near_the_slo_takes_more_seeds_and_their_requests_are_pooled():
+    # Near failing: one seed's interval holds the SLO, two seeds' 200 requests put it above.
+    measure = seeds_of(NEAR_FAIL, NEAR_FAIL, NEAR_FAIL)
+    point = pooled_point(measure, 5, SLO_MS, 0.001)
+    assert measure.asked == [0, 1] and not point.passes
+    assert (point.verdict.seeds, point.verdict.requests, point.verdict.decided) == ([0, 1], 200, True)
+    assert [p.seed for p in point.verdict.points] == [1]
+    # The pooled P99 and interval are over every seed's requests together, not any one seed's.
+    different = [NEAR_PASS, [float(ms) for ms in range(51, 151)]]
+    point = pooled_point(seeds_of(*different), 2, SLO_MS, 0.001)
+    pooled = different[0] + different[1]
+    # Of the 200, the 198th smallest: below 400 and 150, 149 (seed 0's P99 was 40, seed 1's 149).
+    assert point.verdict.rank_p99_ms == percentile(pooled, 99) == 149.0
+    assert point.verdict.rank_p99_ci_ms == list(bootstrap_ci(pooled, 99, seed=0))
+    assert point.verdict.requests == 200 and not point.passes
+
+
+def test_at_the_seed_cap_the_pooled_p99_decides_and_the_verdict_says_undecided():
+    measure = seeds_of(NEAR_PASS, NEAR_PASS, NEAR_PASS, NEAR_PASS)
+    point = pooled_point(measure, 3, SLO_MS, 0.001)
+    assert measure.asked == [0, 1, 2]
+    verdict = point.verdict
+    assert (verdict.seeds, verdict.requests, verdict.decided, verdict.meets_slo) == (
+        [0, 1, 2],
+        300,
+        False,
+        True,
+    )
+    assert verdict.rank_p99_ms == 40.0 and verdict.rank_p99_ci_ms == [40.0, 400.0]
+    # With a cap of one, every verdict is the first seed's, as before the sequential verdict.
+    single = pooled_point(seeds_of(NEAR_FAIL), 1, SLO_MS, 0.001)
+    assert (single.verdict.seeds, single.verdict.decided, single.passes) == ([0], False, False)
+    assert single.verdict.rank_p99_ms == 400.0
+
+
+def test_a_seed_stopped_early_fails_the_load_and_a_cut_one_stops_it():
+    # Stopped early, the first seed's few requests look fast: the load fails, decided, on one seed.
+    measure = seeds_of(FAST[:10], FAST, aborted=0)
+    point = pooled_point(measure, 5, SLO_MS, 0.001)
+    assert measure.asked == [0] and not point.passes and point.verdict.decided
+    # A second seed stopped early fails it too.
+    measure = seeds_of(NEAR_PASS, FAST[:10], FAST, aborted=1)
+    assert not pooled_point(measure, 5, SLO_MS, 0.001).passes and measure.asked == [0, 1]
+    # A cut first seed says nothing (no verdict); a cut later one ends the verdict undecided, failing.
+    assert pooled_point(seeds_of(FAST, cut=0), 5, SLO_MS, 0.001).verdict is None
+    point = pooled_point(seeds_of(NEAR_PASS, FAST, cut=1), 5, SLO_MS, 0.001)
+    assert (point.passes, point.verdict.decided, point.verdict.points[0].cut) == (False, False, True)
+
+
+def test_the_ratio_interval_follows_from_the_two_brackets():
+    def sweep(best: float | None, failure: float | None) -> Sweep:
+        return Sweep(best=best, first_failure=failure)
+
+    assert ratio_interval(sweep(64, 69.7), sweep(23, 32)) == [2.0, round(69.7 / 23, 3)]
+    assert ratio_interval(sweep(128, None), sweep(23, 32)) == [4.0, None]  # RelayGR at the grid's end
+    assert ratio_interval(sweep(23, 32), sweep(None, 1)) == [23.0, None]  # the baseline met it nowhere
+    assert ratio_interval(sweep(None, 1), sweep(23, 32)) == [0.0, round(1 / 23, 3)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(1, 200), min_size=1, max_size=12, unique=True).map(sorted),
+    st.floats(0, 250),
+    st.integers(0, 11),
+)
+def test_pooled_verdicts_leave_the_search_its_answer_and_bracket_it(grid, limit, first):
+    """For any monotone limit (near it, loads take several seeds), the sweep's best is the largest grid
+    value at or below it and its first failure the next grid value above."""
+
+    def measure(number: int, value: float) -> Point:
+        near = 0.9 * limit < value <= 1.1 * limit
+        latencies = (
+            (NEAR_PASS if value <= limit else NEAR_FAIL) if near else (FAST if value <= limit else SLOW)
+        )
+        return pooled_point(seeds_of(*[latencies] * 3), 3, SLO_MS, 0.001)
+
+    (sweep,), stopped = run_sweeps(grid, [min(first, len(grid) - 1)], measure, refine_steps=0)
+    passing = [value for value in grid if value <= limit]
+    assert stopped is None and sweep.best == max(passing, default=None)
+    assert sweep.first_failure == min((value for value in grid if value > limit), default=None)
