@@ -2,24 +2,30 @@
 
 `--profile quick` (`make bench`) and `--profile full` (`make bench-full`) run the same experiments on the
 same workload with the same grids; they differ only in how much they measure (`Profile`): requests per
-point, repeats of the in-process floor, the relay-window sensitivity sweep, the refinement of each load
-sweep between grid values and the repeats of the throughput sweeps' verdict points with other load
-seeds (the last three in full only).
+point, repeats of the in-process floor, the most load seeds a value's verdict pools (`seed_cap`: 3 and
+5), the relay-window sensitivity sweep and the refinement of each load sweep between grid values (the
+last two in full only).
 
-How long a run takes. A point costs its warm-up (5 s), its measured requests at its rate, a 1 s settle
-and the probes' half second; a failing point stops about half way. Both profiles measure the length
-sweep (2 points a mode when the floor's guess is right, at 8 calls/s), the throughput sweep on both
-mixes, both modes' load sweeps at the two non-zero abandonment shares and one load sweep per ablation
-(5); each load sweep takes 2-4 points, and 2 more with refinement. Counted with the searches' own code
-for limits near the last measured ones (both modes 16-23 calls/s on the first mix, 6-10 on the second,
-whose points are the long ones), plus the floor, six fleet starts and a lease's wait after each pair of
-sweeps:
+How long a run takes. A point (one load seed at one value) costs its warm-up (5 s), its measured requests
+at its rate, a 1 s settle and the probes' half second; a failing point stops about half way. Both
+profiles measure the length sweep (2 values a mode when the floor's guess is right, at 8 calls/s), the
+throughput sweep on both mixes, both modes' load sweeps at the two non-zero abandonment shares and one
+load sweep per ablation (5); each load sweep takes 2-4 values, and 2 more with refinement. A value far
+from its mode's edge takes one seed; one whose P99 interval holds the SLO takes more, up to the cap
+(`bench.sweep.pooled_point`). Counted with the run's own code (tests/bench/test_experiments.py's fake
+fleets) for the last full run's limits (bench/results/full: 23 and 64 calls/s on the first mix), taking
+a value within 10 % below an edge to need the cap's seeds and one within 10 % above it two, plus the
+floor, six fleet starts and a lease's wait after each pair of sweeps:
 
-- quick: about 40-50 points of 200 requests, 15-20 minutes on 2 cores (4 of them on the second mix; 18.8
-  minutes measured in bench/results/quick-relay);
-- full: about 90-100 points of 1000 requests (13 load sweeps refined: up to 26 points; three seeds: 16;
-  two more relay windows: 4), about 1.5 hours (85-100 minutes): a point of 1000 requests at 6 calls/s
-  alone takes 3 minutes.
+- quick: about 50 values, 13 more seeds near the edges, about 60 points of 200 requests: 18-24 minutes
+  on 2 cores (the points alone a sixth longer than one seed a value; before the sequential verdict
+  15-20 minutes, 18.8 measured in bench/results/quick-relay);
+- full: about 80 values (13 load sweeps refined; two more relay windows), 70 more seeds near the edges,
+  about 150 points of 1000 requests, where the verdict points' 16 repeats used to be: the points alone
+  take a third longer than before by this count, which put the old profile at 85-100 minutes (its last
+  run took 58), so about 1.3-2 hours. A point of 1000 requests at 6 calls/s alone takes 3 minutes. How
+  many values need more seeds depends on how wide their intervals are: with 1000 requests a seed, fewer
+  than with 200.
 
 Why these defaults, for cpu-small on a 2-core machine shared by every process of the fleet:
 
@@ -52,8 +58,10 @@ Why these defaults, for cpu-small on a 2-core machine shared by every process of
   pre-infer prefixes that no Rank consumes. 0 is the throughput sweep itself; the others cost both
   modes a load sweep each, on the first mix.
 - Load sweeps are refined by 2 bisections in the full profile: the grid steps by about 1.4x, so the
-  answer is then within about 10 %; each verdict point is measured with 3 load seeds there, which says
-  whether a verdict was decided by the draw of users and arrivals.
+  answer is then within about 10 %. A value's verdict pools up to 3 load seeds in quick and 5 in full
+  (several thousand requests at the edge), so that a verdict is not decided by one draw of users and
+  arrivals; a run is flagged when its in-process floor moved over 5 % from the previous committed run's
+  or other users took over 0.2 cores on average (`bench.checks`).
 - Rankers pre-infer in chunks of 512 tokens, in both modes (a miss computes its prefix the same way):
   in process, 8192 events take 253 ms in chunks of 512 against 401 ms in the ranker's default 1024.
 
@@ -192,8 +200,9 @@ PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
 class BenchConfig:
     profile: str = setting(
         "quick",
-        "quick (make bench: about 20 minutes on 2 cores, 200 requests a point), full (make bench-full: "
-        "about 1.5 hours, 1000 requests a point, refined loads, 3 load seeds at each verdict) or gpu (one "
+        "quick (make bench: about 20 minutes on 2 cores, 200 requests a point, up to 3 load seeds a "
+        "verdict), full (make bench-full: about 1.5-2 hours, 1000 requests a point, refined loads, up to 5 "
+        "load seeds a verdict) or gpu (one "
         "ranker on a GPU, about 6 minutes within --time-budget-s: baseline and RelayGR only, the length "
         "sweep and the throughput sweep; its own defaults: bench.config.PROFILE_DEFAULTS)",
         choices=PROFILES,

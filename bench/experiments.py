@@ -5,10 +5,10 @@ Order of a run:
 1. the in-process floor (experiment 3, model side), before any fleet exists;
 2. the RelayGR fleet, then the baseline fleet, both kept running: the cached Rank through RelayGR's
    router (experiment 3, serving side); the length sweep (experiment 1); the throughput sweep
-   (experiment 2) on the first length mix, then on the second, longer one, each followed by its verdict
-   points re-measured with other load seeds (`Profile.seeds`); then, on the first mix, both modes' load
-   sweeps at each non-zero abandonment share (a share of requests is filtered after retrieval: their
-   Admit is sent, their Rank never comes). Every pair of sweeps runs one point of each mode in turn;
+   (experiment 2) on the first length mix, then on the second, longer one; then, on the first mix, both
+   modes' load sweeps at each non-zero abandonment share (a share of requests is filtered after
+   retrieval: their Admit is sent, their Rank never comes). Every pair of sweeps runs one value's verdict
+   of each mode in turn;
 3. the baseline fleet stops; (full profile) RelayGR's length sweep at other relay windows; the
    ablations that run on RelayGR's own fleet (`no-revisit`, a workload variant);
 4. the other ablations (experiment 4), one fresh fleet each, one load sweep each on the first mix.
@@ -17,14 +17,20 @@ Order of a run:
 
 A sweep finds the largest grid value that meets the SLO (`bench.stats.largest_passing_value`), assuming
 that a longer sequence or a higher load never makes the P99 better, and then refines a load between
-that value and the failing one above it (`Profile.refine_steps`). Its first guess comes from the floor
-(lengths), from the length sweep's rate (loads on the first mix), from the first mix's answers (the
-second mix and the abandonment sweeps) or from RelayGR's answer (the ablations); a wrong guess costs
-measurements, never the answer. Running the two modes' sweeps in turn matters on a shared machine:
-other users' load drifts over minutes, and a mode measured entirely in a busy spell would be judged by
-it. Points use users named after the universe, rate, window, abandonment share, revisit variant and
-load seed (`users`), so both modes and every ablation's fresh fleet see exactly the same users and no
-point inherits another point's cache.
+that value and the failing one above it (`Profile.refine_steps`); it records that bracket (its best and
+`first_failure`), and each ratio comes with the interval the two brackets give (`ratio_interval`). A
+value's verdict is sequential (`bench.sweep.pooled_point`): load seed 0 first; while the bootstrap
+interval of the P99 over every seed's requests so far holds the SLO, one more seed (other users and
+arrivals, `users`), up to `Profile.seed_cap`, where the pooled P99 decides alone and the verdict says it
+was undecided. A value far from the edge costs one seed, one near it up to the cap.
+
+A sweep's first guess comes from the floor (lengths), from the length sweep's rate (loads on the first
+mix), from the first mix's answers (the second mix and the abandonment sweeps) or from RelayGR's answer
+(the ablations); a wrong guess costs measurements, never the answer. Running the two modes' sweeps in
+turn matters on a shared machine: other users' load drifts over minutes, and a mode measured entirely
+in a busy spell would be judged by it. Points use users named after the universe, rate, window,
+abandonment share, revisit variant and load seed (`users`), so both modes and every ablation's fresh
+fleet see exactly the same users and no point inherits another point's cache.
 
 Wasted pre-inference (prefixes computed that no Rank consumed, e.g. for abandoned requests) is read
 from RelayGR's rankers over each whole pair of sweeps, after waiting out the rankers' lease so that the

@@ -5,8 +5,11 @@ A `Run` (`python -m bench --profile quick|full`) or a `GpuRun` (`--profile gpu`)
 the run's context (machine, versions, configuration, profile) and what `Bench.run` (`Measurements`) or
 `GpuBench.run` (`GpuMeasurements`) measured, written into the same object. A sweep is its `Point`s and
 its answer; the gpu profile's sweeps (`BudgetedSweep`) may be cut short by its time budget and its points
-(`GpuPoint`) say how busy the GPU was. Fields with a default are the ones older results files may lack:
-reading one, the default applies (`tests/bench/test_results.py` names them per committed file).
+(`GpuPoint`) say how busy the GPU was. A load's verdict pooled over its seeds is its first seed's
+point's `Verdict`; a sweep's bracket is its `best` and `first_failure`; a CPU run's `checks` say whether
+its figures may be quoted (`bench.schema_context.RunChecks`). Fields with a default are the ones older
+results files may lack: reading one, the default applies (`tests/bench/test_results.py` names them per
+committed file).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ plots are rendered from it alone, so a results file can always be rendered again
 one that lacks a field they read) and writes the report and the plots beside it.
 
 The package: `figures` (what the report derives from the results), `tables` (its markdown tables),
+`verdicts` (the run's checks at the top, the brackets, ratio intervals and pooled verdicts),
 `markdown` (`render_markdown`, section by section) and `plots` (`plot_all`); `gpu`, the gpu profile's
 own report. `write` and `renderer` pick the report of a run's kind.
 """
