@@ -51,7 +51,7 @@ from bench import probes
 from bench.config import BenchConfig
 from bench.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet, FleetShape, Mode
 from bench.micro.floor import cached_rank_through_router, model_floor
-from bench.points import PointSpec, describe, describe_cost, describe_verdict, run_point
+from bench.points import FIRST_SEED, Before, PointSpec, describe, describe_cost, describe_verdict, run_point
 from bench.schema import (
     Abandonment,
     Ablations,
@@ -132,9 +132,12 @@ class Bench:
 
     # ---- running points ----
 
-    def point(self, plan: Plan, universe: Universe, rate: float, seed_index: int = 0) -> Point:
+    def point(
+        self, plan: Plan, universe: Universe, rate: float, seed_index: int = 0, before: Before = FIRST_SEED
+    ) -> Point:
         """One point's result, with its load seed and what it cost the fleet (`cost`, warm-up included).
-        Its users are named by `users`."""
+        Its users are named by `users`; `before`: what the load's earlier seeds measured (the early stop
+        counts them)."""
         c = self.config
         fleet = plan.fleet
         address = fleet.stub(universe, plan.delay_ms, plan.abandon_fraction)
@@ -150,6 +153,7 @@ class Bench:
             slo_ms=c.slo_ms,
             max_error_fraction=c.max_error_fraction,
             seed=seed,
+            before=before,
         )
         point = self.drive(fleet, address, sampler, spec)
         time.sleep(SETTLE_S)
@@ -168,8 +172,8 @@ class Bench:
     def length_sweeps(self, plans: list[Plan]) -> list[Sweep]:
         """Experiment 1 for each plan: every user at one length, at the length sweep's rate."""
 
-        def measure(plan: Plan, length: float, seed_index: int) -> Point:
-            point = self.point(plan, self.universe(int(length)), self.config.length_rate, seed_index)
+        def measure(plan: Plan, length: float, seed_index: int, before: Before) -> Point:
+            point = self.point(plan, self.universe(int(length)), self.config.length_rate, seed_index, before)
             return dataclasses.replace(point, long_term=int(length), delay_ms=plan.delay_ms)
 
         return self._sweeps(self.config.length_grid(), plans, measure, refine_steps=0)
@@ -177,8 +181,8 @@ class Bench:
     def load_sweeps(self, universe: Universe, plans: list[Plan]) -> list[Sweep]:
         """Experiment 2 for each plan: a length mix at one offered load, refined between grid values."""
 
-        def measure(plan: Plan, rate: float, seed_index: int) -> Point:
-            return self.point(plan, universe, rate, seed_index)
+        def measure(plan: Plan, rate: float, seed_index: int, before: Before) -> Point:
+            return self.point(plan, universe, rate, seed_index, before)
 
         return self._sweeps(self.config.load_grid(), plans, measure, self.config.settings.refine_steps)
 
@@ -188,17 +192,21 @@ class Bench:
         self,
         grid: list[float],
         plans: list[Plan],
-        measure: Callable[[Plan, float, int], Point],
+        measure: Callable[[Plan, float, int, Before], Point],
         refine_steps: int,
     ) -> list[Sweep]:
         """One sweep per plan over `grid`, one load's verdict of each in turn (refinements included):
-        `measure(plan, value, seed_index)` measures one seed, `pooled_point` decides how many a load takes."""
+        `measure(plan, value, seed_index, before)` measures one seed, `pooled_point` decides how many a
+        load takes."""
         c = self.config
 
         def verdict(number: int, value: float) -> Point:
             plan = plans[number]
             point = pooled_point(
-                lambda k: measure(plan, value, k), c.settings.seed_cap, c.slo_ms, c.max_error_fraction
+                lambda k, before: measure(plan, value, k, before),
+                c.settings.seed_cap,
+                c.slo_ms,
+                c.max_error_fraction,
             )
             if point.verdict is not None and c.settings.seed_cap > 1:
                 self.log(f"{plan.fleet.mode.name:<11} {value:g}: {describe_verdict(point.verdict)}")

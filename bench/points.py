@@ -12,7 +12,9 @@ of the latency samples and the verdict, which are over the Ranks that happened. 
 calls have missed the SLO than a passing P99 allows (or have failed more often than the error bound
 allows) among as many ranked calls as the point can still have (its plan less the calls abandoned so
 far), the point has failed for certain and sending stops: an overloaded fleet is not driven further into
-overload for nothing, and the result says so (`aborted`). A point may also be given a time to stop at
+overload for nothing, and the result says so (`aborted`). A load seed measured after others at the same
+load (`bench.sweep.pooled_point`) counts theirs too (`PointSpec.before`): it stops when the pooled
+sample has failed for certain. A point may also be given a time to stop at
 (`stop_at`, a run's time budget): stopped then, it is `cut`, and its verdict says nothing.
 """
 
@@ -38,6 +40,19 @@ PERCENTILES = (50, 90, 99)
 
 
 @dataclasses.dataclass(frozen=True)
+class Before:
+    """What the load seeds measured before this one at the same load: ranked calls, those over the SLO
+    (failures included), failures."""
+
+    ranked: int = 0
+    violations: int = 0
+    errors: int = 0
+
+
+FIRST_SEED = Before()  # nothing measured before: the load's first seed
+
+
+@dataclasses.dataclass(frozen=True)
 class PointSpec:
     """What one point offers: which users, at which rate, for how many requests."""
 
@@ -48,6 +63,7 @@ class PointSpec:
     slo_ms: float
     max_error_fraction: float
     seed: int
+    before: Before = FIRST_SEED  # the load's earlier seeds, pooled with this one's early stop
 
 
 def admit_label(reason: int) -> str:
@@ -155,7 +171,11 @@ async def run_point(
         else:
             errors += not record.ok
             violations += not record.ok or record.response.rank_latency_ms > spec.slo_ms
-        if failed_for_certain(violations, errors, spec.measured - abandoned, spec.max_error_fraction):
+        before = spec.before
+        most_ranked = spec.measured - abandoned + before.ranked
+        if failed_for_certain(
+            violations + before.violations, errors + before.errors, most_ranked, spec.max_error_fraction
+        ):
             failed = True
             stop.set()
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from bench.points import FIRST_SEED, Before
 from bench.schema import BudgetedSweep, Point, Sweep, Verdict
 from bench.stats import interleave, largest_passing_value, slo_decision
 
@@ -113,19 +114,20 @@ def _finite(value: float) -> float | None:
     return None if math.isinf(value) or math.isnan(value) else round(value, 3)
 
 
-def pooled_point(measure: Callable[[int], Point], seed_cap: int, slo_ms: float, max_error_fraction: float
-                 ) -> Point:  # fmt: skip
-    """A load's sequential verdict: `measure(k)` measures it with load seed index k (its own users and
-    arrivals). After each seed, the ranked requests of every seed so far are pooled and
+def pooled_point(measure: Callable[[int, Before], Point], seed_cap: int, slo_ms: float,
+                 max_error_fraction: float) -> Point:  # fmt: skip
+    """A load's sequential verdict: `measure(k, before)` measures it with load seed index k (its own users
+    and arrivals), told what the earlier seeds measured (`before`: its early stop is the pooled sample's).
+    After each seed, the ranked requests of every seed so far are pooled and
     `bench.stats.slo_decision` decides; while its interval holds the SLO, one more seed is measured, up
     to `seed_cap` seeds, where the pooled P99 decides alone (`Verdict.decided` False). A seed stopped
-    early (`aborted`, failed for certain) fails the load: its sample is truncated at its failures. A
+    early (`aborted`: the pooled sample failed for certain) fails the load: its sample is truncated. A
     seed cut by a time budget ends the verdict undecided and failing (the sweep stops on it). Returns
     the first seed's point with the `Verdict` attached (the others inside it); the first point alone
     when it was cut."""
     if seed_cap < 1:
         raise ValueError("seed_cap must be at least 1")
-    first = measure(0)
+    first = measure(0, FIRST_SEED)
     if first.cut:
         return first
     points = [first]
@@ -136,7 +138,12 @@ def pooled_point(measure: Callable[[int], Point], seed_cap: int, slo_ms: float, 
             decision = False
         if decision is not None or len(points) >= seed_cap:
             break
-        points.append(measure(len(points)))
+        before = Before(
+            ranked=len(samples),
+            violations=sum(1 for ms in samples if ms > slo_ms),
+            errors=sum(1 for ms in samples if math.isinf(ms)),
+        )
+        points.append(measure(len(points), before))
         if points[-1].cut:
             decision, p99 = False, math.nan
             break

@@ -94,11 +94,12 @@ def edges_section(run: Run) -> str:
         f"A value's verdict pools its load seeds (each its own users and arrivals): after each seed, the "
         f"ranked requests of every seed so far give the P99 and its bootstrap 95% interval; the value "
         f"passes when the interval lies within the SLO, fails when it lies above it (or a seed stopped "
-        f"early, failed for certain), and otherwise gets one more seed, up to {cap}; at the cap the pooled "
-        f"P99 decides alone (undecided). Each mode's edge lies in its bracket: its highest passing value "
-        f"and the lowest failing one above it. A ratio's interval follows from the two brackets (RelayGR's "
-        f"best over the baseline's first failure, RelayGR's first failure over the baseline's best): it "
-        f"bounds the ratio of the edges as the verdicts placed them, and is not a confidence interval.",
+        f"early: the pooled requests had failed for certain), and otherwise gets one more seed, up to "
+        f"{cap}; at the cap the pooled P99 decides alone (undecided). Each mode's edge lies in its "
+        f"bracket: its highest passing value and the lowest failing one above it. A ratio's interval "
+        f"follows from the two brackets (RelayGR's best over the baseline's first failure, RelayGR's first"
+        f" failure over the baseline's best): it bounds the ratio of the edges as the verdicts placed "
+        f"them, and is not a confidence interval.",
         table(("sweep", "baseline edge", "RelayGR edge", "ratio", "ratio interval"), rows),
     ]
     if verdicts:

@@ -22,7 +22,7 @@ import pytest
 from bench import checks, experiments, probes, record, report
 from bench.config import BenchConfig
 from bench.experiments import Bench, Plan
-from bench.points import PointSpec, summarize
+from bench.points import Before, PointSpec, summarize
 from bench.schema import CachedRankPoint, Cost, FloorPoint, Machine, Point, Run, Versions, recorded
 from bench.workload import Universe
 from relaygr.v1 import common_pb2, recommend_pb2
@@ -110,7 +110,9 @@ def run():
     counters: dict[str, dict[str, Any]] = {}
     measured: list[tuple] = []
 
-    def point(self: Bench, plan: Plan, universe: Universe, rate: float, seed_index: int = 0) -> Point:
+    def point(
+        self: Bench, plan: Plan, universe: Universe, rate: float, seed_index: int, before: Before
+    ) -> Point:
         mode = plan.fleet.mode.name if plan.revisits else "no-revisit"
         measured.append((mode, universe.label, rate, plan.delay_ms, plan.abandon_fraction, seed_index))
         if universe.label.startswith("L"):  # lengths: far from the limit (one seed)

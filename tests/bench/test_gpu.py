@@ -101,7 +101,7 @@ def test_a_sweep_cut_by_the_budget_is_marked_with_what_it_measured_and_the_finis
     grid = [1.0, 2.0, 4.0, 8.0, 16.0]
     limits = {"baseline": 2.0, "relay": 16.0}
 
-    def measure(plan: Plan, value: float, seed_index: int) -> GpuPoint:  # the gpu profile: one seed a load
+    def measure(plan: Plan, value: float, seed_index: int, before: object) -> GpuPoint:  # one seed a load
         mode = "relay" if plan.delay_ms else "baseline"
         if mode == "relay" and value == 16.0:  # the budget's end stops this point
             return point_of(GpuPoint, value, 50.0, HBM, cut=True, gpu=None)

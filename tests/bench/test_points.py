@@ -9,7 +9,7 @@ import dataclasses
 import grpc
 import pytest
 
-from bench.points import PointSpec, failed_for_certain, run_point, summarize
+from bench.points import Before, PointSpec, failed_for_certain, run_point, summarize
 from bench.workload import RevisitSampler
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
 from services.loadgen.openloop import CallRecord
@@ -156,3 +156,16 @@ def test_abandoned_calls_neither_fail_a_point_nor_stop_it_early_and_slow_ranks_s
     assert result.abandoned == 30 and result.violations == 0  # users 7 … 96: 30 multiples of 3
     slow = asyncio.run(drive("slow", spec))
     assert slow.aborted and not slow.meets_slo and slow.measured < 90
+
+
+def test_a_later_seed_stops_early_once_the_pooled_sample_has_failed_for_certain():
+    # Alone, 90 fast calls meet the SLO. After earlier seeds whose 200 ranked calls had 3 over it, the
+    # pooled budget (at most 290 ranked calls, 260 once 30 are abandoned: 2 either way) is already spent.
+    spec = PointSpec(rate=400, warmup=6, measured=90, timeout_s=2, slo_ms=50, max_error_fraction=0.01, seed=0)
+    assert not asyncio.run(drive("fast", spec)).aborted
+    spent = dataclasses.replace(spec, before=Before(ranked=200, violations=3))
+    pooled = asyncio.run(drive("fast", spent))
+    assert pooled.aborted and not pooled.meets_slo and pooled.measured < 90
+    # With 2 over the SLO before, the pooled budget holds them: this seed runs to its end.
+    within = dataclasses.replace(spec, before=Before(ranked=200, violations=2))
+    assert not asyncio.run(drive("fast", within)).aborted

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.points import Before
 from bench.schema import Point, Sweep, ratio_interval
 from bench.stats import (
     bootstrap_ci,
@@ -264,17 +265,19 @@ def test_the_slo_decision_passes_fails_or_asks_for_more_by_the_interval():
 
 
 def seeds_of(*latencies: list[float], aborted: int | None = None, cut: int | None = None):
-    """`measure(k)` for `pooled_point`: seed k's point has the k-th latencies (`aborted`/`cut`: that seed
-    stopped early / at a time budget); the seed indices asked for are appended to `.asked`."""
+    """`measure(k, before)` for `pooled_point`: seed k's point has the k-th latencies (`aborted`/`cut`: that
+    seed stopped early / at a time budget); the seed indices asked for are appended to `.asked`, what
+    each was told of the seeds before it to `.before`."""
 
-    def measure(k: int) -> Point:
+    def measure(k: int, before: Before) -> Point:
         measure.asked.append(k)
+        measure.before.append(before)
         point = point_of(Point, 8.0, 40.0, common_pb2.CACHE_SOURCE_HBM, seed=k)
         return dataclasses.replace(
             point, rank_samples_ms=tuple(latencies[k]), aborted=k == aborted, cut=k == cut
         )
 
-    measure.asked = []
+    measure.asked, measure.before = [], []
     return measure
 
 
@@ -294,6 +297,8 @@ def test_a_load_near_the_slo_takes_more_seeds_and_their_requests_are_pooled():
     assert measure.asked == [0, 1] and not point.passes
     assert (point.verdict.seeds, point.verdict.requests, point.verdict.decided) == ([0, 1], 200, True)
     assert [p.seed for p in point.verdict.points] == [1]
+    # Seed 1's early stop counts seed 0's 100 ranked requests, 4 of them over the SLO.
+    assert measure.before == [Before(), Before(ranked=100, violations=4, errors=0)]
     # The pooled P99 and interval are over every seed's requests together, not any one seed's.
     different = [NEAR_PASS, [float(ms) for ms in range(51, 151)]]
     point = pooled_point(seeds_of(*different), 2, SLO_MS, 0.001)
