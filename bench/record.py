@@ -49,23 +49,34 @@ def assemble(
     return run if kind is GpuRun else with_checks(run, reference)
 
 
+def interval(bounds: list[float | None] | None) -> str:
+    """A ratio's bracket-based interval as the summary writes it (` in [2.85, 3.413]`; empty without one)."""
+    if bounds is None:
+        return ""
+    low, high = bounds
+    return f" in [{low}, {'unbounded' if high is None else high}]"
+
+
 def summary(results: Run) -> str:
-    """The headline ratios in one line: length (with its relay window), each mix, each abandonment share."""
+    """The headline ratios in one line, each with its bracket-based interval where the run has one:
+    length (with its relay window), each mix, each abandonment share; a flagged run says so first."""
     measured = results.measured
     length = measured.length_sweep
     window = results.configuration.relay_window_ms
     mixes = ", ".join(
-        f"{label} {mix.ratio} ({mix.relay.best} vs {mix.baseline.best} req/s)"
+        f"{label} {mix.ratio}{interval(mix.ratio_interval)} ({mix.relay.best} vs {mix.baseline.best} req/s)"
         for label, mix in measured.throughput_sweeps.items()
     )
     abandoned = ", ".join(
-        f"{entry.fraction:.0%} {entry.ratio}" for entry in measured.abandonment.fractions.values()
+        f"{entry.fraction:.0%} {entry.ratio}{interval(entry.ratio_interval)}"
+        for entry in measured.abandonment.fractions.values()
     )
     flagged = (
         f"FLAGGED ({'; '.join(results.checks.flags)}); " if results.checks and results.checks.flags else ""
     )
     return flagged + (
-        f"length ratio {results.length_ratio} ({length.relay.best} vs {length.baseline.best} "
-        f"events at {length.rate:g} req/s, relay window {window:g} ms); throughput ratios {mixes}; "
+        f"length ratio {results.length_ratio}{interval(results.length_ratio_interval)} "
+        f"({length.relay.best} vs {length.baseline.best} events at {length.rate:g} req/s, relay window "
+        f"{window:g} ms); throughput ratios {mixes}; "
         f"throughput ratios with requests abandoned {abandoned or 'not measured'}"
     )
