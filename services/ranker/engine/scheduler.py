@@ -288,9 +288,7 @@ class Scheduler:
                 if not self._heap:
                     return
                 jobs = self._pop_batch()
-            started = time.perf_counter()
             self._run(jobs)
-            self.busy_s += time.perf_counter() - started
 
     def _run(self, jobs: list[Job]) -> None:
         """Runs jobs (one, or one batch) as the innermost running work: nested in another job, it yields by
@@ -324,12 +322,15 @@ class Scheduler:
 
     def _frame_stop(self, op: Op) -> float:
         """Counts the job's own thread CPU time and returns its own wall time: the jobs run nested at its
-        `Yield` count theirs, so the per-op sums add up to the thread's time in jobs."""
+        `Yield` count theirs, so the per-op sums add up to the thread's time in jobs. The outermost job's
+        whole wall time goes to `busy_s`, before any caller is handed an outcome."""
         cpu_started, cpu_nested, wall_started, wall_nested = self._frames.pop()
         cpu, wall = time.thread_time() - cpu_started, time.perf_counter() - wall_started
         if self._frames:
             self._frames[-1][1] += cpu
             self._frames[-1][3] += wall
+        else:
+            self.busy_s += wall
         self._cpu_seconds(op).inc(cpu - cpu_nested)
         return wall - wall_nested
 

@@ -437,6 +437,47 @@ def test_each_job_served_counts_once_under_its_op_and_each_batch_pass_once():
     asyncio.run(scenario())
 
 
+def test_whoever_sees_a_job_result_sees_its_time_in_the_thread_busy_time():
+    """A load report read right after a job's answer (the warm-up's, before the first PreInfer) counts the
+    job's time: the thread's busy time is counted before the caller is handed the outcome, for a job, a
+    batch, and a job with another run at its yield (counted once, inside its outer job)."""
+
+    async def scenario():
+        batch = Batch(lambda items: [time.sleep(0.02) or item for item in items], max_size=8)
+        async with scheduler() as worker:
+            await worker.submit(lambda: time.sleep(0.05), Priority.RANK, Op.PROFILE)
+            assert worker.busy_s >= 0.05
+            gate = blocked(worker)
+            ranks = [worker.submit_batched(i, batch, Priority.RANK, Op.RANK) for i in range(2)]
+            gate.set()
+            await asyncio.gather(*ranks)
+            after_batch = worker.busy_s
+            assert after_batch >= 0.07
+
+            def outer(yield_) -> None:
+                time.sleep(0.02)
+                yield_()  # runs the rank queued meanwhile: 0.1 s inside this job's time
+                time.sleep(0.02)
+
+            started = asyncio.Event()
+            loop = asyncio.get_running_loop()
+
+            def first_half(yield_) -> None:
+                loop.call_soon_threadsafe(started.set)
+                time.sleep(0.05)  # the rank below is queued by now
+                outer(yield_)
+
+            job = worker.submit_yielding(first_half, Priority.PRE_INFER, Op.PRE_INFER)
+            await started.wait()
+            nested = worker.submit(lambda: time.sleep(0.1), Priority.RANK, Op.RANK)
+            await nested
+            await job
+            # 0.05 + 0.02 + 0.1 + 0.02: the rank once (counted twice, it would read 0.29 or more)
+            assert 0.19 <= worker.busy_s - after_batch < 0.27
+
+    asyncio.run(scenario())
+
+
 def test_close_runs_what_is_queued_then_refuses_new_jobs():
     async def scenario():
         log: list[int] = []
