@@ -59,12 +59,18 @@ test-gpu: install
 run: install
 	$(PY) -m services.launcher
 
-# The benchmark: baseline, RelayGR and its ablations side by side (quick: about 20 minutes on 2 cores, full: about 1.5 hours).
+# The benchmark: baseline, RelayGR and its ablations side by side (quick: about 20 minutes on 2 cores, full: about 2 hours).
 bench: install
 	$(PY) -m bench --profile quick
 
 bench-full: install
 	$(PY) -m bench --profile full
+
+# The README's experiments at the full profile's density (about 70 minutes): run twice at one commit to see
+# that the headline ratios reproduce.
+.PHONY: bench-headline
+bench-headline: install
+	$(PY) -m bench --profile headline
 
 # A fixed-load A/B (docs/benchmark.md): baseline against RelayGR at 20 and 40 calls/s, 5 load seeds, about
 # 16 minutes on 2 cores; AB_ARGS adds flags or replaces defaults (AB_ARGS="--modes relay,no-dram --rates 30").

@@ -27,6 +27,10 @@ floor, six fleet starts and a lease's wait after each pair of sweeps:
   many values need more seeds depends on how wide their intervals are: with 1000 requests a seed, fewer
   than with 200.
 
+`--profile headline` (`make bench-headline`) measures as full does the README's experiments only: lengths
+at one window, both mixes, 30 % abandoned, `admit-all` (`PROFILE_DEFAULTS`). Counted as above, a failing
+point as half a point: about 80 points, 65-70 minutes (full by the same count: about 110).
+
 Why these defaults, for cpu-small on a 2-core machine shared by every process of the fleet:
 
 - SLO 100 ms on the ranking P99: the baseline then ranks 1.5-2k events within it at 8 calls/s (in
@@ -96,10 +100,13 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from bench.fleets import ABLATIONS
 from services.common.config import env_name, flag_name, grid, listed, load, setting
 from services.launcher.fleet import ROUTINGS
 
-PROFILES = ("quick", "full", "gpu")
+ABLATION_NAMES = tuple(mode.name for mode in ABLATIONS)
+
+PROFILES = ("quick", "full", "headline", "gpu")
 
 
 def absent_means(value: object, field: dataclasses.Field) -> dataclasses.Field:
@@ -156,6 +163,11 @@ PROFILE_SETTINGS = {
         refine_steps=2,
         seed_cap=5,
     ),
+    # The full profile's points and verdicts on the headline experiments only (`PROFILE_DEFAULTS`): no
+    # other relay windows, one abandonment share, one ablation.
+    "headline": dataclasses.replace(
+        QUICK, measured=1000, floor_repeats=7, cached_rank_iterations=100, refine_steps=2, seed_cap=5
+    ),
     # Points sized by their rate (4 s of requests, 150-300), the floor timed twice, one seed a verdict
     # (the time budget has no room for more).
     "gpu": dataclasses.replace(
@@ -168,6 +180,9 @@ PROFILE_SETTINGS = {
 PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
     "quick": {},
     "full": {},
+    # The experiments whose ratios the README quotes: lengths, both mixes, 30 % abandoned, and admit-all
+    # (what the trigger's selectivity is judged against).
+    "headline": {"abandon_fractions": "0,0.3", "ablations": "admit-all"},
     "gpu": {
         "name": "gpu-fleet",
         "slo_ms": 80.0,
@@ -202,9 +217,10 @@ class BenchConfig:
         "quick",
         "quick (make bench: about 20 minutes on 2 cores, 200 requests a point, up to 3 load seeds a "
         "verdict), full (make bench-full: about 1.5-2 hours, 1000 requests a point, refined loads, up to 5 "
-        "load seeds a verdict) or gpu (one "
-        "ranker on a GPU, about 6 minutes within --time-budget-s: baseline and RelayGR only, the length "
-        "sweep and the throughput sweep; its own defaults: bench.config.PROFILE_DEFAULTS)",
+        "load seeds a verdict), headline (make bench-headline: full's points on the README's experiments "
+        "only, about 70 minutes) or gpu (one ranker on a GPU, about 6 minutes within --time-budget-s: "
+        "baseline and RelayGR only, the length sweep and the throughput sweep; its own defaults: "
+        "bench.config.PROFILE_DEFAULTS)",
         choices=PROFILES,
     )
     name: str = setting("", "results go to bench/results/<name>/ (empty: the profile's name)")
@@ -266,6 +282,17 @@ class BenchConfig:
         increasing=True,
         minimum=0,
         below=1,
+    )
+    ablations: str = absent_means(
+        ",".join(ABLATION_NAMES),
+        setting(
+            ",".join(ABLATION_NAMES),
+            "the ablations swept on the first mix (experiment 4; comma list, may be empty)",
+            items=str,
+            choices=ABLATION_NAMES,
+            distinct=True,
+            may_be_empty=True,
+        ),
     )
     growth_headroom: int = setting(
         256, "events a fixed-length history may grow by before it slides", minimum=0
@@ -339,6 +366,9 @@ class BenchConfig:
 
     def abandon_grid(self) -> list[float]:
         return listed(self, "abandon_fractions")
+
+    def ablation_names(self) -> list[str]:
+        return listed(self, "ablations")
 
     @property
     def longest_long_term(self) -> int:

@@ -288,12 +288,13 @@ class Bench:
             # The ablations start from the grid load at or below RelayGR's best: RelayGR measured it too.
             first = last_within(loads, first_mix.relay.best or loads[0])
             ablation_rate = loads[first]
-            shared = [mode for mode in ABLATIONS if mode.fleet == RELAY.fleet]
+            chosen = [mode for mode in ABLATIONS if mode.name in c.ablation_names()]
+            shared = [mode for mode in chosen if mode.fleet == RELAY.fleet]
             plans = [Plan(relay, first, window, revisits=mode.revisits) for mode in shared]
             ablations = dict(
                 zip([mode.name for mode in shared], self.load_sweeps(self.mix, plans), strict=True)
             )
-        for mode in ABLATIONS:
+        for mode in chosen:
             if mode in shared:
                 continue
             with self.fleet(mode) as fleet:
@@ -307,7 +308,7 @@ class Bench:
             abandonment=Abandonment(universe=self.mix.label, fractions=abandonment),
             window_sensitivity={f"{delay:g}": sweep for delay, sweep in zip(delays, windows, strict=True)},
             ablations=Ablations(universe=self.mix.label, rate=ablation_rate, sweeps=ablations),
-            modes={m.name: m for m in (BASELINE, RELAY, *ABLATIONS)},
+            modes={m.name: m for m in (BASELINE, RELAY, *chosen)},
             fleet=self.shape,
             mix_universes=list(self.mixes),
         )

@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from bench import checks, experiments, probes, record, report
-from bench.config import BenchConfig
+from bench.config import BenchConfig, load_config
 from bench.experiments import Bench, Plan
 from bench.points import Before, PointSpec, summarize
 from bench.schema import CachedRankPoint, Cost, FloorPoint, Machine, Point, Run, Versions, recorded
@@ -105,6 +105,18 @@ class FakeFleet:
 @pytest.fixture(scope="module")
 def run():
     """The fake run's results as results.json holds them, and every point measured, in order."""
+    return fake_run(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def headline():
+    """The fake run of the headline profile, with its profile's defaults as `python -m bench` loads them."""
+    return fake_run(load_config(["--profile", "headline"], {}))
+
+
+def fake_run(config: BenchConfig) -> tuple[dict, list[str], list[tuple]]:
+    """A whole run of `config` over fake fleets: results.json's content, the fleets in start order, and
+    every point measured (mode, universe, rate, window, abandoned share, seed index), in order."""
     monkeypatch = pytest.MonkeyPatch()
     started: list[str] = []
     counters: dict[str, dict[str, Any]] = {}
@@ -156,10 +168,10 @@ def run():
     monkeypatch.setattr(Bench, "point", point)
     monkeypatch.setattr(Bench, "fleet", lambda self, mode: FakeFleet(mode, started, counters))
     try:
-        bench = Bench(CONFIG, log_dir=None, log=lambda line: None)
+        bench = Bench(config, log_dir=None, log=lambda line: None)
         machine = Machine(cores=2, cpu_model="x", memory_gib=8.0, platform="x", python="x")
         results = record.assemble(
-            CONFIG, bench.run(), "2026-01-01T00:00:00+00:00", 3600.0, machine,
+            config, bench.run(), "2026-01-01T00:00:00+00:00", 3600.0, machine,
             Versions(torch="2.x", git_commit="abc1234"),
             reference=lambda profile: (f"{profile}-before", FLOOR),
         )  # fmt: skip
@@ -322,6 +334,28 @@ def test_every_ablation_is_swept_from_relays_best(run):
             first_loads.setdefault(mode, rate)
     assert first_loads == dict.fromkeys(bests, 32.0)  # the grid value at or below RelayGR's best
     assert set(results["modes"]) == {"baseline", "relay", *bests}
+
+
+def test_the_headline_profile_runs_the_headline_experiments_at_the_full_profiles_density(headline, tmp_path):
+    results, started, measured = headline
+    # Lengths, both mixes, 30 % abandoned, and admit-all: no other relay window, share or ablation.
+    assert started == ["relay", "baseline", "admit-all"]
+    assert {m[3] for m in measured} == {100.0}
+    assert {m[4] for m in measured} == {0.0, 0.3}
+    assert results["window_sensitivity"] == {}
+    assert set(results["ablations"]["sweeps"]) == {"admit-all"}
+    assert set(results["abandonment"]["fractions"]) == {"0", "0.3"}
+    assert set(results["throughput_sweeps"]) == {MIX1, MIX2}
+    # The full profile's points and verdicts: refined loads, up to five seeds a verdict.
+    assert results["throughput_sweeps"][MIX1]["relay"]["refined"] == [37.9, 41.3]
+    assert max(m[5] for m in measured) == 4
+    assert results["profile"]["measured"] == 1000 and results["profile"]["seed_cap"] == 5
+    # It reads back and renders, with admit-all as the only ablation.
+    run = Run.from_json(results)
+    report.write(run, tmp_path)
+    assert set(report.hit_rate_points(run)) == {"relay", "admit-all"}
+    markdown = (tmp_path / "report.md").read_text()
+    assert "(headline profile)" in markdown and "dram-only" not in markdown
 
 
 def test_the_results_render_and_the_summary_names_every_ratio(run, tmp_path):

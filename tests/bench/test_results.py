@@ -23,6 +23,7 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 # Fields newer than every committed run: the run's checks' limits and the seed cap of a load's verdict.
 ADDED_SINCE_EVERY_RUN = {
     "configuration.floor_drift_limit", "configuration.foreign_cores_limit", "profile.seed_cap",
+    "configuration.ablations",
 }  # fmt: skip
 ADDED_SINCE_THE_CPU_RUNS = {
     "configuration.floor_device", "configuration.ranker_profile_repeats", "configuration.time_budget_s",
