@@ -32,18 +32,25 @@ class FlaggedRun(ValueError):
     """A run whose checks flagged it was about to be quoted."""
 
 
+# A profile whose floor is timed as another's (the same lengths and repeats) is checked against that
+# profile's committed run until it has one of its own.
+SAME_FLOOR_AS = {"headline": "full"}
+
+
 def committed_reference(profile: str) -> Reference | None:
-    """The previous committed run of `profile` (bench/results/<profile>/results.json at HEAD): its name
-    and its floor; None when there is none or it cannot be read."""
-    path = f"bench/results/{profile}/results.json"
-    text = context.committed_file(path)
-    if not text:
-        return None
-    try:
-        run = Run.from_json(json.loads(text))
-    except ValueError:
-        return None
-    return f"bench/results/{profile} (commit {run.versions.git_commit})", run.measured.floor
+    """The previous committed run of `profile` (bench/results/<profile>/results.json at HEAD), else of the
+    profile that times its floor alike (`SAME_FLOOR_AS`): its name and its floor; None when there is none
+    or it cannot be read."""
+    for name in (profile, SAME_FLOOR_AS.get(profile)):
+        text = context.committed_file(f"bench/results/{name}/results.json") if name else None
+        if not text:
+            continue
+        try:
+            run = Run.from_json(json.loads(text))
+        except ValueError:
+            return None
+        return f"bench/results/{name} (commit {run.versions.git_commit})", run.measured.floor
+    return None
 
 
 def floor_drift(floor: list[FloorPoint], reference: list[FloorPoint]) -> float | None:

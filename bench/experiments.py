@@ -137,7 +137,7 @@ class Bench:
     ) -> Point:
         """One point's result, with its load seed and what it cost the fleet (`cost`, warm-up included).
         Its users are named by `users`; `before`: what the load's earlier seeds measured (the early stop
-        counts them)."""
+        counts them, and the calls the seeds after this one may add up to the seed cap)."""
         c = self.config
         fleet = plan.fleet
         address = fleet.stub(universe, plan.delay_ms, plan.abandon_fraction)
@@ -145,21 +145,29 @@ class Bench:
         seed = c.load_seed + seed_index
         revisit = c.revisit_probability if plan.revisits else 0.0
         sampler = RevisitSampler(namespace, rate, revisit, c.revisit_window_s, seed)
-        spec = PointSpec(
-            rate=rate,
-            warmup=round(rate * c.warmup_s),
-            measured=c.settings.measured_at(rate),
-            timeout_s=(plan.delay_ms + c.rank_timeout_ms) / 1000 + 1.0,
-            slo_ms=c.slo_ms,
-            max_error_fraction=c.max_error_fraction,
-            seed=seed,
-            before=before,
-        )
-        point = self.drive(fleet, address, sampler, spec)
+        point = self.drive(fleet, address, sampler, self.spec(plan, rate, seed_index, before))
         time.sleep(SETTLE_S)
         self.log(f"{fleet.mode.name:<11} {namespace:<36} {rate:>6g}/s: {describe(point)}")
         self.log(f"{'':<11} cost: {describe_cost(point.cost)}")
         return point
+
+    def spec(self, plan: Plan, rate: float, seed_index: int, before: Before) -> PointSpec:
+        """What load seed `seed_index` of a load sends, and when it has failed for certain: when the
+        sample pooled over the earlier seeds (`before`), its own and the calls the seeds after it may add
+        up to the seed cap has."""
+        c = self.config
+        measured = c.settings.measured_at(rate)
+        return PointSpec(
+            rate=rate,
+            warmup=round(rate * c.warmup_s),
+            measured=measured,
+            timeout_s=(plan.delay_ms + c.rank_timeout_ms) / 1000 + 1.0,
+            slo_ms=c.slo_ms,
+            max_error_fraction=c.max_error_fraction,
+            seed=c.load_seed + seed_index,
+            before=before,
+            later=max(c.settings.seed_cap - seed_index - 1, 0) * measured,
+        )
 
     def drive(self, fleet: BenchFleet, address: str, sampler: RevisitSampler, spec: PointSpec) -> Point:
         """Runs one point's load against the stub at `address`: its result, with its load seed and what it

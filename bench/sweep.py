@@ -117,8 +117,8 @@ def _finite(value: float) -> float | None:
 def pooled_point(measure: Callable[[int, Before], Point], seed_cap: int, slo_ms: float,
                  max_error_fraction: float) -> Point:  # fmt: skip
     """A load's sequential verdict: `measure(k, before)` measures it with load seed index k (its own users
-    and arrivals), told what the earlier seeds measured (`before`: its early stop is the pooled sample's).
-    After each seed, the ranked requests of every seed so far are pooled and
+    and arrivals), told what the earlier seeds measured (`before`: its early stop is the pooled sample's
+    at the cap). After each seed, the ranked requests of every seed so far are pooled and
     `bench.stats.slo_decision` decides; while its interval holds the SLO, one more seed is measured, up
     to `seed_cap` seeds, where the pooled P99 decides alone (`Verdict.decided` False). A seed stopped
     early (`aborted`: the pooled sample failed for certain) fails the load: its sample is truncated. A

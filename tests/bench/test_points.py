@@ -9,7 +9,9 @@ import dataclasses
 import grpc
 import pytest
 
-from bench.points import Before, PointSpec, failed_for_certain, run_point, summarize
+from bench.config import BenchConfig
+from bench.experiments import Bench, Plan
+from bench.points import FIRST_SEED, Before, PointSpec, failed_for_certain, run_point, summarize
 from bench.workload import RevisitSampler
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
 from services.loadgen.openloop import CallRecord
@@ -169,3 +171,22 @@ def test_a_later_seed_stops_early_once_the_pooled_sample_has_failed_for_certain(
     # With 2 over the SLO before, the pooled budget holds them: this seed runs to its end.
     within = dataclasses.replace(spec, before=Before(ranked=200, violations=2))
     assert not asyncio.run(drive("fast", within)).aborted
+    # With 300 more calls to come from the load's later seeds (up to its seed cap), the pooled budget is
+    # that of 590 ranked calls, 5: the same 3 before no longer stop this seed; slow ranks still do.
+    to_come = dataclasses.replace(spent, later=300)
+    assert not asyncio.run(drive("fast", to_come)).aborted
+    slow = asyncio.run(drive("slow", to_come))
+    assert slow.aborted and slow.measured < 90
+
+
+def test_each_seed_counts_the_calls_the_seeds_after_it_may_add_up_to_the_cap():
+    bench = Bench(dataclasses.replace(BenchConfig(), profile="full"), log_dir=None, log=lambda line: None)
+    plan = Plan(fleet=None, first=0, delay_ms=100.0)
+    earlier = Before(ranked=1000, violations=12)
+    # The full profile: 1000 calls a seed, up to 5 seeds a load.
+    assert [bench.spec(plan, 40.0, k, FIRST_SEED).later for k in range(5)] == [4000, 3000, 2000, 1000, 0]
+    second = bench.spec(plan, 40.0, 1, earlier)
+    assert (second.before, second.seed, second.measured, second.warmup) == (earlier, 1, 1000, 200)
+    # The gpu profile keeps one seed a load: its only seed stops at its own budget.
+    gpu = Bench(dataclasses.replace(BenchConfig(), profile="gpu"), log_dir=None, log=lambda line: None)
+    assert gpu.spec(plan, 40.0, 0, FIRST_SEED).later == 0

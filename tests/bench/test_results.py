@@ -137,3 +137,16 @@ def test_the_readme_quotes_the_committed_full_run_and_it_is_not_flagged():
     before = load(RESULTS / "full-5e3657a" / "results.json")
     checked = checks.run_checks(run.configuration, run.measured, ("full-5e3657a", before.measured.floor))
     assert (checked.floor_drift, checked.foreign_cores_mean, checked.flags) == (0.0468, 0.016, [])
+
+
+def test_a_headline_run_is_checked_against_the_committed_full_run_until_it_has_its_own():
+    """The headline profile times its floor as the full one does: with no committed headline run, its floor
+    is compared with bench/results/full's (the floor of this machine ran about 2x slower on 2026-11-27
+    than in that run, which such a run must be flagged for); a profile with neither has no reference."""
+    own = (RESULTS / "headline" / "results.json").exists()
+    reference = load(RESULTS / ("headline" if own else "full") / "results.json")
+    name, floor = checks.committed_reference("headline")
+    folder = "headline" if own else "full"
+    assert name == f"bench/results/{folder} (commit {reference.versions.git_commit})"
+    assert floor == reference.measured.floor
+    assert checks.committed_reference("quick") is None  # no bench/results/quick, and no stand-in
