@@ -236,3 +236,14 @@ def test_a_tiny_real_ab_runs_end_to_end_on_loopback(tmp_path: Path, monkeypatch)
         assert all(ms is None or (0 < ms < 10_000 and not math.isnan(ms)) for ms in run.rank_ms)
     assert len(results.cells) == 2 and len(results.comparisons) == 1
     assert AbResults.load(tmp_path / "tiny" / "results.json") == results
+
+
+def test_the_committed_ab_run_reads_back_byte_for_byte_and_renders_its_report():
+    """bench/results/ab-mix1-admit-all as committed: its results.json is what the schema writes, and its
+    report.md is what the report renders from it (every run's latencies are kept, so its intervals can be
+    computed again)."""
+    folder = Path(__file__).resolve().parents[2] / "bench" / "results" / "ab-mix1-admit-all"
+    results = AbResults.load(folder / "results.json")
+    assert json.dumps(results.to_json(), indent=1) + "\n" == (folder / "results.json").read_text()
+    assert render_markdown(results) == (folder / "report.md").read_text()
+    assert [mode.name for mode in results.modes] == ["relay", "admit-all"] and len(results.runs) == 20
