@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import grpc
@@ -24,6 +23,7 @@ from bench.workload import RevisitSampler
 from relaygr.v1 import recommend_pb2
 from services.common.config import load
 from services.loadgen.openloop import CallRecord
+from tests.support.processes import fleet_children
 
 ARGS = [
     "--modes", "baseline,relay,no-dram", "--rates", "10,20", "--seeds", "2", "--requests", "200",
@@ -201,19 +201,6 @@ def test_settings_need_two_modes_and_name_only_known_ones():
     assert config.out_dir().name == "relaygr-ab"
     bench_config = config.bench_config()
     assert (bench_config.relay_window_ms, bench_config.longest_long_term) == (80.0, 2048)
-
-
-def fleet_children() -> list[int]:
-    """Processes still running that the launcher started for this process (services.launcher.child <pid>)."""
-    marker = f"services.launcher.child\0{os.getpid()}\0".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:  # gone meanwhile
-            continue
-    return found
 
 
 @pytest.mark.slow

@@ -10,7 +10,6 @@ Rank's short-term events, none of the prefix for an HBM or DRAM answer, all of i
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from bench.mlperf.sut import OK, Answer
 from bench.mlperf.tally import history, prefix_wait
 from bench.mlperf.workload import StreamingUsers, user_count
 from relaygr.v1 import common_pb2, recommend_pb2
+from tests.support.processes import fleet_children
 
 CACHE_TIERS = ("hbm", "dram", "extended")
 HBM, DRAM, EXTENDED, MISS = (
@@ -129,19 +129,6 @@ def test_the_tally_counts_the_critical_path_the_answers_report():
     w = prefix_wait(answers)
     assert w.hbm_over_1ms == 1 and w.by_tier["miss"].p99 == 40.0 and w.by_tier["hbm"].p99 > 11.0
     assert w.all.p50 == 3.0
-
-
-def fleet_children() -> list[int]:
-    """Processes still running that the launcher started for this process (services.launcher.child <pid>)."""
-    marker = f"services.launcher.child\0{os.getpid()}\0".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:  # gone meanwhile
-            continue
-    return found
 
 
 def test_every_sample_is_completed_when_every_call_fails(tmp_path: Path):
