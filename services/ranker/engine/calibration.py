@@ -96,8 +96,9 @@ class Calibration:
     def point_ratio(self, path: str, index: int) -> float:
         """The ratio point `index` of `path` is scaled by: its own once its jobs weigh `MIN_JOBS`, else its
         path's."""
-        if self.point_jobs[path][index] >= self._min_jobs:
-            return self._point_measured_ms[path][index] / self._point_predicted_ms[path][index]
+        predicted = self._point_predicted_ms[path][index]
+        if self.point_jobs[path][index] >= self._min_jobs and predicted > 0:
+            return self._point_measured_ms[path][index] / predicted
         return self.ratio[path]
 
     def observe(self, op: Op, works: Sequence[int], seconds: float) -> None:
@@ -108,7 +109,7 @@ class Calibration:
         curve = self.curve
         if path is None or curve is None:
             return
-        predictions = [(work, curve.predict_ms(path, work)) for work in works if work > 0]
+        predictions = [(work, ms) for work in works if work > 0 and (ms := curve.predict_ms(path, work)) > 0]
         predicted = sum(ms for _, ms in predictions)
         if predicted <= 0:
             return

@@ -323,3 +323,18 @@ def test_a_ranker_whose_curve_is_three_times_off_predicts_its_jobs_within_20_per
             print(f"uncorrected {uncorrected}, corrected {predicted}, measured {took_ms} ms a job")
 
     asyncio.run(scenario())
+
+
+def test_a_point_the_curve_prices_at_zero_teaches_nothing_and_never_divides_by_zero():
+    free = LatencyCurve(
+        (LatencyPoint(16, full_ms=0.0, pre_infer_ms=0.0, rank_ms=0.0), LatencyPoint(256, 4.0, 2.0, 1.0)),
+        short_term_length=4,
+        num_candidates=8,
+    )
+    calibration = Calibration(memory_jobs=100, min_jobs=1)
+    calibration.set_curve(free)
+    calibration.observe(Op.RANK, (16,), 0.005)  # the curve says 0 ms here: no ratio can be learnt
+    assert calibration.point_jobs["rank_ms"] == [0.0, 0.0] and calibration.ratio["rank_ms"] == 1.0
+    calibration.observe(Op.RANK, (256,), 0.002)  # twice the curve's 1 ms
+    assert calibration.point_ratio("rank_ms", 1) == pytest.approx(2.0)
+    assert calibration.predict_ms("rank_ms", 16) == 0.0 and calibration.predict_ms("rank_ms", 256) == 2.0
