@@ -38,7 +38,7 @@ import bisect
 import dataclasses
 from collections.abc import Sequence
 
-from services.ranker.engine.latency_curve import LatencyCurve, monotone
+from services.ranker.engine.latency_curve import LatencyCurve, LatencyPoint, lowered
 from services.ranker.engine.scheduler import Op
 
 # The sums forget at this rate: each job weighs 1 - 1/MEMORY_JOBS of the job after it.
@@ -73,6 +73,9 @@ class Calibration:
         self._point_measured_ms: dict[str, list[float]] = {}
         self._point_predicted_ms: dict[str, list[float]] = {}
         self.point_jobs: dict[str, list[float]] = {}
+        # The corrected curve's columns by path, and the curve's lengths (`set_curve`).
+        self._columns: dict[str, list[float]] = {}
+        self._lengths: list[int] = []
 
     def set_curve(self, curve: LatencyCurve) -> None:
         """The measured curve; what was learnt against another one is forgotten."""
@@ -84,6 +87,8 @@ class Calibration:
             self._point_measured_ms[path] = [0.0] * len(curve.points)
             self._point_predicted_ms[path] = [0.0] * len(curve.points)
             self.point_jobs[path] = [0.0] * len(curve.points)
+            self._columns[path] = [getattr(point, path) for point in curve.points]
+        self._lengths = [point.prefix_length for point in curve.points]
         self._corrected = curve
 
     def predict_ms(self, path: str, length: int) -> float:
@@ -120,7 +125,7 @@ class Calibration:
         self.jobs[path] += len(works)
         if self.jobs[path] >= self._min_jobs:
             self.ratio[path] = measured / expected
-        lengths = [point.prefix_length for point in curve.points]
+        lengths = self._lengths
         point_measured, point_predicted = self._point_measured_ms[path], self._point_predicted_ms[path]
         for work, ms in predictions:
             for index, weight in interpolation_weights(lengths, work):
@@ -128,17 +133,19 @@ class Calibration:
                 point_measured[index] = point_measured[index] * forget + measured_ms * ms / predicted * weight
                 point_predicted[index] = point_predicted[index] * forget + ms * weight
                 self.point_jobs[path][index] += weight
-        self._corrected = self._correct(curve)
+        self._corrected = self._correct(curve, path)
 
-    def _correct(self, curve: LatencyCurve) -> LatencyCurve:
-        """`curve` with each point of each path scaled by its ratio, then made monotone again."""
-        points = [
-            dataclasses.replace(
-                point, **{path: getattr(point, path) * self.point_ratio(path, index) for path in PATHS}
-            )
-            for index, point in enumerate(curve.points)
-        ]
-        return dataclasses.replace(curve, points=monotone(points))
+    def _correct(self, curve: LatencyCurve, path: str) -> LatencyCurve:
+        """`curve` with each point of each path scaled by its ratio and the columns made monotone again:
+        `path`'s column computed anew, the others' kept (a job changes its own path's ratios only)."""
+        column = [getattr(point, path) * self.point_ratio(path, i) for i, point in enumerate(curve.points)]
+        self._columns[path] = lowered(column)
+        columns = [self._columns[name] for name in PATHS]
+        points = tuple(
+            LatencyPoint(point.prefix_length, *times)
+            for point, times in zip(curve.points, zip(*columns, strict=True), strict=True)
+        )
+        return dataclasses.replace(curve, points=points)
 
     def corrected(self) -> LatencyCurve:
         """The measured curve, corrected point by point: what GetProfile answers and `predict_ms` reads."""

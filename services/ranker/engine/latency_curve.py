@@ -157,10 +157,16 @@ def monotone(points: list[LatencyPoint]) -> tuple[LatencyPoint, ...]:
     prefix: a path's cost cannot fall as the prefix grows, and timing noise only ever adds, so one stalled
     measurement (the first points of rankers warming up together read 5-10x slower than longer ones) does
     not make a short prefix look dearer than a long one."""
-    lowered: list[LatencyPoint] = []
-    least = dict.fromkeys(PATHS, math.inf)
-    for point in reversed(points):
-        for path in least:
-            least[path] = min(least[path], getattr(point, path))
-        lowered.append(dataclasses.replace(point, **least))
-    return tuple(reversed(lowered))
+    columns = [lowered([getattr(point, path) for point in points]) for path in PATHS]
+    return tuple(
+        LatencyPoint(point.prefix_length, *times)
+        for point, times in zip(points, zip(*columns, strict=True), strict=True)
+    )
+
+
+def lowered(times: list[float]) -> list[float]:
+    """One path's `times` (by length), each lowered to the least at it or any longer prefix."""
+    least, out = math.inf, [0.0] * len(times)
+    for index in range(len(times) - 1, -1, -1):
+        least = out[index] = min(least, times[index])
+    return out
