@@ -252,7 +252,7 @@ class BenchConfig:
         int,
     )
     ranker_profile_repeats: int = setting(
-        2, "timed repeats per length of each ranker's warm-up curve", above=0
+        2, "timed rounds across the lengths of each ranker's warm-up curve", above=0
     )
     short_term: int = setting(16, "short-term events per request", above=0)
     lengths: str = grid(

@@ -90,7 +90,7 @@ class AbConfig(FleetSettings):
         int,
     )
     ranker_profile_repeats: int = setting(
-        2, "timed repeats per length of each ranker's warm-up curve", above=0
+        2, "timed rounds across the lengths of each ranker's warm-up curve", above=0
     )
 
     def validate(self) -> None:
