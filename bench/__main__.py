@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench import report
+from bench.checks import FlaggedRun
 from bench.config import BenchConfig, load_config
 from bench.context import machine, versions
 from bench.experiments import Bench
@@ -37,7 +38,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_gpu(config, out_dir, started_at.isoformat(), started, host)
         return
     bench = Bench(config, out_dir / "tmp" / "logs", log=lambda line: print(line, flush=True))
-    measured = bench.run()
+    try:
+        measured = bench.run()
+    except FlaggedRun as refused:  # --stop-when-flagged: before any fleet started
+        raise SystemExit(f"python -m bench: {refused}") from None
     host.load_average_at_end = list(os.getloadavg())
     results = assemble(config, measured, started_at.isoformat(), time.monotonic() - started, host, versions())
     report.write(results, out_dir)

@@ -3,11 +3,18 @@ and at the top of its report.
 
 Two things move every figure of a run on a shared machine without showing in its ratios' points:
 
-- the machine's speed: the in-process floor (`bench.micro.floor.model_floor`, timed before any fleet
-  starts) is compared with the previous committed run of the same profile (bench/results/<profile>/ at
-  the checkout's HEAD): the relative change of its full forwards summed over the lengths both timed. A
-  change above `--floor-drift-limit` (5 %) flags the run: its limits are not comparable with the
-  committed ones;
+- the machine's speed: the in-process floor (`bench.micro.floor.model_floor`) is timed before any fleet
+  starts and again after the last one stopped. Each length's lower time of the two (timing noise only
+  ever adds) is compared with the previous committed run of the same profile (bench/results/<profile>/
+  at the checkout's HEAD): the relative change of the full forwards summed over the lengths both timed.
+  A change above `--floor-drift-limit` (10 %) flags the run: its limits are not comparable with the
+  committed ones. So does the same change between the run's own two floors: the machine's speed moved
+  while it ran. The limit is twice the floor's own noise: four floors timed in a row in one process on
+  an idle machine (2026-11-27) spanned 9.6 % (the first the slowest), three in a fresh process 1.6 %,
+  and the last four committed full runs' floors sit 1-7 % apart; at 5 % two of those three runs would
+  have been flagged against the one before. A different machine moves it far more: the same 2-core
+  "AMD EPYC" VM, on a host whose torch kernels ran AVX2 (`Machine.cpu_capability`), timed 1.4-1.9x
+  the committed full run's floor;
 - other users of the machine: the cores they took during each measured point (`Cost.foreign_cores`),
   averaged over every point by its wall time. A mean above `--foreign-cores-limit` (0.2 cores) flags
   the run.
@@ -18,6 +25,7 @@ holds the README's run to it).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 
@@ -86,15 +94,50 @@ def points(measured: Measurements) -> Iterator[Point]:
                 yield from point.verdict.points
 
 
+def lowest(floor: list[FloorPoint], again: list[FloorPoint] | None) -> list[FloorPoint]:
+    """`floor` with each path's time at each length lowered to `again`'s where it timed that length
+    lower (`again` None: `floor`)."""
+    other = {point.prefix_length: point for point in again or []}
+    lowered = []
+    for point in floor:
+        twin = other.get(point.prefix_length, point)
+        lowered.append(
+            dataclasses.replace(
+                point,
+                full_ms=min(point.full_ms, twin.full_ms),
+                pre_infer_ms=min(point.pre_infer_ms, twin.pre_infer_ms),
+                rank_ms=min(point.rank_ms, twin.rank_ms),
+            )
+        )
+    return lowered
+
+
+def drift_flag(drift: float | None, moved: str, limit: float, meaning: str) -> str | None:
+    """The flag of a floor that `moved` (says how) by `drift` (None: within `limit`, or not compared)."""
+    if drift is None or abs(drift) <= limit:
+        return None
+    return f"the in-process floor moved {drift:+.1%} {moved} (limit {limit:.0%}): {meaning}"
+
+
 def run_checks(config: BenchConfig, measured: Measurements, reference: Reference | None) -> RunChecks:
     """The checks of a run (see the module's docstring) against the previous committed run's floor."""
-    flags = []
-    drift = None if reference is None else floor_drift(measured.floor, reference[1])
-    if drift is not None and abs(drift) > config.floor_drift_limit:
-        flags.append(
-            f"the in-process floor moved {drift:+.1%} from {reference[0]}'s "
-            f"(limit {config.floor_drift_limit:.0%}): the machine ran at another speed"
+    limit = config.floor_drift_limit
+    drift = (
+        None if reference is None else floor_drift(lowest(measured.floor, measured.floor_end), reference[1])
+    )
+    change = None if measured.floor_end is None else floor_drift(measured.floor_end, measured.floor)
+    flags = [
+        flag
+        for flag in (
+            drift_flag(
+                drift, f"from {reference and reference[0]}'s", limit, "the machine ran at another speed"
+            ),
+            drift_flag(
+                change, "from the run's start to its end", limit, "the machine's speed changed while it ran"
+            ),
         )
+        if flag is not None
+    ]
     costs = [point.cost for point in points(measured)]
     wall = sum(cost.wall_s for cost in costs)
     mean = sum(cost.foreign_cores * cost.wall_s for cost in costs) / wall if wall else 0.0
@@ -109,7 +152,26 @@ def run_checks(config: BenchConfig, measured: Measurements, reference: Reference
         foreign_cores_mean=round(mean, 3),
         foreign_cores_max=round(max((cost.foreign_cores for cost in costs), default=0.0), 3),
         flags=flags,
+        floor_change=change,
     )
+
+
+def first_floor(config: BenchConfig, floor: list[FloorPoint], log: Callable[[str], None]) -> None:
+    """Logs how far a run's first floor moved from the previous committed run's; with
+    `--stop-when-flagged`, FlaggedRun when that is already past the limit (before any fleet starts)."""
+    reference = committed_reference(config.profile)
+    if reference is None:
+        log("floor check: no committed run of this profile to compare with")
+        return
+    drift = floor_drift(floor, reference[1])
+    log(f"floor check: {'not comparable' if drift is None else f'{drift:+.1%}'} against {reference[0]}")
+    flag = drift_flag(
+        drift, f"from {reference[0]}'s", config.floor_drift_limit, "the machine runs at another speed"
+    )
+    if flag is not None and config.stop_when_flagged:
+        raise FlaggedRun(
+            f"{flag}; stopped before any fleet started (--stop-when-flagged false runs it anyway)"
+        )
 
 
 def with_checks(run: Run, reference: Callable[[str], Reference | None] = committed_reference) -> Run:

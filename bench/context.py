@@ -54,7 +54,8 @@ def _first_line_with(path: str, prefix: str) -> str:
 
 
 def machine() -> Machine:
-    """This machine: cores, CPU, memory, platform, Python, its load now and its GPU (None without one)."""
+    """This machine: cores, CPU (and its vector instructions), memory, platform, Python, its load now and its
+    GPU (None without one)."""
     mem_kib = _first_line_with("/proc/meminfo", "MemTotal").split()[0]
     return Machine(
         cores=os.cpu_count(),
@@ -64,7 +65,18 @@ def machine() -> Machine:
         python=platform.python_version(),
         load_average_at_start=list(os.getloadavg()),
         gpu=gpu_info(),
+        cpu_capability=cpu_capability(),
     )
+
+
+def cpu_capability() -> str | None:
+    """The widest vector instructions torch's CPU kernels dispatch to on this machine (AVX2, AVX512, ...)."""
+    import torch
+
+    try:
+        return torch.backends.cpu.get_cpu_capability()
+    except (AttributeError, RuntimeError):  # a torch without it
+        return None
 
 
 def versions() -> Versions:

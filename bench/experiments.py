@@ -2,7 +2,8 @@
 
 Order of a run:
 
-1. the in-process floor (experiment 3, model side), before any fleet exists;
+1. the in-process floor (experiment 3, model side), before any fleet exists (timed again at the end, after
+   the last fleet stopped: `bench.checks` compares the two);
 2. the RelayGR fleet, then the baseline fleet, both kept running: the cached Rank through RelayGR's
    router (experiment 3, serving side); the length sweep (experiment 1); the throughput sweep
    (experiment 2) on the first length mix, then on the second, longer one; then, on the first mix, both
@@ -15,14 +16,11 @@ Order of a run:
    Every ablation's sweep starts at the grid load at or below RelayGR's best, which RelayGR measured
    too: there the modes' hit rates by tier are compared.
 
-A sweep finds the largest grid value that meets the SLO (`bench.stats.largest_passing_value`), assuming
-that a longer sequence or a higher load never makes the P99 better, and then refines a load between
-that value and the failing one above it (`Profile.refine_steps`); it records that bracket (its best and
-`first_failure`), and each ratio comes with the interval the two brackets give (`ratio_interval`). A
-value's verdict is sequential (`bench.sweep.pooled_point`): load seed 0 first; while the bootstrap
-interval of the P99 over every seed's requests so far holds the SLO, one more seed (other users and
-arrivals, `users`), up to `Profile.seed_cap`, where the pooled P99 decides alone and the verdict says it
-was undecided. A value far from the edge costs one seed, one near it up to the cap.
+A sweep finds the largest grid value that meets the SLO, assuming that a longer sequence or a higher load
+never makes the P99 better, refines a load below the failing value above it and records that bracket;
+each ratio comes with the interval the two brackets give. A value's verdict pools load seeds (other
+users and arrivals, `users`) while the P99's interval holds the SLO, up to `Profile.seed_cap` (all in
+`bench.sweep`).
 
 A sweep's first guess comes from the floor (lengths), from the length sweep's rate (loads on the first
 mix), from the first mix's answers (the second mix and the abandonment sweeps) or from RelayGR's answer
@@ -47,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench import probes
+from bench import checks, probes
 from bench.config import BenchConfig
 from bench.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet, FleetShape, Mode
 from bench.micro.floor import cached_rank_through_router, model_floor
@@ -56,6 +54,7 @@ from bench.schema import (
     Abandonment,
     Ablations,
     Cost,
+    FloorPoint,
     Fraction,
     LengthSweep,
     Measurements,
@@ -67,7 +66,7 @@ from bench.schema import (
     ratio,
     ratio_interval,
     recorded,
-)  # fmt: skip
+)
 from bench.sweep import last_within, pooled_point, run_sweeps
 from bench.workload import RevisitSampler, Universe, fixed_length_universe, mix_universe
 
@@ -242,17 +241,24 @@ class Bench:
 
     # ---- the run ----
 
-    def run(self) -> Measurements:
+    def floor(self, when: str) -> list[FloorPoint]:
+        """The in-process floor at every length of the grid, logged."""
         c = self.config
-        lengths, loads, window = c.length_grid(), c.load_grid(), c.relay_window_ms
-        self.log(f"in-process floor ({c.model_preset}, {c.torch_threads} thread(s)) at {lengths}")
+        self.log(f"in-process floor {when} ({c.model_preset}, {c.torch_threads} thread(s))")
         floor = model_floor(
-            c.model_preset, c.torch_threads, lengths, c.short_term, NUM_CANDIDATES,
+            c.model_preset, c.torch_threads, c.length_grid(), c.short_term, NUM_CANDIDATES,
             c.settings.floor_repeats, c.pre_infer_chunk_tokens, c.floor_device,
         )  # fmt: skip
         for p in floor:
             self.log(f"floor L={p.prefix_length}: full {p.full_ms:.1f} ms, "
                      f"pre-infer {p.pre_infer_ms:.1f} ms, cached rank {p.rank_ms:.1f} ms")  # fmt: skip
+        return floor
+
+    def run(self) -> Measurements:
+        c = self.config
+        lengths, loads, window = c.length_grid(), c.load_grid(), c.relay_window_ms
+        floor = self.floor("before the fleets")
+        checks.first_floor(c, floor, self.log)
         # A miss computes the prefix (in chunks) and ranks against it: the baseline's critical path. RelayGR
         # takes the relay window off it. First guesses: half the SLO left for queueing and the hops.
         no_relay_ms = [p.pre_infer_ms + p.rank_ms for p in floor]
@@ -319,6 +325,7 @@ class Bench:
             modes={m.name: m for m in (BASELINE, RELAY, *chosen)},
             fleet=self.shape,
             mix_universes=list(self.mixes),
+            floor_end=self.floor("after the fleets"),
         )
 
     def abandonment(

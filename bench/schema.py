@@ -255,7 +255,7 @@ class Ablations:
 class Measurements:
     """What `Bench.run` measured (see `bench.experiments`)."""
 
-    floor: list[FloorPoint]
+    floor: list[FloorPoint]  # timed before any fleet starts
     cached_rank: list[CachedRankPoint]
     length_sweep: LengthSweep
     throughput_sweeps: dict[str, Mix]  # by mix label, the first mix first
@@ -265,6 +265,7 @@ class Measurements:
     modes: dict[str, Mode]
     fleet: FleetShape
     mix_universes: list[Universe]
+    floor_end: list[FloorPoint] | None = _optional()  # timed again after the last fleet stopped
 
 
 @schema

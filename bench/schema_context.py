@@ -50,6 +50,9 @@ class Machine:
     load_average_at_start: list[float] | None = _optional()
     gpu: dict[str, Any] | None = _optional()  # `bench.gpu_monitor.gpu_info`: absent without a GPU
     load_average_at_end: list[float] | None = _optional()  # absent from a checkpoint before the end
+    # The widest vector instructions torch's CPU kernels use here (torch.backends.cpu: AVX2, AVX512, ...):
+    # the same CPU model name may be hosts with and without AVX-512, at two floors (absent: not recorded).
+    cpu_capability: str | None = _optional()
 
 
 @schema
@@ -76,3 +79,6 @@ class RunChecks:
     foreign_cores_mean: float  # over every measured point, by its wall time
     foreign_cores_max: float
     flags: list[str]
+    # The floor timed at the run's end against the one timed at its start, as `floor_drift` (absent: a
+    # run that timed it once).
+    floor_change: float | None = _optional()

@@ -21,9 +21,13 @@ def checks_banner(run: Run) -> str:
     drift = "no committed run to compare with" if checks.floor_drift is None else (
         f"{checks.floor_drift:+.1%} against {checks.floor_reference}"
     )  # fmt: skip
+    if checks.floor_change is not None:
+        drift += f", {checks.floor_change:+.1%} from the run's start to its end"
+    capability = run.machine.cpu_capability
     measured = (
-        f"in-process floor {drift}; other users of the machine took {checks.foreign_cores_mean:.2f} cores "
-        f"on average during the points (at most {checks.foreign_cores_max:.2f})"
+        f"in-process floor {drift}{f' (CPU kernels: {capability})' if capability else ''}; other users of "
+        f"the machine took {checks.foreign_cores_mean:.2f} cores on average during the points (at most "
+        f"{checks.foreign_cores_max:.2f})"
     )
     if checks.flags:
         reasons = "".join(f"\n- {flag}" for flag in checks.flags)

@@ -114,11 +114,14 @@ def headline():
     return fake_run(load_config(["--profile", "headline"], {}))
 
 
-def fake_run(config: BenchConfig) -> tuple[dict, list[str], list[tuple]]:
-    """A whole run of `config` over fake fleets: results.json's content, the fleets in start order, and
-    every point measured (mode, universe, rate, window, abandoned share, seed index), in order."""
+def fake_run(
+    config: BenchConfig, reference: list[FloorPoint] = FLOOR, started: list[str] | None = None
+) -> tuple[dict, list[str], list[tuple]]:
+    """A whole run of `config` over fake fleets, against a committed run whose floor was `reference`:
+    results.json's content, the fleets in start order (appended to `started`), and every point measured
+    (mode, universe, rate, window, abandoned share, seed index), in order."""
     monkeypatch = pytest.MonkeyPatch()
-    started: list[str] = []
+    started = [] if started is None else started
     counters: dict[str, dict[str, Any]] = {}
     measured: list[tuple] = []
 
@@ -164,6 +167,7 @@ def fake_run(config: BenchConfig) -> tuple[dict, list[str], list[tuple]]:
         ],
     )
     monkeypatch.setattr(experiments, "LEASE_SETTLE_S", 0.0)
+    monkeypatch.setattr(checks, "committed_reference", lambda profile: (f"{profile}-before", reference))
     monkeypatch.setattr(probes, "snapshot", fake_snapshot)
     monkeypatch.setattr(Bench, "point", point)
     monkeypatch.setattr(Bench, "fleet", lambda self, mode: FakeFleet(mode, started, counters))
@@ -173,7 +177,7 @@ def fake_run(config: BenchConfig) -> tuple[dict, list[str], list[tuple]]:
         results = record.assemble(
             config, bench.run(), "2026-01-01T00:00:00+00:00", 3600.0, machine,
             Versions(torch="2.x", git_commit="abc1234"),
-            reference=lambda profile: (f"{profile}-before", FLOOR),
+            reference=checks.committed_reference,
         )  # fmt: skip
     finally:
         monkeypatch.undo()
@@ -271,7 +275,9 @@ def test_each_edge_is_bracketed_and_each_ratio_has_the_brackets_interval(run):
 
 def test_a_run_is_flagged_when_its_floor_moved_or_other_users_took_the_cpu(run):
     results = Run.from_json(run[0])
-    assert results.checks.flags == [] and results.checks.floor_drift == 0.0
+    # The floor was timed twice, before the first fleet and after the last one, and compared.
+    assert results.measured.floor == results.measured.floor_end == FLOOR
+    assert results.checks.flags == [] and results.checks.floor_drift == 0.0 == results.checks.floor_change
     assert (
         results.checks.foreign_cores_mean == FOREIGN_CORES and results.checks.floor_reference == "full-before"
     )
@@ -296,6 +302,72 @@ def test_a_run_is_flagged_when_its_floor_moved_or_other_users_took_the_cpu(run):
     markdown = report.render_markdown(results)
     assert markdown.split("\n")[2].startswith("**FLAGGED: this run's figures are not for the README.**")
     assert record.summary(results).startswith("FLAGGED (the in-process floor moved +11.1%")
+
+
+def scaled_floor(factor: float, floor: list[FloorPoint] = FLOOR) -> list[FloorPoint]:
+    """`floor` with every time multiplied by `factor`."""
+    return [
+        dataclasses.replace(p, full_ms=p.full_ms * factor, pre_infer_ms=p.pre_infer_ms * factor,
+                            rank_ms=p.rank_ms * factor)
+        for p in floor
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("end", "before", "drift", "change", "flagged"),
+    [
+        (1.05, 1.0, 0.0, 0.05, []),  # slower at the end, within the limit: the start's floor is compared
+        (1.2, 1.0, 0.0, 0.2, ["from the run's start to its end"]),  # the machine slowed while it ran
+        # The start alone moved +11.1 % from the committed run; the end's lower times count: +5.6 %.
+        (0.95, 0.9, round(0.95 / 0.9 - 1, 4), -0.05, []),
+        (0.85, 1.0, -0.15, -0.15, ["from full-before's", "from the run's start to its end"]),
+    ],
+)
+def test_a_run_is_checked_by_the_lower_of_its_two_floors_and_by_how_far_they_differ(
+    run, end: float, before: float, drift: float, change: float, flagged: list[str]
+):
+    results = Run.from_json(run[0])
+    measured = dataclasses.replace(results.measured, floor_end=scaled_floor(end))
+    checked = checks.run_checks(CONFIG, measured, ("full-before", scaled_floor(before)))
+    assert (checked.floor_drift, checked.floor_change) == (drift, change)
+    assert len(checked.flags) == len(flagged)
+    for flag, moved in zip(checked.flags, flagged, strict=True):
+        assert moved in flag
+
+
+def test_lowest_takes_each_paths_lower_time_at_each_length_of_the_two_floors():
+    faster_long = [
+        dataclasses.replace(p, full_ms=p.full_ms * (0.5 if p.prefix_length > 2048 else 2.0), rank_ms=1.0)
+        for p in FLOOR
+    ]
+    lowered = checks.lowest(FLOOR, faster_long)
+    for mine, theirs, low in zip(FLOOR, faster_long, lowered, strict=True):
+        assert low.prefix_length == mine.prefix_length
+        assert low.full_ms == min(mine.full_ms, theirs.full_ms) and low.rank_ms == 1.0
+        assert low.pre_infer_ms == mine.pre_infer_ms
+    assert checks.lowest(FLOOR, None) == FLOOR
+
+
+def test_a_run_whose_first_floor_moved_past_the_limit_stops_before_any_fleet_when_told_to():
+    started: list[str] = []
+    config = dataclasses.replace(CONFIG, stop_when_flagged=True)
+    # The committed run timed everything 20 % faster: this floor moved +25 %.
+    with pytest.raises(
+        checks.FlaggedRun, match=r"floor moved \+25.0% from full-before's .*stopped before any"
+    ):
+        fake_run(config, reference=scaled_floor(0.8), started=started)
+    assert started == []
+    # Without the setting the same run goes on, flagged; within the limit (+5.3 %) it is not stopped.
+    flagged, _, _ = fake_run(CONFIG, reference=scaled_floor(0.8))
+    assert len(flagged["checks"]["flags"]) == 1 and flagged["checks"]["floor_drift"] == 0.25
+    within, _, _ = fake_run(config, reference=scaled_floor(0.95))
+    assert within["checks"]["flags"] == []
+
+
+def test_the_headline_profile_stops_when_flagged_and_the_others_do_not():
+    assert load_config(["--profile", "headline"], {}).stop_when_flagged
+    assert not load_config(["--profile", "headline", "--stop-when-flagged", "false"], {}).stop_when_flagged
+    assert not any(load_config(["--profile", name], {}).stop_when_flagged for name in ("quick", "full"))
 
 
 def test_abandonment_sweeps_both_modes_and_counts_relays_wasted_pre_inference(run):
@@ -369,7 +441,9 @@ def test_the_results_render_and_the_summary_names_every_ratio(run, tmp_path):
     assert "| dram-only | 19.2 | x1.59 |" in markdown and "| 10% | 12.1 | 37.9 |" not in markdown
     assert "| 10% | 13.3 | 34.8 | x2.62 |" in markdown
     # The checks, the brackets, the ratios' intervals and the pooled verdicts at the brackets.
-    assert markdown.split("\n")[2].startswith("Checks: in-process floor +0.0% against full-before;")
+    assert markdown.split("\n")[2].startswith(
+        "Checks: in-process floor +0.0% against full-before, +0.0% from the run's start to its end;"
+    )
     assert f"| load (req/s) on `{MIX1}` | [12.1, 13.3) | [37.9, 41.3) | x3.13 | x2.85 to x3.41 |" in markdown
     assert "| length (events) at 8 req/s | [1536, 2048) | [3072, 4096) | x2.00 | x1.50 to x2.67 |" in markdown
     undecided = "| meets | **no** (seed cap: the pooled P99 decided) |"
