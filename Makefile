@@ -72,6 +72,15 @@ bench-full: install
 bench-headline: install
 	$(PY) -m bench --profile headline
 
+# Issue 31's reproducibility check: the headline profile twice at one commit (each stops at its first floor
+# when the machine's speed already makes it unquotable), then `bench.reproduce` compares them (exit 1
+# unless both agree on every headline ratio and meet the first mix's targets). About 2.5 hours on 2 cores.
+.PHONY: bench-reproduce
+bench-reproduce: install
+	$(PY) -m bench --profile headline --name headline
+	$(PY) -m bench --profile headline --name headline-2
+	$(PY) -m bench.reproduce --runs bench/results/headline,bench/results/headline-2 --out bench/results/headline-2/reproduce.md
+
 # A fixed-load A/B (docs/benchmark.md): baseline against RelayGR at 20 and 40 calls/s, 5 load seeds, about
 # 16 minutes on 2 cores; AB_ARGS adds flags or replaces defaults (AB_ARGS="--modes relay,no-dram --rates 30").
 .PHONY: bench-ab

@@ -34,6 +34,7 @@ SERVICES = [
     ("Local fleet — `python -m services.launcher` (`make run`)", "services.launcher.demo", "LauncherConfig"),
     ("Benchmark — `python -m bench`", "bench.config", "BenchConfig"),
     ("Fixed-load A/B — `python -m bench.ab`", "bench.ab.config", "AbConfig"),
+    ("Two headline runs compared — `python -m bench.reproduce`", "bench.reproduce", "ReproduceConfig"),
     ("Tracing-overhead benchmark — `python -m bench.tracing`", "bench.tracing.config", "TracingBench"),
     ("MLCommons LoadGen — `python -m bench.mlperf`", "bench.mlperf.config", "MlperfConfig"),
     (

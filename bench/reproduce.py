@@ -1,0 +1,249 @@
+"""`python -m bench.reproduce --runs A,B`: whether two runs of the headline experiments agree (issue 31).
+
+Two runs of `make bench-headline` (or bench-full) at one commit, on an otherwise idle machine, reproduce
+when, on every headline ratio (the length sweep's, each mix's and each non-zero abandoned share's):
+
+- both runs measured it;
+- their bracket-based intervals overlap (`bench.schema.ratio_interval`: the ratio of the edges as the
+  sequential verdicts placed them);
+- their point estimates agree within `--agreement` (10 %): the larger is at most 1.1x the smaller.
+
+Beside that, each run is held to the paper's targets on the first mix (`--target-ratio`, x3 over the
+baseline: the paper reports x3.6; and `--target-of-admit-all`, 0.95 of admit-all's highest load: the
+trigger's selectivity must not cost throughput), to its own checks (a flagged run is not quotable,
+`bench.checks`), and both to one commit. Prints the comparison as markdown (and writes it to `--out`);
+exits 1 unless every one of these holds, so that `make bench-reproduce` fails where the issue would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.schema import Run, Sweep, ratio, ratio_interval
+from services.common.config import listed, load, setting
+
+Interval = list[float | None]  # [low, high]; high None: unbounded
+
+
+@dataclasses.dataclass(frozen=True)
+class ReproduceConfig:
+    runs: str = setting(
+        "bench/results/headline,bench/results/headline-2",
+        "the two runs' folders, each with its results.json (the earlier first)",
+        items=str,
+        distinct=True,
+    )
+    agreement: float = setting(
+        0.10, "the most two runs' point estimates of a ratio may differ: larger / smaller - 1", above=0
+    )
+    target_ratio: float = setting(3.0, "the least RelayGR / baseline on the first mix, in each run", above=0)
+    target_of_admit_all: float = setting(
+        0.95, "the least RelayGR / admit-all highest load on the first mix, in each run", above=0
+    )
+    out: str = setting("", "also write the comparison (markdown) to this file (empty: print only)")
+
+    def validate(self) -> None:
+        if len(listed(self, "runs")) != 2:
+            raise ValueError("--runs takes exactly two folders")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ratio:
+    """One headline ratio of one run: its point estimate and its bracket-based interval (None: the run
+    did not measure it, or predates intervals)."""
+
+    value: float | None
+    interval: Interval | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    """One headline ratio in both runs, and whether they agree."""
+
+    name: str
+    first: Ratio
+    second: Ratio
+    overlap: bool | None  # None: an interval is missing
+    spread: float | None  # larger / smaller - 1 (None: a value is missing)
+    agrees: bool
+
+
+def headline(run: Run) -> dict[str, Ratio]:
+    """A run's headline ratios by name: the length sweep's, each mix's (mix 1, mix 2, …) and each
+    non-zero abandoned share's."""
+    ratios = {"length": Ratio(run.length_ratio, run.length_ratio_interval)}
+    for number, mix in enumerate(run.measured.throughput_sweeps.values(), start=1):
+        ratios[f"mix {number} ({mix.universe})"] = Ratio(mix.ratio, mix.ratio_interval)
+    for fraction in run.measured.abandonment.fractions.values():
+        if fraction.fraction > 0:
+            ratios[f"{fraction.fraction:.0%} abandoned"] = Ratio(fraction.ratio, fraction.ratio_interval)
+    return ratios
+
+
+def overlaps(first: Interval, second: Interval) -> bool:
+    """Whether two intervals share a point (an unbounded high end reaches every value above its low)."""
+    low = max(first[0] or 0.0, second[0] or 0.0)
+    highs = [high for high in (first[1], second[1]) if high is not None]
+    return not highs or low <= min(highs)
+
+
+def agreement(name: str, first: Ratio, second: Ratio, limit: float) -> Agreement:
+    """`name`'s ratio in both runs, judged: both measured, intervals overlapping, values within `limit`."""
+    overlap = (
+        None
+        if first.interval is None or second.interval is None
+        else overlaps(first.interval, second.interval)
+    )
+    spread = None
+    if first.value and second.value:
+        spread = round(max(first.value, second.value) / min(first.value, second.value) - 1, 4)
+    agrees = bool(overlap) and spread is not None and spread <= limit
+    return Agreement(name, first, second, overlap, spread, agrees)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One run's first-mix target: RelayGR's highest load over the other mode's, against its least."""
+
+    name: str
+    ratio: Ratio
+    least: float
+
+    @property
+    def met(self) -> bool:
+        return self.ratio.value is not None and self.ratio.value >= self.least
+
+
+def targets(run: Run, config: ReproduceConfig) -> list[Target]:
+    """The first mix's targets in `run`: RelayGR over the baseline, and over admit-all (none: not
+    measured)."""
+    mix = next(iter(run.measured.throughput_sweeps.values()))
+    admit_all: Sweep | None = run.measured.ablations.sweeps.get("admit-all")
+    of_admit_all = Ratio(None, None)
+    if admit_all is not None:
+        of_admit_all = Ratio(ratio(mix.relay.best, admit_all.best), ratio_interval(mix.relay, admit_all))
+    return [
+        Target("RelayGR / baseline, mix 1", Ratio(mix.ratio, mix.ratio_interval), config.target_ratio),
+        Target("RelayGR / admit-all, mix 1", of_admit_all, config.target_of_admit_all),
+    ]
+
+
+def shown(ratio: Ratio) -> str:
+    """A ratio and its interval as the tables write them (`x2.5 [2.2, 2.9]`; none: no ratio)."""
+    text = "none" if ratio.value is None else f"x{ratio.value:g}"
+    if ratio.interval is None:
+        return f"{text}, no interval"
+    low, high = ratio.interval
+    return f"{text} [{low or 0:g}, {'unbounded' if high is None else f'{high:g}'}]"
+
+
+def yes(flag: bool | None) -> str:
+    return "n/a" if flag is None else "yes" if flag else "**no**"
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    names: tuple[str, str]
+    runs: tuple[Run, Run]
+    agreements: list[Agreement]
+    targets: tuple[list[Target], list[Target]]
+
+    @property
+    def one_commit(self) -> bool:
+        commits = {run.versions.git_commit for run in self.runs}
+        return len(commits) == 1 and not next(iter(commits)).endswith("-dirty")
+
+    @property
+    def quotable(self) -> bool:
+        return not any(run.checks is None or run.checks.flags for run in self.runs)
+
+    @property
+    def reproduced(self) -> bool:
+        return bool(self.agreements) and all(entry.agrees for entry in self.agreements)
+
+    @property
+    def targets_met(self) -> bool:
+        return all(target.met for found in self.targets for target in found)
+
+    @property
+    def holds(self) -> bool:
+        return self.one_commit and self.quotable and self.reproduced and self.targets_met
+
+
+def compare(names: tuple[str, str], runs: tuple[Run, Run], config: ReproduceConfig) -> Comparison:
+    """The two runs' headline ratios side by side, and each run's targets."""
+    first, second = (headline(run) for run in runs)
+    agreements = [
+        agreement(
+            name, first.get(name, Ratio(None, None)), second.get(name, Ratio(None, None)), config.agreement
+        )
+        for name in dict.fromkeys([*first, *second])
+    ]
+    return Comparison(names, runs, agreements, (targets(runs[0], config), targets(runs[1], config)))
+
+
+def render(comparison: Comparison, config: ReproduceConfig) -> str:
+    """The comparison as markdown: the runs, the ratios' agreement, the targets and the verdict."""
+    header = "| run | commit | profile | seeds a verdict | minutes | checks |\n|---|---|---|---|---|---|"
+    lines = ["# Do two headline runs agree?", "", header]
+    for name, run in zip(comparison.names, comparison.runs, strict=True):
+        checks = "not recorded" if run.checks is None else (
+            "FLAGGED: " + "; ".join(run.checks.flags) if run.checks.flags else "not flagged"
+        )  # fmt: skip
+        lines.append(
+            f"| {name} | {run.versions.git_commit} | {run.configuration.profile} | {run.profile.seed_cap} | "
+            f"{run.duration_s / 60:.0f} | {checks} |"
+        )
+    first, second = comparison.names
+    agrees = f"agrees (at most {config.agreement:.0%})"
+    lines += ["", f"| ratio | {first} | {second} | intervals overlap | spread | {agrees} |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for entry in comparison.agreements:
+        spread = "n/a" if entry.spread is None else f"{entry.spread:.1%}"
+        lines.append(
+            f"| {entry.name} | {shown(entry.first)} | {shown(entry.second)} | {yes(entry.overlap)} | "
+            f"{spread} | {yes(entry.agrees)} |"
+        )
+    lines += ["", f"| target | least | {first} | {second} |", "|---|---|---|---|"]
+    for mine, theirs in zip(*comparison.targets, strict=True):
+        lines.append(
+            f"| {mine.name} | x{mine.least:g} | {shown(mine.ratio)}: {yes(mine.met)} | "
+            f"{shown(theirs.ratio)}: {yes(theirs.met)} |"
+        )
+    verdicts = [
+        ("one commit, not dirty", comparison.one_commit),
+        ("neither run flagged", comparison.quotable),
+        ("every headline ratio agrees", comparison.reproduced),
+        ("the first mix's targets met in both", comparison.targets_met),
+    ]
+    lines += ["", *(f"- {what}: {yes(ok)}" for what, ok in verdicts), "",
+              f"**{'Every check holds.' if comparison.holds else 'Not every check holds.'}**"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def read(folder: str) -> Run:
+    """The run in `folder` (its results.json)."""
+    path = Path(folder) / "results.json"
+    try:
+        return Run.from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise SystemExit(f"python -m bench.reproduce: --runs: no results.json in {folder}") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = load(ReproduceConfig, argv, prog="python -m bench.reproduce", description=__doc__)
+    first, second = listed(config, "runs")
+    comparison = compare((first, second), (read(first), read(second)), config)
+    text = render(comparison, config)
+    print(text, end="")
+    if config.out:
+        Path(config.out).write_text(text)
+    return 0 if comparison.holds else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
