@@ -8,8 +8,8 @@ Order of a run:
    router (experiment 3, serving side); the length sweep (experiment 1); the throughput sweep
    (experiment 2) on the first length mix, then on the second, longer one; then, on the first mix, both
    modes' load sweeps at each non-zero abandonment share (a share of requests is filtered after
-   retrieval: their Admit is sent, their Rank never comes). Every pair of sweeps runs one value's verdict
-   of each mode in turn;
+   retrieval: their Admit is sent, their Rank never comes). Every pair of sweeps runs one load seed of
+   each mode in turn;
 3. the baseline fleet stops; (full profile) RelayGR's length sweep at other relay windows; the
    ablations that run on RelayGR's own fleet (`no-revisit`, a workload variant);
 4. the other ablations (experiment 4), one fresh fleet each, one load sweep each on the first mix.
@@ -67,7 +67,7 @@ from bench.schema import (
     ratio_interval,
     recorded,
 )
-from bench.sweep import last_within, pooled_point, run_sweeps
+from bench.sweep import VerdictSteps, last_within, pooled_verdict, run_sweeps
 from bench.workload import RevisitSampler, Universe, fixed_length_universe, mix_universe
 
 SETTLE_S = 1.0  # pause between points: lets the last answers and background pre-inference finish
@@ -202,19 +202,15 @@ class Bench:
         measure: Callable[[Plan, float, int, Before], Point],
         refine_steps: int,
     ) -> list[Sweep]:
-        """One sweep per plan over `grid`, one load's verdict of each in turn (refinements included):
-        `measure(plan, value, seed_index, before)` measures one seed, `pooled_point` decides how many a
+        """One sweep per plan over `grid`, one load seed of each in turn (refinements included):
+        `measure(plan, value, seed_index, before)` measures one seed, `pooled_verdict` decides how many a
         load takes."""
         c = self.config
 
-        def verdict(number: int, value: float) -> Point:
+        def verdict(number: int, value: float) -> VerdictSteps:
             plan = plans[number]
-            point = pooled_point(
-                lambda k, before: measure(plan, value, k, before),
-                c.settings.seed_cap,
-                c.slo_ms,
-                c.max_error_fraction,
-            )
+            seeds = functools.partial(measure, plan, value)
+            point = yield from pooled_verdict(seeds, c.settings.seed_cap, c.slo_ms, c.max_error_fraction)
             if point.verdict is not None and c.settings.seed_cap > 1:
                 self.log(f"{plan.fleet.mode.name:<11} {value:g}: {describe_verdict(point.verdict)}")
             return point

@@ -1,21 +1,25 @@
 """Sweeps, written once for every entry point: each finds the largest grid value that meets the SLO.
 
 `run_sweeps` runs one sweep per first guess over the same grid (`bench.stats.largest_passing_value`,
-refined between grid values), one load of each in turn (`bench.stats.interleave`), so that sweeps share
-the machine's drifting load. A measurement may stop them all (`SweepStopped`: the gpu profile's time
+refined between grid values), one load seed of each in turn (`bench.stats.interleave`), so that sweeps
+share the machine's drifting load. A measurement may stop them all (`SweepStopped`: the gpu profile's time
 budget): each sweep then keeps what it saw (`BudgetedSweep`'s bounds) and is marked cut short. A finished
 sweep records its bracket: its best and the lowest failing value above it (`Sweep.first_failure`).
 
-A load's verdict is sequential (`pooled_point`): its first load seed, then, while the P99's interval over
+A load's verdict is sequential (`pooled_verdict`): its first load seed, then, while the P99's interval over
 the requests pooled so far holds the SLO, one more seed, up to a cap (`Profile.seed_cap`). The search
-takes the pooled verdict (`Point.passes`) as it took one point's before.
+takes the pooled verdict (`Point.passes`) as it took one point's before. A verdict is a coroutine that
+yields each seed's measurement and is sent its point, so that sweeps take turns by seed, not by verdict:
+a mode whose verdict near its edge takes five seeds does not measure them in one spell of the machine's
+load while the other mode waits (`pooled_point` measures one verdict at once).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 
 import numpy as np
 
@@ -28,42 +32,50 @@ class SweepStopped(Exception):
     """A measurement ended every sweep running with it; the message says why."""
 
 
+Seed = Callable[[], Point]  # one load seed's measurement, run when its sweep's turn comes
+VerdictSteps = Generator[Seed, Point, Point]  # a load's verdict: yields seeds, is sent their points
+
+
 def run_sweeps(
     grid: Sequence[float],
     firsts: Sequence[int],
-    measure: Callable[[int, float], Point],
+    verdict: Callable[[int, float], VerdictSteps],
     refine_steps: int,
     new_sweep: Callable[[], Sweep] = Sweep,
 ) -> tuple[list[Sweep], str | None]:
-    """One sweep per index of `firsts` (the grid index it measures first), `measure(number, value)` giving
-    sweep `number`'s point at `value`; the sweeps and why they were stopped (None: every one finished). A
-    point stopped at its end time (`cut`) stops them all."""
+    """One sweep per index of `firsts` (the grid index it measures first), `verdict(number, value)`
+    giving sweep `number`'s verdict at `value` (`pooled_verdict`), one seed of each sweep in turn; the
+    sweeps and why they were stopped (None: every one finished). A point stopped at its end time (`cut`)
+    stops them all."""
     sweeps = [new_sweep() for _ in firsts]
     verdicts: list[list[tuple[float, bool]]] = [[] for _ in firsts]
 
-    def passes_for(number: int) -> Callable[[float], bool]:
+    def search(number: int, first: int) -> Generator[Seed, Point, float | None]:
         sweep, seen = sweeps[number], verdicts[number]
+        values = largest_passing_value(grid, first, refine_steps)
+        try:
+            value = next(values)
+            while True:
+                point = yield from verdict(number, value)
+                sweep.points.append(point)
+                if value not in grid:
+                    sweep.refined.append(value)
+                if any(seed_point.cut for seed_point in seed_points(point)):
+                    raise SweepStopped(f"the budget's end stopped the point at {value:g}")
+                seen.append((value, point.passes))
+                value = values.send(point.passes)
+        except StopIteration as done:
+            return done.value
 
-        def passes(value: float) -> bool:
-            point = measure(number, value)
-            sweep.points.append(point)
-            if value not in grid:
-                sweep.refined.append(value)
-            if any(seed_point.cut for seed_point in seed_points(point)):
-                raise SweepStopped(f"the budget's end stopped the point at {value:g}")
-            seen.append((value, point.passes))
-            return point.passes
-
-        return passes
-
-    searches = [
-        (largest_passing_value(grid, first, refine_steps), passes_for(number))
-        for number, first in enumerate(firsts)
-    ]
+    searches = [(search(number, first), measure_seed) for number, first in enumerate(firsts)]
     results, finished, reason = interleave_until_stopped(searches)
     for sweep, seen, done, best in zip(sweeps, verdicts, finished, results, strict=True):
         close_sweep(sweep, seen, grid, done, best, reason)
     return sweeps, reason
+
+
+def measure_seed(seed: Seed) -> Point:
+    return seed()
 
 
 def interleave_until_stopped(searches: Sequence) -> tuple[list, list[bool], str | None]:
@@ -116,18 +128,30 @@ def _finite(value: float) -> float | None:
 
 def pooled_point(measure: Callable[[int, Before], Point], seed_cap: int, slo_ms: float,
                  max_error_fraction: float) -> Point:  # fmt: skip
-    """A load's sequential verdict: `measure(k, before)` measures it with load seed index k (its own users
-    and arrivals), told what the earlier seeds measured (`before`: its early stop is the pooled sample's
-    at the cap). After each seed, the ranked requests of every seed so far are pooled and
-    `bench.stats.slo_decision` decides; while its interval holds the SLO, one more seed is measured, up
-    to `seed_cap` seeds, where the pooled P99 decides alone (`Verdict.decided` False). A seed stopped
-    early (`aborted`: the pooled sample failed for certain) fails the load: its sample is truncated. A
-    seed cut by a time budget ends the verdict undecided and failing (the sweep stops on it). Returns
-    the first seed's point with the `Verdict` attached (the others inside it); the first point alone
-    when it was cut."""
+    """`pooled_verdict`'s point, its seeds measured one after another (one load alone)."""
+    steps = pooled_verdict(measure, seed_cap, slo_ms, max_error_fraction)
+    try:
+        seed = next(steps)
+        while True:
+            seed = steps.send(seed())
+    except StopIteration as done:
+        return done.value
+
+
+def pooled_verdict(measure: Callable[[int, Before], Point], seed_cap: int, slo_ms: float,
+                   max_error_fraction: float) -> VerdictSteps:  # fmt: skip
+    """A load's sequential verdict: yields `measure(k, before)` for load seed index k (its own users and
+    arrivals; `before`: what the earlier seeds measured, since its early stop is the pooled sample's at
+    the cap) as a measurement to run, and is sent its point. After each seed, the ranked requests of
+    every seed so far are pooled and `bench.stats.slo_decision` decides; while its interval holds the
+    SLO, one more seed, up to `seed_cap` seeds, where the pooled P99 decides alone (`Verdict.decided`
+    False). A seed stopped early (`aborted`: the pooled sample failed for certain) fails the load: its
+    sample is truncated. A seed cut by a time budget ends the verdict undecided and failing (the sweep
+    stops on it). Returns the first seed's point with the `Verdict` attached (the others inside it); the
+    first point alone when it was cut."""
     if seed_cap < 1:
         raise ValueError("seed_cap must be at least 1")
-    first = measure(0, FIRST_SEED)
+    first = yield functools.partial(measure, 0, FIRST_SEED)
     if first.cut:
         return first
     points = [first]
@@ -143,7 +167,7 @@ def pooled_point(measure: Callable[[int, Before], Point], seed_cap: int, slo_ms:
             violations=sum(1 for ms in samples if ms > slo_ms),
             errors=sum(1 for ms in samples if math.isinf(ms)),
         )
-        points.append(measure(len(points), before))
+        points.append((yield functools.partial(measure, len(points), before)))
         if points[-1].cut:
             decision, p99 = False, math.nan
             break

@@ -26,7 +26,7 @@ from bench.stats import (
     slo_decision,
     violation_budget,
 )
-from bench.sweep import pooled_point, run_sweeps
+from bench.sweep import pooled_point, pooled_verdict, run_sweeps
 from relaygr.v1 import common_pb2
 from tests.bench.synthetic import point_of
 
@@ -361,14 +361,40 @@ def test_pooled_verdicts_leave_the_search_its_answer_and_bracket_it(grid, limit,
     """For any monotone limit (near it, loads take several seeds), the sweep's best is the largest grid
     value at or below it and its first failure the next grid value above."""
 
-    def measure(number: int, value: float) -> Point:
+    def verdict(number: int, value: float):
         near = 0.9 * limit < value <= 1.1 * limit
         latencies = (
             (NEAR_PASS if value <= limit else NEAR_FAIL) if near else (FAST if value <= limit else SLOW)
         )
-        return pooled_point(seeds_of(*[latencies] * 3), 3, SLO_MS, 0.001)
+        return pooled_verdict(seeds_of(*[latencies] * 3), 3, SLO_MS, 0.001)
 
-    (sweep,), stopped = run_sweeps(grid, [min(first, len(grid) - 1)], measure, refine_steps=0)
+    (sweep,), stopped = run_sweeps(grid, [min(first, len(grid) - 1)], verdict, refine_steps=0)
     passing = [value for value in grid if value <= limit]
     assert stopped is None and sweep.best == max(passing, default=None)
     assert sweep.first_failure == min((value for value in grid if value > limit), default=None)
+
+
+def test_sweeps_take_turns_by_load_seed_not_by_verdict():
+    """Sweep 0 sits near its edge at every value (three seeds a verdict), sweep 1 far from it (one): the
+    seeds alternate between them, so sweep 0's three seeds are not measured in one spell."""
+    order: list[tuple[int, float, int]] = []
+
+    def verdict(number: int, value: float):
+        latencies = NEAR_PASS if number == 0 else FAST
+        measure = seeds_of(*[latencies] * 3)
+
+        def seed(k: int, before: Before) -> Point:
+            order.append((number, value, k))
+            return measure(k, before)
+
+        return pooled_verdict(seed, 3, SLO_MS, 0.001)
+
+    sweeps, stopped = run_sweeps([1.0, 2.0, 3.0], [0, 0], verdict, refine_steps=0)
+    assert stopped is None and [sweep.best for sweep in sweeps] == [3.0, 3.0]
+    assert order == [
+        (0, 1.0, 0), (1, 1.0, 0), (0, 1.0, 1), (1, 2.0, 0), (0, 1.0, 2), (1, 3.0, 0),
+        (0, 2.0, 0), (0, 2.0, 1), (0, 2.0, 2), (0, 3.0, 0), (0, 3.0, 1), (0, 3.0, 2),
+    ]  # fmt: skip
+    # Each verdict still pools its own seeds, as `pooled_point` measuring them at once does.
+    assert [len(point.verdict.seeds) for point in sweeps[0].points] == [3, 3, 3]
+    assert [len(point.verdict.seeds) for point in sweeps[1].points] == [1, 1, 1]
