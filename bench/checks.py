@@ -4,17 +4,19 @@ and at the top of its report.
 Two things move every figure of a run on a shared machine without showing in its ratios' points:
 
 - the machine's speed: the in-process floor (`bench.micro.floor.model_floor`) is timed before any fleet
-  starts and again after the last one stopped. Each length's lower time of the two (timing noise only
-  ever adds) is compared with the previous committed run of the same profile (bench/results/<profile>/
-  at the checkout's HEAD): the relative change of the full forwards summed over the lengths both timed.
-  A change above `--floor-drift-limit` (10 %) flags the run: its limits are not comparable with the
-  committed ones. So does the same change between the run's own two floors: the machine's speed moved
-  while it ran. The limit is twice the floor's own noise: four floors timed in a row in one process on
-  an idle machine (2026-11-27) spanned 9.6 % (the first the slowest), three in a fresh process 1.6 %,
-  and the last four committed full runs' floors sit 1-7 % apart; at 5 % two of those three runs would
-  have been flagged against the one before. A different machine moves it far more: the same 2-core
-  "AMD EPYC" VM, on a host whose torch kernels ran AVX2 (`Machine.cpu_capability`), timed 1.4-1.9x
-  the committed full run's floor;
+  starts and again after the last one stopped, each in a fresh process (`model_floor_apart`; timed in
+  the benchmark's own process after its load, short lengths read up to 40 % slower: 16 events 2.9 ->
+  4.2 ms in a 2.5-minute cpu-tiny run, 2.9 -> 3.0 ms apart). Each length's lower time of the two
+  (timing noise only ever adds) is compared with the previous committed run of the same profile
+  (bench/results/<profile>/ at the checkout's HEAD): the relative change of the full forwards summed
+  over the lengths both timed. A change above `--floor-drift-limit` (10 %) flags the run: its limits
+  are not comparable with the committed ones. So does the same change between the run's own two
+  floors: the machine's speed moved while it ran. The limit is twice the floor's own noise: four floors
+  timed in a row in one process on an idle machine (2026-11-27) spanned 9.6 % (the first the slowest),
+  three in a fresh process 1.6 %, and the last four committed full runs' floors sit 1-7 % apart; at 5 %
+  two of those three runs would have been flagged against the one before. A different machine moves it
+  far more: the same 2-core "AMD EPYC" VM, on a host whose torch kernels ran AVX2
+  (`Machine.cpu_capability`), timed 1.4-1.9x the committed full run's floor;
 - other users of the machine: the cores they took during each measured point (`Cost.foreign_cores`),
   averaged over every point by its wall time. A mean above `--foreign-cores-limit` (0.2 cores) flags
   the run.

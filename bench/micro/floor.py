@@ -16,6 +16,8 @@ fingerprinting, the device thread, and the answer's way back).
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import multiprocessing
 import statistics
 import time
 from collections.abc import Sequence
@@ -68,6 +70,25 @@ def model_floor(
         )
         for p in curve.points
     ]
+
+
+def model_floor_apart(
+    preset: str,
+    torch_threads: int,
+    lengths: Sequence[int],
+    short_term: int,
+    candidates: int,
+    repeats: int,
+    chunk_tokens: int,
+    device: str = "cpu",
+) -> list[FloorPoint]:
+    """`model_floor` in a fresh Python process, so that a floor timed after an hour of load (the benchmark
+    times one before its first fleet and one after its last) finds the interpreter as the first did:
+    not the load generator's heap, its gRPC threads or its allocator's state."""
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as apart:
+        args = (preset, torch_threads, list(lengths), short_term, candidates, repeats, chunk_tokens, device)
+        return apart.submit(model_floor, *args).result()
 
 
 def _behavior(length: int, first_item: int, rng: np.random.Generator) -> common_pb2.BehaviorSequence:
