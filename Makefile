@@ -82,7 +82,7 @@ bench-reproduce: install
 	$(PY) -m bench.reproduce --runs bench/results/headline,bench/results/headline-2 --out bench/results/headline-2/reproduce.md
 
 # A fixed-load A/B (docs/benchmark.md): baseline against RelayGR at 20 and 40 calls/s, 5 load seeds, about
-# 16 minutes on 2 cores; AB_ARGS adds flags or replaces defaults (AB_ARGS="--modes relay,no-dram --rates 30").
+# 17 minutes on 2 cores (each fleet warmed up for 30 s first); AB_ARGS adds flags or replaces defaults (AB_ARGS="--modes relay,no-dram --rates 30").
 .PHONY: bench-ab
 bench-ab: install
 	$(PY) -m bench.ab $(AB_ARGS)

@@ -3,9 +3,11 @@
 `to_json` writes a dataclass as an object of its fields in declaration order, nested dataclasses, lists,
 tuples and dictionaries included. Two field options change that: `FLAT` writes a nested dataclass's
 fields into the enclosing object (several records share a group of fields that way), `OMIT_NONE`
-leaves a field out while it is None (a field only some records of a kind have), and `TRANSIENT` leaves a
+leaves a field out while it is None (a field only some records of a kind have), `TRANSIENT` leaves a
 field out always (what a run keeps in memory only, such as a point's latency samples; read back, it
-has its default).
+has its default), and a field with `omitted_while(value)` (`bench.config.absent_means(..., omitted=True)`
+for a setting) is read as `value` where it is absent and left out while it holds it (so that a results
+file from before it was added is written back byte for byte).
 
 `from_json` reads one back by the field types: a key that a field without a default needs and the object
 lacks, or a key that no field takes, is a ValueError naming where it is (`throughput_sweeps.<mix>.relay.
@@ -26,6 +28,13 @@ from typing import Any, TypeVar
 FLAT = {"flat": True}
 OMIT_NONE = {"omit_none": True}
 TRANSIENT = {"transient": True}
+
+
+def omitted_while(value: object) -> dict[str, object]:
+    """A field's metadata: read as `value` where a results file lacks it, and left out while it holds it."""
+    return {"absent": value, "omit_absent": True}
+
+
 T = TypeVar("T")
 
 
@@ -39,6 +48,8 @@ def to_json(value: Any) -> Any:
             item = getattr(value, field.name)
             if field.metadata.get("flat"):
                 out.update(to_json(item))
+            elif field.metadata.get("omit_absent") and item == field.metadata["absent"]:
+                continue
             elif not (item is None and field.metadata.get("omit_none")):
                 out[field.name] = to_json(item)
         return out

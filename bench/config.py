@@ -81,6 +81,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from bench import codec
 from bench.fleets import ABLATIONS
 from services.common.config import env_name, flag_name, grid, listed, load, setting
 from services.launcher.fleet import ROUTINGS
@@ -90,10 +91,13 @@ ABLATION_NAMES = tuple(mode.name for mode in ABLATIONS)
 PROFILES = ("quick", "full", "headline", "gpu")
 
 
-def absent_means(value: object, field: dataclasses.Field) -> dataclasses.Field:
+def absent_means(value: object, field: dataclasses.Field, omitted: bool = False) -> dataclasses.Field:
     """`field`, read as `value` from a results file that lacks it (one written before it existed), whatever
-    its default for a new run (`bench.codec`)."""
-    return dataclasses.field(default=field.default, metadata={**field.metadata, "absent": value})
+    its default for a new run (`bench.codec`); `omitted`: also written as absent while it holds `value`."""
+    metadata = {**field.metadata, **(codec.omitted_while(value) if omitted else {"absent": value})}
+    if field.default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=field.default_factory, metadata=metadata)
+    return dataclasses.field(default=field.default, metadata=metadata)
 
 
 def formerly(key: str, field: dataclasses.Field) -> dataclasses.Field:

@@ -44,6 +44,7 @@ def results_of(
         cells=cells,
         comparisons=comparisons,
         runs=runs,
+        warmups=list(bench.warmups),
     )
 
 

@@ -9,6 +9,10 @@ Defaults, and why:
 - 5 load seeds (the issue's least), each run 1000 measured Recommends after 5 s of warm-up, with no early
   stop: 5000 Ranks per mode and load, so a share over the SLO of 1 % is about 50 Ranks and its interval
   is about ±0.3 percentage points before the seeds' design effect.
+- Each fleet gets 30 s of load at the first rate before its first measured run (`--fleet-warmup-s`), with
+  users of their own, recorded apart and counted nowhere: in the first A/B (ab-mix1-admit-all, without
+  it) RelayGR's first run after its fleet started had 16 of 600 Ranks over the SLO, and none of its
+  other seeds more than 2 at that load.
 - Recommends have their own SLO: a Recommend includes the relay window (the stub's pre-processing time)
   before its Rank, so by default its bound is the Rank's SLO plus the window.
 - P99 intervals resample blocks of 1 s of requests (`--block-s`), long enough to keep a burst of
@@ -21,7 +25,7 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
-from bench.config import BenchConfig
+from bench.config import BenchConfig, absent_means
 from bench.fleets import ABLATIONS, BASELINE, RELAY, FleetSettings, Mode
 from services.common.config import grid, listed, numbers, setting
 from services.launcher.procs import REPO_ROOT
@@ -59,6 +63,16 @@ class AbConfig(FleetSettings):
         1000, "measured Recommends of each run, after the warm-up; none stops early", above=0
     )
     warmup_s: float = setting(5.0, "seconds of each run's load that are not measured", minimum=0)
+    fleet_warmup_s: float = absent_means(
+        0.0,
+        setting(
+            30.0,
+            "seconds of load each mode's fleet gets, unmeasured, at the first load before its first run "
+            "(0: none, as before it existed)",
+            minimum=0,
+        ),
+        omitted=True,
+    )
     slo_ms: float = setting(100.0, "ranking-latency P99 SLO (the Rank as the stub sees it)", above=0)
     recommend_slo_ms: float = setting(
         0.0,

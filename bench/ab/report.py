@@ -23,6 +23,26 @@ def interval(value: Interval, scale: float = 1.0, digits: int = 1, signed: bool 
     return f"{_number(value.value, scale, digits, signed)} [{low}, {high}]"
 
 
+def warmups(results: AbResults) -> list[str]:
+    """The fleets' warm-up runs in a paragraph (none for an A/B without them)."""
+    if not results.warmups:
+        return []
+    c = results.settings
+    each = "; ".join(
+        f"{run.mode} rank P99 {percentile([math.inf if ms is None else ms for ms in run.rank_ms], 99):.1f} "
+        f"ms, {sum(ms is None or ms > c.slo_ms for ms in run.rank_ms)} of {len(run.rank_ms)} Ranks over "
+        "the SLO"
+        for run in results.warmups
+    )
+    rate = results.warmups[0].rate
+    return [
+        f"Before its first run each fleet got {c.fleet_warmup_s:g} s of load at {rate:g} Recommend/s, with "
+        f"users of its own, counted nowhere (`--fleet-warmup-s`; a fleet's first run after its start reads "
+        f"slow): {each}.",
+        "",
+    ]
+
+
 def render_markdown(results: AbResults) -> str:
     c = results.settings
     modes = c.mode_names()
@@ -52,6 +72,7 @@ def render_markdown(results: AbResults) -> str:
         "first's: Newcombe's interval for shares (pp: percentage points), the paired block bootstrap for "
         "P99s (`bench.intervals`).",
         "",
+        *warmups(results),
         "## Per mode and load",
         "",
         "| load /s | mode | requests | errors | Ranks over SLO | share % | design effect | "

@@ -3,11 +3,13 @@
 `schedule` is the order: seed by seed, load by load, every mode once at each (seed, load) before the next
 one starts, so a drift of the machine's other load hits every mode alike; the modes' order rotates by one
 from one (seed, load) to the next, so no mode always runs first (after the previous block's settle) or
-last. `AbBench.measure` drives one run: `warmup + requests` Recommends open loop, with the arrivals of its
-load seed and the users of `bench.experiments.users` (named after the mix, load, window and seed, so every
-mode sees exactly the same users and arrival times at a (seed, load), and no run inherits another load's
-or seed's cache), and no early stop: every run sends all its requests, so the counts over the SLO of the
-modes compare. `no-revisit` gets the same users' names with revisit probability 0 (its point).
+last. Before the first, each fleet gets `--fleet-warmup-s` of load at the first rate with users of its
+own (the seed index after the last measured one), recorded apart: a fleet's first run after its start
+read slow. `AbBench.measure` drives one run: `warmup + requests` Recommends open loop, with the arrivals
+of its load seed and the users of `bench.experiments.users` (named after the mix, load, window and seed,
+so every mode sees exactly the same users and arrival times at a (seed, load), and no run inherits
+another load's or seed's cache), and no early stop: every run sends all its requests, so the counts over
+the SLO of the modes compare. `no-revisit` gets the same users' names with revisit probability 0 (its point).
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class AbBench:
         self.config = config
         self.bench = Bench(config.bench_config(), log_dir, log)
         self.log = self.bench.log
+        self.warmups: list[AbRun] = []  # each fleet's warm-up run, once `run` has driven it
 
     def fleet(self, mode: Mode) -> contextlib.AbstractContextManager[BenchFleet]:
         return self.bench.fleet(mode)
@@ -97,6 +100,12 @@ class AbBench:
         runs: list[AbRun] = []
         with contextlib.ExitStack() as stack:
             fleets = {mode.name: stack.enter_context(self.fleet(mode)) for mode in modes}
+            if c.fleet_warmup_s > 0:
+                for order, mode in enumerate(modes):
+                    # The seed index after the measured ones: users and arrivals of its own (the same in
+                    # every mode), so no measured run inherits its cache.
+                    job = Job(c.seeds, c.rate_list()[0], mode.name)
+                    self.warmups.append(self.measure(fleets[mode.name], job, order, c.fleet_warmup_s))
             jobs = schedule([mode.name for mode in modes], c.rate_list(), c.seeds)
             for order, job in enumerate(jobs):
                 runs.append(self.measure(fleets[job.mode], job, order))
@@ -104,16 +113,19 @@ class AbBench:
                     on_run(runs)
         return runs
 
-    def measure(self, fleet: BenchFleet, job: Job, order: int) -> AbRun:
-        """One run of `job` on `fleet`: all its requests, the warm-up's left out."""
+    def measure(self, fleet: BenchFleet, job: Job, order: int, fleet_warmup_s: float = 0.0) -> AbRun:
+        """One run of `job` on `fleet`: all its requests, the warm-up's left out; with `fleet_warmup_s`, the
+        fleet's warm-up run instead: that many seconds of requests, every one recorded (none counted)."""
         c = self.config
         mix, window = self.bench.mix, c.relay_window_ms
         seed = c.load_seed + job.seed_index
         namespace = users(mix, job.rate, Plan(fleet, 0, window), job.seed_index)
         revisit = c.revisit_probability if fleet.mode.revisits else 0.0
         sampler = RevisitSampler(namespace, job.rate, revisit, c.revisit_window_s, seed)
-        warmup = round(job.rate * c.warmup_s)
-        load = Load(job.rate, warmup, warmup + c.requests, (window + c.rank_timeout_ms) / 1000 + 1.0, seed)
+        warmup, requests = round(job.rate * c.warmup_s), c.requests
+        if fleet_warmup_s:
+            warmup, requests = 0, max(round(job.rate * fleet_warmup_s), 1)
+        load = Load(job.rate, warmup, warmup + requests, (window + c.rank_timeout_ms) / 1000 + 1.0, seed)
         started = time.perf_counter()
         records = self.drive(fleet.stub(mix, window, 0.0), sampler, load)
         wall_s = time.perf_counter() - started
@@ -126,6 +138,7 @@ class AbBench:
         self.log(
             f"{job.mode:<16} {namespace:<36} {job.rate:>6g}/s seed {seed}: rank P99 {p99:.1f} ms, "
             f"{over} of {len(run.rank_ms)} Ranks over {c.slo_ms:g} ms, {run.errors} err"
+            + (" (the fleet's warm-up, not counted)" if fleet_warmup_s else "")
         )
         return run
 

@@ -79,6 +79,8 @@ class AbResults:
     cells: list[Cell]
     comparisons: list[Comparison]
     runs: list[AbRun]
+    # Each fleet's unmeasured warm-up run (`--fleet-warmup-s`), in the order driven; counted nowhere.
+    warmups: list[AbRun] = dataclasses.field(default_factory=list, metadata=codec.omitted_while([]))
 
     def to_json(self) -> dict[str, Any]:
         return codec.to_json(self)

@@ -110,14 +110,38 @@ def test_the_runs_rotate_the_modes_within_each_seed_and_load():
 def test_every_fleet_is_up_before_the_first_run_and_down_after_the_last(fake_run):
     _, events, _ = fake_run
     kinds = [event[0] for event in events]
-    assert kinds == ["start"] * 3 + ["drive"] * 12 + ["stop"] * 3
+    assert kinds == ["start"] * 3 + ["drive"] * (3 + 12) + ["stop"] * 3  # each fleet's warm-up first
     assert [e[1] for e in events if e[0] == "start"] == [B, R, N]
-    assert [e[1] for e in events if e[0] == "drive"] == [j.mode for j in schedule([B, R, N], [10.0, 20.0], 2)]
+    schedule_modes = [j.mode for j in schedule([B, R, N], [10.0, 20.0], 2)]
+    assert [e[1] for e in events if e[0] == "drive"] == [B, R, N, *schedule_modes]
+
+
+def test_each_fleet_warms_up_with_users_of_its_own_before_its_first_run_and_it_is_counted_nowhere(fake_run):
+    results, events, folder = fake_run
+    warmups = [event for event in events if event[0] == "drive"][:3]
+    # 30 s (the default) at the first load, 10/s: 300 requests, all recorded, none left out as warm-up.
+    assert {(load_.rate, load_.total, load_.warmup, load_.seed) for _, _, load_, _ in warmups} == {
+        (10.0, 300, 0, 5)  # load seed index 2, after the measured 0 and 1: seed 3 + 2
+    }
+    named = {tuple(users) for _, _, _, users in warmups}
+    assert len(named) == 1  # every mode's warm-up has the same users and arrivals ...
+    measured = {tuple(users) for _, _, _, users in [e for e in events if e[0] == "drive"][3:]}
+    assert not set(next(iter(named))) & {user for users in measured for user in users}  # ... and no run's
+    assert [(run.mode, run.seed, len(run.rank_ms)) for run in results.warmups] == [(B, 5, 300), (R, 5, 300),
+                                                                                    (N, 5, 300)]  # fmt: skip
+    assert all(run.seed != 5 for run in results.runs)
+    assert sum(cell.ranks for cell in results.cells) == 3 * 2 * 2 * 200  # modes x loads x seeds x requests
+    report = (folder / "report.md").read_text()
+    assert "Before its first run each fleet got 30 s of load at 10 Recommend/s" in report
+    # Baseline: every 10th request over 100 ms, 30 of 300; relay and no-dram every 100th.
+    assert (
+        "baseline rank P99 150.0 ms, 30 of 300 Ranks over the SLO; relay rank P99 40.0 ms, 3 of 300" in report
+    )
 
 
 def test_every_mode_gets_the_same_users_and_arrivals_at_a_seed_and_load_and_no_early_stop(fake_run):
     results, events, _ = fake_run
-    drives = [event for event in events if event[0] == "drive"]
+    drives = [event for event in events if event[0] == "drive"][3:]  # after the fleets' warm-ups
     by_block: dict = {}
     for _, mode, load_, named in drives:
         by_block.setdefault((load_.seed, load_.rate), []).append((mode, load_, named))
@@ -206,12 +230,14 @@ def test_settings_need_two_modes_and_name_only_known_ones():
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_tiny_real_ab_runs_end_to_end_on_loopback(tmp_path: Path, monkeypatch):
-    """Two cpu-tiny fleets of one ranker each up at once, baseline and relay at 10/s, two seeds of 30
-    requests: every run sends every request, the results read back, and no process is left behind."""
+    """Two cpu-tiny fleets of one ranker each up at once, each warmed up for 2 s, then baseline and relay at
+    10/s, two seeds of 30 requests: every run sends every request, the results read back, and no process
+    is left behind."""
     monkeypatch.setattr(ab_config, "RESULTS_DIR", tmp_path)
     results = ab_main.main([
         "--name", "tiny", "--model-preset", "cpu-tiny", "--rankers", "1", "--modes", "baseline,relay",
-        "--rates", "10", "--seeds", "2", "--requests", "30", "--warmup-s", "0.5", "--mix-median", "128",
+        "--rates", "10", "--seeds", "2", "--requests", "30", "--warmup-s", "0.5", "--fleet-warmup-s", "2",
+        "--mix-median", "128",
         "--mix-max", "256", "--ranker-profile-repeats", "1",
         "--ranker-profile-lengths", "128,256", "--resamples", "200", "--startup-timeout-s", "60",
     ])  # fmt: skip
@@ -222,6 +248,7 @@ def test_a_tiny_real_ab_runs_end_to_end_on_loopback(tmp_path: Path, monkeypatch)
         assert len(run.rank_ms) == 30 and run.warmup == 5
         assert all(ms is None or (0 < ms < 10_000 and not math.isnan(ms)) for ms in run.rank_ms)
     assert len(results.cells) == 2 and len(results.comparisons) == 1
+    assert [(run.mode, len(run.rank_ms)) for run in results.warmups] == [("baseline", 20), ("relay", 20)]
     assert AbResults.load(tmp_path / "tiny" / "results.json") == results
 
 
