@@ -4,7 +4,7 @@ and at the top of its report.
 Two things move every figure of a run on a shared machine without showing in its ratios' points:
 
 - the machine's speed: the in-process floor (`bench.micro.floor.model_floor`) is timed before any fleet
-  starts and again after the last one stopped, each in a fresh process (`model_floor_apart`; timed in
+  starts and again after the last one stopped, each in a fresh process (`in_fresh_process`; timed in
   the benchmark's own process after its load, short lengths read up to 40 % slower: 16 events 2.9 ->
   4.2 ms in a 2.5-minute cpu-tiny run, 2.9 -> 3.0 ms apart). Each length's lower time of the two
   (timing noise only ever adds) is compared with the previous committed run of the same profile

@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 from bench import checks, probes
 from bench.config import BenchConfig
 from bench.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet, FleetShape, Mode
-from bench.micro.floor import cached_rank_through_router, model_floor_apart
+from bench.micro.floor import cached_rank_through_router, in_fresh_process, model_floor
 from bench.points import FIRST_SEED, Before, PointSpec, describe, describe_cost, describe_verdict, run_point
 from bench.schema import (
     Abandonment,
@@ -241,8 +241,8 @@ class Bench:
         """The in-process floor at every length of the grid, logged."""
         c = self.config
         self.log(f"in-process floor {when} ({c.model_preset}, {c.torch_threads} thread(s))")
-        floor = model_floor_apart(
-            c.model_preset, c.torch_threads, c.length_grid(), c.short_term, NUM_CANDIDATES,
+        floor = in_fresh_process(
+            model_floor, c.model_preset, c.torch_threads, c.length_grid(), c.short_term, NUM_CANDIDATES,
             c.settings.floor_repeats, c.pre_infer_chunk_tokens, c.floor_device,
         )  # fmt: skip
         for p in floor:

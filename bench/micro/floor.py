@@ -20,7 +20,8 @@ import concurrent.futures
 import multiprocessing
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -36,6 +37,7 @@ from services.ranker.engine.runner import ModelRunner
 from services.ranker.engine.scheduler import Scheduler
 
 RPC_TIMEOUT_S = 60.0
+T = TypeVar("T")
 
 
 def model_floor(
@@ -72,23 +74,14 @@ def model_floor(
     ]
 
 
-def model_floor_apart(
-    preset: str,
-    torch_threads: int,
-    lengths: Sequence[int],
-    short_term: int,
-    candidates: int,
-    repeats: int,
-    chunk_tokens: int,
-    device: str = "cpu",
-) -> list[FloorPoint]:
-    """`model_floor` in a fresh Python process, so that a floor timed after an hour of load (the benchmark
-    times one before its first fleet and one after its last) finds the interpreter as the first did:
-    not the load generator's heap, its gRPC threads or its allocator's state."""
+def in_fresh_process(function: Callable[..., T], *args: Any) -> T:
+    """`function(*args)` in a fresh Python process (spawned, its arguments and answer pickled). The
+    benchmark times its floor so (`model_floor`), once before its first fleet and once after its last, so
+    that the second finds the interpreter as the first did: not the load generator's heap, its gRPC
+    threads or its allocator's state."""
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as apart:
-        args = (preset, torch_threads, list(lengths), short_term, candidates, repeats, chunk_tokens, device)
-        return apart.submit(model_floor, *args).result()
+        return apart.submit(function, *args).result()
 
 
 def _behavior(length: int, first_item: int, rng: np.random.Generator) -> common_pb2.BehaviorSequence:

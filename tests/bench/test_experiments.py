@@ -151,7 +151,7 @@ def fake_run(
             probes._add(rankers, counters[url])
         return {"at": 0.0, "machine_busy_s": 0.0, "cpu_s": {}, "rankers": rankers}
 
-    monkeypatch.setattr(experiments, "model_floor_apart", lambda *args: FLOOR)
+    monkeypatch.setattr(experiments, "in_fresh_process", lambda function, *args: FLOOR)
     monkeypatch.setattr(
         experiments,
         "cached_rank_through_router",

@@ -1,4 +1,4 @@
-"""The in-process floor timed apart (`bench.micro.floor.model_floor_apart`): in a fresh process, with the
+"""The in-process floor timed apart (`bench.micro.floor.in_fresh_process`): in a fresh process, with the
 same answer's shape as in this one, and no process left behind."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def test_the_floor_timed_apart_runs_in_a_fresh_process_and_leaves_none_behind(mo
     monkeypatch.setattr(floor, "measure", broken)
     with pytest.raises(AssertionError, match="timed in this process"):
         floor.model_floor(*args)
-    apart = floor.model_floor_apart(*args)
+    apart = floor.in_fresh_process(floor.model_floor, *args)
     assert [p.prefix_length for p in apart] == [p.prefix_length for p in here] == [16, 64, 256]
     assert all(p.rank_ms > 0 and p.pre_infer_ms > 0 and p.full_ms > 0 for p in apart)
     assert multiprocessing.active_children() == []
