@@ -1,7 +1,7 @@
 """Where a benchmark ran, recorded beside what it measured, written once for every entry point (`python -m
 bench`, `bench.tracing`, `bench.mlperf`'s search, `bench.micro.serving`): the commit (`commit`,
-`git_commit`; a file as committed: `committed_file`), the machine (`machine`, `load_average`) and the
-packages (`versions`)."""
+`git_commit`; a file as committed: `committed_file`; what two commits differ in: `changed_between`), the
+machine (`machine`, `load_average`) and the packages (`versions`)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,19 @@ def committed_file(path: str) -> str:
 def commit() -> tuple[str, bool]:
     """The checkout's short commit and whether tracked files differ from it."""
     return _git("rev-parse", "--short", "HEAD"), bool(_git("status", "--porcelain", "--untracked-files=no"))
+
+
+def changed_between(first: str, second: str) -> list[str] | None:
+    """The paths (from the repository's root) that differ between two commits; None when this checkout
+    does not know one of them."""
+    answer = subprocess.run(
+        ["git", "diff", "--name-only", first, second],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return answer.stdout.split() if answer.returncode == 0 else None
 
 
 def git_commit() -> str:

@@ -10,9 +10,12 @@ when, on every headline ratio (the length sweep's, each mix's and each non-zero 
 
 Beside that, each run is held to the paper's targets on the first mix (`--target-ratio`, x3 over the
 baseline: the paper reports x3.6; and `--target-of-admit-all`, 0.95 of admit-all's highest load: the
-trigger's selectivity must not cost throughput), to its own checks (a flagged run is not quotable,
-`bench.checks`), and both to one commit. Prints the comparison as markdown (and writes it to `--out`);
-exits 1 unless every one of these holds, so that `make bench-reproduce` fails where the issue would.
+trigger's selectivity must not cost throughput) and to its own checks (a flagged run is not quotable,
+`bench.checks`); both runs are held to one code (one commit, or two that differ only in bench/results/:
+the first run may be committed before the second is made, in another session) and one machine speed
+(their floors within the first run's `--floor-drift-limit`). Prints the comparison as markdown (and
+writes it to `--out`); exits 1 unless every one of these holds, so that `make bench-reproduce` fails
+where the issue would.
 """
 
 from __future__ import annotations
@@ -20,13 +23,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from bench import context
+from bench.checks import floor_drift, lowest
 from bench.schema import Run, Sweep, ratio, ratio_interval
 from services.common.config import listed, load, setting
 
 Interval = list[float | None]  # [low, high]; high None: unbounded
+RESULTS = "bench/results/"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +76,9 @@ class Agreement:
     overlap: bool | None  # None: an interval is missing
     spread: float | None  # larger / smaller - 1 (None: a value is missing)
     agrees: bool
+    # Both runs' baselines met the SLO at no value, so neither has a ratio: their lower bounds (the
+    # intervals' lows, RelayGR's best over the baseline's first failure) were compared instead.
+    of_bounds: bool = False
 
 
 def headline(run: Run) -> dict[str, Ratio]:
@@ -98,11 +107,15 @@ def agreement(name: str, first: Ratio, second: Ratio, limit: float) -> Agreement
         if first.interval is None or second.interval is None
         else overlaps(first.interval, second.interval)
     )
+    values = (first.value, second.value)
+    of_bounds = values == (None, None) and overlap is not None
+    if of_bounds:
+        values = (first.interval[0], second.interval[0])
     spread = None
-    if first.value and second.value:
-        spread = round(max(first.value, second.value) / min(first.value, second.value) - 1, 4)
+    if all(values):
+        spread = round(max(values) / min(values) - 1, 4)
     agrees = bool(overlap) and spread is not None and spread <= limit
-    return Agreement(name, first, second, overlap, spread, agrees)
+    return Agreement(name, first, second, overlap, spread, agrees, of_bounds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,11 +164,19 @@ class Comparison:
     runs: tuple[Run, Run]
     agreements: list[Agreement]
     targets: tuple[list[Target], list[Target]]
+    floor_limit: float  # the most the two runs' floors may differ (the first run's --floor-drift-limit)
+
+    # What the two runs' commits differ in (empty: one commit; None: a commit this checkout lacks).
+    changed: list[str] | None
 
     @property
-    def one_commit(self) -> bool:
-        commits = {run.versions.git_commit for run in self.runs}
-        return len(commits) == 1 and not next(iter(commits)).endswith("-dirty")
+    def one_code(self) -> bool:
+        """Both runs measured one code: one commit, or two that differ only in bench/results/ (the first
+        run's results, committed before the second run), neither with uncommitted changes."""
+        dirty = any(run.versions.git_commit.endswith("-dirty") for run in self.runs)
+        return (
+            not dirty and self.changed is not None and all(path.startswith(RESULTS) for path in self.changed)
+        )
 
     @property
     def quotable(self) -> bool:
@@ -170,12 +191,29 @@ class Comparison:
         return all(target.met for found in self.targets for target in found)
 
     @property
+    def floor_moved(self) -> float | None:
+        """The second run's floor against the first's (each the lower of its start and end floors), as
+        `bench.checks` compares a run with a committed one; None where they share no length."""
+        first, second = (lowest(run.measured.floor, run.measured.floor_end) for run in self.runs)
+        return floor_drift(second, first)
+
+    @property
+    def same_speed(self) -> bool:
+        return self.floor_moved is not None and abs(self.floor_moved) <= self.floor_limit
+
+    @property
     def holds(self) -> bool:
-        return self.one_commit and self.quotable and self.reproduced and self.targets_met
+        return self.one_code and self.same_speed and self.quotable and self.reproduced and self.targets_met
 
 
-def compare(names: tuple[str, str], runs: tuple[Run, Run], config: ReproduceConfig) -> Comparison:
-    """The two runs' headline ratios side by side, and each run's targets."""
+def compare(
+    names: tuple[str, str],
+    runs: tuple[Run, Run],
+    config: ReproduceConfig,
+    changed_between: Callable[[str, str], list[str] | None] = context.changed_between,
+) -> Comparison:
+    """The two runs' headline ratios side by side, each run's targets, and what their commits differ in
+    (`changed_between(first, second)`, asked only when they differ)."""
     first, second = (headline(run) for run in runs)
     agreements = [
         agreement(
@@ -183,7 +221,10 @@ def compare(names: tuple[str, str], runs: tuple[Run, Run], config: ReproduceConf
         )
         for name in dict.fromkeys([*first, *second])
     ]
-    return Comparison(names, runs, agreements, (targets(runs[0], config), targets(runs[1], config)))
+    both = (targets(runs[0], config), targets(runs[1], config))
+    first, second = (run.versions.git_commit.removesuffix("-dirty") for run in runs)
+    changed = [] if first == second else changed_between(first, second)
+    return Comparison(names, runs, agreements, both, runs[0].configuration.floor_drift_limit, changed)
 
 
 def render(comparison: Comparison, config: ReproduceConfig) -> str:
@@ -204,6 +245,8 @@ def render(comparison: Comparison, config: ReproduceConfig) -> str:
               "|---|---|---|---|---|---|"]  # fmt: skip
     for entry in comparison.agreements:
         spread = "n/a" if entry.spread is None else f"{entry.spread:.1%}"
+        if entry.of_bounds and entry.spread is not None:
+            spread += " (of the lower bounds: no baseline met the SLO)"
         lines.append(
             f"| {entry.name} | {shown(entry.first)} | {shown(entry.second)} | {yes(entry.overlap)} | "
             f"{spread} | {yes(entry.agrees)} |"
@@ -214,8 +257,17 @@ def render(comparison: Comparison, config: ReproduceConfig) -> str:
             f"| {mine.name} | x{mine.least:g} | {shown(mine.ratio)}: {yes(mine.met)} | "
             f"{shown(theirs.ratio)}: {yes(theirs.met)} |"
         )
+    moved = "not comparable" if comparison.floor_moved is None else f"{comparison.floor_moved:+.1%}"
     verdicts = [
-        ("one commit, not dirty", comparison.one_commit),
+        (
+            "one code: one commit, or two that differ only in bench/results/, neither dirty",
+            comparison.one_code,
+        ),
+        (
+            f"the machine's speed held between them (the second's floor {moved} from the first's, limit "
+            f"{comparison.floor_limit:.0%})",
+            comparison.same_speed,
+        ),
         ("neither run flagged", comparison.quotable),
         ("every headline ratio agrees", comparison.reproduced),
         ("the first mix's targets met in both", comparison.targets_met),

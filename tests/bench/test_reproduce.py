@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import reproduce
+from bench import context, reproduce
 from bench.config import load_config
 from bench.reproduce import Ratio, ReproduceConfig
 from bench.schema import Run
-from tests.bench.test_experiments import LOAD_LIMITS, MIX1, fake_run
+from tests.bench.test_experiments import LOAD_LIMITS, MIX1, fake_run, scaled_floor
 
 CONFIG = ReproduceConfig()
 
@@ -84,12 +84,43 @@ def test_a_ratio_that_moved_more_than_the_agreement_fails_though_its_intervals_o
     assert reproduce.main(["--runs", ",".join(folders)]) == 1
 
 
+def test_runs_at_two_machine_speeds_do_not_hold(runs):
+    run = runs["admit-all 40"]
+    assert reproduce.compare(("a", "b"), (run, run), CONFIG).floor_moved == 0.0
+    # The second run's machine ran 20 % slower at the start and 10 % at the end: the lower, +10 %, is at
+    # the limit; 12 % at both ends is past it.
+    for start, end, moved, held in ((1.2, 1.1, 0.1, True), (1.12, 1.12, 0.12, False)):
+        measured = dataclasses.replace(
+            run.measured,
+            floor=scaled_floor(start, run.measured.floor),
+            floor_end=scaled_floor(end, run.measured.floor),
+        )
+        slower = dataclasses.replace(run, measured=measured)
+        comparison = reproduce.compare(("a", "b"), (run, slower), CONFIG)
+        assert (comparison.floor_moved, comparison.same_speed, comparison.holds) == (moved, held, held)
+    text = reproduce.render(comparison, CONFIG)
+    held = "- the machine's speed held between them (the second's floor +12.0% from the first's, limit 10%)"
+    assert f"{held}: **no**" in text
+
+
 def test_runs_at_two_commits_or_flagged_do_not_hold(runs):
     run = runs["admit-all 40"]
     other = dataclasses.replace(run, versions=dataclasses.replace(run.versions, git_commit="def5678"))
-    assert not reproduce.compare(("a", "b"), (run, other), CONFIG).one_commit
+    # Two commits measured one code when they differ only in bench/results/ (the first run committed).
+    results_only = ["bench/results/headline/report.md", "bench/results/headline/results.json"]
+    for changed, one in ((results_only, True), ([*results_only, "bench/sweep.py"], False), (None, False)):
+        asked: list[tuple[str, str]] = []
+
+        def differ(first: str, second: str, asked=asked, changed=changed) -> list[str] | None:
+            asked.append((first, second))
+            return changed
+
+        comparison = reproduce.compare(("a", "b"), (run, other), CONFIG, differ)
+        assert (comparison.changed, comparison.one_code, asked) == (changed, one, [("abc1234", "def5678")])
+    # Neither commit is known to this checkout: not one code.
+    assert not reproduce.compare(("a", "b"), (run, other), CONFIG).one_code
     dirty = dataclasses.replace(run, versions=dataclasses.replace(run.versions, git_commit="abc1234-dirty"))
-    assert not reproduce.compare(("a", "b"), (dirty, dirty), CONFIG).one_commit
+    assert not reproduce.compare(("a", "b"), (dirty, dirty), CONFIG).one_code
     flagged = dataclasses.replace(run, checks=dataclasses.replace(run.checks, flags=["the floor moved"]))
     comparison = reproduce.compare(("a", "b"), (run, flagged), CONFIG)
     assert comparison.reproduced and comparison.targets_met and not comparison.quotable
@@ -124,3 +155,26 @@ def test_the_runs_setting_takes_exactly_two_folders(tmp_path, capsys):
     assert "--runs takes exactly two folders" in capsys.readouterr().err
     with pytest.raises(SystemExit, match=r"--runs: no results\.json in"):
         reproduce.main(["--runs", f"{tmp_path / 'a'},{tmp_path / 'b'}"])
+
+
+def test_what_two_commits_differ_in_comes_from_git():
+    """This checkout's history: 589a926 changed the floor's code and its tests after e398a50, which
+    committed an A/B's results with its docs and tests."""
+    assert context.changed_between("e398a50", "589a926") == [
+        "bench/checks.py", "bench/experiments.py", "bench/micro/floor.py", "tests/bench/micro/test_floor.py",
+        "tests/bench/test_experiments.py",
+    ]  # fmt: skip
+    assert context.changed_between("589a926", "589a926") == []
+    assert context.changed_between("0000000", "589a926") is None
+
+
+def test_where_no_baseline_met_the_slo_the_lower_bounds_are_compared():
+    # Mix 2 in the README: the baseline failed at the grid's lowest load, RelayGR reached 23 and then 21.
+    bounds = reproduce.agreement("mix 2", Ratio(None, [23.0, None]), Ratio(None, [21.0, None]), 0.1)
+    assert (bounds.of_bounds, bounds.overlap, bounds.spread, bounds.agrees) == (True, True, 0.0952, True)
+    assert not reproduce.agreement("mix 2", Ratio(None, [23.0, None]), Ratio(None, [20.0, None]), 0.1).agrees
+    # Nothing met the SLO in either mode: nothing to compare.
+    nothing = reproduce.agreement("mix 2", Ratio(None, [0.0, None]), Ratio(None, [0.0, None]), 0.1)
+    assert (nothing.of_bounds, nothing.spread, nothing.agrees) == (True, None, False)
+    # One run has a ratio, the other none: they do not agree.
+    assert not reproduce.agreement("mix 2", Ratio(2.0, [1.5, 2.5]), Ratio(None, [2.0, None]), 0.1).agrees
