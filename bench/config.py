@@ -15,7 +15,8 @@ from its mode's edge takes one seed; one whose P99 interval holds the SLO takes 
 (`bench.sweep.pooled_point`). Counted with the run's own code (tests/bench/test_experiments.py's fake
 fleets) for the last full run's limits (bench/results/full: 23 and 64 calls/s on the first mix), taking
 a value within 10 % below an edge to need the cap's seeds and one within 10 % above it two, plus the
-floor, six fleet starts and a lease's wait after each pair of sweeps:
+floor (timed twice now, at the start and the end, each in a fresh process: about a minute together), six
+fleet starts and a lease's wait after each pair of sweeps:
 
 - quick: about 50 values, 13 more seeds near the edges, about 60 points of 200 requests: 18-24 minutes
   on 2 cores (the points alone a sixth longer than one seed a value; before the sequential verdict
