@@ -1,7 +1,7 @@
 """Dataclasses to and from JSON, by their fields: how results.json is written and read (`bench.schema`).
 
 `to_json` writes a dataclass as an object of its fields in declaration order, nested dataclasses, lists,
-tuples and dictionaries included. Two field options change that: `FLAT` writes a nested dataclass's
+tuples and dictionaries included. Field options change that: `FLAT` writes a nested dataclass's
 fields into the enclosing object (several records share a group of fields that way), `OMIT_NONE`
 leaves a field out while it is None (a field only some records of a kind have), `TRANSIENT` leaves a
 field out always (what a run keeps in memory only, such as a point's latency samples; read back, it

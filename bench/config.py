@@ -12,7 +12,7 @@ profiles measure the length sweep (2 values a mode when the floor's guess is rig
 throughput sweep on both mixes, both modes' load sweeps at the two non-zero abandonment shares and one
 load sweep per ablation (5); each load sweep takes 2-4 values, and 2 more with refinement. A value far
 from its mode's edge takes one seed; one whose P99 interval holds the SLO takes more, up to the cap
-(`bench.sweep.pooled_point`). Counted with the run's own code (tests/bench/test_experiments.py's fake
+(`bench.sweep.pooled_verdict`). Counted with the run's own code (tests/bench/test_experiments.py's fake
 fleets) for the last full run's limits (bench/results/full: 23 and 64 calls/s on the first mix), taking
 a value within 10 % below an edge to need the cap's seeds and one within 10 % above it two, plus the
 floor (timed twice now, at the start and the end, each in a fresh process: about a minute together), six
@@ -123,7 +123,7 @@ class Profile:
     # [measured_min, measured]: a slow point stays short, a fast one still has `measured` requests.
     measured_s: float = 0.0  # 0: every point measures `measured` requests
     measured_min: int = 0
-    # The most load seeds a load's sequential verdict pools (`bench.sweep.pooled_point`); 1: every
+    # The most load seeds a load's sequential verdict pools (`bench.sweep.pooled_verdict`); 1: every
     # verdict is one seed's, as in every run before it (what a results file without it means).
     seed_cap: int = 1
 

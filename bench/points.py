@@ -13,7 +13,7 @@ calls have missed the SLO than a passing P99 allows (or have failed more often t
 allows) among as many ranked calls as the point can still have (its plan less the calls abandoned so
 far), the point has failed for certain and sending stops: an overloaded fleet is not driven further into
 overload for nothing, and the result says so (`aborted`). A load's verdict pools up to its seed cap's
-seeds (`bench.sweep.pooled_point`), so a seed's early stop counts what the load's earlier seeds measured
+seeds (`bench.sweep.pooled_verdict`), so a seed's early stop counts what the load's earlier seeds measured
 (`PointSpec.before`) and the calls its later seeds may still rank (`PointSpec.later`): it stops only when
 the pooled sample at the cap has failed for certain. (Stopped at its own budget, a first seed near the
 edge decided its load alone: the first headline run stopped RelayGR's 2048 events after 884 calls with

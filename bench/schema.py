@@ -107,7 +107,7 @@ class Point(PointResult):
 
 @schema
 class Verdict:
-    """A load's sequential verdict (`bench.sweep.pooled_point`): the load seeds measured at it, the
+    """A load's sequential verdict (`bench.sweep.pooled_verdict`): the load seeds measured at it, the
     ranked requests pooled over them, their P99 with its bootstrap 95 % interval, and whether the load
     met the SLO. `decided`: the interval excluded the SLO (or a seed failed early); False when the seed
     cap was reached with the interval still holding it, and the pooled P99 decided alone."""

@@ -24,7 +24,7 @@ and then refines its answer: between the best value and the failing one above it
 `refine_steps` geometric midpoints (rounded to `resolution`), keeping the largest that passes, so a
 coarse grid (steps of about 1.4x) still gives a close limit.
 
-`slo_decision` is one step of a load's sequential verdict (`bench.sweep.pooled_point`): over the requests
+`slo_decision` is one step of a load's sequential verdict (`bench.sweep.pooled_verdict`): over the requests
 of every load seed measured so far, pooled, it passes the load when the P99's bootstrap interval lies
 wholly within the SLO, fails it when the interval lies wholly above it (or the pooled error share reaches
 the bound), and otherwise says that more seeds are needed (None). A load far from the edge is thus decided
