@@ -18,7 +18,6 @@ Not thread-safe: everything runs on the routing process's event loop (blocking D
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -34,6 +33,7 @@ from services.affinity.settings import AffinitySettings
 from services.common.config import ServiceConfig
 from services.common.contract import RANKER_SERVICE
 from services.common.server import dial
+from services.common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +145,7 @@ class Membership:
         self._members: dict[str, Member] = {}
         self._watchers: dict[Member, asyncio.Task] = {}
         self._refresher: asyncio.Task | None = None
+        self._retiring: set[asyncio.Task] = set()  # members' `_retire`s still under way
         self._checked = asyncio.Event()  # pulsed whenever a health check finishes
 
     @classmethod
@@ -249,10 +250,15 @@ class Membership:
         log.info("member %s at %s joined", name, address)
 
     async def _close(self, member: Member) -> None:
-        watcher = self._watchers.pop(member)
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        """Stops watching `member` and closes its channel. That runs to its end even when the caller is
+        cancelled (a refresh stopped by `close()`, which waits for it), so no channel is left open."""
+        retiring = asyncio.create_task(self._retire(member))
+        self._retiring.add(retiring)
+        retiring.add_done_callback(self._retiring.discard)
+        await asyncio.shield(retiring)
+
+    async def _retire(self, member: Member) -> None:
+        await cancel_and_wait([self._watchers.pop(member)])
         log.info("member %s at %s left", member.name, member.address)
         await member.channel.close(grace=self._close_grace_s)
 
@@ -288,7 +294,7 @@ class Membership:
 
     async def close(self) -> None:
         if self._refresher is not None:
-            self._refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
+            await cancel_and_wait([self._refresher])
         await self.apply({})
+        if self._retiring:
+            await asyncio.wait(self._retiring)

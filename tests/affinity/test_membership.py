@@ -8,9 +8,10 @@ import grpc
 import pytest
 
 from relaygr.v1 import ranker_pb2
-from services.affinity.discovery import DiscoveryFailed, SrvRecord, members_from_srv
+from services.affinity.discovery import DiscoveryFailed, SrvRecord, members_from_srv, srv_discovery
 from services.affinity.membership import CircuitBreaker, Membership
 from services.affinity.metrics import ROUTER_FAILURES, ROUTER_MEMBER_HEALTHY
+from services.affinity.ring import AffinityRing
 from services.common.config import load
 from services.common.contract import RANKER_SERVICE
 from services.router.config import RouterConfig
@@ -142,6 +143,69 @@ def test_srv_discovery_adds_removes_keeps_and_clears_members() -> None:
         finally:
             await membership.close()
         assert not membership.members and not membership.ring.members
+
+    asyncio.run(scenario())
+
+
+class LingeringChannel:
+    """A channel whose health probes never answer and, once cancelled, take `linger_s` to end: the window
+    in which a refresh removing its member is still waiting for the member's health watcher."""
+
+    def __init__(self, linger_s: float) -> None:
+        self.linger_s = linger_s
+        self.probe_cancelled = asyncio.Event()
+        self.closed = False
+
+    def unary_unary(self, method: str, **_options):
+        async def probe(request, timeout: float):
+            try:
+                await asyncio.sleep(timeout)
+            except asyncio.CancelledError:
+                self.probe_cancelled.set()
+                await asyncio.sleep(self.linger_s)
+                raise
+
+        return probe
+
+    def unary_stream(self, method: str, **_options):
+        return None  # the health stub's Watch, which membership does not call
+
+    async def close(self, grace: float | None = None) -> None:
+        self.closed = True
+
+
+def test_closing_while_a_refresh_removes_a_member_stops_the_refresh() -> None:
+    """A router shut down while DNS had just withdrawn a member: the close cancels the refresh loop in the
+    middle of its wait for the member's health watcher. The loop must stop there, not carry on refreshing
+    with the cancellation swallowed (which hung `close()` for good)."""
+
+    async def scenario() -> None:
+        dns = FixedDns([pod("ranker-0")])
+        channel = LingeringChannel(linger_s=0.2)
+        membership = Membership(
+            discover=srv_discovery(SRV_NAME, dns),
+            connect=lambda address: channel,
+            ring=AffinityRing(),
+            health_interval_s=30,
+            circuit_failures=3,
+            circuit_open_s=1,
+            refresh_s=0.01,
+        )
+        await membership.start()
+        assert set(membership.members) == {"ranker-0"}
+        dns.records = []
+        await asyncio.wait_for(channel.probe_cancelled.wait(), 5)  # the refresh waits for the watcher
+        # Not wait_for: cancelling a hung close() would end it (that cancellation is swallowed as well).
+        closing = asyncio.create_task(membership.close())
+        done, _ = await asyncio.wait({closing}, timeout=5)
+        if not done:
+            closing.cancel()
+            await asyncio.wait({closing})
+        assert done == {closing}, "close() hung: the refresh loop carried on after it was cancelled"
+        lookups = dns.lookups
+        await asyncio.sleep(0.1)
+        assert dns.lookups == lookups  # no refresh after the close
+        assert channel.closed and not membership.members and not membership.ring.members
 
     asyncio.run(scenario())
 

@@ -18,7 +18,6 @@ What a finished production does to the cache (tiers, index, leases) is the cache
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import enum
 from collections.abc import Callable, Iterator, Mapping
@@ -27,6 +26,7 @@ from opentelemetry.trace import SpanContext
 
 from relaygr.v1 import common_pb2
 from services.common import tracing
+from services.common.tasks import cancel_and_wait
 from services.ranker.cache.index import CacheEntry, Pin, PrefixKey
 from services.ranker.device.copier import TierCopier
 from services.ranker.engine.device_time import trace_device
@@ -211,9 +211,4 @@ class Productions(Mapping[PrefixKey, Production]):
         return entry, production.handed.pop()
 
     async def close(self) -> None:
-        running = list(self._running.values())
-        for production in running:
-            production.task.cancel()
-        for production in running:
-            with contextlib.suppress(BaseException):
-                await production.task
+        await cancel_and_wait([production.task for production in self._running.values()])
