@@ -14,9 +14,13 @@ Two things move every figure of a run on a shared machine without showing in its
   floors: the machine's speed moved while it ran. The limit is twice the floor's own noise: four floors
   timed in a row in one process on an idle machine (2026-11-27) spanned 9.6 % (the first the slowest),
   three in a fresh process 1.6 %, and the last four committed full runs' floors sit 1-7 % apart; at 5 %
-  two of those three runs would have been flagged against the one before. A different machine moves it
-  far more: the same 2-core "AMD EPYC" VM, on a host whose torch kernels ran AVX2
-  (`Machine.cpu_capability`), timed 1.4-1.9x the committed full run's floor;
+  two of those three runs would have been flagged against the one before. The previous committed run
+  counts only where it ran on the same host (`same_host`: CPU model, cores, platform and, where both
+  recorded it, torch's CPU kernels): another host moves the floor far more than any contention, and
+  says nothing of this run's. The same 2-core "AMD EPYC" VM on a host without AVX-512 (kernels AVX2,
+  platform `...-fc-v782-...`, every session of 2026-11-27) timed 1.4-1.9x the committed full run's floor
+  (`...-fc-v669-...`). A run on a host with no committed run is compared with none, and says so; a
+  second run there is compared with the first (`bench.reproduce` holds two runs to one speed as well);
 - other users of the machine: the cores they took during each measured point (`Cost.foreign_cores`),
   averaged over every point by its wall time. A mean above `--foreign-cores-limit` (0.2 cores) flags
   the run.
@@ -33,7 +37,7 @@ from collections.abc import Callable, Iterator
 
 from bench import context
 from bench.config import BenchConfig
-from bench.schema import FloorPoint, Measurements, Point, Run, RunChecks, Sweep
+from bench.schema import FloorPoint, Machine, Measurements, Point, Run, RunChecks, Sweep
 
 Reference = tuple[str, list[FloorPoint]]  # a committed run's name (folder and commit) and its floor
 
@@ -47,10 +51,19 @@ class FlaggedRun(ValueError):
 SAME_FLOOR_AS = {"headline": "full"}
 
 
-def committed_reference(profile: str) -> Reference | None:
+def same_host(one: Machine, other: Machine) -> bool:
+    """Whether two runs' machines are one host class: the same CPU model, cores and platform (its kernel
+    build included), and the same torch CPU kernels where both recorded them."""
+    kernels = one.cpu_capability is None or other.cpu_capability is None
+    return (one.cpu_model, one.cores, one.platform) == (other.cpu_model, other.cores, other.platform) and (
+        kernels or one.cpu_capability == other.cpu_capability
+    )
+
+
+def committed_reference(profile: str, host: Machine) -> Reference | None:
     """The previous committed run of `profile` (bench/results/<profile>/results.json at HEAD), else of the
-    profile that times its floor alike (`SAME_FLOOR_AS`): its name and its floor; None when there is none
-    or it cannot be read."""
+    profile that times its floor alike (`SAME_FLOOR_AS`), the first of them that ran on `host`
+    (`same_host`): its name and its floor; None when there is none or it cannot be read."""
     for name in (profile, SAME_FLOOR_AS.get(profile)):
         text = context.committed_file(f"bench/results/{name}/results.json") if name else None
         if not text:
@@ -59,7 +72,8 @@ def committed_reference(profile: str) -> Reference | None:
             run = Run.from_json(json.loads(text))
         except ValueError:
             return None
-        return f"bench/results/{name} (commit {run.versions.git_commit})", run.measured.floor
+        if same_host(run.machine, host):
+            return f"bench/results/{name} (commit {run.versions.git_commit})", run.measured.floor
     return None
 
 
@@ -158,12 +172,14 @@ def run_checks(config: BenchConfig, measured: Measurements, reference: Reference
     )
 
 
-def first_floor(config: BenchConfig, floor: list[FloorPoint], log: Callable[[str], None]) -> None:
-    """Logs how far a run's first floor moved from the previous committed run's; with
+def first_floor(
+    config: BenchConfig, floor: list[FloorPoint], log: Callable[[str], None], host: Machine
+) -> None:
+    """Logs how far a run's first floor on `host` moved from the previous committed run's there; with
     `--stop-when-flagged`, FlaggedRun when that is already past the limit (before any fleet starts)."""
-    reference = committed_reference(config.profile)
+    reference = committed_reference(config.profile, host)
     if reference is None:
-        log("floor check: no committed run of this profile to compare with")
+        log(f"floor check: no committed run of this profile on this host ({describe(host)}) to compare with")
         return
     drift = floor_drift(floor, reference[1])
     log(f"floor check: {'not comparable' if drift is None else f'{drift:+.1%}'} against {reference[0]}")
@@ -176,9 +192,17 @@ def first_floor(config: BenchConfig, floor: list[FloorPoint], log: Callable[[str
         )
 
 
-def with_checks(run: Run, reference: Callable[[str], Reference | None] = committed_reference) -> Run:
-    """`run` with its checks, against the previous committed run of its profile (`reference(profile)`)."""
-    run.checks = run_checks(run.configuration, run.measured, reference(run.configuration.profile))
+def describe(host: Machine) -> str:
+    """A host as the checks name it: CPU model, cores, torch's CPU kernels and platform."""
+    kernels = f", {host.cpu_capability} kernels" if host.cpu_capability else ""
+    return f"{host.cpu_model}, {host.cores} cores{kernels}, {host.platform}"
+
+
+def with_checks(run: Run, reference: Callable[[str, Machine], Reference | None] = committed_reference) -> Run:
+    """`run` with its checks, against the previous committed run of its profile on its host
+    (`reference(profile, machine)`)."""
+    found = reference(run.configuration.profile, run.machine)
+    run.checks = run_checks(run.configuration, run.measured, found)
     return run
 
 

@@ -66,7 +66,7 @@ Why these defaults, for cpu-small on a 2-core machine shared by every process of
   answer is then within about 10 %. A value's verdict pools up to 3 load seeds in quick and 5 in full
   (several thousand requests at the edge), so that a verdict is not decided by one draw of users and
   arrivals; a run is flagged when its in-process floor moved over 10 % from the previous committed run's
-  or between its own start and end, or other users took over 0.2 cores on average (`bench.checks`).
+  on its host or between its own start and end, or other users took over 0.2 cores on average.
 - Rankers pre-infer in chunks of 512 tokens, in both modes (a miss computes its prefix the same way):
   in process, 8192 events take 253 ms in chunks of 512 against 401 ms in the ranker's default 1024.
 
@@ -306,14 +306,14 @@ class BenchConfig:
     floor_drift_limit: float = setting(
         0.10,
         "a run whose in-process floor (summed full forwards at the lengths both timed) moved by more than "
-        "this share from the previous committed run of its profile, or from its own start to its end, is "
-        "flagged (bench.checks)",
+        "this share from the previous committed run of its profile on the same host, or from its own start "
+        "to its end, is flagged (bench.checks)",
         above=0,
     )
     stop_when_flagged: bool = setting(
         False,
         "stop the run right after its first in-process floor when that already moved more than "
-        "--floor-drift-limit from the previous committed run's, before any fleet starts (on in the "
+        "--floor-drift-limit from the previous committed run's there, before any fleet starts (on in the "
         "headline profile, whose figures are meant for the README)",
     )
     foreign_cores_limit: float = setting(

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench import checks, probes
+from bench import checks, context, probes
 from bench.config import BenchConfig
 from bench.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet, FleetShape, Mode
 from bench.micro.floor import cached_rank_through_router, in_fresh_process, model_floor
@@ -254,7 +254,7 @@ class Bench:
         c = self.config
         lengths, loads, window = c.length_grid(), c.load_grid(), c.relay_window_ms
         floor = self.floor("before the fleets")
-        checks.first_floor(c, floor, self.log)
+        checks.first_floor(c, floor, self.log, context.machine())
         # A miss computes the prefix (in chunks) and ranks against it: the baseline's critical path. RelayGR
         # takes the relay window off it. First guesses: half the SLO left for queueing and the hops.
         no_relay_ms = [p.pre_infer_ms + p.rank_ms for p in floor]

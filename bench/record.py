@@ -15,12 +15,12 @@ from bench.schema import GpuMeasurements, GpuRun, Machine, Measurements, Run, Ve
 @overload
 def assemble(
     config: BenchConfig, measured: Measurements, started_at: str, duration_s: float, host: Machine,
-    package_versions: Versions, reference: Callable[[str], Reference | None] = ...,
+    package_versions: Versions, reference: Callable[[str, Machine], Reference | None] = ...,
 ) -> Run: ...  # fmt: skip
 @overload
 def assemble(
     config: BenchConfig, measured: GpuMeasurements, started_at: str, duration_s: float, host: Machine,
-    package_versions: Versions, reference: Callable[[str], Reference | None] = ...,
+    package_versions: Versions, reference: Callable[[str, Machine], Reference | None] = ...,
 ) -> GpuRun: ...  # fmt: skip
 def assemble(
     config: BenchConfig,
@@ -29,11 +29,11 @@ def assemble(
     duration_s: float,
     host: Machine,
     package_versions: Versions,
-    reference: Callable[[str], Reference | None] = committed_reference,
+    reference: Callable[[str, Machine], Reference | None] = committed_reference,
 ) -> Run:
     """The run's results: the headline ratios (from what it measured), the run's context, and what
-    `Bench.run` (a `Run`, with its checks against `reference(profile)`, by default the previous
-    committed run of its profile) or `GpuBench.run` (a `GpuRun`) measured."""
+    `Bench.run` (a `Run`, with its checks against `reference(profile, host)`, by default the
+    previous committed run of its profile on this host) or `GpuBench.run` (a `GpuRun`) measured."""
     kind = GpuRun if isinstance(measured, GpuMeasurements) else Run
     run = kind(
         name=config.results_name,

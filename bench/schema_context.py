@@ -71,10 +71,10 @@ class Versions:
 @schema
 class RunChecks:
     """Whether a run's figures may be quoted (`bench.checks`): how far its in-process floor moved from the
-    previous committed run of its profile's, how many cores other users took during its points, and the
-    flags these raise (empty: none; a flagged run's figures never go into the README)."""
+    previous committed run of its profile's on the same host, how many cores other users took during its
+    points, and the flags these raise (empty: none; a flagged run's figures never go into the README)."""
 
-    floor_reference: str | None  # the previous committed run compared with (None: none was found)
+    floor_reference: str | None  # the committed run compared with (None: none on this host)
     floor_drift: float | None  # relative change of the floor's summed full forwards at the shared lengths
     foreign_cores_mean: float  # over every measured point, by its wall time
     foreign_cores_max: float

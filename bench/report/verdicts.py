@@ -18,7 +18,7 @@ def checks_banner(run: Run) -> str:
     checks = run.checks
     if checks is None:
         return ""
-    drift = "no committed run to compare with" if checks.floor_drift is None else (
+    drift = "no committed run on this host to compare with" if checks.floor_drift is None else (
         f"{checks.floor_drift:+.1%} against {checks.floor_reference}"
     )  # fmt: skip
     if checks.floor_change is not None:

@@ -167,7 +167,7 @@ def fake_run(
         ],
     )
     monkeypatch.setattr(experiments, "LEASE_SETTLE_S", 0.0)
-    monkeypatch.setattr(checks, "committed_reference", lambda profile: (f"{profile}-before", reference))
+    monkeypatch.setattr(checks, "committed_reference", lambda profile, host: (f"{profile}-before", reference))
     monkeypatch.setattr(probes, "snapshot", fake_snapshot)
     monkeypatch.setattr(Bench, "point", point)
     monkeypatch.setattr(Bench, "fleet", lambda self, mode: FakeFleet(mode, started, counters))

@@ -4,6 +4,7 @@ their new keys), and the report a committed run renders to stays what it was."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -11,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from bench import checks, report
+from bench import checks, codec, report
 from bench.report import gpu as gpu_report
-from bench.schema import GpuRun, Run
+from bench.schema import GpuRun, Machine, Run
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -139,14 +140,39 @@ def test_the_readme_quotes_the_committed_full_run_and_it_is_not_flagged():
     assert (checked.floor_drift, checked.foreign_cores_mean, checked.flags) == (0.0468, 0.016, [])
 
 
-def test_a_headline_run_is_checked_against_the_committed_full_run_until_it_has_its_own():
+def test_a_headline_run_is_checked_against_the_committed_full_run_on_its_host_until_it_has_its_own():
     """The headline profile times its floor as the full one does: with no committed headline run, its floor
-    is compared with bench/results/full's (this machine's floor took 1.4-1.9x that run's on 2026-11-27,
-    on a host with AVX2 kernels: such a run must be flagged); a profile with neither has no reference."""
+    is compared with bench/results/full's, where that ran on the same host; a profile with neither has
+    no reference, and neither has a run on another host (the AVX2 host of 2026-11-27, whose floor took
+    1.4-1.9x the committed full run's: a measure of the host, not of this run's machine time)."""
     own = (RESULTS / "headline" / "results.json").exists()
     reference = load(RESULTS / ("headline" if own else "full") / "results.json")
-    name, floor = checks.committed_reference("headline")
+    host = reference.machine
+    name, floor = checks.committed_reference("headline", host)
     folder = "headline" if own else "full"
     assert name == f"bench/results/{folder} (commit {reference.versions.git_commit})"
     assert floor == reference.measured.floor
-    assert checks.committed_reference("quick") is None  # no bench/results/quick, and no stand-in
+    assert checks.committed_reference("quick", host) is None  # no bench/results/quick, and no stand-in
+    ab = json.loads((RESULTS / "ab-mix1-admit-all-warm" / "results.json").read_text())
+    elsewhere = codec.from_json(Machine, ab["machine"])
+    assert (elsewhere.cpu_capability, reference.machine.platform != elsewhere.platform) == ("AVX2", True)
+    assert checks.committed_reference("headline", elsewhere) is None
+
+
+def test_one_host_is_one_cpu_model_core_count_and_platform_and_the_same_kernels_where_both_recorded():
+    host = load(RESULTS / "full" / "results.json").machine
+    assert host.cpu_capability is None  # recorded from 2026-11-27 on
+    same = dataclasses.replace(host, load_average_at_start=[9.0, 9.0, 9.0], memory_gib=64.0)
+    assert checks.same_host(host, same) and checks.same_host(
+        host, dataclasses.replace(host, cpu_capability="AVX2")
+    )
+    avx512 = dataclasses.replace(host, cpu_capability="AVX512")
+    assert checks.same_host(avx512, avx512) and not checks.same_host(
+        avx512, dataclasses.replace(avx512, cpu_capability="AVX2")
+    )
+    for other in (
+        {"cores": 4},
+        {"cpu_model": "Intel Xeon"},
+        {"platform": host.platform.replace("v669", "v782")},
+    ):
+        assert not checks.same_host(host, dataclasses.replace(host, **other)), other
