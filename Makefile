@@ -61,31 +61,31 @@ run: install
 
 # The benchmark: baseline, RelayGR and its ablations side by side (quick: about 20 minutes on 2 cores, full: about 2 hours).
 bench: install
-	$(PY) -m bench --profile quick
+	$(PY) -m bench run --profile quick
 
 bench-full: install
-	$(PY) -m bench --profile full
+	$(PY) -m bench run --profile full
 
 # The README's experiments at the full profile's density (about 70 minutes): run twice at one commit to see
 # that the headline ratios reproduce.
 .PHONY: bench-headline
 bench-headline: install
-	$(PY) -m bench --profile headline
+	$(PY) -m bench headline
 
 # Issue 31's reproducibility check: the headline profile twice at one commit (each stops at its first floor
 # when the machine's speed already makes it unquotable), then `bench.reproduce` compares them (exit 1
 # unless both agree on every headline ratio and meet the first mix's targets). About 2.5 hours on 2 cores.
 .PHONY: bench-reproduce
 bench-reproduce: install
-	$(PY) -m bench --profile headline --name headline
-	$(PY) -m bench --profile headline --name headline-2
-	$(PY) -m bench.reproduce --runs bench/results/headline,bench/results/headline-2 --out bench/results/headline-2/reproduce.md
+	$(PY) -m bench headline --name headline
+	$(PY) -m bench headline --name headline-2
+	$(PY) -m bench reproduce --runs bench/results/headline,bench/results/headline-2 --out bench/results/headline-2/reproduce.md
 
 # A fixed-load A/B (docs/benchmark.md): baseline against RelayGR at 20 and 40 calls/s, 5 load seeds, about
 # 17 minutes on 2 cores (each fleet warmed up for 30 s first); AB_ARGS adds flags or replaces defaults (AB_ARGS="--modes relay,no-dram --rates 30").
 .PHONY: bench-ab
 bench-ab: install
-	$(PY) -m bench.ab $(AB_ARGS)
+	$(PY) -m bench ab $(AB_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) relaygr .pytest_cache .ruff_cache .hypothesis

@@ -1,81 +1,33 @@
-"""`python -m bench --profile quick|full|gpu`: run the benchmark and write bench/results/<name>/.
+"""`python -m bench <command> [flags]`: the one front door to RelayGR's benchmarks (`bench.commands`).
 
-Writes results.json, report.md and the plots there; the services' logs go to its `tmp/` folder (not
-committed). Prints one line per step and, at the end, the headline ratios: length, throughput on each
-mix, and throughput at each abandonment share. The gpu profile runs `bench.gpu` within its time budget
-and writes its own report (`bench.report.gpu`), rewritten after each of its stages.
+`python -m bench --help` lists the commands, `python -m bench <command> --help` a command's flags. Flags
+without a command (`python -m bench --profile quick`) run `run`, the benchmark itself.
 """
 
 from __future__ import annotations
 
-import datetime
-import os
-import time
+import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from bench import report
-from bench.checks import FlaggedRun
-from bench.config import BenchConfig, load_config
-from bench.context import machine, versions
-from bench.experiments import Bench
-from bench.gpu import GpuBench
-from bench.gpu_monitor import GpuMonitor
-from bench.record import assemble, summary
-from bench.schema import GpuMeasurements, GpuRun, Machine
-from services.launcher.procs import REPO_ROOT
+from bench.commands import BY_NAME, usage
 
-RESULTS_DIR = REPO_ROOT / "bench" / "results"
+HELP = ("-h", "--help")
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    config = load_config(argv, description=__doc__)
-    out_dir = RESULTS_DIR / config.results_name
-    started_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
-    started = time.monotonic()
-    host = machine()
-    if config.profile == "gpu":
-        run_gpu(config, out_dir, started_at.isoformat(), started, host)
-        return
-    bench = Bench(config, out_dir / "tmp" / "logs", log=lambda line: print(line, flush=True))
-    try:
-        measured = bench.run()
-    except FlaggedRun as refused:  # --stop-when-flagged: before any fleet started
-        raise SystemExit(f"python -m bench: {refused}") from None
-    host.load_average_at_end = list(os.getloadavg())
-    results = assemble(config, measured, started_at.isoformat(), time.monotonic() - started, host, versions())
-    report.write(results, out_dir)
-    print(f"{summary(results)}; SLO P99 {config.slo_ms:g} ms; report: {out_dir / 'report.md'}", flush=True)
-
-
-def run_gpu(config: BenchConfig, out_dir: Path, started_at: str, started: float, host: Machine) -> None:
-    """The gpu profile: `GpuBench` with a GPU monitor, its results written after every stage."""
-    package_versions = versions()
-    monitor = GpuMonitor.start()
-    print(f"GPU monitor: {monitor.source or 'none (no NVML, no nvidia-smi)'}; GPU: {host.gpu}", flush=True)
-
-    def results_of(measured: GpuMeasurements) -> GpuRun:
-        return assemble(config, measured, started_at, time.monotonic() - started, host, package_versions)
-
-    def checkpoint(measured: GpuMeasurements) -> None:
-        report.write(results_of(measured), out_dir, plots=False)
-
-    log_dir = out_dir / "tmp" / "logs"
-    bench = GpuBench(config, log_dir, lambda line: print(line, flush=True), started, monitor, checkpoint)
-    try:
-        measured = bench.run()
-    finally:
-        monitor.close()
-    host.load_average_at_end = list(os.getloadavg())
-    results = results_of(measured)
-    report.write(results, out_dir)
-    ratios = ", ".join(f"{label} {ratio}" for label, ratio in results.throughput_ratios.items())
-    print(
-        f"length ratio {results.length_ratio}; throughput ratios {ratios or 'not measured'}; "
-        f"{results.duration_s:.0f} s; report: {out_dir / 'report.md'}",
-        flush=True,
-    )
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0].startswith("-") and args[0] not in HELP:
+        args = ["run", *args]
+    if not args or args[0] in HELP:
+        print(usage(), file=sys.stdout if args else sys.stderr)
+        return 0 if args else 2
+    name, *rest = args
+    command = BY_NAME.get(name)
+    if command is None:
+        print(f"python -m bench: no command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    return command.main(rest)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

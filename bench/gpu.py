@@ -1,6 +1,6 @@
-"""`python -m bench --profile gpu`: baseline against RelayGR with one ranker on a GPU, within a time budget.
+"""`python -m bench run --profile gpu`: baseline against RelayGR, one ranker on a GPU, within a time budget.
 
-The fleet on a GPU (issue 24): a ranker with `gpu-dlrmv3` on the GPU, router, trigger and retrieval stub
+The fleet on a GPU: a ranker with `gpu-dlrmv3` on the GPU, router, trigger and retrieval stub
 on the host's cores. The run measures only what that question needs, in this order:
 
 1. the in-process floor on the GPU (`--floor-device`), for the length sweep's first guess;

@@ -287,7 +287,7 @@ def read(folder: str) -> Run:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config = load(ReproduceConfig, argv, prog="python -m bench.reproduce", description=__doc__)
+    config = load(ReproduceConfig, argv, prog="python -m bench reproduce", description=__doc__)
     first, second = listed(config, "runs")
     comparison = compare((first, second), (read(first), read(second)), config)
     text = render(comparison, config)

@@ -32,23 +32,23 @@ SERVICES = [
         "ConvertConfig",
     ),
     ("Local fleet — `python -m services.launcher` (`make run`)", "services.launcher.demo", "LauncherConfig"),
-    ("Benchmark — `python -m bench`", "bench.config", "BenchConfig"),
-    ("Fixed-load A/B — `python -m bench.ab`", "bench.ab.config", "AbConfig"),
-    ("Two headline runs compared — `python -m bench.reproduce`", "bench.reproduce", "ReproduceConfig"),
-    ("Tracing-overhead benchmark — `python -m bench.tracing`", "bench.tracing.config", "TracingBench"),
-    ("MLCommons LoadGen — `python -m bench.mlperf`", "bench.mlperf.config", "MlperfConfig"),
+    ("Benchmark — `python -m bench run`", "bench.config", "BenchConfig"),
+    ("Fixed-load A/B — `python -m bench ab`", "bench.ab.config", "AbConfig"),
+    ("Two headline runs compared — `python -m bench reproduce`", "bench.reproduce", "ReproduceConfig"),
+    ("Tracing-overhead benchmark — `python -m bench tracing`", "bench.tracing.config", "TracingBench"),
+    ("MLCommons LoadGen — `python -m bench mlperf`", "bench.mlperf.config", "MlperfConfig"),
     (
-        "Serving-overhead benchmark — `python -m bench.micro.serving`",
+        "Serving-overhead benchmark — `python -m bench serving`",
         "bench.micro.serving.config",
         "ServingConfig",
     ),
     (
-        "Accelerator path — `python -m bench.micro.accelerator`",
+        "Accelerator path — `python -m bench accelerator`",
         "bench.micro.accelerator",
         "AcceleratorBenchConfig",
     ),
-    ("gRPC call floor — `python -m bench.micro.grpc_floor`", "bench.micro.grpc_floor", "GrpcFloorConfig"),
-    ("Router hop — `python -m bench.micro.router_hop`", "bench.micro.router_hop", "RouterHopBench"),
+    ("gRPC call floor — `python -m bench grpc-floor`", "bench.micro.grpc_floor", "GrpcFloorConfig"),
+    ("Router hop — `python -m bench router-hop`", "bench.micro.router_hop", "RouterHopBench"),
 ]
 
 

@@ -1,4 +1,4 @@
-"""`python -m bench.ab --modes baseline,relay --rates 20,40 --seeds 5`: a fixed-load A/B of the named modes.
+"""`python -m bench ab --modes baseline,relay --rates 20,40 --seeds 5`: a fixed-load A/B of the named modes.
 
 Every mode's fleet is started at once; then, seed by seed and load by load, each mode is driven for one
 run (the same users and arrival times in every mode), the modes' order rotating. results.json and
@@ -55,7 +55,7 @@ def write(results: AbResults, out_dir: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None, bench_class: type[AbBench] = AbBench) -> AbResults:
-    config = load(AbConfig, argv, prog="python -m bench.ab", description=__doc__)
+    config = load(AbConfig, argv, prog="python -m bench ab", description=__doc__)
     out_dir = config.out_dir()
     started_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
     started = time.monotonic()

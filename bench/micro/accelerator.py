@@ -1,6 +1,6 @@
-"""`python -m bench.micro.accelerator`: the ranker's device path measured on one device, in process.
+"""`python -m bench accelerator`: the ranker's device path measured on one device, in process.
 
-What the fleet benchmark (`python -m bench`) cannot show on a CPU: the absolute figures of an accelerator.
+What the fleet benchmark (`python -m bench run`) cannot show on a CPU: the absolute figures of an accelerator.
 It measures, for one preset on one device, with the ranker's own components:
 
 - epsilon: the cached rank against the full recomputation, max |Δscore| per prefix length, in the preset's
@@ -309,7 +309,7 @@ def run(config: AcceleratorBenchConfig) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config = load(AcceleratorBenchConfig, argv, prog="python -m bench.micro.accelerator", description=__doc__)
+    config = load(AcceleratorBenchConfig, argv, prog="python -m bench accelerator", description=__doc__)
     print(report(run(config)))
     return 0
 

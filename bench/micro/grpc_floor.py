@@ -1,6 +1,6 @@
 """The CPU one unary gRPC call costs this stack, client and server apart: the floor under every hop.
 
-`python -m bench.micro.grpc_floor` starts an echo server (grpc.aio on uvloop, as every service runs) in a
+`python -m bench grpc-floor` starts an echo server (grpc.aio on uvloop, as every service runs) in a
 child process and calls it from this one (grpc.aio on uvloop, as the trigger, stub and router call), open
 loop at each `--rates` value (0: closed loop, one call at a time), with a request of `--request-kb` (a Rank
 of about a thousand events) and an answer of `--answer-kb`. For each rate it prints the CPU time (user +
@@ -101,7 +101,7 @@ class GrpcFloorConfig:
 
 def main(argv: list[str] | None = None) -> None:
     args = load(
-        GrpcFloorConfig, argv, prog="python -m bench.micro.grpc_floor", description=__doc__.split("\n\n")[0]
+        GrpcFloorConfig, argv, prog="python -m bench grpc-floor", description=__doc__.split("\n\n")[0]
     )
     import uvloop
 

@@ -7,7 +7,7 @@ and their difference, plus the median of paired differences (each routed Rank ag
 next to it). Alternating keeps both paths under the same machine noise and the same cache state: after
 the first Rank the prefix is reused from the ranker's cache tiers on every call.
 
-    python -m bench.micro.router_hop [--iterations 500] [--long-term-events 8192] [--candidates 8]
+    python -m bench router-hop [--iterations 500] [--long-term-events 8192] [--candidates 8]
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def measure(bench: RouterHopBench) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    measure(load(RouterHopBench, argv, prog="python -m bench.micro.router_hop", description=__doc__))
+    measure(load(RouterHopBench, argv, prog="python -m bench router-hop", description=__doc__))
 
 
 if __name__ == "__main__":

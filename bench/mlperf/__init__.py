@@ -1,4 +1,4 @@
-"""MLCommons LoadGen as the benchmark's driver: `python -m bench.mlperf` (issue 23).
+"""MLCommons LoadGen as the benchmark's driver: `python -m bench mlperf`.
 
 LoadGen (the `mlcommons-loadgen` package, module `mlperf_loadgen`) schedules the queries and judges the
 run, as in MLPerf Inference; this package gives it a system under test that sends each sample to the

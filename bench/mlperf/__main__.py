@@ -1,4 +1,4 @@
-"""`python -m bench.mlperf`: one LoadGen test (Server or Offline) of the fleet's Recommend, or `--search`.
+"""`python -m bench mlperf`: one LoadGen test (Server or Offline) of the fleet's Recommend, or `--search`.
 
 Without `--recommend` it starts a local fleet of `--mode` (or, searching, one per mode), drives it, and
 stops every process it started before it returns, however it returns. Ctrl-C stops the fleets and exits

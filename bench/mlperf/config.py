@@ -1,7 +1,7 @@
-"""`python -m bench.mlperf`'s settings: one frozen dataclass, each a flag with a `RELAYGR_…` environment twin
+"""`python -m bench mlperf`'s settings: one frozen dataclass, each a flag with a `RELAYGR_…` environment twin
 (see services.common.config), parsed by `parse`.
 
-Every flag has a default, so `python -m bench.mlperf` alone runs one Server test of RelayGR on a local
+Every flag has a default, so `python -m bench mlperf` alone runs one Server test of RelayGR on a local
 `cpu-small` fleet. The defaults and why:
 
 - `--p99-ms 80`: MLPerf DLRMv3's Server target (P99 of each sample's latency). LoadGen times a sample from
@@ -28,7 +28,7 @@ from services.common.config import grid, listed, load, setting
 
 SCENARIOS = ("Server", "Offline")
 MODES = ("relay", "baseline")
-# The offered loads the search walks (calls/s), as `python -m bench`'s throughput sweeps.
+# The offered loads the search walks (calls/s), as `python -m bench run`'s throughput sweeps.
 SEARCH_GRID = "1,1.5,2,3,4,6,8,11,16,23,32,45,64,90,128"
 DESCRIPTION = (
     "Drive the fleet's RecommendService.Recommend with MLCommons LoadGen (Server or Offline); with --search, "
@@ -152,4 +152,4 @@ class MlperfConfig(FleetSettings):
 def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> MlperfConfig:
     """The settings from `argv` (default: the process's arguments) and `RELAYGR_…` variables; exits with a
     usage error when invalid."""
-    return load(MlperfConfig, argv, environ=environ, prog="python -m bench.mlperf", description=DESCRIPTION)
+    return load(MlperfConfig, argv, environ=environ, prog="python -m bench mlperf", description=DESCRIPTION)

@@ -26,7 +26,7 @@ from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 
 MODES: dict[str, Mode] = {"relay": RELAY, "baseline": BASELINE}
 NUM_CANDIDATES = 128  # the stub's retrieval size, also the rankers' profiled candidate count
-LEASE_TTL_MS = 3000  # as `python -m bench`: a pre-inferred prefix waits this long for its Rank
+LEASE_TTL_MS = 3000  # as `python -m bench run`: a pre-inferred prefix waits this long for its Rank
 PRE_INFER_CHUNK_TOKENS = 512  # the fastest on CPU (bench.config)
 
 

@@ -1,4 +1,4 @@
-"""What `python -m bench.mlperf` writes: one `RunResult` per LoadGen run (its folder's result.json), and
+"""What `python -m bench mlperf` writes: one `RunResult` per LoadGen run (its folder's result.json), and
 for `--search` one `SearchResult` (the output folder's result.json), as dataclasses that `bench.codec`
 writes and reads back.
 

@@ -1,4 +1,4 @@
-"""`python -m bench.report --results-dir bench/results/<name> [--plots false]`: renders a run's report.md
+"""`python -m bench report --results-dir bench/results/<name> [--plots false]`: renders a run's report.md
 (and its plots) again from its results.json, which is read and checked, not rewritten. A gpu profile's
 results get the gpu report (`bench.report.gpu`)."""
 
@@ -25,7 +25,7 @@ class ReportConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    config = load(ReportConfig, argv, prog="python -m bench.report", description=__doc__)
+    config = load(ReportConfig, argv, prog="python -m bench report", description=__doc__)
     results_dir = Path(config.results_dir)
     data = json.loads((results_dir / "results.json").read_text())
     kind = GpuRun if data.get("configuration", {}).get("profile") == "gpu" else Run

@@ -1,3 +1,3 @@
-"""One-off studies behind records in bench/results/, each a `python -m bench.studies.<name>` that reproduces
-its record: `focus_16`, `focus_mix1_batched`, `gain_stability`, `placement_ab`, `routing_ab`, `serving_ab`.
+"""Studies behind records in bench/results/ that no other command measures, each a command of its own:
+`gain_stability` (`python -m bench gain-stability`) and `serving_ab` (`python -m bench serving-ab`).
 """

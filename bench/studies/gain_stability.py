@@ -1,31 +1,40 @@
-"""Issue 25's restart check of the trigger's gain test: the break-even and the NO_GAIN share of mix 1 after
-three restarts of a ranker's warm-up, the third while two other processes keep both cores busy (as a
-ranker restarted in a busy cluster would). Each restart is a fresh process that measures the latency curve
-exactly as a benchmark ranker does (`--profile-lengths` of `python -m bench`, 2 repeats, one torch thread)
-and fits it as the trigger does. Beside the shipped rule (the pre-inference path's fitted work against
-`--relay-overhead-ms`) it evaluates the rule it replaced on the same curves (a miss's fit minus a cached
-rank's, absolute-error least squares). Run from the repository root:
-`python -m bench.studies.gain_stability`; writes bench/results/gain-stability/results.json.
+"""`python -m bench gain-stability`: how stable the trigger's gain test is across restarts of a ranker.
+
+The break-even (the shortest history relay pays for) and the NO_GAIN share of the first mix after three
+restarts of a ranker's warm-up, the third while two other processes keep both cores busy (as a ranker
+restarted in a busy cluster would). Each restart is a fresh process that measures the latency curve exactly
+as a benchmark ranker does (the benchmark's `--ranker-profile-lengths`, 2 repeats, one torch thread) and
+fits it as the trigger does. Beside the shipped rule (the pre-inference path's fitted work against the
+trigger's `--relay-overhead-ms`) it evaluates the rule it replaced on the same curves (a miss's fit minus a
+cached rank's, absolute-error least squares). Writes `--out`/results.json (bench/results/gain-stability/).
 """
 
+import dataclasses
 import json
 import math
 import multiprocessing
 import subprocess
 import sys
+from collections.abc import Sequence
 
 import numpy as np
 
 from bench.config import BenchConfig
-from services.common.config import listed, load
+from services.common.config import listed, load, setting
 from services.launcher.procs import REPO_ROOT
 from services.trigger.config import TriggerConfig
 from services.trigger.cost_model import CostModel, _nonnegative_least_squares
 from services.trigger.cost_model import Path as ModelPath
 
-HERE = REPO_ROOT / "bench" / "results" / "gain-stability"
 CANDIDATES = 128  # the rankers' --profile-candidates default
 HOG = "import torch\ntorch.set_num_threads(1)\na = torch.randn(512, 512)\nwhile True:\n    a @ a\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class GainStability:
+    out: str = setting(
+        "bench/results/gain-stability", "results.json goes to this folder (repository-relative)"
+    )
 
 
 def warm_up(config: BenchConfig) -> list[dict[str, float]]:
@@ -56,7 +65,9 @@ def share_below(length: int, config: BenchConfig) -> float:
     return 0.5 * (1 + math.erf(z / math.sqrt(2)))
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = load(GainStability, argv, prog="python -m bench gain-stability", description=__doc__)
+    out = REPO_ROOT / settings.out
     config = load(BenchConfig, [], {})
     overhead = TriggerConfig().relay_overhead_ms
     short = config.short_term
@@ -101,7 +112,8 @@ def main() -> None:
         "replaced_rule_spread_points": round(100 * (max(old) - min(old)), 2),
         "runs": runs,
     }
-    (HERE / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
     print({k: v for k, v in summary.items() if k != "runs"})
 
 

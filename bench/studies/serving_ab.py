@@ -1,13 +1,13 @@
-"""The serving-path changes A/B: the ranker at 07bd905 (before them) against this checkout's, both up at once
-and driven in turn by the same pairs at the same rate (bench.micro.serving's driver and CPU probes), three
-rounds.
+"""`python -m bench serving-ab --before-tree DIR`: another checkout's ranker against this checkout's.
 
-Run from the repository root with the 07bd905 tree checked out beside it (its generated stubs copied in):
+Both rankers are up at once and driven in turn by the same pairs at the same rate (`python -m bench
+serving`'s driver and CPU probes), three rounds, at two shapes; prints a markdown table of each one's CPU a
+pair that is not the model. The other checkout needs its generated stubs:
 
-    git worktree add /tmp/before 07bd905 && cp -r relaygr /tmp/before/
-    python -m bench.studies.serving_ab --before-tree /tmp/before > bench/results/serving-ab/ab.md
+    git worktree add /tmp/before <commit> && cp -r relaygr /tmp/before/
+    python -m bench serving-ab --before-tree /tmp/before > bench/results/<name>/ab.md
 
-Only ratios within the run count: the machine's speed drifts by a third over minutes.
+Only ratios within the run count: a shared machine's speed drifts over minutes.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import dataclasses
 import statistics
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.micro.serving.config import ServingConfig
@@ -28,9 +29,10 @@ from services.launcher.procs import Processes
 
 SHAPES = [(256, 512, 20.0), (1024, 512, 12.0)]
 ROUNDS = 3
+BEFORE, AFTER = "before", "this checkout"  # the rankers, as the table names them
 
 
-async def main(before_tree: Path) -> None:
+async def compare(before_tree: Path) -> None:
     config = ServingConfig(pairs=300, warmup_pairs=30)
     with tempfile.TemporaryDirectory() as logs, Processes(Path(logs)) as procs:
         here = launcher_procs.REPO_ROOT
@@ -42,9 +44,9 @@ async def main(before_tree: Path) -> None:
         after = start_ranker(procs, config, "services.ranker")
         rows = []
         for length, candidates, rate in SHAPES:
-            seen: dict[str, list] = {"07bd905": [], "this checkout": []}
+            seen: dict[str, list] = {BEFORE: [], AFTER: []}
             for round_ in range(ROUNDS):
-                for label, ranker in (("07bd905", before), ("this checkout", after)):
+                for label, ranker in ((BEFORE, before), (AFTER, after)):
                     driver = Driver(ranker.address)
                     try:
                         point = await measure_point(
@@ -80,13 +82,13 @@ async def main(before_tree: Path) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ServingAb:
-    before_tree: str = setting("", "a checkout of 07bd905 with its generated stubs (required)")
+    before_tree: str = setting("", "the other checkout, with its generated stubs (required)")
 
     def validate(self) -> None:
         if not self.before_tree:
             raise ValueError("--before-tree is required")
 
 
-if __name__ == "__main__":
-    config = load(ServingAb, prog="python -m bench.studies.serving_ab", description=__doc__)
-    asyncio.run(main(Path(config.before_tree)))
+def main(argv: Sequence[str] | None = None) -> None:
+    config = load(ServingAb, argv, prog="python -m bench serving-ab", description=__doc__)
+    asyncio.run(compare(Path(config.before_tree)))

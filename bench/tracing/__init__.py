@@ -1,4 +1,4 @@
-"""`python -m bench.tracing`: what OpenTelemetry tracing costs the fleet, and one relayed request's timeline.
+"""`python -m bench tracing`: what OpenTelemetry tracing costs the fleet, and one relayed request's timeline.
 
 - `bench.tracing.__main__`: the command;
 - `bench.tracing.config`: its settings and why they are what they are;

@@ -1,4 +1,4 @@
-"""`python -m bench.tracing`: the overhead of OpenTelemetry tracing on the relay fleet, and a picture.
+"""`python -m bench tracing`: the overhead of OpenTelemetry tracing on the relay fleet, and a picture.
 
 Runs the same RelayGR fleet shape three times, a fresh fleet each (tracing is read at a process's start):
 tracing off, then exporting with `--trace-sample-ratio` 0.01 and 1.0 (`--sample-ratios`). Each fleet gets
@@ -23,7 +23,7 @@ from services.launcher.procs import REPO_ROOT
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    config = load(TracingBench, argv, prog="python -m bench.tracing", description=__doc__)
+    config = load(TracingBench, argv, prog="python -m bench tracing", description=__doc__)
     out_dir = (REPO_ROOT / config.output).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     busy = wait_until_quiet(config.quiet_wait_s, print) if config.quiet_wait_s else busy_processes()

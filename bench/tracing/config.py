@@ -1,9 +1,9 @@
-"""`python -m bench.tracing`'s settings, each a flag with a `RELAYGR_…` environment twin.
+"""`python -m bench tracing`'s settings, each a flag with a `RELAYGR_…` environment twin.
 
 Defaults, and why:
 
 - `cpu-small`, 2 rankers with one thread each, the benchmark's first length mix (median 1024, cap 2048
-  events) and 100 ms relay window: the shape `python -m bench`'s CPU figures describe, so the ratios here
+  events) and 100 ms relay window: the shape `python -m bench run`'s CPU figures describe, so the ratios here
   read against the same per-request cost (about 22 ms of CPU). `cpu-tiny` would make the model's cost
   nearly vanish and every ratio an upper bound; the CPU added in ms per request is reported beside the
   ratios and is what carries over to another model.

@@ -136,7 +136,7 @@ class Timeline:
 
 @dataclasses.dataclass(frozen=True)
 class TracingRun:
-    """results.json of `python -m bench.tracing`."""
+    """results.json of `python -m bench tracing`."""
 
     started_at: str
     wall_s: float
@@ -164,7 +164,7 @@ def markdown(run: TracingRun) -> str:
     lines = [
         "# Tracing overhead and one relayed request's timeline",
         "",
-        f"`python -m bench.tracing` at {run.git_commit}, {run.started_at}, {run.wall_s:.0f} s. One fresh "
+        f"`python -m bench tracing` at {run.git_commit}, {run.started_at}, {run.wall_s:.0f} s. One fresh "
         f"RelayGR fleet per setting ({c['rankers']} `{c['model_preset']}` rankers, router, trigger, "
         f"retrieval stub), each at the same open-loop load: {c['rate']:g} Recommend/s, {c['warmup']} warm-up "
         f"+ {c['requests']} measured requests, mix `{c['universe']}`, relay window "

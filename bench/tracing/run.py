@@ -1,4 +1,4 @@
-"""The tracing benchmark's run (`python -m bench.tracing`): one fresh RelayGR fleet per setting, the same
+"""The tracing benchmark's run (`python -m bench tracing`): one fresh RelayGR fleet per setting, the same
 load on each, the CPU read around it, the spans received (`TracingOverhead`), assembled with the run's
 context into a `TracingRun` (`record`)."""
 

@@ -1,4 +1,4 @@
-"""`python -m bench.micro.serving`: what one ranker's serving path costs the host beyond its model.
+"""`python -m bench serving`: what one ranker's serving path costs the host beyond its model.
 
 One ranker process (`--model-preset`, `--torch-threads` 1) is driven open loop by PreInfer + Rank pairs
 at a fixed rate, from this process: a fresh user each pair, a long-term history of L events, then

@@ -1,4 +1,4 @@
-"""`python -m bench.micro.serving`: what one ranker's serving path costs the host beyond its model."""
+"""`python -m bench serving`: what one ranker's serving path costs the host beyond its model."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from services.common.config import load
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = load(
-        ServingConfig, argv, prog="python -m bench.micro.serving", description=__doc__.split("\n")[0]
-    )
+    config = load(ServingConfig, argv, prog="python -m bench serving", description=__doc__.split("\n")[0])
     result = asyncio.run(run(config))
     print(summary(result))
     if config.out:

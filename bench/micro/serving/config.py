@@ -1,4 +1,4 @@
-"""`python -m bench.micro.serving`'s settings, each a flag with a `RELAYGR_…` environment twin."""
+"""`python -m bench serving`'s settings, each a flag with a `RELAYGR_…` environment twin."""
 
 from __future__ import annotations
 

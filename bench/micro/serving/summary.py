@@ -130,7 +130,7 @@ def summary(result: dict) -> str:
     lines = [
         f"# Serving overhead at {provenance['commit']}{' (dirty)' if provenance['dirty'] else ''}",
         "",
-        f"`python -m bench.micro.serving`, {configuration['model_preset']} "
+        f"`python -m bench serving`, {configuration['model_preset']} "
         f"on {configuration.get('device', 'cpu')}, "
         f"{configuration['torch_threads']} torch thread, {configuration['short_term']} short-term events, "
         f"a Rank {window:g} ms after its PreInfer with the relay hint; "

@@ -1,4 +1,4 @@
-"""`python -m bench.tracing` without a fleet: the relayed trace it picks and draws from a synthetic span list
+"""`python -m bench tracing` without a fleet: the relayed trace it picks and draws from a synthetic span list
 shaped like the fleet's (every span the trace test shows, with its parents, kinds, attributes and the
 prefix's link), the overhead arithmetic, the OTLP receiver's records, and the command's --help."""
 
@@ -252,7 +252,7 @@ def test_records_of_an_export_request(tmp_path) -> None:
 
 def test_the_command_line_help() -> None:
     answer = subprocess.run(
-        [sys.executable, "-m", "bench.tracing", "--help"],
+        [sys.executable, "-m", "bench", "tracing", "--help"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -1,0 +1,112 @@
+"""The commands of `python -m bench <command>`: one table, a line per command.
+
+Each `Command` names the function that runs it: the function takes the command's own arguments, parses
+them with the command's settings class (every flag with its `RELAYGR_…` twin, which `--help` lists) and
+runs. A command's module is imported only when that command runs, so `python -m bench --help` imports
+none of them. Commands import the library (`bench.config`, `bench.experiments`, `bench.intervals`, …);
+the library never imports a command.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    # "module:function"; the function takes the command's arguments and returns an exit status (None: 0).
+    target: str
+    # Flags put before the user's arguments, so that the user's own flags override them.
+    preset: tuple[str, ...] = ()
+
+    def main(self, argv: Sequence[str]) -> int:
+        module, function = self.target.split(":")
+        status = getattr(importlib.import_module(module), function)([*self.preset, *argv])
+        return status if isinstance(status, int) else 0
+
+
+COMMANDS = (
+    Command(
+        "run",
+        "the benchmark: baseline, RelayGR and its ablations side by side (--profile quick|full|headline|gpu)",
+        "bench.commands.run:main",
+    ),
+    Command(
+        "headline",
+        "the experiments the README quotes, and only those (`run --profile headline`)",
+        "bench.commands.run:main",
+        ("--profile", "headline"),
+    ),
+    Command(
+        "reproduce",
+        "whether two headline runs, one after the other, agree on every headline ratio",
+        "bench.reproduce:main",
+    ),
+    Command(
+        "ab",
+        "a fixed-load A/B of two or more modes: the same users and arrivals, with intervals",
+        "bench.ab.__main__:main",
+    ),
+    Command(
+        "report",
+        "render a run's report.md and plots again from its results.json",
+        "bench.report.__main__:main",
+    ),
+    Command(
+        "tracing",
+        "what OpenTelemetry tracing costs the fleet, and one relayed request's timeline",
+        "bench.tracing.__main__:main",
+    ),
+    Command(
+        "mlperf",
+        "MLCommons LoadGen (Server or Offline) against the fleet's Recommend, or a search",
+        "bench.mlperf.__main__:main",
+    ),
+    Command(
+        "serving",
+        "what one ranker's serving path costs the host beyond its model",
+        "bench.micro.serving.__main__:main",
+    ),
+    Command(
+        "accelerator",
+        "the ranker's device path in process: cached-rank error, reload, rank latency, CUDA graphs",
+        "bench.micro.accelerator:main",
+    ),
+    Command(
+        "grpc-floor",
+        "the CPU one unary gRPC call costs this stack, client and server apart",
+        "bench.micro.grpc_floor:main",
+    ),
+    Command(
+        "router-hop",
+        "the latency the router hop adds to a Rank with a long history",
+        "bench.micro.router_hop:main",
+    ),
+    Command(
+        "gain-stability",
+        "the trigger's break-even across restarts of a ranker's warm-up, one of them under load",
+        "bench.studies.gain_stability:main",
+    ),
+    Command(
+        "serving-ab",
+        "another checkout's ranker against this one's, driven in turn by the same pairs",
+        "bench.studies.serving_ab:main",
+    ),
+)
+BY_NAME = {command.name: command for command in COMMANDS}
+
+
+def usage() -> str:
+    """`python -m bench --help`: every command with its one-line help."""
+    width = max(len(command.name) for command in COMMANDS)
+    rows = "\n".join(f"  {command.name:<{width}}  {command.help}" for command in COMMANDS)
+    return (
+        "usage: python -m bench <command> [flags]\n\n"
+        "RelayGR's benchmarks; results go to bench/results/<name>/ (docs/benchmark.md).\n\n"
+        f"commands:\n{rows}\n\n"
+        "`python -m bench <command> --help` lists the command's flags, each with its RELAYGR_… twin."
+    )
