@@ -7,8 +7,11 @@ the last `window_s` seconds; cache-source, miss-reason and error counts cover th
 Every miss says why (`miss_label`): a request the trigger did not admit by the trigger's reason (`no-gain`,
 `shed`, ... or `no-admit` when no Admit answered: relay off, or the call failed), an admitted one by the
 ranker's miss reason (`cold`, `hbm-evicted`, `elsewhere`, ...). The closing `summary()` says what the
-relay saved, from the responses alone: the Ranks that reused a cached prefix, the long-term events they
-did not compute on the critical path, and their mean Rank latency against the misses'.
+relay saved: the Ranks that reused a cached prefix and the long-term events they did not compute on the
+critical path (from the responses), and, with the rankers' measured latency curve (`RankCosts`, from
+GetProfile), the time that took off each cached Rank: what its own history would have cost the model
+without the cache. A cached Rank is never compared with the misses, which rank other histories: mostly
+short ones the trigger refused because relay would not have paid for them (`no-gain`).
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ import collections
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+import grpc
 import numpy as np
 
-from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
-from services.common.config import setting
+from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc, recommend_pb2, recommend_pb2_grpc, trigger_pb2
+from services.common.config import ServiceConfig, setting
 from services.common.contract import CACHE_SOURCES, cache_source_label
 from services.common.server import dial
 from services.launcher.fleet import FleetConfig
@@ -85,6 +89,55 @@ def miss_label(response: recommend_pb2.RecommendResponse) -> tuple[bool, str]:
 
 
 @dataclasses.dataclass(frozen=True)
+class RankCosts:
+    """What a Rank costs the model at a long-term length, from the rankers' measured latency curve (the
+    GetProfile answer: in-process medians of the full pass, the cached rank and the pre-inference at each
+    profiled length). Between profiled lengths a cost is linear; below the shortest, linear down to nothing
+    at no history; beyond the longest, the longest's (which understates what a longer history saves)."""
+
+    lengths: tuple[int, ...]
+    full_ms: tuple[float, ...]  # the Rank without a cache: the whole sequence on the critical path
+    rank_ms: tuple[float, ...]  # the Rank from a cached prefix
+    pre_infer_ms: tuple[float, ...]  # computing the prefix alone
+
+    @classmethod
+    def of(cls, profile: ranker_pb2.GetProfileResponse) -> RankCosts | None:
+        """The costs in `profile`, or None when it holds no curve."""
+        points = sorted(profile.latency_curve, key=lambda point: point.prefix_length)
+        if not points:
+            return None
+        return cls(
+            tuple(point.prefix_length for point in points),
+            tuple(point.full_ms for point in points),
+            tuple(point.rank_ms for point in points),
+            tuple(point.pre_infer_ms for point in points),
+        )
+
+    def _at(self, costs: Iterable[float], length: int) -> float:
+        return float(np.interp(length, (0, *self.lengths), (0.0, *costs)))
+
+    def saved_ms(self, length: int, computed: int) -> float:
+        """Model time the cache took off a Rank of `length` long-term events that computed `computed` of them
+        itself (an extension's appended events): the full pass less the cached rank, less the pre-inference
+        of the appended events."""
+        gap = self._at((full - rank for full, rank in zip(self.full_ms, self.rank_ms, strict=True)), length)
+        appended = self._at(self.pre_infer_ms, length) - self._at(self.pre_infer_ms, length - computed)
+        return max(0.0, gap - appended)
+
+
+async def fetch_rank_costs(address: str, tls: ServiceConfig, timeout_s: float = 5.0) -> RankCosts | None:
+    """The rankers' latency curve from GetProfile at `address` (a router answers as a ranker); None when it
+    does not answer: the summary then says only what the responses say."""
+    try:
+        async with dial(address, tls) as channel:
+            stub = ranker_pb2_grpc.RankerServiceStub(channel)
+            profile = await stub.GetProfile(ranker_pb2.GetProfileRequest(), timeout=timeout_s)
+    except grpc.aio.AioRpcError:
+        return None
+    return RankCosts.of(profile)
+
+
+@dataclasses.dataclass(frozen=True)
 class _Sample:
     done_s: float
     latency_ms: float
@@ -94,8 +147,11 @@ class _Sample:
 class DemoProgress:
     """Rolling statistics of the demo's Recommend calls. Used from one event loop."""
 
-    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, window_s: float, clock: Callable[[], float] = time.monotonic, costs: RankCosts | None = None
+    ) -> None:
         self.window_s = window_s
+        self.costs = costs
         self.clock = clock
         self.started_s = clock()
         self.samples: collections.deque[_Sample] = collections.deque()
@@ -106,11 +162,13 @@ class DemoProgress:
         self.admitted = 0
         self.total = 0
         # Over the whole run, the Ranks answered with a cached prefix (hits) and without (misses): their
-        # count and summed Rank latency, and the long-term events ranked and computed on the critical path.
+        # count, summed Rank latency and long-term events, and the long-term events computed on the critical
+        # path; for the hits, the model time the cache took off them (`RankCosts.saved_ms`, with a curve).
         self.ranked = {True: 0, False: 0}
         self.rank_ms = {True: 0.0, False: 0.0}
-        self.prefix_events = 0
+        self.ranked_events = {True: 0, False: 0}
         self.computed_events = 0
+        self.saved_ms = 0.0
 
     def add(self, record: CallRecord) -> None:
         self.total += 1
@@ -127,8 +185,11 @@ class DemoProgress:
                 hit = source != MISS
                 self.ranked[hit] += 1
                 self.rank_ms[hit] += response.rank_latency_ms
-                self.prefix_events += response.long_term_length
+                self.ranked_events[hit] += response.long_term_length
                 self.computed_events += response.computed_prefix_events
+                if hit and self.costs is not None:
+                    length, computed = response.long_term_length, response.computed_prefix_events
+                    self.saved_ms += self.costs.saved_ms(length, computed)
         else:
             self.errors[record.code.name] += 1
         self.samples.append(_Sample(self.clock(), record.latency_s * 1000, rank_ms))
@@ -144,21 +205,33 @@ class DemoProgress:
         return "; ".join(part for part in parts if part)
 
     def summary(self) -> str:
-        """One sentence on what the relay saved over the run, measured from the responses."""
+        """What the relay saved over the run: the Ranks that reused a cached prefix and the long-term events
+        not recomputed (from the responses), and, with the rankers' curve, the time that took off each
+        cached Rank against its own history ranked without the cache."""
         hits, misses = self.ranked[True], self.ranked[False]
         ranks = hits + misses
         if not ranks:
             return "relay: no Rank was answered, nothing to compare."
-        saved = self.prefix_events - self.computed_events
+        events = self.ranked_events[True] + self.ranked_events[False]
+        saved = events - self.computed_events
         sentence = (
             f"relay: {hits} of {ranks} Ranks ({hits / ranks:.0%}) reused a cached prefix, "
-            f"{saved:,} of {self.prefix_events:,} long-term events "
-            f"({saved / max(self.prefix_events, 1):.0%}) not recomputed on the critical path"
+            f"{saved:,} of {events:,} long-term events ({saved / max(events, 1):.0%}) not recomputed on the "
+            "critical path"
         )
-        if hits and misses:
+        if hits and self.costs is not None:
+            took, off = self.rank_ms[True] / hits, self.saved_ms / hits
             sentence += (
-                f"; mean Rank {self.rank_ms[True] / hits:.1f} ms with a cached prefix against "
-                f"{self.rank_ms[False] / misses:.1f} ms for a miss"
+                f"; a cached Rank took {took:.1f} ms on average, and computing its own history without the "
+                f"cache would have added {off:.1f} ms (the rankers' measured curve at its length): relay "
+                f"took {self.saved_ms / 1000:,.1f} s off the critical path in all"
+            )
+        if hits and misses:
+            missed, cached = self.ranked_events[False] / misses, self.ranked_events[True] / hits
+            sentence += (
+                f". The {misses} {'miss' if misses == 1 else 'misses'} ranked histories of {missed:,.0f} "
+                "long-term events on average, "
+                f"against {cached:,.0f} for the cached Ranks (why each missed: the line above)"
             )
         return sentence + "."
 

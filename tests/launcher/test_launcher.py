@@ -167,3 +167,10 @@ def test_the_launcher_ends_by_itself_after_its_duration(tmp_path):
     )
     assert summary, output
     assert (int(summary.group(1)), int(summary.group(2))) == (hits, hits + misses)
+    # With the rankers' curve (GetProfile through the router), each cached Rank is set against its own
+    # history ranked without the cache, and the time saved is said.
+    if hits:
+        saved = re.search(
+            r"without the cache would have added ([\d.]+) ms .* relay took ([\d,.]+) s off", output
+        )
+        assert saved and float(saved.group(1)) >= 0, output
