@@ -89,3 +89,10 @@ bench-ab: install
 
 clean:
 	rm -rf $(VENV) $(TOOLS) relaygr .pytest_cache .ruff_cache .hypothesis
+
+# The flake hunt: the fast suite three times while a CPU hog takes one core; it lists every test that failed
+# at least once with its count, and writes that to docs/flake-hunt.txt (docs/development.md reads it).
+.PHONY: test-stress
+test-stress: export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+test-stress: install system-tools
+	$(PY) -m tools.flake_hunt --rounds 3 --hog-cores 1 --out docs/flake-hunt.txt -- -m "not slow"

@@ -94,11 +94,10 @@ def instrument(handler: grpc.RpcMethodHandler, service: str, method: str) -> grp
                 request = _parse(parse, request)
             return await behavior(request, context)
         except RequestError as exc:
-            code = exc.code
-            await context.abort(exc.code, exc.message)
+            code, details = exc.code, exc.message
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
-            await context.abort(code, exc.details() or code.name)
+            details = exc.details() or code.name
         except asyncio.CancelledError:
             remaining = context.time_remaining()
             expired = remaining is not None and remaining <= 0
@@ -109,8 +108,7 @@ def instrument(handler: grpc.RpcMethodHandler, service: str, method: str) -> grp
             raise
         except Exception:
             log.exception("unhandled error in %s/%s", service, method)
-            code = grpc.StatusCode.INTERNAL
-            await context.abort(code, "internal error")
+            code, details = grpc.StatusCode.INTERNAL, "internal error"
         finally:
             if code == grpc.StatusCode.OK:
                 set_code = context.code()
@@ -121,6 +119,9 @@ def instrument(handler: grpc.RpcMethodHandler, service: str, method: str) -> grp
             seconds.observe(time.perf_counter() - started, tracing.exemplar())
             if span is not None:
                 span.end(code)
+        # An error is answered only once it is counted and its span ended, so a client that has the
+        # status finds both; a handler's own abort, a cancellation or a deadline are counted just after.
+        await context.abort(code, details)
 
     return grpc.unary_unary_rpc_method_handler(
         instrumented,

@@ -11,6 +11,7 @@ from prometheus_client import REGISTRY
 from services.common.config import ServiceConfig
 from services.common.errors import InvalidArgument
 from services.common.server import GrpcServer
+from tests.support.polling import eventually_equal
 
 SERVICE = "test.Echo"
 
@@ -73,11 +74,8 @@ def test_codes_are_recorded_as_the_client_sees_them(method, timeout, client_code
                 except grpc.aio.AioRpcError as exc:
                     code = exc.code()
             assert code == client_code
-            for _ in range(100):  # the server side may finish just after the client gives up
-                if handled(method, recorded) == before + 1:
-                    break
-                await asyncio.sleep(0.02)
-            assert handled(method, recorded) == before + 1
+            # the server side may finish just after the client gives up
+            await eventually_equal(lambda: handled(method, recorded), before + 1, what=recorded)
         finally:
             await server.server.stop(None)
 
@@ -94,11 +92,7 @@ def test_cancellation_is_recorded_as_cancelled():
                 call = channel.unary_unary(f"/{SERVICE}/Slow")(b"ping", timeout=10)
                 await asyncio.sleep(0.2)
                 call.cancel()
-                for _ in range(100):
-                    if handled("Slow", "CANCELLED") == before + 1:
-                        break
-                    await asyncio.sleep(0.02)
-            assert handled("Slow", "CANCELLED") == before + 1
+                await eventually_equal(lambda: handled("Slow", "CANCELLED"), before + 1, what="CANCELLED")
         finally:
             await server.server.stop(None)
 
@@ -128,7 +122,8 @@ def test_handlers_registered_by_generated_code_are_instrumented():
                     await check(b"\xff")
             assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert error.value.details().startswith("request: is not a valid protobuf message")
-            assert (count("OK"), count("INVALID_ARGUMENT")) == (ok + 1, invalid + 1)
+            counts = lambda: (count("OK"), count("INVALID_ARGUMENT"))  # noqa: E731
+            await eventually_equal(counts, (ok + 1, invalid + 1), what="(OK, INVALID_ARGUMENT)")
         finally:
             await server.server.stop(None)
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, every_s: float = 0.1) -> float:
@@ -26,4 +29,25 @@ async def eventually(
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not met within {timeout_s}s")
+        await asyncio.sleep(every_s)
+
+
+def wait_equal(read: Callable[[], T], expected: T, timeout_s: float, what: str, every_s: float = 0.05) -> None:
+    """Polls `read()` until it equals `expected`: how a test reads an effect that follows a response (a
+    server counts a call's status after the client has it, a span is exported after its call ends)."""
+    deadline = time.monotonic() + timeout_s
+    while (seen := read()) != expected:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: {seen!r} after {timeout_s:.0f}s, wanted {expected!r}")
+        time.sleep(every_s)
+
+
+async def eventually_equal(
+    read: Callable[[], T], expected: T, timeout_s: float = 5.0, what: str = "value", every_s: float = 0.02
+) -> None:
+    """`wait_equal` on an event loop, without blocking the servers under test that run on it."""
+    deadline = time.monotonic() + timeout_s
+    while (seen := read()) != expected:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: {seen!r} after {timeout_s}s, wanted {expected!r}")
         await asyncio.sleep(every_s)
