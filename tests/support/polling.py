@@ -32,7 +32,9 @@ async def eventually(
         await asyncio.sleep(every_s)
 
 
-def wait_equal(read: Callable[[], T], expected: T, timeout_s: float, what: str, every_s: float = 0.05) -> None:
+def wait_equal(
+    read: Callable[[], T], expected: T, timeout_s: float, what: str, every_s: float = 0.05
+) -> None:
     """Polls `read()` until it equals `expected`: how a test reads an effect that follows a response (a
     server counts a call's status after the client has it, a span is exported after its call ends)."""
     deadline = time.monotonic() + timeout_s
