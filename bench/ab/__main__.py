@@ -1,9 +1,9 @@
 """`python -m bench ab --modes baseline,relay --rates 20,40 --seeds 5`: a fixed-load A/B of the named modes.
 
 Every mode's fleet is started at once; then, seed by seed and load by load, each mode is driven for one
-run (the same users and arrival times in every mode), the modes' order rotating. results.json and
-report.md go to bench/results/<name>/ (`--name`; without it, relaygr-ab in the temporary folder) and are
-rewritten after every run; the services' logs go to its tmp/ folder.
+run (the same users and arrival times in every mode), the modes' order rotating (`bench.ab.run.schedule`).
+results.json and report.md go to bench/results/<name>/ (`--name`; without it, relaygr-ab in the temporary
+folder) and are rewritten after every run; the services' logs go to its tmp/ folder.
 """
 
 from __future__ import annotations

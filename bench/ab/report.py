@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from bench.ab.analysis import latencies
-from bench.ab.schema import AbResults
+from bench.ab.schema import AbResults, AbRun
 from bench.intervals import Interval
 from bench.stats import percentile
 
@@ -43,6 +43,42 @@ def warmups(results: AbResults) -> list[str]:
     ]
 
 
+def places(results: AbResults) -> dict[float, dict[str, list[int]]]:
+    """Per load and mode, how many of its (seed, load) blocks it ran in each place (0: first)."""
+    modes = results.settings.mode_names()
+    counts = {rate: {mode: [0] * len(modes) for mode in modes} for rate in results.settings.rate_list()}
+    blocks: dict[tuple[int, float], list[AbRun]] = {}
+    for run in results.runs:
+        blocks.setdefault((run.seed, run.rate), []).append(run)
+    for (_, rate), runs in blocks.items():
+        for place, run in enumerate(sorted(runs, key=lambda run: run.order)):
+            counts[rate][run.mode][place] += 1
+    return counts
+
+
+def balanced(counts: dict[str, list[int]]) -> bool:
+    """Whether at one load every place in the order went to every mode equally often, give or take one."""
+    return all(max(column) - min(column) <= 1 for column in zip(*counts.values(), strict=True))
+
+
+def order(results: AbResults) -> list[str]:
+    """Which mode ran first at each load, and a warning where the order is unbalanced at a load."""
+    found = places(results)
+    each = "; ".join(
+        f"at {rate:g}/s "
+        + ", ".join(f"{mode} in {counts[0]} of {sum(counts)}" for mode, counts in by_mode.items())
+        for rate, by_mode in found.items()
+    )
+    lines = [f"First in the order of a (seed, load): {each}."]
+    if not all(balanced(by_mode) for by_mode in found.values()):
+        lines[0] += (
+            " **The order is unbalanced at a load**: a mode that always ran first there (right after the "
+            "previous block's settle) or always after another mode's run may owe part of its difference to "
+            "its place in the order."
+        )
+    return [*lines, ""]
+
+
 def render_markdown(results: AbResults) -> str:
     c = results.settings
     modes = c.mode_names()
@@ -57,7 +93,7 @@ def render_markdown(results: AbResults) -> str:
         f"at the start {', '.join(f'{x:.2f}' for x in machine.load_average_at_start or [])}.",
         "",
         f"Every mode's fleet up at once ({c.rankers} {c.model_preset} ranker(s) each, {c.torch_threads} "
-        f"thread(s)), driven in turn by (load seed, load), the modes' order rotating; users of "
+        f"thread(s)), driven in turn by (load seed, load), every mode once at each; users of "
         f"`{results.universe.label}` with revisit probability {c.revisit_probability:g}, relay window "
         f"{c.relay_window_ms:g} ms. Each run: {c.warmup_s:g} s of warm-up, then {c.requests} measured "
         f"Recommends open loop, no early stop. Load seeds {', '.join(str(s) for s in seeds)}; loads "
@@ -66,12 +102,15 @@ def render_markdown(results: AbResults) -> str:
         f"A Rank is over the SLO above {c.slo_ms:g} ms, a Recommend above {results.recommend_bound_ms:g} ms "
         "(its bound includes the relay window); a failed request is over both. Shares are over every "
         f"measured request of every seed, with {level} Wilson intervals on the effective counts (counts "
-        "divided by the design effect, the seeds' dispersion beyond a binomial's); P99s are pooled over "
+        "divided by the design effect, the seeds' dispersion beyond a binomial's) taking Student's t "
+        f"quantile for {len(seeds) - 1} degrees of freedom (seeds - 1: the effect is estimated from them); "
+        "P99s are pooled over "
         f"the seeds, with {level} moving-block bootstrap intervals ({c.resamples} resamples, blocks of "
         f"{c.block_s:g} s of requests within each seed). A difference is the second mode's value less the "
         "first's: Newcombe's interval for shares (pp: percentage points), the paired block bootstrap for "
         "P99s (`bench.intervals`).",
         "",
+        *order(results),
         *warmups(results),
         "## Per mode and load",
         "",

@@ -1,9 +1,11 @@
 """Driving a fixed-load A/B: every mode's fleet up at once, one run of each mode per (seed, load) in turn.
 
 `schedule` is the order: seed by seed, load by load, every mode once at each (seed, load) before the next
-one starts, so a drift of the machine's other load hits every mode alike; the modes' order rotates by one
-from one (seed, load) to the next, so no mode always runs first (after the previous block's settle) or
-last. Before the first, each fleet gets `--fleet-warmup-s` of load at the first rate with users of its
+one starts, so a drift of the machine's other load hits every mode alike. The modes' order at a (seed,
+load) is a Latin square's row: rotated by the seed index plus the load index, so at every load each mode
+takes each place in the order (first after the previous block's settle, ..., last) equally often over
+every run of as many seeds as there are modes, and at one seed the loads start with different modes.
+Before the first, each fleet gets `--fleet-warmup-s` of load at the first rate with users of its
 own (the seed index after the last measured one), recorded apart: a fleet's first run after its start
 read slow. `AbBench.measure` drives one run: `warmup + requests` Recommends open loop, with the arrivals
 of its load seed and the users of `bench.experiments.users` (named after the mix, load, window and seed,
@@ -45,11 +47,13 @@ class Job:
 
 
 def schedule(modes: Sequence[str], rates: Sequence[float], seeds: int) -> list[Job]:
-    """Every (seed, load) in turn, each mode once at each, the modes' order rotating by one per block."""
+    """Every (seed, load) in turn, each mode once at each, in the order `modes` rotated by the seed index
+    plus the load index (a Latin square at each load)."""
     jobs = []
-    for block, (seed_index, rate) in enumerate((s, r) for s in range(seeds) for r in rates):
-        turn = block % len(modes)
-        jobs += [Job(seed_index, rate, mode) for mode in [*modes[turn:], *modes[:turn]]]
+    for seed_index in range(seeds):
+        for load_index, rate in enumerate(rates):
+            turn = (seed_index + load_index) % len(modes)
+            jobs += [Job(seed_index, rate, mode) for mode in [*modes[turn:], *modes[:turn]]]
     return jobs
 
 
