@@ -45,7 +45,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     host.load_average_at_end = list(os.getloadavg())
     results = assemble(config, measured, started_at.isoformat(), time.monotonic() - started, host, versions())
     report.write(results, out_dir)
-    print(f"{summary(results)}; SLO P99 {config.slo_ms:g} ms; report: {out_dir / 'report.md'}", flush=True)
+    print(
+        f"{summary(results)}; SLO P99 {results.configuration.slo_ms:g} ms; report: {out_dir / 'report.md'}",
+        flush=True,
+    )
 
 
 def run_gpu(config: BenchConfig, out_dir: Path, started_at: str, started: float, host: Machine) -> None:
