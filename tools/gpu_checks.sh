@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The accelerator checks of one GPU machine, in one command that ends by itself (about 12 minutes on an
-# H100/H200): the tests in tests/gpu, `python -m bench.micro.accelerator --device cuda`, the ranker's serving
-# path on the GPU (`python -m bench.micro.serving --device cuda`: host CPU per request beyond the model, GPU
-# busy) and the fleet on the GPU (`python -m bench --profile gpu`). Run from the repository root with the
+# H100/H200): the tests in tests/gpu, `python -m bench accelerator --device cuda`, the ranker's serving
+# path on the GPU (`python -m bench serving --device cuda`: host CPU per request beyond the model, GPU
+# busy) and the fleet on the GPU (`python -m bench run --profile gpu`). Run from the repository root with the
 # machine's CUDA python:
 #
 #   tools/gpu_checks.sh OUTDIR
@@ -38,8 +38,8 @@ step() {
 }
 
 step test-gpu 120 "$py" -m pytest -v -rs -p no:cacheprovider tests/gpu
-step accelerator 110 "$py" -m bench.micro.accelerator --device cuda --repeats 30
-step serving "${SERVING_LIMIT_S:-180}" "$py" -m bench.micro.serving --device cuda --model-preset gpu-dlrmv3 \
+step accelerator 110 "$py" -m bench accelerator --device cuda --repeats 30
+step serving "${SERVING_LIMIT_S:-180}" "$py" -m bench serving --device cuda --model-preset gpu-dlrmv3 \
   --torch-threads 2 --lengths 1024,4096,8192 --candidate-counts "" --pairs 80 --warmup-pairs 20 \
   --capacity-rates 100,300,1000 --capacity-seconds 4 --idle-pairs 20 --out bench/results/gpu-serving
-step fleet "${FLEET_LIMIT_S:-360}" "$py" -m bench --profile gpu --time-budget-s "${FLEET_BUDGET_S:-320}"
+step fleet "${FLEET_LIMIT_S:-360}" "$py" -m bench run --profile gpu --time-budget-s "${FLEET_BUDGET_S:-320}"
