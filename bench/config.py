@@ -126,6 +126,11 @@ class Profile:
     # The most load seeds a load's sequential verdict pools (`bench.sweep.pooled_verdict`); 1: every
     # verdict is one seed's, as in every run before it (what a results file without it means).
     seed_cap: int = 1
+    # Stop a point once it passes clearly (`bench.points.clearly_passing`); absent from runs before it.
+    stop_passing: bool = dataclasses.field(default=False, metadata=codec.omitted_while(False))
+    # Seconds of load every fleet gets before its first measured point (users of their own, DRAM filled
+    # as a measured point's would be), so no fleet is judged cold against a warm one; 0: none.
+    fleet_warmup_s: float = dataclasses.field(default=0.0, metadata=codec.omitted_while(0.0))
 
     def measured_at(self, rate: float) -> int:
         """Requests a point at `rate` measures."""
@@ -151,8 +156,19 @@ PROFILE_SETTINGS = {
     ),
     # The full profile's points and verdicts on the headline experiments only (`PROFILE_DEFAULTS`): no
     # other relay windows, one abandonment share, one ablation.
+    # Points sized by time (25 s of requests, 240-1000 of them), a clearly passing point stopped early,
+    # the floor timed three times, no cached Rank through the router (the README does not quote it).
     "headline": dataclasses.replace(
-        QUICK, measured=1000, floor_repeats=7, cached_rank_iterations=100, refine_steps=2, seed_cap=5
+        QUICK,
+        measured=1000,
+        measured_s=25.0,
+        measured_min=240,
+        floor_repeats=3,
+        cached_rank_iterations=0,
+        refine_steps=2,
+        seed_cap=5,
+        stop_passing=True,
+        fleet_warmup_s=30.0,
     ),
     # Points sized by their rate (4 s of requests, 150-300), the floor timed twice, one seed a verdict
     # (the time budget has no room for more).
@@ -210,15 +226,45 @@ class BenchConfig:
         choices=PROFILES,
     )
     name: str = setting("", "results go to bench/results/<name>/ (empty: the profile's name)")
-    slo_ms: float = setting(100.0, "ranking-latency P99 SLO (the Rank as the stub sees it)", above=0)
+    slo_u: float = absent_means(
+        2.87,
+        setting(
+            2.87,
+            "ranking-latency P99 SLO (the Rank as the stub sees it) in the host's unit u, the in-process "
+            "full pass at the first mix's cap timed at the run's start (2.87 u: 100 ms where u is 34.9 ms)",
+            above=0,
+        ),
+        omitted=True,
+    )
+    slo_ms: float = setting(
+        0.0, "an absolute ranking-latency P99 SLO, ms, in place of --slo-u (0: --slo-u times u)", minimum=0
+    )
+    slo_multiples: str = absent_means(
+        "2,2.87,4",
+        setting(
+            "2,2.87,4",
+            "SLO multiples of u at which the first mix's load sweeps find each mode's capacity (the capacity "
+            "against the SLO; --slo-u among them is the headline's)",
+            items=float,
+            increasing=True,
+            above=0,
+        ),
+        omitted=True,
+    )
+    relay_window_u: float = absent_means(
+        2.87,
+        setting(2.87, "the relay window in the host's unit u (the stub's pre-processing time)", minimum=0),
+        omitted=True,
+    )
     max_error_fraction: float = setting(
         0.001, "a point meets the SLO only with fewer errors than this share", above=0, maximum=1
     )
     relay_window_ms: float = formerly(
         "preprocess_delay_ms",
         setting(
-            100.0,
-            "the relay window: the stub's pre-processing time, the trigger's placement window",
+            0.0,
+            "an absolute relay window, ms, in place of --relay-window-u (the stub's pre-processing time, the "
+            "trigger's placement window; 0: --relay-window-u times u)",
             minimum=0,
         ),
     )
@@ -342,6 +388,25 @@ class BenchConfig:
             raise ValueError("--mix-median must be below --mix-max")
         if self.mix2_median >= self.mix2_max:
             raise ValueError("--mix2-median must be below --mix2-max")
+        if not self.slo_ms and self.slo_u not in self.slo_multiple_grid():
+            raise ValueError("--slo-multiples must hold --slo-u, the headline's multiple")
+
+    def in_host_unit(self, u_ms: float) -> BenchConfig:
+        """These settings with the SLO and the relay window in ms: each one not set absolute is its
+        multiple of the host's unit `u_ms`."""
+        return dataclasses.replace(
+            self,
+            slo_ms=self.slo_ms or round(self.slo_u * u_ms, 1),
+            relay_window_ms=self.relay_window_ms or round(self.relay_window_u * u_ms, 1),
+        )
+
+    def slo_multiple_grid(self) -> list[float]:
+        return listed(self, "slo_multiples")
+
+    @property
+    def unit_length(self) -> int:
+        """The long-term length whose full pass is the host's unit u: the first mix's cap."""
+        return self.mix_max
 
     @property
     def settings(self) -> Profile:

@@ -38,14 +38,16 @@ last points' unconsumed prefixes are counted too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench import checks, context, probes
+from bench import checks, context, intervals, probes
 from bench.config import BenchConfig
 from bench.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet, FleetShape, Mode
 from bench.micro.floor import cached_rank_through_router, in_fresh_process, model_floor
@@ -53,9 +55,12 @@ from bench.points import FIRST_SEED, Before, PointSpec, describe, describe_cost,
 from bench.schema import (
     Abandonment,
     Ablations,
+    Capacity,
     Cost,
+    EdgePair,
     FloorPoint,
     Fraction,
+    HostUnit,
     LengthSweep,
     Measurements,
     Mix,
@@ -76,6 +81,13 @@ SETTLE_S = 1.0  # pause between points: lets the last answers and background pre
 LEASE_TTL_MS = 3000
 LEASE_SETTLE_S = LEASE_TTL_MS / 1000 + SETTLE_S
 NUM_CANDIDATES = 128  # the stub's default retrieval size, also the rankers' profiled candidate count
+# Before a point, the other fleets' processes must use at most this many cores (measured over
+# IDLE_SAMPLE_S), waited for up to IDLE_TIMEOUT_S: a point must not share the cores with the background
+# work (pre-inference, lease expiries) its neighbours' last point left behind.
+IDLE_CORES = 0.1
+IDLE_SAMPLE_S = 0.5
+IDLE_TIMEOUT_S = 30.0
+EDGE_BLOCK_S = 1.0  # the paired P99's bootstrap resamples blocks of this many seconds of requests
 T = TypeVar("T")
 
 
@@ -99,8 +111,21 @@ class Bench:
         self.log_dir = log_dir
         self._log = log
         self._started = time.monotonic()
+        # Every point measured, by what it measured (`measured_key`), with the SLO it was judged against:
+        # the first mix's sweeps at several SLOs reuse each other's points.
+        self._measured: dict[tuple, tuple[Point, float]] = {}
+        self._live: list[BenchFleet] = []  # the fleets running now (`fleet`)
+        self.shape = self.fleet_shape()
         c = config
-        self.shape = FleetShape(
+        self.mixes = [
+            mix_universe(median, c.mix_sigma, maximum, c.short_term, c.universe_seed)
+            for median, maximum in ((c.mix_median, c.mix_max), (c.mix2_median, c.mix2_max))
+        ]
+        self.mix = self.mixes[0]
+
+    def fleet_shape(self) -> FleetShape:
+        c = self.config
+        return FleetShape(
             rankers=c.rankers,
             model_preset=c.model_preset,
             hbm_budget_mb=c.hbm_budget_mb,
@@ -116,11 +141,6 @@ class Bench:
             stub_args=f"--rank-timeout-ms {c.rank_timeout_ms} --num-candidates {NUM_CANDIDATES}",
             startup_timeout_s=c.startup_timeout_s,
         )
-        self.mixes = [
-            mix_universe(median, c.mix_sigma, maximum, c.short_term, c.universe_seed)
-            for median, maximum in ((c.mix_median, c.mix_max), (c.mix2_median, c.mix2_max))
-        ]
-        self.mix = self.mixes[0]
 
     def log(self, text: str) -> None:
         self._log(f"[{time.monotonic() - self._started:6.0f}s] {text}")
@@ -132,11 +152,19 @@ class Bench:
     # ---- running points ----
 
     def point(
-        self, plan: Plan, universe: Universe, rate: float, seed_index: int = 0, before: Before = FIRST_SEED
+        self,
+        plan: Plan,
+        universe: Universe,
+        rate: float,
+        seed_index: int = 0,
+        before: Before = FIRST_SEED,
+        slo_ms: float | None = None,
     ) -> Point:
         """One point's result, with its load seed and what it cost the fleet (`cost`, warm-up included).
         Its users are named by `users`; `before`: what the load's earlier seeds measured (the early stop
-        counts them, and the calls the seeds after this one may add up to the seed cap)."""
+        counts them, and the calls the seeds after this one may add up to the seed cap); `slo_ms`: the
+        SLO its early stops judge against (None: the run's; inf: it never stops early)."""
+        slo_ms = self.config.slo_ms if slo_ms is None else slo_ms
         c = self.config
         fleet = plan.fleet
         address = fleet.stub(universe, plan.delay_ms, plan.abandon_fraction)
@@ -144,37 +172,77 @@ class Bench:
         seed = c.load_seed + seed_index
         revisit = c.revisit_probability if plan.revisits else 0.0
         sampler = RevisitSampler(namespace, rate, revisit, c.revisit_window_s, seed)
-        point = self.drive(fleet, address, sampler, self.spec(plan, rate, seed_index, before))
+        point = self.drive(fleet, address, sampler, self.spec(plan, rate, seed_index, before, slo_ms))
         time.sleep(SETTLE_S)
         self.log(f"{fleet.mode.name:<11} {namespace:<36} {rate:>6g}/s: {describe(point)}")
         self.log(f"{'':<11} cost: {describe_cost(point.cost)}")
         return point
 
-    def spec(self, plan: Plan, rate: float, seed_index: int, before: Before) -> PointSpec:
+    def point_once(
+        self, plan: Plan, universe: Universe, rate: float, seed_index: int, before: Before, slo_ms: float
+    ) -> Point:
+        """`point`, unless a point measured before with the same users and arrivals (`measured_key`) says
+        what this one would: it ran to its end, stopped as passing, or failed against an SLO at most
+        `slo_ms`."""
+        key = measured_key(plan, universe, rate, seed_index)
+        if key in self._measured:
+            point, judged_at = self._measured[key]
+            if not point.aborted or judged_at <= slo_ms:
+                return point
+        point = self.point(plan, universe, rate, seed_index, before, slo_ms)
+        self._measured[key] = (point, slo_ms)
+        return point
+
+    def spec(
+        self, plan: Plan, rate: float, seed_index: int, before: Before, slo_ms: float | None = None
+    ) -> PointSpec:
         """What load seed `seed_index` of a load sends, and when it has failed for certain: when the
         sample pooled over the earlier seeds (`before`), its own and the calls the seeds after it may add
-        up to the seed cap has."""
+        up to the seed cap has against `slo_ms` (None: the run's SLO; inf: never)."""
         c = self.config
+        slo_ms = c.slo_ms if slo_ms is None else slo_ms
         measured = c.settings.measured_at(rate)
+        judged = not math.isinf(slo_ms)
         return PointSpec(
             rate=rate,
             warmup=round(rate * c.warmup_s),
             measured=measured,
             timeout_s=(plan.delay_ms + c.rank_timeout_ms) / 1000 + 1.0,
-            slo_ms=c.slo_ms,
-            max_error_fraction=c.max_error_fraction,
+            slo_ms=slo_ms,
+            max_error_fraction=c.max_error_fraction if judged else 1.0,
             seed=c.load_seed + seed_index,
             before=before,
             later=max(c.settings.seed_cap - seed_index - 1, 0) * measured,
+            stop_passing=c.settings.stop_passing and judged,
         )
 
     def drive(self, fleet: BenchFleet, address: str, sampler: RevisitSampler, spec: PointSpec) -> Point:
-        """Runs one point's load against the stub at `address`: its result, with its load seed and what it
-        cost the fleet (a subclass may record more beside them)."""
+        """Runs one point's load against the stub at `address`, once the other fleets are idle
+        (`wait_idle`): its result, with its load seed and what it cost the fleet (a subclass may record
+        more beside them)."""
+        self.wait_idle(fleet)
         before = probes.snapshot(fleet.pids(), fleet.ranker_metrics())
         result = asyncio.run(run_point(address, sampler, spec))
         cost = probes.difference(before, probes.snapshot(fleet.pids(), fleet.ranker_metrics()))
         return recorded(Point, result, seed=spec.seed, cost=Cost(**cost))
+
+    def wait_idle(self, fleet: BenchFleet) -> None:
+        """Waits until the processes of every running fleet but `fleet` use at most `IDLE_CORES` (up to
+        `IDLE_TIMEOUT_S`; logged when it had to wait, or gave up)."""
+        pids = [pid for other in self._live if other is not fleet for pid in other.pids().values()]
+        if not pids:
+            return
+        started = time.monotonic()
+        while True:
+            before = sum(probes.process_cpu_s(pid) for pid in pids)
+            time.sleep(IDLE_SAMPLE_S)
+            cores = (sum(probes.process_cpu_s(pid) for pid in pids) - before) / IDLE_SAMPLE_S
+            waited = time.monotonic() - started
+            if cores <= IDLE_CORES or waited >= IDLE_TIMEOUT_S:
+                break
+        if waited > IDLE_SAMPLE_S * 1.5:
+            outcome = "idle" if cores <= IDLE_CORES else f"still using {cores:.2f} cores: measuring anyway"
+            self.log(f"waited {waited:.1f} s for the other fleets to be idle: {outcome}")
 
     def length_sweeps(self, plans: list[Plan]) -> list[Sweep]:
         """Experiment 1 for each plan: every user at one length, at the length sweep's rate."""
@@ -185,13 +253,94 @@ class Bench:
 
         return self._sweeps(self.config.length_grid(), plans, measure, refine_steps=0)
 
-    def load_sweeps(self, universe: Universe, plans: list[Plan]) -> list[Sweep]:
-        """Experiment 2 for each plan: a length mix at one offered load, refined between grid values."""
+    def load_sweeps(
+        self, universe: Universe, plans: list[Plan], slo_ms: float | None = None, refine: bool = True
+    ) -> list[Sweep]:
+        """Experiment 2 for each plan: a length mix at one offered load, refined between grid values
+        (unless not `refine`), judged against `slo_ms` (None: the run's SLO)."""
+        slo_ms = self.config.slo_ms if slo_ms is None else slo_ms
 
         def measure(plan: Plan, rate: float, seed_index: int, before: Before) -> Point:
-            return self.point(plan, universe, rate, seed_index, before)
+            return self.point_once(plan, universe, rate, seed_index, before, slo_ms)
 
-        return self._sweeps(self.config.load_grid(), plans, measure, self.config.settings.refine_steps)
+        steps = self.config.settings.refine_steps if refine else 0
+        return self._sweeps(self.config.load_grid(), plans, measure, steps, slo_ms)
+
+    def capacity(self, universe: Universe, plans: list[Plan]) -> tuple[list[Sweep], dict[str, Capacity]]:
+        """Both modes' load sweeps on the first mix at each SLO multiple of the host's unit
+        (`--slo-multiples`), the largest first, each starting where the one before found its answers and
+        reusing every point measured: the sweeps at the headline's multiple (`--slo-u`, refined between
+        grid values) and a `Capacity` for every other multiple (grid values only). A point that failed
+        against a larger SLO fails against every smaller one; one that ran to its end or stopped as
+        passing is judged again against the smaller SLO, with more load seeds where its verdict needs
+        them. A run whose SLO is absolute has one multiple: its own."""
+        c, unit = self.config, self.host_unit
+        if unit is None or unit.slo_u is None:
+            return self.load_sweeps(universe, plans), {}
+        loads = c.load_grid()
+        headline: list[Sweep] = []
+        others: dict[str, Capacity] = {}
+        for multiple in sorted(unit.slo_multiples, reverse=True):
+            is_headline = multiple == unit.slo_u
+            slo_ms = c.slo_ms if is_headline else round(multiple * unit.u_ms, 1)
+            self.log(f"capacity at SLO {multiple:g} u = {slo_ms:g} ms")
+            base, rel = self.load_sweeps(universe, plans, slo_ms, refine=is_headline)
+            if is_headline:
+                headline = [base, rel]
+            else:
+                others[f"{multiple:g}"] = Capacity(
+                    multiple=multiple, slo_ms=slo_ms, baseline=base, relay=rel,
+                    ratio=ratio(rel.best, base.best), ratio_interval=ratio_interval(rel, base),
+                )  # fmt: skip
+            plans = [
+                dataclasses.replace(plan, first=last_within(loads, sweep.best or loads[0]))
+                for plan, sweep in zip(plans, (base, rel), strict=True)
+            ]
+        return headline, others
+
+    def edge_pairs(
+        self, universe: Universe, baseline: Plan, relay: Plan, sweeps: list[Sweep]
+    ) -> list[EdgePair]:
+        """Both modes at each mode's best load on the first mix, with the load seeds its verdict pooled
+        there and the same users and arrivals, every point run to its end: their P99s and the paired
+        difference RelayGR - baseline (`bench.intervals.p99_difference`, blocks of `EDGE_BLOCK_S`)."""
+        pairs = []
+        for mode, sweep in zip(("baseline", "relay"), sweeps, strict=True):
+            if sweep.best is None:
+                continue
+            rate = sweep.best
+            (best,) = [point for point in sweep.points if point.rate == rate]
+            seeds = len(best.verdict.seeds) if best.verdict else 1
+
+            def run_through(plan: Plan, seed_index: int, rate: float = rate) -> Point:
+                key = measured_key(plan, universe, rate, seed_index)
+                point, _ = self._measured.get(key, (None, None))
+                if point is None or point.aborted or point.passed_early:  # none, or a truncated sample
+                    point = self.point(plan, universe, rate, seed_index, FIRST_SEED, math.inf)
+                    self._measured[key] = (point, math.inf)
+                return point
+
+            base = [run_through(baseline, k) for k in range(seeds)]
+            rel = [run_through(relay, k) for k in range(seeds)]
+            lengths = [
+                min(len(a.rank_samples_ms), len(b.rank_samples_ms)) for a, b in zip(base, rel, strict=True)
+            ]
+            a = [list(point.rank_samples_ms[:n]) for point, n in zip(base, lengths, strict=True)]
+            b = [list(point.rank_samples_ms[:n]) for point, n in zip(rel, lengths, strict=True)]
+            block = max(1, round(rate * EDGE_BLOCK_S))
+            difference = intervals.p99_difference(a, b, block, seed=self.config.load_seed)
+            base_p99 = intervals.p99_interval(a, block, seed=self.config.load_seed)
+            rel_p99 = intervals.p99_interval(b, block, seed=self.config.load_seed)
+            pair = EdgePair(
+                edge_of=mode, rate=rate, seeds=[point.seed for point in base],
+                baseline_p99_ms=base_p99.value, relay_p99_ms=rel_p99.value,
+                difference_ms=[difference.value, difference.low, difference.high],
+                baseline_points=base, relay_points=rel,
+            )  # fmt: skip
+            self.log(f"paired P99 at the {mode}'s edge, {rate:g}/s: baseline {pair.baseline_p99_ms} ms, "
+                     f"RelayGR {pair.relay_p99_ms} ms, difference {pair.difference_ms}")  # fmt: skip
+            pairs.append(pair)
+        return pairs
 
     new_sweep: Callable[[], Sweep] = Sweep  # what a sweep records (the gpu profile's: `BudgetedSweep`)
 
@@ -201,16 +350,18 @@ class Bench:
         plans: list[Plan],
         measure: Callable[[Plan, float, int, Before], Point],
         refine_steps: int,
+        slo_ms: float | None = None,
     ) -> list[Sweep]:
         """One sweep per plan over `grid`, one load seed of each in turn (refinements included):
         `measure(plan, value, seed_index, before)` measures one seed, `pooled_verdict` decides how many a
         load takes."""
         c = self.config
+        slo_ms = c.slo_ms if slo_ms is None else slo_ms
 
         def verdict(number: int, value: float) -> VerdictSteps:
             plan = plans[number]
             seeds = functools.partial(measure, plan, value)
-            point = yield from pooled_verdict(seeds, c.settings.seed_cap, c.slo_ms, c.max_error_fraction)
+            point = yield from pooled_verdict(seeds, c.settings.seed_cap, slo_ms, c.max_error_fraction)
             if point.verdict is not None and c.settings.seed_cap > 1:
                 self.log(f"{plan.fleet.mode.name:<11} {value:g}: {describe_verdict(point.verdict)}")
             return point
@@ -230,19 +381,50 @@ class Bench:
         after = probes.snapshot({}, fleet.ranker_metrics())
         return result, probes.difference(before, after)["rankers"]
 
-    def fleet(self, mode: Mode) -> BenchFleet:
+    @contextlib.contextmanager
+    def fleet(self, mode: Mode) -> Iterator[BenchFleet]:
+        """`mode`'s fleet, started, warmed up (`warm_up`) and counted as running until it stops."""
         self.log(f"starting the {mode.name} fleet: {mode.description}")
         c = self.config
-        return BenchFleet(mode, self.shape, self.mix, c.relay_window_ms, self.log_dir / mode.name, c.routing)
+        with BenchFleet(
+            mode, self.shape, self.mix, c.relay_window_ms, self.log_dir / mode.name, c.routing
+        ) as fleet:
+            self._live.append(fleet)
+            try:
+                self.warm_up(fleet)
+                yield fleet
+            finally:
+                self._live.remove(fleet)
+
+    def warm_up(self, fleet: BenchFleet) -> None:
+        """`Profile.fleet_warmup_s` of load on the first mix at the length sweep's rate, with users of
+        its own and revisits as in every point, none of it measured: every fleet starts its first
+        measured point with warm processes and a DRAM tier filled as the others' are."""
+        c = self.config
+        seconds = c.settings.fleet_warmup_s
+        if not seconds:
+            return
+        rate = c.length_rate
+        sampler = RevisitSampler("fleet-warmup", rate, c.revisit_probability, c.revisit_window_s, c.load_seed)
+        spec = PointSpec(
+            rate=rate, warmup=0, measured=max(round(rate * seconds), 1),
+            timeout_s=(c.relay_window_ms + c.rank_timeout_ms) / 1000 + 1.0, slo_ms=math.inf,
+            max_error_fraction=1.0, seed=c.load_seed,
+        )  # fmt: skip
+        result = asyncio.run(run_point(fleet.stub(self.mix, c.relay_window_ms), sampler, spec))
+        self.log(
+            f"{fleet.mode.name:<11} warm-up, {seconds:g} s at {rate:g}/s (not measured): {describe(result)}"
+        )
 
     # ---- the run ----
 
     def floor(self, when: str) -> list[FloorPoint]:
-        """The in-process floor at every length of the grid, logged."""
+        """The in-process floor at every length of the grid and the host unit's, logged."""
         c = self.config
         self.log(f"in-process floor {when} ({c.model_preset}, {c.torch_threads} thread(s))")
+        lengths = sorted({*c.length_grid(), c.unit_length})
         floor = in_fresh_process(
-            model_floor, c.model_preset, c.torch_threads, c.length_grid(), c.short_term, NUM_CANDIDATES,
+            model_floor, c.model_preset, c.torch_threads, lengths, c.short_term, NUM_CANDIDATES,
             c.settings.floor_repeats, c.pre_infer_chunk_tokens, c.floor_device,
         )  # fmt: skip
         for p in floor:
@@ -250,11 +432,33 @@ class Bench:
                      f"pre-infer {p.pre_infer_ms:.1f} ms, cached rank {p.rank_ms:.1f} ms")  # fmt: skip
         return floor
 
+    host_unit: HostUnit | None = None  # the run's unit and bounds, once `run` has timed its floor
+
+    def measure_host_unit(self, floor: list[FloorPoint]) -> HostUnit:
+        """The host's unit u from the run's first floor, and the run's settings in ms from now on
+        (`BenchConfig.in_host_unit`)."""
+        c = self.config
+        (unit,) = [point for point in floor if point.prefix_length == c.unit_length]
+        resolved = c.in_host_unit(unit.full_ms)
+        self.host_unit = HostUnit(
+            u_ms=unit.full_ms, length=c.unit_length, model_preset=c.model_preset,
+            slo_u=None if c.slo_ms else c.slo_u,
+            relay_window_u=None if c.relay_window_ms else c.relay_window_u,
+            slo_ms=resolved.slo_ms, relay_window_ms=resolved.relay_window_ms,
+            slo_multiples=c.slo_multiple_grid() if not c.slo_ms else [],
+        )  # fmt: skip
+        self.config = resolved
+        self.shape = self.fleet_shape()
+        self.log(f"host unit u = {unit.full_ms:g} ms (the full pass at {c.unit_length} events): "
+                 f"{self.host_unit.describe()}")  # fmt: skip
+        return self.host_unit
+
     def run(self) -> Measurements:
+        floor = self.floor("before the fleets")
+        checks.first_floor(self.config, floor, self.log, context.machine())
+        unit = self.measure_host_unit(floor)
         c = self.config
         lengths, loads, window = c.length_grid(), c.load_grid(), c.relay_window_ms
-        floor = self.floor("before the fleets")
-        checks.first_floor(c, floor, self.log, context.machine())
         # A miss computes the prefix (in chunks) and ranks against it: the baseline's critical path. RelayGR
         # takes the relay window off it. First guesses: half the SLO left for queueing and the hops.
         no_relay_ms = [p.pre_infer_ms + p.rank_ms for p in floor]
@@ -272,10 +476,13 @@ class Bench:
         abandonment: dict[str, Fraction] = {}
         with self.fleet(RELAY) as relay:
             with self.fleet(BASELINE) as baseline:
-                self.log("cached Rank through the router, idle fleet")
-                cached = cached_rank_through_router(
-                    relay.router(), lengths, c.short_term, NUM_CANDIDATES, c.settings.cached_rank_iterations
-                )
+                cached = []
+                if c.settings.cached_rank_iterations:
+                    self.log("cached Rank through the router, idle fleet")
+                    cached = cached_rank_through_router(
+                        relay.router(), lengths, c.short_term, NUM_CANDIDATES,
+                        c.settings.cached_rank_iterations,
+                    )  # fmt: skip
                 for p in cached:
                     self.log(f"cached Rank L={p.prefix_length}: P50 {p.rank_ms_p50} ms P99 {p.rank_ms_p99} "
                              f"ms ({p.request_kib} KiB, sources {p.sources})")  # fmt: skip
@@ -284,9 +491,16 @@ class Bench:
                 )
                 for mix in self.mixes:
                     plans = [Plan(baseline, first_base, window), Plan(relay, first_relay, window)]
-                    work = functools.partial(self.load_sweeps, mix, plans)
-                    (base_load, relay_load), counters = self.ranker_counters(relay, work)
-                    throughput[mix.label] = mix_result(mix, base_load, relay_load, counters)
+                    if mix is self.mix:
+                        work = functools.partial(self.capacity, mix, plans)
+                        ((base_load, relay_load), capacity), counters = self.ranker_counters(relay, work)
+                        pairs = self.edge_pairs(mix, *plans, [base_load, relay_load])
+                        extra = {"capacity": capacity or None, "edge_pairs": pairs}
+                    else:
+                        work = functools.partial(self.load_sweeps, mix, plans)
+                        (base_load, relay_load), counters = self.ranker_counters(relay, work)
+                        extra = {}
+                    throughput[mix.label] = mix_result(mix, base_load, relay_load, counters, **extra)
                     # The next mix is longer: one grid step below this one's answers.
                     first_base = max(load_guess(base_load.best, first_base) - 1, 0)
                     first_relay = max(load_guess(relay_load.best, first_relay) - 1, 0)
@@ -322,6 +536,7 @@ class Bench:
             fleet=self.shape,
             mix_universes=list(self.mixes),
             floor_end=self.floor("after the fleets"),
+            host_unit=unit,
         )
 
     def abandonment(
@@ -371,9 +586,11 @@ def waste(counters: dict[str, Any]) -> Waste:
     )
 
 
-def mix_result(mix: Universe, baseline: Sweep, relay: Sweep, counters: dict[str, Any]) -> Mix:
-    """One mix's throughput sweeps, their ratio, and RelayGR's wasted pre-inference over them."""
+def mix_result(mix: Universe, baseline: Sweep, relay: Sweep, counters: dict[str, Any], **more: Any) -> Mix:
+    """One mix's throughput sweeps, their ratio, and RelayGR's wasted pre-inference over them (`more`:
+    the first mix's capacity at other SLOs and its edge pairs)."""
     return Mix(
+        **more,
         universe=mix.label,
         max_long_term=mix.max_long_term,
         baseline=baseline,
@@ -382,6 +599,11 @@ def mix_result(mix: Universe, baseline: Sweep, relay: Sweep, counters: dict[str,
         ratio_interval=ratio_interval(relay, baseline),
         waste=waste(counters),
     )
+
+
+def measured_key(plan: Plan, universe: Universe, rate: float, seed_index: int) -> tuple:
+    """What a point measures: the fleet's mode, its users (`users`) and its load seed."""
+    return plan.fleet.mode.name, users(universe, rate, plan, seed_index)
 
 
 def users(universe: Universe, rate: float, plan: Plan, seed_index: int) -> str:

@@ -35,6 +35,8 @@ def assemble(
     `Bench.run` (a `Run`, with its checks against `reference(profile, host)`, by default the
     previous committed run of its profile on this host) or `GpuBench.run` (a `GpuRun`) measured."""
     kind = GpuRun if isinstance(measured, GpuMeasurements) else Run
+    if kind is Run and measured.host_unit is not None:  # the bounds the run measured against, in ms
+        config = config.in_host_unit(measured.host_unit.u_ms)
     run = kind(
         name=config.results_name,
         **headline_ratios(measured),
@@ -71,12 +73,18 @@ def summary(results: Run) -> str:
         f"{entry.fraction:.0%} {entry.ratio}{interval(entry.ratio_interval)}"
         for entry in measured.abandonment.fractions.values()
     )
+    unit = measured.host_unit
+    bounds = f"host unit u {unit.u_ms:g} ms: {unit.describe()}; " if unit else ""
     flagged = (
         f"FLAGGED ({'; '.join(results.checks.flags)}); " if results.checks and results.checks.flags else ""
     )
-    return flagged + (
-        f"length ratio {results.length_ratio}{interval(results.length_ratio_interval)} "
-        f"({length.relay.best} vs {length.baseline.best} events at {length.rate:g} req/s, relay window "
-        f"{window:g} ms); throughput ratios {mixes}; "
-        f"throughput ratios with requests abandoned {abandoned or 'not measured'}"
+    return (
+        flagged
+        + bounds
+        + (
+            f"length ratio {results.length_ratio}{interval(results.length_ratio_interval)} "
+            f"({length.relay.best} vs {length.baseline.best} events at {length.rate:g} req/s, relay window "
+            f"{window:g} ms); throughput ratios {mixes}; "
+            f"throughput ratios with requests abandoned {abandoned or 'not measured'}"
+        )
     )

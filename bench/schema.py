@@ -73,6 +73,11 @@ class PointResult:
     send_lag_p99_ms: float
     wall_s: float
     meets_slo: bool  # this measurement's own verdict (a load's pooled one: `Point.verdict`)
+    # Stopped before its plan because it passed clearly (`bench.points.clearly_passing`).
+    passed_early: bool = dataclasses.field(default=False, metadata=codec.omitted_while(False))
+    # Each ranked call's ranking latency in send order (None: it failed), for replaying verdict rules
+    # (absent from runs before it was recorded).
+    latencies_ms: list[float | None] | None = dataclasses.field(default=None, metadata=OMIT_NONE)
     # The ranking latencies the percentiles are of, in memory only: a load's verdict pools its seeds'.
     rank_samples_ms: tuple[float, ...] = dataclasses.field(default=(), repr=False, compare=False,
                                                            metadata=TRANSIENT)  # fmt: skip
@@ -108,9 +113,12 @@ class Point(PointResult):
 @schema
 class Verdict:
     """A load's sequential verdict (`bench.sweep.pooled_verdict`): the load seeds measured at it, the
-    ranked requests pooled over them, their P99 with its bootstrap 95 % interval, and whether the load
-    met the SLO. `decided`: the interval excluded the SLO (or a seed failed early); False when the seed
-    cap was reached with the interval still holding it, and the pooled P99 decided alone."""
+    ranked requests pooled over them, their P99 with its bootstrap interval at the per-look `confidence`
+    (`bench.stats.look_confidence`), and whether the load met the SLO. How it ended (`outcome`):
+    `decided`, the interval excluded the SLO or the errors failed the sample at the seed cap; `stopped
+    early`, a seed stopped once the pooled sample at the seed cap had failed for certain (it fails the
+    load, with its sample truncated); otherwise undecided: the seed cap was reached with the interval
+    still holding the SLO and the pooled P99 decided alone, or a seed was cut by a time budget."""
 
     seeds: list[int]
     requests: int
@@ -119,6 +127,20 @@ class Verdict:
     meets_slo: bool
     decided: bool
     points: list[Point]  # the other seeds' points, the first seed's being the one that holds this
+    stopped_early: bool = dataclasses.field(default=False, metadata=codec.omitted_while(False))
+    # The confidence of each look's interval (absent: 0.95, one look's level whatever the seed cap).
+    confidence: float | None = _optional()
+
+    @property
+    def outcome(self) -> str:
+        """How the verdict ended, in words: decided, stopped early, or undecided (at the seed cap, or cut)."""
+        if self.decided:
+            return "decided"
+        if self.stopped_early:
+            return "stopped early"
+        if any(point.cut for point in self.points):
+            return "undecided (a seed was cut)"
+        return "undecided at the seed cap (the pooled P99 decided)"
 
 
 def recorded(cls: type[P], result: PointResult, **more: Any) -> P:
@@ -216,12 +238,72 @@ class Mix:
     ratio: float | None
     ratio_interval: list[float | None] | None = _optional()  # `ratio_interval` of the two brackets
     waste: Waste = dataclasses.field(metadata=FLAT)
+    # The same load sweeps judged at the other SLO multiples of u (by `f"{multiple:g}"`), and both modes
+    # at each mode's edge load (the first mix only; absent from runs before them).
+    capacity: dict[str, Capacity] | None = _optional()
+    edge_pairs: list[EdgePair] | None = _optional()
 
 
 @schema
 class ModePair:
     baseline: Sweep
     relay: Sweep
+
+
+@schema
+class Capacity:
+    """Both modes' load sweeps on the first mix judged at another SLO, a multiple of the host's unit u:
+    each mode's capacity there with its bracket, and their ratio (`bench.experiments.Bench.capacity`)."""
+
+    multiple: float
+    slo_ms: float
+    baseline: Sweep
+    relay: Sweep
+    ratio: float | None
+    ratio_interval: list[float | None]
+
+
+@schema
+class EdgePair:
+    """Both modes at one mode's edge load on the first mix, with the same users and arrivals (load seeds):
+    each mode's P99 over the seeds pooled and the difference RelayGR - baseline with its interval
+    (`bench.intervals.p99_difference`, resampled within each seed)."""
+
+    edge_of: str  # the mode whose best load this is
+    rate: float
+    seeds: list[int]
+    baseline_p99_ms: float | None  # None: it falls on a failed request
+    relay_p99_ms: float | None
+    difference_ms: list[float | None]  # [RelayGR - baseline, low, high]; None: an infinite bound
+    baseline_points: list[Point]
+    relay_points: list[Point]
+
+
+@schema
+class HostUnit:
+    """The host's own unit of time u and the run's bounds in it: u is the in-process full pass of the
+    fleet's preset at the first mix's cap, timed in a fresh process at the run's start; the SLO and the
+    relay window are multiples of it (None: the bound was set absolute, in ms)."""
+
+    u_ms: float
+    length: int
+    model_preset: str
+    slo_u: float | None
+    relay_window_u: float | None
+    slo_ms: float
+    relay_window_ms: float
+    slo_multiples: list[float]
+
+    def describe(self) -> str:
+        """The run's bounds in the host's unit and in ms (`SLO 2.87 u = 185 ms`)."""
+
+        def bound(name: str, multiple: float | None, ms: float) -> str:
+            return (
+                f"{name} {ms:g} ms (absolute)" if multiple is None else f"{name} {multiple:g} u = {ms:g} ms"
+            )
+
+        window = bound("relay window", self.relay_window_u, self.relay_window_ms)
+        return f"{bound('SLO', self.slo_u, self.slo_ms)}, {window}"
 
 
 @schema
@@ -266,6 +348,7 @@ class Measurements:
     fleet: FleetShape
     mix_universes: list[Universe]
     floor_end: list[FloorPoint] | None = _optional()  # timed again after the last fleet stopped
+    host_unit: HostUnit | None = _optional()  # absent: the run's bounds were absolute
 
 
 @schema

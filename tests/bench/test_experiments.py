@@ -22,7 +22,7 @@ import pytest
 from bench import checks, experiments, probes, record, report
 from bench.config import BenchConfig, load_config
 from bench.experiments import Bench, Plan
-from bench.points import Before, PointSpec, summarize
+from bench.points import FIRST_SEED, Before, PointSpec, summarize
 from bench.schema import CachedRankPoint, Cost, FloorPoint, Machine, Point, Run, Versions, recorded
 from bench.workload import Universe
 from relaygr.v1 import common_pb2, recommend_pb2
@@ -44,16 +44,21 @@ LOAD_LIMITS = {
 }  # fmt: skip
 WASTED_S_PER_POINT = 2.0  # RelayGR's rankers' wasted pre-inference per point, per abandoned share
 FOREIGN_CORES = 0.1  # other users' cores during every fake point
+# The host's unit u (the full pass at the first mix's cap, 2048 events) is 100 / 2.87 ms: the SLO and the
+# relay window at their default 2.87 u are 100 ms, the other SLO multiples 69.7 (2 u) and 139.4 ms (4 u).
+U_MS = 100 / 2.87
 FLOOR = [
-    FloorPoint(prefix_length=n, full_ms=n / 10, pre_infer_ms=n / 40, rank_ms=2.0)
+    FloorPoint(prefix_length=n, full_ms=n * U_MS / 2048, pre_infer_ms=n / 40, rank_ms=2.0)
     for n in CONFIG.length_grid()
 ]
 
 
 def latencies(rate: float, limit: float) -> list[float]:
-    """One seed's 100 ranking latencies at `rate` for a mode whose limit is `limit` (the module's rule)."""
+    """One seed's 100 ranking latencies at `rate` for a mode whose limit is `limit` (the module's rule);
+    between 0.7 L and 0.9 L the fast ones take 80 ms, which meets the SLO at 2.87 u and 4 u, not at 2 u."""
     slow = 0 if rate <= 0.9 * limit else 1 if rate <= limit else 4 if rate <= 1.1 * limit else 100
-    return [40.0] * (100 - slow) + [400.0] * slow
+    fast = 80.0 if 0.7 * limit < rate <= 0.9 * limit else 40.0
+    return [fast] * (100 - slow) + [400.0] * slow
 
 
 def seeds_by_rule(rate: float, limit: float) -> int:
@@ -126,10 +131,19 @@ def fake_run(
     measured: list[tuple] = []
 
     def point(
-        self: Bench, plan: Plan, universe: Universe, rate: float, seed_index: int, before: Before
+        self: Bench,
+        plan: Plan,
+        universe: Universe,
+        rate: float,
+        seed_index: int = 0,
+        before: Before = FIRST_SEED,
+        slo_ms: float | None = None,
     ) -> Point:
         mode = plan.fleet.mode.name if plan.revisits else "no-revisit"
-        measured.append((mode, universe.label, rate, plan.delay_ms, plan.abandon_fraction, seed_index))
+        judged = self.config.slo_ms if slo_ms is None else slo_ms
+        measured.append(
+            (mode, universe.label, rate, plan.delay_ms, plan.abandon_fraction, seed_index, judged)
+        )
         if universe.label.startswith("L"):  # lengths: far from the limit (one seed)
             passes = int(universe.label[1:]) <= LENGTH_LIMITS[mode, plan.delay_ms]
             rank_ms = [40.0 if passes else 400.0] * 100
@@ -211,9 +225,63 @@ def test_each_mix_is_swept_in_turn_and_refined_by_two_geometric_bisections(run):
     assert (second["baseline"]["best"], second["relay"]["best"]) == (4.9, 8.7)
     assert results["throughput_ratios"] == {MIX1: round(37.9 / 12.1, 3), MIX2: round(8.7 / 4.9, 3)}
     modes = ("baseline", "relay")
-    sweep = [m[0] for m in measured if m[1] == MIX1 and m[4] == 0.0 and m[5] == 0 and m[0] in modes]
-    turns = 2 * min(sweep.count("baseline"), sweep.count("relay"))
-    assert sweep[:turns] == ["baseline", "relay"] * (turns // 2)  # one point of each mode in turn
+    for slo_ms in (139.4, 100.0, 69.7):  # the SLO multiples 4, 2.87 and 2 u, the largest first
+        sweep = [m[0] for m in measured if m[1] == MIX1 and m[4] == 0.0 and m[5] == 0 and m[6] == slo_ms]
+        assert sweep or slo_ms == 69.7  # at 2 u every first seed was measured before (reused)
+        turns = 2 * min(sweep.count("baseline"), sweep.count("relay"))
+        assert sweep[:turns] == ["baseline", "relay"] * (turns // 2)  # one point of each mode in turn
+    on_mix1 = [m[6] for m in measured if m[1] == MIX1 and m[4] == 0.0 and m[0] in modes]
+    assert on_mix1.index(100.0) > max(i for i, slo in enumerate(on_mix1) if slo == 139.4)
+
+
+def test_the_first_mix_has_a_capacity_at_each_slo_multiple_reusing_the_points_measured(run):
+    results, _, measured = run
+    first = results["throughput_sweeps"][MIX1]
+    assert results["host_unit"] == {
+        "u_ms": results["floor"][4]["full_ms"], "length": 2048, "model_preset": "cpu-small", "slo_u": 2.87,
+        "relay_window_u": 2.87, "slo_ms": 100.0, "relay_window_ms": 100.0, "slo_multiples": [2.0, 2.87, 4.0],
+    }  # fmt: skip
+    assert results["floor"][4]["prefix_length"] == 2048
+    assert results["configuration"]["slo_ms"] == results["configuration"]["relay_window_ms"] == 100.0
+    capacity = first["capacity"]
+    assert set(capacity) == {"2", "4"}
+    # At 2 u (69.7 ms) a load above 0.7 L fails (80 ms): the baseline's 11 and RelayGR's 32 do.
+    two = capacity["2"]
+    assert (two["slo_ms"], two["baseline"]["best"], two["baseline"]["first_failure"]) == (69.7, 8, 11)
+    assert (two["relay"]["best"], two["relay"]["first_failure"]) == (23, 32)
+    assert two["ratio"] == round(23 / 8, 3) and two["ratio_interval"] == [round(23 / 11, 3), 4.0]
+    # At 4 u (139.4 ms) the grid alone: 11 and 32 pass (their one slow request of 100 is not the P99).
+    four = capacity["4"]
+    assert (four["baseline"]["best"], four["baseline"]["first_failure"]) == (11, 16)
+    assert (four["relay"]["best"], four["relay"]["first_failure"]) == (32, 45)
+    assert four["baseline"]["refined"] == four["relay"]["refined"] == []
+    # No point was measured twice: each SLO's sweep reused the points the larger ones measured.
+    first_mix = [m[:6] for m in measured if m[1] == MIX1 and m[4] == 0.0 and m[6] != math.inf]
+    assert len(first_mix) == len(set(first_mix))
+
+
+def test_both_modes_are_measured_at_each_modes_edge_with_the_same_seeds(run):
+    results, _, measured = run
+    baseline_edge, relay_edge = results["throughput_sweeps"][MIX1]["edge_pairs"]
+    # The baseline's 12.1 took 5 seeds (one slow request of 100 each: the pooled P99 is 40 ms); RelayGR
+    # is fast there.
+    assert (baseline_edge["edge_of"], baseline_edge["rate"]) == ("baseline", 12.1)
+    assert baseline_edge["seeds"] == [0, 1, 2, 3, 4]
+    assert (baseline_edge["baseline_p99_ms"], baseline_edge["relay_p99_ms"]) == (40.0, 40.0)
+    assert baseline_edge["difference_ms"] == [0.0, 0.0, 0.0]
+    # At RelayGR's 37.9 the baseline is far over its limit: every request takes 400 ms.
+    assert (relay_edge["edge_of"], relay_edge["rate"], relay_edge["seeds"]) == (
+        "relay",
+        37.9,
+        [0, 1, 2, 3, 4],
+    )
+    assert (relay_edge["baseline_p99_ms"], relay_edge["relay_p99_ms"]) == (400.0, 40.0)
+    assert relay_edge["difference_ms"] == [-360.0, -360.0, -360.0]
+    # The points the sweeps had run to their end are reused; the others run with no early stop.
+    run_through = [m for m in measured if m[6] == math.inf]
+    assert sorted((m[0], m[2], m[5]) for m in run_through) == sorted(
+        [("relay", 12.1, k) for k in range(5)] + [("baseline", 37.9, k) for k in range(5)]
+    )
 
 
 def test_each_load_takes_the_seeds_its_verdict_needs_and_pools_them(run):
@@ -246,9 +314,15 @@ def test_each_load_takes_the_seeds_its_verdict_needs_and_pools_them(run):
     assert relay[32]["seeds"] == [0] and relay[32]["decided"] and relay[45]["seeds"] == [0]
     lengths = results["length_sweep"]["relay"]["points"]
     assert all(p["verdict"]["seeds"] == [0] and p["verdict"]["decided"] for p in lengths)
-    # Every seed measured was one the rule asked for, and no verdict point was measured again.
-    extra = sum(len(p["verdict"]["seeds"]) - 1 for _, sweep in sweeps for p in sweep["points"])
-    assert len([m for m in measured if m[5] > 0]) == extra
+    # Every seed measured was one the rule asked for, and no verdict point was measured again (the first
+    # mix's sweeps at the other SLO multiples and its edge pairs reuse them).
+    asked = {(key[0], key[1], p["rate"], key[2], k) for key, sweep in sweeps for p in sweep["points"]
+             for k in p["verdict"]["seeds"][1:]}  # fmt: skip
+    for multiple in results["throughput_sweeps"][MIX1]["capacity"].values():
+        asked |= {(mode, MIX1, p["rate"], 0.0, k) for mode in ("baseline", "relay")
+                  for p in multiple[mode]["points"] for k in p["verdict"]["seeds"][1:]}  # fmt: skip
+    judged = [(m[0], m[1], m[2], m[4], m[5]) for m in measured if m[5] > 0 and m[6] != math.inf]
+    assert sorted(judged) == sorted(asked)
     assert all(sweep["repeats"] == [] and sweep["seeds_agree"] is None for _, sweep in sweeps)
 
 

@@ -58,9 +58,10 @@ def test_the_gpu_profile_brings_its_defaults_where_no_flag_or_variable_is_given(
 def test_the_other_profiles_keep_the_documented_defaults():
     assert load_config(["--profile", "quick"], {}) == BenchConfig()
     full = load_config(["--profile", "full"], {})
-    assert (full.slo_ms, full.model_preset, full.time_budget_s, full.hbm_budget_mb) == (
-        100.0, "cpu-small", 0.0, 256.0,
-    )  # fmt: skip
+    # The CPU profiles' SLO and relay window are multiples of the host's unit u, not absolute bounds.
+    assert (full.slo_ms, full.slo_u, full.relay_window_ms, full.relay_window_u) == (0.0, 2.87, 0.0, 2.87)
+    assert (full.model_preset, full.time_budget_s, full.hbm_budget_mb) == ("cpu-small", 0.0, 256.0)
+    assert full.in_host_unit(34.9) == dataclasses.replace(full, slo_ms=100.2, relay_window_ms=100.2)
 
 
 def test_every_gpu_default_is_a_setting_and_the_longest_history_fits_the_preset():
