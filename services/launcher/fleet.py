@@ -32,6 +32,7 @@ from pathlib import Path
 
 from services.common.config import ServiceConfig, check, setting
 from services.common.contract import RANKER_SERVICE, RECOMMEND_SERVICE, TRIGGER_SERVICE
+from services.common.cpus import cpu_budget
 from services.common.server import channel_credentials
 from services.launcher.procs import Processes, ServiceProcess
 
@@ -96,8 +97,10 @@ class FleetConfig:
     log_dir: str = setting(".run/logs", "folder of the services' logs, one <service>.log each")
     startup_timeout_s: float = setting(300.0, "seconds each service gets to become healthy", above=0)
     ranker_args: str = setting(
-        "--torch-threads 1 --profile-lengths 128,512,2048",
-        "extra flags for every ranker (the default gives each CPU ranker one core and a quick warm-up)",
+        "--profile-lengths 128,512,2048",
+        "extra flags for every ranker (the default: a quick warm-up). Without --torch-threads among them, "
+        "each ranker gets its share of the launcher's CPUs (its affinity and cgroup quota, divided by "
+        "--rankers, at least one)",
     )
     router_args: str = setting("", "extra flags for the router")
     trigger_args: str = setting("", "extra flags for the trigger")
@@ -178,6 +181,11 @@ def given(flags: dict[str, object]) -> list[str]:
     return [part for flag, value in flags.items() if value is not None for part in (flag, str(value))]
 
 
+def ranker_share(cpus: int, rankers: int) -> int:
+    """Intra-op threads each of `rankers` local rankers gets of `cpus`: an equal share, at least one."""
+    return max(1, cpus // rankers)
+
+
 def ranker_name(index: int) -> str:
     return f"ranker-{index}"
 
@@ -232,8 +240,16 @@ class Fleet:
             "--instance-name", name, "--model-preset", c.model_preset,
             *given({"--hbm-budget-mb": c.hbm_budget_mb, "--dram-budget-mb": c.dram_budget_mb}),
             *given({"--checkpoint": c.checkpoint}),
-            *shlex.split(c.ranker_args),
+            *self._torch_threads(), *shlex.split(c.ranker_args),
         ]  # fmt: skip
+
+    def _torch_threads(self) -> list[str]:
+        """`--torch-threads` with each ranker's share of the CPUs, unless the ranker flags set it: rankers
+        started together, each sizing its pool by the whole host, would oversubscribe the cores and measure
+        each other at warm-up instead of the model."""
+        if any(arg.startswith("--torch-threads") for arg in shlex.split(self.config.ranker_args)):
+            return []
+        return ["--torch-threads", str(ranker_share(cpu_budget().cpus, self.config.rankers))]
 
     def members(self) -> str:
         """The rankers as `--rankers` lists them: name=host:port,..."""

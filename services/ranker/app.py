@@ -13,6 +13,7 @@ import torch
 
 from relaygr.v1 import common_pb2, ranker_pb2
 from services.common.contract import RANKER_SERVICE
+from services.common.cpus import cpu_budget
 from services.common.metrics import enum_labels, precreate
 from services.common.server import GrpcServer
 from services.ranker import metrics
@@ -46,8 +47,7 @@ def build_model(config: RankerConfig) -> tuple[HSTURanker, str, torch.device]:
     `--checkpoint DIR` (a model directory, `model/store.py`) brings its own architecture (`--model-preset` is
     not read); `--checkpoint FILE` is a state_dict of the preset's model."""
     device = select_device(config.device)
-    if config.torch_threads > 0:
-        torch.set_num_threads(config.torch_threads)
+    set_torch_threads(config.torch_threads)
     if config.checkpoint and is_model_dir(config.checkpoint):
         model = load_model_dir(config.checkpoint)
     elif config.checkpoint:
@@ -55,6 +55,21 @@ def build_model(config: RankerConfig) -> tuple[HSTURanker, str, torch.device]:
     else:
         model = HSTURanker(get_preset(config.model_preset))
     return model.to(device=device, dtype=model.preset.dtype).eval(), model.version, device
+
+
+def set_torch_threads(flag: int) -> int:
+    """Sizes torch's intra-op pool: `flag` (--torch-threads) when given, else the process's CPU budget
+    (the fewer of its affinity and its cgroup quota, `services.common.cpus`); logged and exported."""
+    if flag > 0:
+        threads, source, why = flag, "flag", f"{flag} (--torch-threads)"
+    else:
+        budget = cpu_budget()
+        threads, source, why = budget.cpus, budget.source, budget.describe()
+    torch.set_num_threads(threads)
+    log.info("torch intra-op threads: %s", why)
+    metrics.TORCH_THREADS.clear()
+    metrics.TORCH_THREADS.labels(source).set(threads)
+    return threads
 
 
 def precreate_metrics() -> None:

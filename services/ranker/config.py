@@ -118,7 +118,10 @@ class RankerConfig(RequestLimits, ServiceConfig):
         256, "Ranks waiting for the device beyond this get RESOURCE_EXHAUSTED", above=0
     )
     torch_threads: int = setting(
-        0, "intra-op CPU threads for torch (0: torch's default, one per core)", minimum=0
+        0,
+        "intra-op CPU threads for torch (0: as many as the process may use: the fewer of its CPU affinity "
+        "and its cgroup CPU quota, never torch's one per host core)",
+        minimum=0,
     )
     profile_lengths: str = setting(
         "128,512,2048,8192",

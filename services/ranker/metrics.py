@@ -56,6 +56,17 @@ COST_CORRECTION = Gauge(
     "has reached yet; each point that jobs reached is scaled by its own such ratio.",
     ["path"],
 )
+TORCH_THREADS = Gauge(
+    "relaygr_torch_threads",
+    "Intra-op CPU threads torch runs the model with, and what chose them (source: the --torch-threads "
+    "flag, the affinity mask, or the cgroup CPU quota).",
+    ["source"],
+)
+CURVE_PROVISIONAL = Gauge(
+    "relaygr_latency_curve_provisional",
+    "1 while the latency curve is provisional (its warm-up ran disturbed: wall time far above the device "
+    "thread's CPU time) and not yet measured again undisturbed; GetProfile says so too.",
+)
 DEVICE_QUEUE_DEPTH = Gauge(
     "relaygr_device_queue_depth", "Model jobs waiting for the device thread, by priority.", ["priority"]
 )

@@ -7,11 +7,13 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from services.common.cpus import budget_of
 from tests.deploy.configs import loaded_configs, workload_kind
 from tests.deploy.manifests import DEPLOY, NAMESPACE, OVERLAYS, named, objects, workloads
 from tests.deploy.pods import container_ports, containers, pod_spec, quantity
 
 MIB = 2**20
+NODE_CORES = 64  # a node with more cores than any pod's limit
 EXPECTED_DEVICE = {
     "cpu": ("cpu-small", "cpu"),
     "nvidia": ("gpu-dlrmv3", "cuda"),
@@ -74,12 +76,16 @@ def test_rankers_run_the_overlays_model_on_its_device(overlay):
     assert ranker.hbm_budget_mb > 0 and ranker.dram_budget_mb > 0
 
 
-def test_ranker_torch_threads_fit_its_cpu_request(overlay):
-    """torch's default is one thread per node core, which contends under the pod's CPU quota."""
+def test_ranker_torch_threads_agree_with_its_cpu_request(overlay):
+    """The intra-op threads a ranker runs in its pod (--torch-threads where the overlay sets it, else the
+    CPUs its cgroup quota, limits.cpu, pays for on a node of many cores) are the CPUs it requests: torch's
+    own default, one per node core, would contend under the quota."""
     manifests = objects(f"overlays/{overlay}")
     (container,) = containers(named(manifests, "StatefulSet", "ranker"))
-    threads = loaded_configs(overlay)["ranker"].torch_threads
-    assert 0 < threads <= quantity(container["resources"]["requests"]["cpu"])
+    resources = container["resources"]
+    in_pod = budget_of(NODE_CORES, (quantity(resources["limits"]["cpu"]), "cgroup_v2")).cpus
+    threads = loaded_configs(overlay)["ranker"].torch_threads or in_pod
+    assert threads == quantity(resources["requests"]["cpu"]) <= in_pod
 
 
 def test_ranker_drain_outlasts_its_leases(overlay):

@@ -16,8 +16,9 @@ from grpc_health.v1 import health_pb2
 from relaygr.v1 import recommend_pb2, recommend_pb2_grpc
 from services.common.config import load
 from services.common.contract import RANKER_SERVICE
+from services.common.cpus import cpu_budget
 from services.launcher.demo import LauncherConfig
-from services.launcher.fleet import STUB, TRIGGER, Fleet, FleetConfig, ServiceExited
+from services.launcher.fleet import STUB, TRIGGER, Fleet, FleetConfig, ServiceExited, ranker_share
 from services.launcher.procs import REPO_ROOT, health_status
 
 TINY_RANKERS = "--profile-lengths 32,128 --profile-repeats 1"
@@ -45,9 +46,11 @@ def fleet_config(tmp_path, **overrides) -> FleetConfig:
 
 def test_the_fleet_passes_only_the_flags_it_sets(tmp_path):
     # Unset budgets and SLO are not passed: the ranker's and the trigger's own defaults apply.
-    fleet = Fleet(fleet_config(tmp_path, ranker_args=""))
+    fleet = Fleet(fleet_config(tmp_path, ranker_args="--torch-threads 3"))
     fleet.ranker_route_args = lambda: ["--rankers", "ranker-0=127.0.0.1:1"]
-    assert fleet._ranker_args("ranker-0") == ["--instance-name", "ranker-0", "--model-preset", "cpu-tiny"]
+    assert fleet._ranker_args("ranker-0") == [
+        "--instance-name", "ranker-0", "--model-preset", "cpu-tiny", "--torch-threads", "3"
+    ]  # fmt: skip
     assert fleet._trigger_args() == ["--rankers", "ranker-0=127.0.0.1:1", "--reuse-port", "true"]
     fleet = Fleet(fleet_config(tmp_path, hbm_budget_mb=64.0, dram_budget_mb=-1.0, slo_ms=80.0))
     fleet.ranker_route_args = lambda: ["--router", "127.0.0.1:1"]
@@ -61,6 +64,17 @@ def test_the_fleet_passes_only_the_flags_it_sets(tmp_path):
     assert fleet._stub_args()[6:] == ["--relay-window-ms", "45.0"]
     launcher = load(LauncherConfig, ["--hbm-budget-mb", "32"], {"RELAYGR_SLO_MS": "90"})
     assert (launcher.hbm_budget_mb, launcher.dram_budget_mb, launcher.slo_ms) == (32.0, None, 90.0)
+
+
+def test_each_local_ranker_gets_its_share_of_the_cpus(tmp_path):
+    """Rankers started together, each sizing torch's pool by the whole host, would oversubscribe its cores:
+    without --torch-threads in the ranker flags, each gets an equal share of the launcher's CPUs."""
+    assert [ranker_share(2, rankers) for rankers in (1, 2, 3)] == [2, 1, 1]
+    assert ranker_share(16, 3) == 5
+    fleet = Fleet(fleet_config(tmp_path, rankers=2, ranker_args=""))
+    share = str(ranker_share(cpu_budget().cpus, 2))
+    for name in fleet.ranker_names:
+        assert fleet._ranker_args(name)[4:] == ["--torch-threads", share]
 
 
 def test_fleet_starts_healthy_restarts_a_ranker_detects_a_crash_and_stops_everything(tmp_path):
