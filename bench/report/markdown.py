@@ -6,6 +6,7 @@ import json
 import math
 
 from bench import codec
+from bench.report.capacity import capacity_section
 from bench.report.figures import first_failure, hit_rate_points, point_at, verdict, within_noise
 from bench.report.plots import PLOTS
 from bench.report.tables import (
@@ -39,6 +40,7 @@ def render_markdown(run: Run) -> str:
     sections = [
         _introduction(run),
         _headline(run),
+        capacity_section(run),
         edges_section(run),
         _against_no_relay_and_admit_all(run),
         _limits(run),
@@ -105,9 +107,19 @@ def _headline(run: Run) -> str:
         for label, mix in run.measured.throughput_sweeps.items()
     ]
     violations = measured - math.ceil(0.99 * measured)
+    unit = run.measured.host_unit
+    in_unit = (
+        f"Host unit u = {unit.u_ms:g} ms (the in-process full pass of `{unit.model_preset}` at "
+        f"{unit.length} events, timed at the run's start): {unit.describe()}. "
+        if unit
+        else ""
+    )
     return (
-        "## Headline\n\n" + table(("", "baseline", "RelayGR", "ratio", "paper"), rows) + "\n\n"
-        f"SLO: ranking-stage P99 ≤ {slo:g} ms, the Rank through the router as the retrieval stub sees it; "
+        "## Headline\n\n"
+        + table(("", "baseline", "RelayGR", "ratio", "paper"), rows)
+        + "\n\n"
+        + in_unit
+        + f"SLO: ranking-stage P99 ≤ {slo:g} ms, the Rank through the router as the retrieval stub sees it; "
         f"a failed request counts as a violation. Relay window (the stub's pre-processing delay): "
         f"{c.relay_window_ms:g} ms. Each point: {measured} measured requests after "
         f"{c.warmup_s:g} s of warm-up, open-loop Poisson arrivals, latency from the intended send "

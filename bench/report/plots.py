@@ -12,6 +12,7 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from bench.report.capacity import CAPACITY_PLOT, capacity_rows
 from bench.report.figures import hit_rate_points, load_modes, shares
 from bench.schema import Run, Sweep
 from services.common.contract import CACHE_SOURCES
@@ -44,6 +45,7 @@ def plot_all(run: Run, out_dir: Path) -> None:
     plot_sweeps(
         run, load_modes(run), "rate", "offered load (Recommend calls/s)", load_title, out_dir / PLOTS["load"]
     )
+    plot_capacity(run, out_dir / CAPACITY_PLOT)
     _plot_hit_rates(run, out_dir / PLOTS["hits"])
     _plot_floor(run, out_dir / PLOTS["floor"])
 
@@ -126,6 +128,43 @@ def _plot_floor(run: Run, path: Path) -> None:
     ax.set(xlabel="long-term length (events)", ylabel="latency (ms)", xscale="log", yscale="log")
     _plain_ticks(ax, xs)
     ax.set_title("Where the time goes (CPU: compare ratios only)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_capacity(run: Run, path: Path) -> None:
+    """Each mode's capacity against the SLO multiple, its bracket as an error bar (none: no plot)."""
+    rows = capacity_rows(run)
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for mode, colour, pick in (
+        ("baseline", "#868e96", lambda row: row.baseline),
+        ("RelayGR", "#1c7ed6", lambda row: row.relay),
+    ):
+        xs, ys, lows, highs = [], [], [], []
+        for row in rows:
+            sweep = pick(row)
+            if sweep.best is None:
+                continue
+            top = sweep.first_failure if sweep.first_failure is not None else sweep.best
+            xs.append(row.multiple)
+            ys.append(sweep.best)
+            lows.append(0.0)
+            highs.append(top - sweep.best)
+        ax.errorbar(xs, ys, yerr=[lows, highs], color=colour, marker="o", capsize=4, label=mode)
+    headline = next(row for row in rows if row.headline)
+    ax.axvline(
+        headline.multiple, color="#c92a2a", linestyle="--", label=f"headline SLO {headline.multiple:g} u"
+    )
+    ax.set(xlabel="SLO on the ranking P99 (multiples of the host's unit u)", ylabel="highest load (req/s)")
+    ax.set_title(
+        f"Capacity against the SLO, mix {run.first_mix[0]}\nbars: up to the lowest failing load above",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
