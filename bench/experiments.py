@@ -88,6 +88,7 @@ IDLE_CORES = 0.1
 IDLE_SAMPLE_S = 0.5
 IDLE_TIMEOUT_S = 30.0
 EDGE_BLOCK_S = 1.0  # the paired P99's bootstrap resamples blocks of this many seconds of requests
+EDGE_SEEDS = 3  # the most load seeds of each mode at each edge (of those the edge's verdict pooled)
 T = TypeVar("T")
 
 
@@ -302,7 +303,7 @@ class Bench:
         self, universe: Universe, baseline: Plan, relay: Plan, sweeps: list[Sweep]
     ) -> list[EdgePair]:
         """Both modes at each mode's best load on the first mix, with the load seeds its verdict pooled
-        there and the same users and arrivals, every point run to its end: their P99s and the paired
+        there (the first `EDGE_SEEDS`) and the same users and arrivals, every point run to its end: their P99s and the paired
         difference RelayGR - baseline (`bench.intervals.p99_difference`, blocks of `EDGE_BLOCK_S`)."""
         pairs = []
         for mode, sweep in zip(("baseline", "relay"), sweeps, strict=True):
@@ -310,7 +311,7 @@ class Bench:
                 continue
             rate = sweep.best
             (best,) = [point for point in sweep.points if point.rate == rate]
-            seeds = len(best.verdict.seeds) if best.verdict else 1
+            seeds = min(len(best.verdict.seeds) if best.verdict else 1, EDGE_SEEDS)
 
             def run_through(plan: Plan, seed_index: int, rate: float = rate) -> Point:
                 key = measured_key(plan, universe, rate, seed_index)
