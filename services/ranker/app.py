@@ -30,6 +30,7 @@ from services.ranker.device.host_pool import HostPool
 from services.ranker.engine.calibration import Calibration
 from services.ranker.engine.latency_curve import LatencyCurve
 from services.ranker.engine.load import LoadBook
+from services.ranker.engine.recheck import Recheck
 from services.ranker.engine.runner import ModelRunner
 from services.ranker.engine.scheduler import Op, Scheduler
 from services.ranker.model.hstu import HSTURanker
@@ -133,6 +134,9 @@ class RankerApp:
         self.servicer = RankerServicer(config, self.plane, str(self.device))
         self.grpc = self._server()
         self._sweeper: asyncio.Task | None = None
+        self.recheck: Recheck | None = None
+        self._recheck_task: asyncio.Task | None = None
+        metrics.CURVE_PROVISIONAL.set_function(lambda: float(self.calibration.provisional))
 
     async def start(self) -> None:
         """Binds the ports (health NOT_SERVING), warms up, then turns SERVING."""
@@ -160,14 +164,30 @@ class RankerApp:
         return HostPool(capacity, self.accelerator.pinned(capacity))
 
     async def warm_up(self) -> LatencyCurve:
-        """Measures the data plane's latency curve, then starts the cache's sweeper."""
+        """Measures the data plane's latency curve, then starts the cache's sweeper, and, when the curve is
+        provisional (measured disturbed), its recheck in the background."""
         curve = await self.plane.warm_up()
         for point in curve.points:
             log.info(
                 "profile L=%d: full %.2f ms, pre-infer %.2f ms, rank %.2f ms",
                 point.prefix_length, point.full_ms, point.pre_infer_ms, point.rank_ms,
             )  # fmt: skip
-        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+        loop = asyncio.get_running_loop()
+        self._sweeper = loop.create_task(self._sweep_forever())
+        if curve.provisional:
+            log.warning(
+                "latency curve provisional: its warm-up ran disturbed (wall time over %.1fx the device "
+                "thread's CPU time) in every round; measuring it again once the device is idle",
+                self.config.profile_disturbed_ratio,
+            )
+            self.recheck = Recheck(
+                self.worker,
+                self.plane.timer(),
+                curve,
+                self.calibration.set_curve,
+                self.config.profile_recheck_s,
+            )
+            self._recheck_task = loop.create_task(self.recheck.run())
         return curve
 
     async def _sweep_forever(self) -> None:
@@ -200,8 +220,9 @@ class RankerApp:
         )
 
     async def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        for task in (self._sweeper, self._recheck_task):
+            if task is not None:
+                task.cancel()
         await self.cache.close()
         self.worker.close()
         self.copy_worker.close()

@@ -99,8 +99,9 @@ class RankerConfig(RequestLimits, ServiceConfig):
     )
     max_pre_infer_backlog_ms: float = setting(
         1000.0,
-        "a PreInfer is refused (REJECTED_BACKLOG) when the pre-inference queued on this ranker plus its own "
-        "would take longer than this many ms of device time: it could serve no Rank within a Rank deadline",
+        "a PreInfer is refused (REJECTED_BACKLOG) when the pre-inference already queued on this ranker takes "
+        "this many ms of device time (by a curve not provisional): it would not start before its Rank, so "
+        "could save it nothing (one that starts in time saves its Rank what it finished)",
         above=0,
     )
     max_tombstones: int = setting(
@@ -134,6 +135,25 @@ class RankerConfig(RequestLimits, ServiceConfig):
         3,
         "timed rounds across every length of the latency curve (the least kept per point; as many more while "
         "a shorter point measures dearer than a longer one)",
+        above=0,
+    )
+    profile_disturbed_ratio: float = setting(
+        1.5,
+        "on a CPU device, a warm-up length whose passes took more than this times the device thread's own "
+        "CPU time ran disturbed (other work held its cores) and is measured again",
+        above=1,
+    )
+    profile_retry_rounds: int = setting(
+        6,
+        "rounds the warm-up may add for the lengths measured disturbed in every round so far (or while the "
+        "curve is inverted); a curve still disturbed after them is served provisional and measured again in "
+        "the background",
+        minimum=0,
+    )
+    profile_recheck_s: float = setting(
+        2.0,
+        "a provisional curve is measured again, one length at a time, each once the device thread has run "
+        "nothing for this many seconds",
         above=0,
     )
 

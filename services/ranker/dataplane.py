@@ -34,7 +34,7 @@ from services.ranker.cache.acquired import Acquired, Source
 from services.ranker.config import RankerConfig
 from services.ranker.engine.calibration import Calibration
 from services.ranker.engine.device_time import device_time, trace_device
-from services.ranker.engine.latency_curve import LatencyCurve, measure
+from services.ranker.engine.latency_curve import LatencyCurve, Profiling, Timer, measure
 from services.ranker.engine.load import LoadReport
 from services.ranker.engine.runner import ModelRunner
 from services.ranker.engine.scheduler import FOR_RANKS, Op, Priority, Scheduler
@@ -91,20 +91,28 @@ class DataPlane:
 
     async def warm_up(self) -> LatencyCurve:
         """Measures the latency curve on the device thread; shedding and GetProfile use it from then on."""
-        config = self.config
-        curve = await self.scheduler.submit(
-            lambda: measure(
-                self.runner,
-                config.profile_length_list(),
-                config.profile_short_term,
-                config.profile_candidates,
-                config.profile_repeats,
-            ),
-            Priority.RANK,
-            Op.PROFILE,
-        )
+        timer = self.timer()
+        curve = await self.scheduler.submit(lambda: measure(timer), Priority.RANK, Op.PROFILE)
         self.calibration.set_curve(curve)
         return curve
+
+    def profiling(self) -> Profiling:
+        """How the warm-up measures: disturbance is judged on a CPU device only (on an accelerator the
+        device thread waits for the device without spending CPU)."""
+        config = self.config
+        cpu = self.runner.device.type == "cpu"
+        return Profiling(
+            config.profile_length_list(),
+            config.profile_short_term,
+            config.profile_candidates,
+            config.profile_repeats,
+            config.profile_retry_rounds,
+            config.profile_disturbed_ratio if cpu else None,
+        )
+
+    def timer(self) -> Timer:
+        """What times the curve's lengths on the device thread (the warm-up's, and a recheck's)."""
+        return Timer(self.runner, self.profiling())
 
     @property
     def calibration(self) -> Calibration:
@@ -214,6 +222,8 @@ class DataPlane:
             raise ResourceExhausted(f"rank queue is full ({self.config.max_queued_ranks} waiting)")
         if time_remaining_s is None:
             return None
+        if self.calibration.provisional:  # its figures may be far too slow: no Rank is shed on them
+            return time.monotonic() + time_remaining_s
         cheapest_ms = self.calibration.predict_ms("rank_ms", max(length, 1))  # 0 before warm-up
         if time_remaining_s * 1000 < cheapest_ms:
             metrics.SHED_REQUESTS.labels("Rank", "deadline").inc()

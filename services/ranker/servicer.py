@@ -156,4 +156,5 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
             max_long_term_events=self.config.max_long_term_events,
             fleet_members=1,
             members=[self.config.instance_name],
+            provisional=curve.provisional,
         )

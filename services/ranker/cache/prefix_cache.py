@@ -13,8 +13,9 @@ Rank's is *extended* with the appended events. One production per key runs at a 
 reload or an extension); every PreInfer or Rank for that key joins it, and a joiner's cancellation never
 cancels the shared work. HBM bytes are reserved before a production starts, so neither budget is ever
 exceeded: when HBM cannot hold a prefix, PreInfer is refused and Rank computes without caching. A
-PreInfer whose computation would not finish within `max_pre_infer_backlog_ms` of device time (the
-pre-inference already queued plus its own) is refused too: it could serve no Rank in time. Every
+PreInfer is refused too when the pre-inference already queued ahead of it takes `max_pre_infer_backlog_ms`
+of device time (`backlog_full`): it would not even start before its Rank, so it could save that Rank
+nothing. Every
 production's cost goes into the load book, which the load report reads.
 
 The roles each have their file: the index and pins (`index.py`), leases (`leases.py`),
@@ -151,8 +152,7 @@ class PrefixCache:
         else:
             base = self._extension_base(user_id, events)
             kind = Kind.COMPUTE if base is None else Kind.EXTEND
-            cost_ms = self.load.cost_ms("pre_infer_ms", self._tokens(events, kind, base))
-            if self.load.pre_infer_backlog_ms + cost_ms > self.max_pre_infer_backlog_ms:
+            if self.backlog_full():
                 return Outcome.PRE_INFER_OUTCOME_REJECTED_BACKLOG, 0
             started = self._start(key, events, kind, Priority.PRE_INFER, for_rank=False, base=base)
             outcome = Outcome.PRE_INFER_OUTCOME_ACCEPTED
@@ -160,6 +160,15 @@ class PrefixCache:
             self.index.tombstone(user_id, Miss.MISS_REASON_REJECTED_CAPACITY)
             return Outcome.PRE_INFER_OUTCOME_REJECTED_CAPACITY, 0
         return outcome, nbytes
+
+    def backlog_full(self) -> bool:
+        """Whether a new pre-inference could save its Rank nothing: the pre-inference queued ahead of it
+        alone takes `max_pre_infer_backlog_ms` of device time, so it would not start before a Rank within a
+        Rank deadline computed its prefix itself. One that starts in time saves what it finishes even when
+        its Rank arrives first (the Rank joins it), so its own length does not count; nor is any refused on a
+        provisional curve's predictions, which may be far too slow."""
+        load = self.load
+        return not load.calibration.provisional and load.pre_infer_backlog_ms >= self.max_pre_infer_backlog_ms
 
     async def acquire(
         self, user_id: str, events: Events, relay_instance: str, deadline: float | None = None

@@ -91,6 +91,13 @@ class Calibration:
         self._lengths = [point.prefix_length for point in curve.points]
         self._corrected = curve
 
+    @property
+    def provisional(self) -> bool:
+        """Whether the curve was measured disturbed and not yet again (`recheck.py`): its predictions may be
+        far too slow, so no rule refuses work on them."""
+        curve = self.curve
+        return curve is not None and curve.provisional
+
     def predict_ms(self, path: str, length: int) -> float:
         """The corrected cost of `path` at `length` events (0 before warm-up, or for no events)."""
         corrected = self._corrected

@@ -55,6 +55,8 @@ class LatencyCurve:
     points: tuple[LatencyPoint, ...]
     short_term_length: int
     num_candidates: int
+    # Measured disturbed (module docstring): its figures may be far too slow, and are not to be trusted.
+    provisional: bool = False
 
     def predict_ms(self, op: str, length: int) -> float:
         """Piecewise-linear interpolation of `op` (full_ms, pre_infer_ms, rank_ms) at `length`,
@@ -89,28 +91,50 @@ PATHS = ("full_ms", "pre_infer_ms", "rank_ms")
 # curve is measured for more rounds (a path's cost cannot fall as the prefix grows).
 INVERSION = 1.25
 
+# What one length's passes took: each path's ms, and whether they ran disturbed (`measure`).
+Timing = tuple[tuple[float, float, float], bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """A curve's points (each path's least time at each length), and whether some length was measured
+    disturbed in every round it was measured in (the curve is provisional)."""
+
+    points: list[LatencyPoint]
+    provisional: bool
+
 
 def rounds(
-    lengths: list[int], time_length: Callable[[int], tuple[float, float, float]], repeats: int
-) -> list[LatencyPoint]:
-    """Each path's least time at each of `lengths` over `repeats` rounds of `time_length(length)` (its
-    full, pre-inference and cached-rank ms) across every length in turn, after one untimed round; up to
-    `repeats` more rounds while a shorter point measures dearer than a longer one (`inverted`)."""
+    lengths: list[int], time_length: Callable[[int], Timing], repeats: int, retries: int | None = None
+) -> Measured:
+    """Each path's least time at each of `lengths` over `repeats` rounds of `time_length(length)` across
+    every length in turn, after one untimed round; then up to `retries` (default: `repeats`) more rounds,
+    of the lengths not yet measured undisturbed once, or of every length while a shorter point measures
+    dearer than a longer one (`inverted`)."""
     for length in lengths:
         time_length(length)  # warm kernels and the allocator
     least = {length: [math.inf] * len(PATHS) for length in lengths}
+    quiet: set[int] = set()
 
-    def one_round() -> None:
-        for length in lengths:
-            least[length] = [min(pair) for pair in zip(least[length], time_length(length), strict=True)]
+    def one_round(which: list[int]) -> None:
+        for length in which:
+            times, disturbed = time_length(length)
+            least[length] = [min(pair) for pair in zip(least[length], times, strict=True)]
+            if not disturbed:
+                quiet.add(length)
 
     for _ in range(repeats):
-        one_round()
-    for _ in range(repeats):
-        if not inverted(least):
+        one_round(lengths)
+    for _ in range(repeats if retries is None else retries):
+        disturbed = [length for length in lengths if length not in quiet]
+        if disturbed:
+            one_round(disturbed)
+        elif inverted(least):
+            one_round(lengths)
+        else:
             break
-        one_round()
-    return [LatencyPoint(length, *least[length]) for length in lengths]
+    points = [LatencyPoint(length, *least[length]) for length in lengths]
+    return Measured(points, provisional=len(quiet) < len(lengths))
 
 
 def inverted(least: dict[int, list[float]]) -> bool:
@@ -125,31 +149,65 @@ def inverted(least: dict[int, list[float]]) -> bool:
     return False
 
 
-def measure(
-    runner: ModelRunner, lengths: list[int], short: int, candidates: int, repeats: int
-) -> LatencyCurve:
-    """Times the three paths at `curve_lengths(lengths)` on the calling thread (call it before serving,
-    nothing else runs)."""
-    lengths = curve_lengths(lengths)
-    rng = np.random.default_rng(0)
-    short_events = _synthetic(short, rng, runner.model)
-    candidate_ids = runner.model.item_index.sample(rng, candidates).tolist()
-    histories = {length: _synthetic(length, rng, runner.model) for length in lengths}
+@dataclasses.dataclass(frozen=True)
+class Profiling:
+    """How a ranker measures its curve: the lengths, the Rank's shape, the rounds, and the ratio of wall
+    time to the device thread's own CPU time beyond which a length's passes ran disturbed (None: not
+    judged, as on an accelerator, where the thread waits for the device without spending CPU)."""
 
-    def timed(fn: Callable[[], T]) -> tuple[float, T]:
-        started = time.perf_counter()
+    lengths: list[int]
+    short: int
+    candidates: int
+    repeats: int
+    retries: int
+    disturbed_ratio: float | None
+
+
+class Timer:
+    """Times one length's three paths on the calling thread (the device thread), with the synthetic
+    history, short-term events and candidates the whole curve shares."""
+
+    def __init__(self, runner: ModelRunner, profiling: Profiling) -> None:
+        self.runner, self.profiling = runner, profiling
+        rng = np.random.default_rng(0)
+        self.short_events = _synthetic(profiling.short, rng, runner.model)
+        self.candidate_ids = runner.model.item_index.sample(rng, profiling.candidates).tolist()
+        self.histories = {length: _synthetic(length, rng, runner.model) for length in self.lengths}
+
+    @property
+    def lengths(self) -> list[int]:
+        return curve_lengths(self.profiling.lengths)
+
+    def _timed(self, fn: Callable[[], T]) -> tuple[float, float, T]:
+        """(wall ms, this thread's CPU ms, the result) of `fn`."""
+        started, cpu_started = time.perf_counter(), time.thread_time()
         result = fn()
-        synchronize(runner.device)
-        return (time.perf_counter() - started) * 1000, result
+        synchronize(self.runner.device)
+        return (time.perf_counter() - started) * 1000, (time.thread_time() - cpu_started) * 1000, result
 
-    def time_length(length: int) -> tuple[float, float, float]:
-        long_events = histories[length]
-        full_ms, _ = timed(lambda: runner.uncached_sync(long_events, short_events, candidate_ids))
-        pre_ms, kv = timed(lambda: runner.build_sync(long_events, background=False))
-        rank_ms, _ = timed(lambda: runner.rank_sync(kv, short_events, candidate_ids))
-        return full_ms, pre_ms, rank_ms
+    def __call__(self, length: int) -> Timing:
+        """Each path's ms at `length`, and whether the passes ran disturbed: their wall time above
+        `disturbed_ratio` times the thread's own CPU time, so other work held its core meanwhile."""
+        runner, long_events = self.runner, self.histories[length]
+        short_events, candidate_ids = self.short_events, self.candidate_ids
+        full_ms, full_cpu, _ = self._timed(
+            lambda: runner.uncached_sync(long_events, short_events, candidate_ids)
+        )
+        pre_ms, pre_cpu, kv = self._timed(lambda: runner.build_sync(long_events, background=False))
+        rank_ms, rank_cpu, _ = self._timed(lambda: runner.rank_sync(kv, short_events, candidate_ids))
+        ratio = self.profiling.disturbed_ratio
+        wall, cpu = full_ms + pre_ms + rank_ms, full_cpu + pre_cpu + rank_cpu
+        return (full_ms, pre_ms, rank_ms), ratio is not None and wall > ratio * cpu
 
-    return LatencyCurve(monotone(rounds(lengths, time_length, repeats)), short, candidates)
+
+def measure(timer: Timer) -> LatencyCurve:
+    """Times the three paths at `curve_lengths` of the timer's profile lengths on the calling thread (the
+    device thread: call it before serving, nothing else runs)."""
+    profiling = timer.profiling
+    measured = rounds(timer.lengths, timer, profiling.repeats, profiling.retries)
+    return LatencyCurve(
+        monotone(measured.points), profiling.short, profiling.candidates, measured.provisional
+    )
 
 
 def monotone(points: list[LatencyPoint]) -> tuple[LatencyPoint, ...]:

@@ -5,6 +5,7 @@ PreInfer the ranker cannot finish in time."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
 from relaygr.v1 import ranker_pb2
@@ -70,15 +71,17 @@ def test_backlogs_count_work_in_flight_and_return_to_zero():
     asyncio.run(scenario())
 
 
-def test_a_pre_infer_that_would_overrun_the_backlog_bound_is_refused_before_any_work():
+def test_a_pre_infer_queued_behind_a_full_backlog_is_refused_before_any_work():
+    """A PreInfer is refused only when what is queued ahead of it fills the bound, so it could save its Rank
+    nothing; its own length does not count: one that starts in time saves what it finishes."""
+
     async def scenario():
         async with running_ranker() as r:
-            bound = r.cache.load.cost_ms("pre_infer_ms", 64) * 1.5
-            r.cache.max_pre_infer_backlog_ms = bound
+            r.cache.max_pre_infer_backlog_ms = r.cache.load.cost_ms("pre_infer_ms", 64) * 0.5
             before = metric("relaygr_productions_total", kind="compute")
             gate = threading.Event()  # holds the device thread, so the first production stays queued
             held = r.app.worker.submit(lambda: gate.wait(10), Priority.RANK, Op.PROFILE)
-            first = await r.stub.PreInfer(pre_infer_request("u1", history(1, 64)))
+            first = await r.stub.PreInfer(pre_infer_request("u1", history(1, 64)))  # longer than the bound
             second = await r.stub.PreInfer(pre_infer_request("u2", history(2, 64)))
             gate.set()
             await held
@@ -89,5 +92,36 @@ def test_a_pre_infer_that_would_overrun_the_backlog_bound_is_refused_before_any_
             await r.settle()
             third = await r.stub.PreInfer(pre_infer_request("u2", history(2, 64)))
             assert third.outcome == ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED  # the first one finished
+
+    asyncio.run(scenario())
+
+
+def test_a_provisional_curve_refuses_no_pre_infer_and_sheds_no_rank():
+    """A curve measured disturbed may read every path far too slow: neither the backlog bound nor deadline
+    shedding refuses work on its predictions."""
+
+    async def scenario():
+        async with running_ranker() as r:
+            calibration = r.app.calibration
+            slow = [dataclasses.replace(p, pre_infer_ms=p.pre_infer_ms * 1e4, rank_ms=p.rank_ms * 1e4)
+                    for p in calibration.curve.points]  # fmt: skip
+            calibration.set_curve(
+                dataclasses.replace(calibration.curve, points=tuple(slow), provisional=True)
+            )
+            r.cache.max_pre_infer_backlog_ms = r.cache.load.cost_ms("pre_infer_ms", 64) * 0.5
+            gate = threading.Event()
+            held = r.app.worker.submit(lambda: gate.wait(10), Priority.RANK, Op.PROFILE)
+            first = await r.stub.PreInfer(pre_infer_request("u1", history(1, 64)))
+            second = await r.stub.PreInfer(pre_infer_request("u2", history(2, 64)))
+            gate.set()
+            await held
+            assert (first.outcome, second.outcome) == (ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED,) * 2
+            deadline_s = calibration.predict_ms("rank_ms", 64) / 1000 / 10  # a tenth of the slow prediction
+            assert deadline_s > 1  # still ample for the real pass
+            await r.settle()
+            answer = await r.stub.Rank(
+                rank_request("u1", history(1, 64), SHORT, CANDIDATES), timeout=deadline_s
+            )
+            assert len(answer.scores) == len(CANDIDATES)
 
     asyncio.run(scenario())
