@@ -57,6 +57,11 @@ COMMANDS = (
         "bench.report.__main__:main",
     ),
     Command(
+        "readme",
+        "render the README's Results table from committed headline runs",
+        "bench.commands.readme:main",
+    ),
+    Command(
         "tracing",
         "what OpenTelemetry tracing costs the fleet, and one relayed request's timeline",
         "bench.tracing.__main__:main",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,9 @@ def test_the_help_lists_every_command_with_its_one_line_help(capsys):
     for command in COMMANDS:
         assert lines[command.name].endswith(f"  {command.help}"), command.name
         assert "\n" not in command.help and len(command.help) <= 100, command.name
-    required = "run headline reproduce ab serving accelerator mlperf tracing report gain-stability serving-ab"
+    required = (
+        "run headline reproduce ab serving accelerator mlperf tracing report readme gain-stability serving-ab"
+    )
     assert set(required.split()) <= set(BY_NAME)
 
 
@@ -57,12 +60,12 @@ def test_a_commands_status_is_the_exit_status(monkeypatch):
 
 
 def test_the_library_imports_no_command():
-    """The top-level modules of bench/ other than the front door import neither `bench.commands` nor a
-    command's package (report, ab, tracing, mlperf, studies, reproduce)."""
-    packages = ("commands", "ab", "report", "tracing", "mlperf", "studies", "reproduce")
-    commands = tuple(f"bench.{package}" for package in packages)
-    for path in sorted((ROOT / "bench").glob("*.py")):
-        if path.name in ("__main__.py", "reproduce.py"):
+    """No module of bench/ other than a command's own imports a command: the modules the table names, or
+    bench.commands."""
+    commands = {command.target.split(":")[0] for command in COMMANDS}
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        if module in commands or module.startswith(("bench.commands", "bench.__main__")):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
@@ -72,4 +75,23 @@ def test_the_library_imports_no_command():
             else:
                 continue
             for name in names:
-                assert not name.startswith(commands), f"{path.name}: {name}"
+                assert name not in commands and not name.startswith("bench.commands"), f"{module}: {name}"
+
+
+def test_the_readme_command_renders_the_results_of_the_runs_it_names(tmp_path, monkeypatch):
+    from bench.commands import readme as command
+    from bench.config import load_config
+    from bench.report import readme
+    from tests.bench.test_experiments import fake_run
+
+    results, _, _ = fake_run(load_config(["--profile", "headline"], {}))
+    (tmp_path / "headline").mkdir()
+    (tmp_path / "headline" / "results.json").write_text(json.dumps(results))
+    monkeypatch.setattr(command, "RESULTS_DIR", tmp_path)
+    target = tmp_path / "README.md"
+    target.write_text(f"# RelayGR\n\n## Results\n\n{readme.BEGIN}\nold\n{readme.END}\n")
+    assert front_door.main(["readme", "--runs", "headline", "--readme", str(target)]) == 0
+    text = target.read_text()
+    assert "old" not in text and "[`headline`](bench/results/headline/report.md)" in text
+    with pytest.raises(SystemExit, match=r"no results\.json"):
+        front_door.main(["readme", "--runs", "headline,missing", "--readme", str(target)])
