@@ -17,6 +17,7 @@ import datetime
 import multiprocessing
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -56,10 +57,17 @@ def failures(junit: Path) -> list[str]:
 
 
 def run_round(pytest_args: list[str], junit: Path) -> tuple[int, float]:
-    """One pass of the suite; its exit code and wall seconds."""
+    """One pass of the suite; its exit code and wall seconds. Stopped early (SIGTERM, Ctrl-C), the pass is
+    stopped with it, and its pytest stops what it started."""
     started = time.monotonic()
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
-    code = subprocess.call([*command, *pytest_args])
+    with subprocess.Popen([*command, *pytest_args]) as suite:
+        try:
+            code = suite.wait()
+        except BaseException:
+            suite.send_signal(signal.SIGINT)
+            suite.wait()
+            raise
     return code, time.monotonic() - started
 
 
@@ -87,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the report to this file")
     parser.add_argument("pytest_args", nargs="*", help="after --: what pytest selects (default: the suite)")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: the hog and the running pass are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     rounds = []
     with tempfile.TemporaryDirectory() as scratch, cpu_hog(args.hog_cores):
         for index in range(args.rounds):

@@ -24,9 +24,11 @@ answers with the first of these that applies:
    `hbm_lease_fraction` of its HBM budget (bytes as the ranker reports them, not a charge per admission);
    or, with `replicas` triggers admitting to the same rankers, what this trigger's own admissions may
    hold there plus this prefix would exceed its part of that share, 1/`replicas` (below).
-5. BACKLOG_LIMIT: the target ranker's pre-inference backlog plus this prefix would exceed `max_backlog_ms`
-   of device time: a prefix that could serve no Rank in time (the default equals the rankers' own
-   `--max-pre-infer-backlog-ms`, so the trigger spares the round trip of what the ranker would refuse).
+5. BACKLOG_LIMIT: the pre-inference already queued on the target ranker takes `max_backlog_ms` of device
+   time: this prefix would not start before its Rank, so it could save that Rank nothing (the default
+   equals the rankers' own `--max-pre-infer-backlog-ms`, the same rule, so the trigger spares the round
+   trip of what the ranker would refuse). The prefix's own length does not count: one that starts in time
+   saves its Rank what it finished, even when the Rank arrives first and joins it.
 6. SHED_SHORT: while the brakes press, prefixes shorter than the shedding threshold are shed, unless the
    request must relay (below).
 7. ADMITTED.
@@ -54,6 +56,12 @@ say it could not be ready within `relay_window_ms` (when the request's Rank arri
 say it could (`FleetLoad.place`): a Rank that arrives before its prefix waits for the owner's whole queue,
 which under a burst of long prefixes on one ranker is the fleet's P99, while the other ranker idles. The
 brakes and the must-relay test read the member placed on.
+
+An unknown curve. A fleet whose latency curve is provisional (its ranker warmed up disturbed, and has not
+measured it again yet) gives predictions that may be far too slow; the policy reads them as unknown, not as
+slow (`Prefix.curve_known`): the gain test admits histories of at least `unknown_curve_min_events`, the
+backlog brake does not press, and no request must relay on them. The HBM and waste brakes, which count
+bytes and measured device time, apply as ever.
 
 A request must relay when the queue wait at its target ranker plus its miss is predicted to exceed the SLO:
 it is exempt from shedding (not from the limits: a budget is never exceeded). `admit_all` (an ablation)
@@ -125,6 +133,7 @@ class Prefix:
     miss_ms: float  # ranking without relay
     gain_ms: float  # the prefix's own computation: what relay moves off the critical path
     pre_infer_ms: float  # computing the prefix in the background (its work and a call's fixed cost)
+    curve_known: bool = True  # False: the costs come from a provisional curve (module docstring)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +152,7 @@ class Limits:
     max_events: int
     admit_all: bool = False
     relay_window_ms: float = 0.0  # until the Rank arrives: a prefix its owner cannot finish by then moves
+    unknown_curve_min_events: int = 256  # the gain test while the curve is unknown (provisional)
     replicas: int = 1  # triggers admitting to the same rankers; each keeps within 1/replicas of a share
 
 
@@ -179,13 +189,14 @@ class AdmissionPolicy:
         now = self._clock()
         self._expire(now)
         limits = self.limits
-        if not limits.admit_all and prefix.gain_ms <= limits.relay_overhead_ms:
+        if not limits.admit_all and not self._gains(prefix):
             return Decision(Reason.NO_GAIN)
         earlier = self._admissions.get(prefix.key)
         if earlier is not None:
             return Decision(Reason.DUPLICATE, earlier.relay_instance)
-        target = self.fleet.place(prefix.user_id, prefix.pre_infer_ms, limits.relay_window_ms)
-        must_relay = self.fleet.rank_wait_ms(target) + prefix.miss_ms > limits.slo_ms
+        pre_infer_ms = prefix.pre_infer_ms if prefix.curve_known else 0.0  # unknown: its owner, as any
+        target = self.fleet.place(prefix.user_id, pre_infer_ms, limits.relay_window_ms)
+        must_relay = prefix.curve_known and self.fleet.rank_wait_ms(target) + prefix.miss_ms > limits.slo_ms
         if not limits.admit_all:
             refusal = self._brake(prefix, target, must_relay, now)
             if refusal is not None:
@@ -199,6 +210,13 @@ class AdmissionPolicy:
         self.fleet.reserve(target, prefix.pre_infer_ms, prefix.nbytes)
         return Decision(Reason.ADMITTED, must_relay=must_relay, target=target)
 
+    def _gains(self, prefix: Prefix) -> bool:
+        """Whether relay pays for `prefix`: its own computation costs more than relaying it, or, while the
+        curve is unknown, it is at least `unknown_curve_min_events` long."""
+        if not prefix.curve_known:
+            return prefix.length >= self.limits.unknown_curve_min_events
+        return prefix.gain_ms > self.limits.relay_overhead_ms
+
     def _brake(self, prefix: Prefix, target: str, must_relay: bool, now: float) -> Reason | None:
         limits, fleet = self.limits, self.fleet
         capacity = fleet.hbm_capacity_bytes(target) * limits.hbm_lease_fraction
@@ -208,11 +226,14 @@ class AdmissionPolicy:
         self.pressure = {
             Brake.WASTE: fleet.wasted_share() / limits.waste_budget,
             Brake.HBM: hbm,
-            Brake.BACKLOG: (fleet.pre_infer_backlog_ms(target) + prefix.pre_infer_ms) / limits.max_backlog_ms,
+            # What is queued ahead: at the limit this prefix would not start before its Rank.
+            Brake.BACKLOG: fleet.pre_infer_backlog_ms(target) / limits.max_backlog_ms
+            if prefix.curve_known
+            else 0.0,
         }
         self._adjust(max(self.pressure[Brake.WASTE], self.pressure[Brake.HBM]), now)
         for brake, pressure in self.pressure.items():
-            if pressure > 1.0 or (brake is Brake.WASTE and pressure >= 1.0):
+            if pressure > 1.0 or (brake is not Brake.HBM and pressure >= 1.0):
                 return _LIMIT_REASONS[brake]
         if not must_relay and prefix.length < self.threshold_events:
             return Reason.SHED_SHORT

@@ -56,10 +56,17 @@ class TriggerConfig(RequestLimits, RelaySettings, AffinitySettings, ServiceConfi
     )
     max_backlog_ms: float = setting(
         1000.0,
-        "brake: device ms of pre-inference queued on one ranker beyond which no prefix is admitted to it: "
-        "one that could serve no Rank in time (the rankers' --max-pre-infer-backlog-ms; a prefix its Rank "
-        "arrives before is joined by that Rank and still saves what it computed, so a lower bound only "
-        "turns relays into misses)",
+        "brake: device ms of pre-inference queued on one ranker at which no prefix is admitted to it: one "
+        "would not start before its Rank, so could save it nothing (the rankers' --max-pre-infer-backlog-ms; "
+        "a prefix its Rank arrives before is joined by that Rank and still saves what it computed, so a "
+        "lower bound only turns relays into misses)",
+        above=0,
+    )
+    unknown_curve_min_events: int = setting(
+        256,
+        "while the fleet's latency curve is provisional (a ranker warmed up disturbed and has not measured "
+        "it again yet), histories of at least this many events are relayed: its figures are read as "
+        "unknown, not as slow, so neither the gain test nor the backlog brake reads them",
         above=0,
     )
     shed_high_water: float = setting(

@@ -120,6 +120,7 @@ def limits(config: TriggerConfig) -> Limits:
         admit_all=config.admit_all,
         replicas=config.replicas,
         relay_window_ms=config.placement_window_ms,
+        unknown_curve_min_events=config.unknown_curve_min_events,
     )
 
 
@@ -173,6 +174,7 @@ class TriggerPlane:
             miss_ms=miss_ms,
             gain_ms=profile.pre_infer.compute_ms(length, 0, 0),
             pre_infer_ms=profile.pre_infer.predict_ms(length, 0, 0),
+            curve_known=not profile.provisional,
         )
         decision = self.policy.decide(prefix)
         if decision.admitted:

@@ -21,6 +21,7 @@ class FleetProfile:
     members: tuple[str, ...] = ()
     virtual_nodes: int = VIRTUAL_NODES
     hbm_capacity_bytes: int = 0  # the answering ranker's HBM budget: a member's until it reports its own
+    provisional: bool = False  # the curve was measured disturbed: its figures are unknown, not slow
 
     @classmethod
     def from_response(cls, response: ranker_pb2.GetProfileResponse) -> FleetProfile:
@@ -48,4 +49,5 @@ class FleetProfile:
             members=tuple(response.members),
             virtual_nodes=response.ring_virtual_nodes or VIRTUAL_NODES,
             hbm_capacity_bytes=response.hbm_capacity_bytes,
+            provisional=response.provisional,
         )

@@ -149,8 +149,9 @@ def test_a_joined_pre_inference_stops_yielding_even_when_it_runs_inside_another(
             lanes = [asyncio.ensure_future(flood(lane)) for lane in range(3)]
             await eventually(lambda: len(served) > 10)
             # Two background pre-inferences: the first runs, the second waits behind it.
-            await r.stub.PreInfer(pre_infer_request("first", history(1, 1024)))
-            await r.stub.PreInfer(pre_infer_request("second", history(2, 1024)))
+            for user, seed in (("first", 1), ("second", 2)):
+                accepted = await r.stub.PreInfer(pre_infer_request(user, history(seed, 1024)))
+                assert accepted.outcome == ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED, user
             # A Rank joins the second: promoted, it runs at rank priority inside the first's yield and
             # must not yield in turn to every flood rank that arrives meanwhile.
             at_join = len(served)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from services.trigger.admission import Brake, Reason
+from services.trigger.admission import Brake, Prefix, Reason
 from services.trigger.fleet_load import FleetLoad
 from tests.trigger.policy import LIMITS, MIB, RANKERS, Clock, make, prefix, report, user_on
 
@@ -84,14 +84,16 @@ def test_the_hbm_brake_reads_the_bytes_the_ranker_reports_and_lets_them_age_out(
 def test_the_backlog_brake_drains_at_real_time():
     policy, fleet, clock = make()
     a = "ranker-a"
-    fleet.observe(report(a, pre_infer_backlog_ms=390.0))
+    fleet.observe(report(a, pre_infer_backlog_ms=400.0))
     user = user_on(fleet, a)
-    assert policy.decide(prefix(user, miss_ms=40.0)).reason is Reason.BACKLOG_LIMIT  # 390 + 32 > 400
-    clock.now += 0.05  # 50 ms of device time later, 340 are left
-    assert fleet.pre_infer_backlog_ms(a) == pytest.approx(340.0)
+    # 400 ms queued ahead: the prefix would not start before its Rank.
+    assert policy.decide(prefix(user, miss_ms=40.0)).reason is Reason.BACKLOG_LIMIT
+    clock.now += 0.05  # 50 ms of device time later, 350 are left
+    assert fleet.pre_infer_backlog_ms(a) == pytest.approx(350.0)
+    # 350 + its own 32 would pass the limit, but it starts in time: it saves its Rank what it finishes.
     assert policy.decide(prefix(user, miss_ms=40.0, seq=1)).admitted
     # Its own cost now counts until the ranker answers with a report that includes it.
-    assert fleet.pre_infer_backlog_ms(a) == pytest.approx(340.0 + 32.0)
+    assert fleet.pre_infer_backlog_ms(a) == pytest.approx(350.0 + 32.0)
 
 
 def test_the_waste_brake_refuses_every_request_once_the_budget_is_spent():
@@ -166,7 +168,7 @@ def test_a_pre_inference_backlog_sheds_nothing_and_refuses_only_beyond_its_limit
         assert decision.reason is Reason.ADMITTED
         assert policy.pressure[Brake.BACKLOG] >= LIMITS.high_water  # 360 ms + the admitted 8 ms each
     assert policy.threshold_events == 0
-    assert policy.decide(prefix(next(users), miss_ms=60.0)).reason is Reason.BACKLOG_LIMIT  # 360+40+48 > 400
+    assert policy.decide(prefix(next(users), miss_ms=60.0)).reason is Reason.BACKLOG_LIMIT  # 360 + 40 ahead
 
 
 def test_admit_all_skips_the_gain_test_and_every_brake():
@@ -296,3 +298,25 @@ def test_placement_keeps_the_owner_unless_another_member_is_ready_in_time_and_th
     other_in_time = backlog_b + cost <= 100.0
     assert placed == ("ranker-b" if other_in_time and not owner_in_time else "ranker-a")
     assert fleet.place(user, cost, 0.0) == "ranker-a"
+
+
+def test_an_unknown_curve_relays_by_length_and_does_not_brake_on_its_predictions():
+    """A provisional curve's figures may be far too slow: read as unknown, the gain test relays histories of
+    at least `unknown_curve_min_events`, the backlog brake does not press, and nothing must relay."""
+    policy, fleet, _ = make()
+    a = "ranker-a"
+    fleet.observe(report(a, pre_infer_backlog_ms=10_000.0))  # reported by the slow curve
+    users = iter(f"u{i}" for i in range(100_000) if fleet.target(f"u{i}") == a)
+
+    def unknown(length: int, miss_ms: float) -> Prefix:
+        return dataclasses.replace(prefix(next(users), length=length, miss_ms=miss_ms), curve_known=False)
+
+    minimum = LIMITS.unknown_curve_min_events
+    assert policy.decide(unknown(8, miss_ms=500.0)).reason is Reason.NO_GAIN  # a slow curve's big "gain"
+    assert policy.decide(unknown(minimum - 1, miss_ms=500.0)).reason is Reason.NO_GAIN
+    for length in (minimum, 2048, 6000):
+        decision = policy.decide(unknown(length, miss_ms=5000.0))  # 4 s of pre-inference, on that curve
+        assert (decision.reason, decision.must_relay) == (Reason.ADMITTED, False)
+    assert policy.pressure[Brake.BACKLOG] == 0.0
+    # The same prefixes on a known curve: the backlog reported stands.
+    assert policy.decide(prefix(next(users), length=2048)).reason is Reason.BACKLOG_LIMIT
