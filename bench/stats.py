@@ -24,11 +24,17 @@ and then refines its answer: between the best value and the failing one above it
 `refine_steps` geometric midpoints (rounded to `resolution`), keeping the largest that passes, so a
 coarse grid (steps of about 1.4x) still gives a close limit.
 
-`slo_decision` is one step of a load's sequential verdict (`bench.sweep.pooled_verdict`): over the requests
+`slo_decision` is one look of a load's sequential verdict (`bench.sweep.pooled_verdict`): over the requests
 of every load seed measured so far, pooled, it passes the load when the P99's bootstrap interval lies
-wholly within the SLO, fails it when the interval lies wholly above it (or the pooled error share reaches
-the bound), and otherwise says that more seeds are needed (None). A load far from the edge is thus decided
-by one seed; one whose interval holds the SLO gets more requests, up to a seed cap.
+wholly within the SLO (and the error share is under its bound), fails it when the interval lies wholly
+above it or the errors already fail the sample the verdict can still reach at its seed cap (the error
+budget, `error_budget`, of that sample: the bound the seeds' early stop, `bench.points.failed_for_certain`,
+applies), and otherwise says that more seeds are needed (None). A load far from the edge is thus decided
+by one seed; one whose interval holds the SLO gets more requests, up to a seed cap. A verdict looks once
+per seed, so each look's interval is at `look_confidence`: the Bonferroni share of 5 % over the seed cap's
+looks (99 % for 5), which bounds the chance that a load whose true P99 is the SLO is decided either way
+by 5 % over all its looks, where 95 % at each look decided about 14 % of them (tests/bench/test_stats.py
+measures it).
 """
 
 from __future__ import annotations
@@ -91,22 +97,44 @@ def meets_slo(rank_p99_ms: float, errors: int, count: int, slo_ms: float, max_er
     return count > 0 and rank_p99_ms <= slo_ms and errors / count < max_error_fraction
 
 
+VERDICT_CONFIDENCE = 0.95  # of a load's whole sequential verdict, over all its looks
+
+
+def look_confidence(looks: int, confidence: float = VERDICT_CONFIDENCE) -> float:
+    """The confidence of each of `looks` looks' intervals that keeps the chance of a wrong decision over
+    all of them within 1 - `confidence` (Bonferroni: 0.99 for 5 looks at 0.95)."""
+    if looks < 1:
+        raise ValueError("looks must be at least 1")
+    return 1 - (1 - confidence) / looks
+
+
+def error_budget(count: int, max_error_fraction: float) -> int:
+    """The fewest failed requests among `count` that fail a point or a load: an error share at the bound."""
+    return max(math.ceil(max_error_fraction * count), 1)
+
+
 def slo_decision(
-    samples: Sequence[float], slo_ms: float, max_error_fraction: float, seed: int = 0
+    samples: Sequence[float],
+    slo_ms: float,
+    max_error_fraction: float,
+    seed: int = 0,
+    most_ranked: int = 0,
+    confidence: float = VERDICT_CONFIDENCE,
 ) -> tuple[bool | None, float, tuple[float, float]]:
     """The decision on pooled ranking latencies (a failed request as an infinite one): True when the
-    P99 and its bootstrap 95 % interval are within `slo_ms` and the error share is under the bound, False
-    when the P99 and the whole interval are above it or the error share reaches the bound (or there is
-    no sample), None when the interval holds the SLO; with the P99 and the interval."""
+    P99 and its bootstrap `confidence` interval are within `slo_ms` and the error share is under the
+    bound, False when the P99 and the whole interval are above it or the errors reach the error budget of
+    `most_ranked` requests (the most the verdict can pool, at its seed cap; at least the sample's own
+    count) (or there is no sample), None otherwise; with the P99 and the interval."""
     count = len(samples)
     if not count:
         return False, math.nan, (math.nan, math.nan)
     p99 = percentile(samples, 99)
-    low, high = bootstrap_ci(samples, 99, seed=seed)
+    low, high = bootstrap_ci(samples, 99, confidence, seed=seed)
     errors = sum(1 for value in samples if math.isinf(value))
-    if errors / count >= max_error_fraction or (low > slo_ms and p99 > slo_ms):
+    if errors >= error_budget(max(most_ranked, count), max_error_fraction) or (low > slo_ms and p99 > slo_ms):
         return False, p99, (low, high)
-    if high <= slo_ms and p99 <= slo_ms:
+    if high <= slo_ms and p99 <= slo_ms and errors / count < max_error_fraction:
         return True, p99, (low, high)
     return None, p99, (low, high)
 

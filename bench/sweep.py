@@ -7,7 +7,8 @@ budget): each sweep then keeps what it saw (`BudgetedSweep`'s bounds) and is mar
 sweep records its bracket: its best and the lowest failing value above it (`Sweep.first_failure`).
 
 A load's verdict is sequential (`pooled_verdict`): its first load seed, then, while the P99's interval over
-the requests pooled so far holds the SLO, one more seed, up to a cap (`Profile.seed_cap`). The search
+the requests pooled so far holds the SLO, one more seed, up to a cap (`Profile.seed_cap`), each look's
+interval at the level that keeps the whole verdict's at 95 % (`bench.stats.look_confidence`). The search
 takes the pooled verdict (`Point.passes`) as it took one point's before. A verdict is a coroutine that
 yields each seed's measurement and is sent its point, so that sweeps take turns by seed, not by verdict:
 a mode whose verdict near its edge takes five seeds does not measure them in one spell of the machine's
@@ -25,7 +26,7 @@ import numpy as np
 
 from bench.points import FIRST_SEED, Before
 from bench.schema import BudgetedSweep, Point, Sweep, Verdict
-from bench.stats import interleave, largest_passing_value, slo_decision
+from bench.stats import interleave, largest_passing_value, look_confidence, slo_decision
 
 
 class SweepStopped(Exception):
@@ -143,22 +144,29 @@ def pooled_verdict(measure: Callable[[int, Before], Point], seed_cap: int, slo_m
     """A load's sequential verdict: yields `measure(k, before)` for load seed index k (its own users and
     arrivals; `before`: what the earlier seeds measured, since its early stop is the pooled sample's at
     the cap) as a measurement to run, and is sent its point. After each seed, the ranked requests of
-    every seed so far are pooled and `bench.stats.slo_decision` decides; while its interval holds the
-    SLO, one more seed, up to `seed_cap` seeds, where the pooled P99 decides alone (`Verdict.decided`
-    False). A seed stopped early (`aborted`: the pooled sample failed for certain) fails the load: its
-    sample is truncated. A seed cut by a time budget ends the verdict undecided and failing (the sweep
-    stops on it). Returns the first seed's point with the `Verdict` attached (the others inside it); the
-    first point alone when it was cut."""
+    every seed so far are pooled and `bench.stats.slo_decision` decides, its interval at
+    `look_confidence(seed_cap)` and its errors judged against the sample at the cap (the seeds so far and
+    the later seeds' planned calls, as the early stop judges them); while its interval holds the SLO, one
+    more seed, up to `seed_cap` seeds, where the pooled P99 decides alone (`Verdict.decided` False). A seed
+    stopped early (`aborted`: the pooled sample at the cap failed for certain) fails the load, with its
+    sample truncated (`Verdict.stopped_early`, not decided). A seed cut by a time budget ends the verdict
+    undecided and failing (the sweep stops on it). Returns the first seed's point with the `Verdict`
+    attached (the others inside it); the first point alone when it was cut."""
     if seed_cap < 1:
         raise ValueError("seed_cap must be at least 1")
+    level = look_confidence(seed_cap)
     first = yield functools.partial(measure, 0, FIRST_SEED)
     if first.cut:
         return first
     points = [first]
     while True:
         samples = [ms for point in points for ms in point.rank_samples_ms]
-        decision, p99, (low, high) = slo_decision(samples, slo_ms, max_error_fraction, seed=first.seed)
-        if any(point.aborted for point in points):
+        most_ranked = len(samples) + (seed_cap - len(points)) * first.planned
+        decision, p99, (low, high) = slo_decision(
+            samples, slo_ms, max_error_fraction, first.seed, most_ranked, level
+        )
+        stopped = any(point.aborted for point in points)
+        if stopped:
             decision = False
         if decision is not None or len(points) >= seed_cap:
             break
@@ -177,7 +185,9 @@ def pooled_verdict(measure: Callable[[int, Before], Point], seed_cap: int, slo_m
         rank_p99_ms=_finite(p99),
         rank_p99_ci_ms=[_finite(low), _finite(high)],
         meets_slo=decision if decision is not None else p99 <= slo_ms,
-        decided=decision is not None and not points[-1].cut,
+        decided=decision is not None and not stopped and not points[-1].cut,
         points=points[1:],
+        stopped_early=stopped,
+        confidence=level,
     )
     return dataclasses.replace(first, verdict=verdict)

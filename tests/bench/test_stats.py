@@ -14,13 +14,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.points import Before
+from bench.points import Before, failed_for_certain
 from bench.schema import Point, Sweep, ratio_interval
 from bench.stats import (
     bootstrap_ci,
+    error_budget,
     interleave,
     largest_passing,
     largest_passing_value,
+    look_confidence,
     meets_slo,
     percentile,
     slo_decision,
@@ -264,17 +266,24 @@ def test_the_slo_decision_passes_fails_or_asks_for_more_by_the_interval():
     assert slo_decision([], SLO_MS, 0.001)[0] is False
 
 
-def seeds_of(*latencies: list[float], aborted: int | None = None, cut: int | None = None):
+def seeds_of(
+    *latencies: list[float], aborted: int | None = None, cut: int | None = None, planned: int = 100
+):  # fmt: skip
     """`measure(k, before)` for `pooled_point`: seed k's point has the k-th latencies (`aborted`/`cut`: that
-    seed stopped early / at a time budget); the seed indices asked for are appended to `.asked`, what
-    each was told of the seeds before it to `.before`."""
+    seed stopped early / at a time budget) of `planned` measured calls; the seed indices asked for are
+    appended to `.asked`, what each was told of the seeds before it to `.before`."""
 
     def measure(k: int, before: Before) -> Point:
         measure.asked.append(k)
         measure.before.append(before)
         point = point_of(Point, 8.0, 40.0, common_pb2.CACHE_SOURCE_HBM, seed=k)
         return dataclasses.replace(
-            point, rank_samples_ms=tuple(latencies[k]), aborted=k == aborted, cut=k == cut
+            point,
+            rank_samples_ms=tuple(latencies[k]),
+            aborted=k == aborted,
+            cut=k == cut,
+            planned=planned,
+            measured=planned,
         )
 
     measure.asked, measure.before = [], []
@@ -291,21 +300,23 @@ def test_a_load_far_from_the_slo_is_decided_by_one_seed():
 
 
 def test_a_load_near_the_slo_takes_more_seeds_and_their_requests_are_pooled():
-    # Near failing: one seed's interval holds the SLO, two seeds' 200 requests put it above.
-    measure = seeds_of(NEAR_FAIL, NEAR_FAIL, NEAR_FAIL)
+    # Near failing: the 99 % interval of each look (5 looks) holds the SLO over one seed and two; three
+    # seeds' 300 requests put it above.
+    measure = seeds_of(NEAR_FAIL, NEAR_FAIL, NEAR_FAIL, NEAR_FAIL)
     point = pooled_point(measure, 5, SLO_MS, 0.001)
-    assert measure.asked == [0, 1] and not point.passes
-    assert (point.verdict.seeds, point.verdict.requests, point.verdict.decided) == ([0, 1], 200, True)
-    assert [p.seed for p in point.verdict.points] == [1]
-    # Seed 1's early stop counts seed 0's 100 ranked requests, 4 of them over the SLO.
-    assert measure.before == [Before(), Before(ranked=100, violations=4, errors=0)]
+    assert measure.asked == [0, 1, 2] and not point.passes
+    assert (point.verdict.seeds, point.verdict.requests, point.verdict.decided) == ([0, 1, 2], 300, True)
+    assert point.verdict.confidence == 0.99 and point.verdict.outcome == "decided"
+    assert [p.seed for p in point.verdict.points] == [1, 2]
+    # Each seed's early stop counts the earlier seeds' ranked requests, 4 of every 100 over the SLO.
+    assert measure.before == [Before(), Before(ranked=100, violations=4), Before(ranked=200, violations=8)]
     # The pooled P99 and interval are over every seed's requests together, not any one seed's.
     different = [NEAR_PASS, [float(ms) for ms in range(51, 151)]]
     point = pooled_point(seeds_of(*different), 2, SLO_MS, 0.001)
     pooled = different[0] + different[1]
     # Of the 200, the 198th smallest: below 400 and 150, 149 (seed 0's P99 was 40, seed 1's 149).
     assert point.verdict.rank_p99_ms == percentile(pooled, 99) == 149.0
-    assert point.verdict.rank_p99_ci_ms == list(bootstrap_ci(pooled, 99, seed=0))
+    assert point.verdict.rank_p99_ci_ms == list(bootstrap_ci(pooled, 99, 0.975, seed=0))  # 2 looks
     assert point.verdict.requests == 200 and not point.passes
 
 
@@ -328,10 +339,13 @@ def test_at_the_seed_cap_the_pooled_p99_decides_and_the_verdict_says_undecided()
 
 
 def test_a_seed_stopped_early_fails_the_load_and_a_cut_one_stops_it():
-    # Stopped early, the first seed's few requests look fast: the load fails, decided, on one seed.
+    # Stopped early, the first seed's few requests look fast: the load fails on one seed, stopped early
+    # (the pooled sample at the cap failed for certain), not decided by the interval.
     measure = seeds_of(FAST[:10], FAST, aborted=0)
     point = pooled_point(measure, 5, SLO_MS, 0.001)
-    assert measure.asked == [0] and not point.passes and point.verdict.decided
+    assert measure.asked == [0] and not point.passes
+    verdict = point.verdict
+    assert (verdict.decided, verdict.stopped_early, verdict.outcome) == (False, True, "stopped early")
     # A second seed stopped early fails it too.
     measure = seeds_of(NEAR_PASS, FAST[:10], FAST, aborted=1)
     assert not pooled_point(measure, 5, SLO_MS, 0.001).passes and measure.asked == [0, 1]
@@ -339,6 +353,71 @@ def test_a_seed_stopped_early_fails_the_load_and_a_cut_one_stops_it():
     assert pooled_point(seeds_of(FAST, cut=0), 5, SLO_MS, 0.001).verdict is None
     point = pooled_point(seeds_of(NEAR_PASS, FAST, cut=1), 5, SLO_MS, 0.001)
     assert (point.passes, point.verdict.decided, point.verdict.points[0].cut) == (False, False, True)
+
+
+def test_one_failed_request_on_the_first_seed_leaves_the_load_to_its_later_seeds():
+    """At 1000 calls a seed, 5 seeds at most and an error bound of 0.1 %, the load fails on errors when 5
+    of the 5000 calls it can pool have failed: a seed's early stop stops there, not at its first failure,
+    and so does the verdict. One failure in the first seed (0.1 % of its 1000) waits for a second seed,
+    whose clean 1000 put the pooled share at 0.05 %: the load passes."""
+    fast = [40.0] * 1000
+    one_failure = [*fast[:-1], math.inf]
+    assert not failed_for_certain(1, 1, 5000, 0.001)
+    measure = seeds_of(one_failure, fast, fast, planned=1000)
+    point = pooled_point(measure, 5, SLO_MS, 0.001)
+    assert measure.asked == [0, 1] and point.passes and point.verdict.decided
+    assert measure.before[1] == Before(ranked=1000, violations=1, errors=1)
+    # Five failures in the first seed fail it for certain at the cap: the load fails at once.
+    assert failed_for_certain(5, 5, 5000, 0.001)
+    measure = seeds_of([*fast[:-5], *[math.inf] * 5], fast, planned=1000)
+    point = pooled_point(measure, 5, SLO_MS, 0.001)
+    assert measure.asked == [0] and not point.passes and point.verdict.outcome == "decided"
+    # With one seed a verdict (the cap), the one failure is the bound's 0.1 % of the sample: it fails.
+    assert not pooled_point(seeds_of(one_failure, planned=1000), 1, SLO_MS, 0.001).passes
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 12), st.integers(100, 400), st.integers(1, 5), st.data())
+def test_the_verdict_fails_a_load_on_errors_exactly_when_the_early_stop_would(errors, calls, cap, data):
+    """After k of `cap` seeds of `calls` calls each, with `errors` failures among otherwise fast calls:
+    the decision fails on errors exactly when `bench.points.failed_for_certain` says the sample at the
+    cap (k seeds measured, the rest planned) has failed for certain."""
+    seeds = data.draw(st.integers(1, cap))
+    errors = min(errors, seeds * calls)
+    samples = [math.inf] * errors + [40.0] * (seeds * calls - errors)
+    decision = slo_decision(samples, SLO_MS, 0.001, most_ranked=cap * calls)[0]
+    assert (decision is False) == failed_for_certain(errors, errors, cap * calls, 0.001)
+    assert error_budget(cap * calls, 0.001) == max(math.ceil(cap * calls / 1000), 1)
+
+
+def test_each_look_of_a_verdict_is_at_the_level_that_keeps_all_its_looks_at_95_percent():
+    assert look_confidence(1) == 0.95 and look_confidence(5) == pytest.approx(0.99)
+    assert look_confidence(3) == pytest.approx(1 - 0.05 / 3)
+    with pytest.raises(ValueError):
+        look_confidence(0)
+    # 12 of 500 over the SLO: the 95 % interval lies above it, the 99 % one still holds it.
+    near = [40.0] * 488 + [400.0] * 12
+    assert slo_decision(near, SLO_MS, 0.001)[0] is False
+    assert slo_decision(near, SLO_MS, 0.001, confidence=look_confidence(5))[0] is None
+    # With one seed a verdict, the one look is at 95 %.
+    assert pooled_point(seeds_of(FAST), 1, SLO_MS, 0.001).verdict.confidence == 0.95
+
+
+@pytest.mark.slow
+def test_a_load_whose_true_p99_is_the_slo_is_decided_either_way_in_at_most_about_5_percent_of_verdicts():
+    """Exponential latencies whose true P99 is the SLO, 1000 calls a seed (the full profile's), up to 5
+    seeds: a verdict that ends decided (either way) is a false decision. With 95 % at every look 14.5 %
+    of 200 such verdicts were decided (29); with the per-look level, 5 % (10)."""
+    rng = np.random.default_rng(5)
+    scale = SLO_MS / math.log(100)  # P(X > SLO) = 1 %
+    trials, decided = 200, 0
+    for trial in range(trials):
+        seeds = [list(rng.exponential(scale, 1000)) for _ in range(5)]
+        measure = seeds_of(*seeds, planned=1000)
+        point = pooled_point(lambda k, before, measure=measure, trial=trial: dataclasses.replace(
+            measure(k, before), seed=trial), 5, SLO_MS, 0.001)  # fmt: skip
+        decided += point.verdict.decided
+    assert decided / trials <= 0.07
 
 
 def test_the_ratio_interval_follows_from_the_two_brackets():
