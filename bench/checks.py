@@ -26,7 +26,10 @@ Two things move every figure of a run on a shared machine without showing in its
   the run.
 
 A flagged run's figures never go into the README (`quotable` refuses it; tests/bench/test_results.py
-holds the README's run to it).
+holds the README's run to it), and neither do those of a run with no checks: a run from before them, or
+a record that takes none (a fixed-load A/B's results, `bench.ab`). `quotable` judges the recorded checks
+at the default limits as well as at the run's own (`flags_at_default_limits`), since the limits are
+flags with no maximum.
 """
 
 from __future__ import annotations
@@ -34,12 +37,15 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from bench import context
+from bench.ab.schema import AbResults
 from bench.config import BenchConfig
 from bench.schema import FloorPoint, Machine, Measurements, Point, Run, RunChecks, Sweep
 
 Reference = tuple[str, list[FloorPoint]]  # a committed run's name (folder and commit) and its floor
+R = TypeVar("R", Run, AbResults)
 
 
 class FlaggedRun(ValueError):
@@ -135,40 +141,41 @@ def drift_flag(drift: float | None, moved: str, limit: float, meaning: str) -> s
     return f"the in-process floor moved {drift:+.1%} {moved} (limit {limit:.0%}): {meaning}"
 
 
+def flags_at(checks: RunChecks, floor_limit: float, foreign_cores_limit: float) -> list[str]:
+    """The flags a run's checks raise at these limits: a floor that moved more than `floor_limit` from
+    the committed run's or from the run's start to its end, a mean of other users' cores above
+    `foreign_cores_limit`."""
+    moved = (
+        (checks.floor_drift, f"from {checks.floor_reference}'s", "the machine ran at another speed"),
+        (checks.floor_change, "from the run's start to its end", "the machine's speed changed while it ran"),
+    )
+    flags = [flag for drift, how, meaning in moved if (flag := drift_flag(drift, how, floor_limit, meaning))]
+    if checks.foreign_cores_mean > foreign_cores_limit:
+        flags.append(
+            f"other users of the machine took {checks.foreign_cores_mean:.2f} cores on average during the "
+            f"points (limit {foreign_cores_limit:g})"
+        )
+    return flags
+
+
 def run_checks(config: BenchConfig, measured: Measurements, reference: Reference | None) -> RunChecks:
     """The checks of a run (see the module's docstring) against the previous committed run's floor."""
-    limit = config.floor_drift_limit
     drift = (
         None if reference is None else floor_drift(lowest(measured.floor, measured.floor_end), reference[1])
     )
-    change = None if measured.floor_end is None else floor_drift(measured.floor_end, measured.floor)
-    flags = [
-        flag
-        for flag in (
-            drift_flag(
-                drift, f"from {reference and reference[0]}'s", limit, "the machine ran at another speed"
-            ),
-            drift_flag(
-                change, "from the run's start to its end", limit, "the machine's speed changed while it ran"
-            ),
-        )
-        if flag is not None
-    ]
     costs = [point.cost for point in points(measured)]
     wall = sum(cost.wall_s for cost in costs)
     mean = sum(cost.foreign_cores * cost.wall_s for cost in costs) / wall if wall else 0.0
-    if mean > config.foreign_cores_limit:
-        flags.append(
-            f"other users of the machine took {mean:.2f} cores on average during the points "
-            f"(limit {config.foreign_cores_limit:g})"
-        )
-    return RunChecks(
+    checks = RunChecks(
         floor_reference=None if reference is None else reference[0],
         floor_drift=drift,
         foreign_cores_mean=round(mean, 3),
         foreign_cores_max=round(max((cost.foreign_cores for cost in costs), default=0.0), 3),
-        flags=flags,
-        floor_change=change,
+        flags=[],
+        floor_change=None if measured.floor_end is None else floor_drift(measured.floor_end, measured.floor),
+    )
+    return dataclasses.replace(
+        checks, flags=flags_at(checks, config.floor_drift_limit, config.foreign_cores_limit)
     )
 
 
@@ -206,10 +213,28 @@ def with_checks(run: Run, reference: Callable[[str, Machine], Reference | None] 
     return run
 
 
-def quotable(run: Run) -> Run:
-    """`run`, whose figures may go into the README; FlaggedRun when its checks flagged it."""
-    if run.checks is not None and run.checks.flags:
+def default_limit(name: str) -> float:
+    """The documented default of one of the checks' limits (`floor_drift_limit`, `foreign_cores_limit`)."""
+    return next(field.default for field in dataclasses.fields(BenchConfig) if field.name == name)
+
+
+def flags_at_default_limits(checks: RunChecks) -> list[str]:
+    """The flags a run's recorded checks raise at the default limits, whatever limits the run was given."""
+    return flags_at(checks, default_limit("floor_drift_limit"), default_limit("foreign_cores_limit"))
+
+
+def quotable(run: R) -> R:
+    """`run`, whose figures may go into the README; FlaggedRun when it records no checks (a `Run` from
+    before them, or a fixed-load A/B's `AbResults`, which take none) or its checks flag it, at its own
+    limits or at the default ones."""
+    checks: RunChecks | None = getattr(run, "checks", None)
+    name = run.name if isinstance(run, Run) else f"the A/B {run.settings.name or run.started_at}"
+    if checks is None:
         raise FlaggedRun(
-            f"{run.name} is flagged, its figures may not be quoted: {'; '.join(run.checks.flags)}"
+            f"{name} records no checks (its machine's speed against a committed run's, other users' cores): "
+            "its figures may not be quoted"
         )
+    flags = list(dict.fromkeys([*checks.flags, *flags_at_default_limits(checks)]))
+    if flags:
+        raise FlaggedRun(f"{name} is flagged, its figures may not be quoted: {'; '.join(flags)}")
     return run

@@ -1,33 +1,38 @@
-"""`python -m bench.reproduce --runs A,B`: whether two runs of the headline experiments agree (issue 31).
+"""`python -m bench reproduce --runs A,B`: whether two runs of the headline experiments agree.
 
-Two runs of `make bench-headline` (or bench-full) at one commit, on an otherwise idle machine, reproduce
-when, on every headline ratio (the length sweep's, each mix's and each non-zero abandoned share's):
+Two runs of `make bench-headline` at one commit, on an otherwise idle machine, reproduce when, on every
+headline ratio (the length sweep's, each mix's and each non-zero abandoned share's):
 
 - both runs measured it;
 - their bracket-based intervals overlap (`bench.schema.ratio_interval`: the ratio of the edges as the
   sequential verdicts placed them);
 - their point estimates agree within `--agreement` (10 %): the larger is at most 1.1x the smaller.
 
-Beside that, each run is held to the paper's targets on the first mix (`--target-ratio`, x3 over the
-baseline: the paper reports x3.6; and `--target-of-admit-all`, 0.95 of admit-all's highest load: the
-trigger's selectivity must not cost throughput) and to its own checks (a flagged run is not quotable,
-`bench.checks`); both runs are held to one code (one commit, or two that differ only in bench/results/:
-the first run may be committed before the second is made, in another session) and one machine speed
-(their floors within the first run's `--floor-drift-limit`). Prints the comparison as markdown (and
-writes it to `--out`); exits 1 unless every one of these holds, so that `make bench-reproduce` fails
-where the issue would.
+The comparison holds only for two distinct runs of the headline profile, one after the other (the second
+started after the first ended), each with every headline ratio the headline profile measures (the length
+sweep's, both mixes', each non-zero abandoned share of its default `--abandon-fractions`). Beside that,
+each run is held to the paper's targets on the first mix (`--target-ratio`, x3 over the baseline: the
+paper reports x3.6; and `--target-of-admit-all`, 0.95 of admit-all's highest load: the trigger's
+selectivity must not cost throughput) and to its checks at the default limits, whatever limits its own
+flags set (a run without checks, or flagged, is not quotable: `bench.checks.quotable`); both runs are held
+to one code (one commit, or two that differ only in bench/results/: the first run may be committed before
+the second is made, in another session) and one machine speed (their floors within the default
+`--floor-drift-limit`). Prints the comparison as markdown (and writes it to `--out`); exits 1 unless
+every one of these holds, so that `make bench-reproduce` fails where it should.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench import context
-from bench.checks import floor_drift, lowest
+from bench.checks import FlaggedRun, default_limit, floor_drift, lowest, quotable
+from bench.config import load_config
 from bench.schema import Run, Sweep, ratio, ratio_interval
 from services.common.config import listed, load, setting
 
@@ -79,6 +84,32 @@ class Agreement:
     # Both runs' baselines met the SLO at no value, so neither has a ratio: their lower bounds (the
     # intervals' lows, RelayGR's best over the baseline's first failure) were compared instead.
     of_bounds: bool = False
+
+
+PROFILE = "headline"
+
+
+def expected_ratios() -> list[str]:
+    """The headline ratios a run of the headline profile measures with its default settings, by name
+    (each mix's without its universe: `mix 1`, `mix 2`)."""
+    config = load_config(["--profile", PROFILE], {})
+    abandoned = [f"{fraction:.0%} abandoned" for fraction in config.abandon_grid() if fraction > 0]
+    return ["length", "mix 1", "mix 2", *abandoned]
+
+
+def missing(run: Run) -> list[str]:
+    """The expected headline ratios (`expected_ratios`) that `run` did not measure (no value and no
+    interval)."""
+    measured = {
+        name.split(" (")[0]
+        for name, found in headline(run).items()
+        if found.value is not None or found.interval is not None
+    }
+    return [name for name in expected_ratios() if name not in measured]
+
+
+def started(run: Run) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(run.started_at)
 
 
 def headline(run: Run) -> dict[str, Ratio]:
@@ -164,7 +195,7 @@ class Comparison:
     runs: tuple[Run, Run]
     agreements: list[Agreement]
     targets: tuple[list[Target], list[Target]]
-    floor_limit: float  # the most the two runs' floors may differ (the first run's --floor-drift-limit)
+    floor_limit: float  # the most the two runs' floors may differ (the default --floor-drift-limit)
 
     # What the two runs' commits differ in (empty: one commit; None: a commit this checkout lacks).
     changed: list[str] | None
@@ -179,8 +210,30 @@ class Comparison:
         )
 
     @property
+    def one_after_the_other(self) -> bool:
+        """Two distinct runs: the second started after the first ended."""
+        first, second = self.runs
+        ended = started(first) + datetime.timedelta(seconds=first.duration_s)
+        return started(second) >= ended
+
+    @property
+    def headline_profile(self) -> bool:
+        return all(run.configuration.profile == PROFILE for run in self.runs)
+
+    @property
+    def complete(self) -> bool:
+        """Both runs measured every headline ratio of the headline profile."""
+        return not any(missing(run) for run in self.runs)
+
+    @property
     def quotable(self) -> bool:
-        return not any(run.checks is None or run.checks.flags for run in self.runs)
+        """Neither run lacks its checks or is flagged, at its own limits or the default ones."""
+        try:
+            for run in self.runs:
+                quotable(run)
+        except FlaggedRun:
+            return False
+        return True
 
     @property
     def reproduced(self) -> bool:
@@ -203,7 +256,16 @@ class Comparison:
 
     @property
     def holds(self) -> bool:
-        return self.one_code and self.same_speed and self.quotable and self.reproduced and self.targets_met
+        return (
+            self.one_after_the_other
+            and self.headline_profile
+            and self.complete
+            and self.one_code
+            and self.same_speed
+            and self.quotable
+            and self.reproduced
+            and self.targets_met
+        )
 
 
 def compare(
@@ -224,7 +286,7 @@ def compare(
     both = (targets(runs[0], config), targets(runs[1], config))
     first, second = (run.versions.git_commit.removesuffix("-dirty") for run in runs)
     changed = [] if first == second else changed_between(first, second)
-    return Comparison(names, runs, agreements, both, runs[0].configuration.floor_drift_limit, changed)
+    return Comparison(names, runs, agreements, both, default_limit("floor_drift_limit"), changed)
 
 
 def render(comparison: Comparison, config: ReproduceConfig) -> str:
@@ -258,7 +320,18 @@ def render(comparison: Comparison, config: ReproduceConfig) -> str:
             f"{shown(theirs.ratio)}: {yes(theirs.met)} |"
         )
     moved = "not comparable" if comparison.floor_moved is None else f"{comparison.floor_moved:+.1%}"
+    lacking = "; ".join(
+        f"{name} lacks {', '.join(gone)}"
+        for name, run in zip(comparison.names, comparison.runs, strict=True)
+        if (gone := missing(run))
+    )
     verdicts = [
+        ("two runs, the second started after the first ended", comparison.one_after_the_other),
+        (f"both of the {PROFILE} profile", comparison.headline_profile),
+        (
+            "both measured every headline ratio" + (f" ({lacking})" if lacking else ""),
+            comparison.complete,
+        ),
         (
             "one code: one commit, or two that differ only in bench/results/, neither dirty",
             comparison.one_code,
@@ -268,7 +341,7 @@ def render(comparison: Comparison, config: ReproduceConfig) -> str:
             f"{comparison.floor_limit:.0%})",
             comparison.same_speed,
         ),
-        ("neither run flagged", comparison.quotable),
+        ("both runs checked and neither flagged, at the default limits", comparison.quotable),
         ("every headline ratio agrees", comparison.reproduced),
         ("the first mix's targets met in both", comparison.targets_met),
     ]

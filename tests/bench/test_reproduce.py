@@ -1,9 +1,10 @@
 """`python -m bench.reproduce`: two runs of the headline profile over fake fleets (whose limits are known,
-tests/bench/test_experiments.py), compared as issue 31's done-when asks."""
+tests/bench/test_experiments.py), compared as `bench.reproduce` requires."""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 from pathlib import Path
 
@@ -37,6 +38,12 @@ def runs() -> dict[str, Run]:
     }
 
 
+def later(run: Run, gap_s: float = 60.0) -> Run:
+    """`run` made again, started `gap_s` after it ended (a distinct run with the same figures)."""
+    ended = datetime.datetime.fromisoformat(run.started_at) + datetime.timedelta(seconds=run.duration_s)
+    return dataclasses.replace(run, started_at=(ended + datetime.timedelta(seconds=gap_s)).isoformat())
+
+
 def write(run: Run, folder: Path) -> str:
     folder.mkdir()
     (folder / "results.json").write_text(json.dumps(run.to_json()))
@@ -44,13 +51,14 @@ def write(run: Run, folder: Path) -> str:
 
 
 def test_two_runs_that_agree_everywhere_and_meet_the_targets_hold(runs, tmp_path, capsys):
-    run = runs["admit-all 40"]
-    first, second = write(run, tmp_path / "a"), write(run, tmp_path / "b")
+    run, again = runs["admit-all 40"], later(runs["admit-all 40"])
+    first, second = write(run, tmp_path / "a"), write(again, tmp_path / "b")
     out = tmp_path / "reproduce.md"
     assert reproduce.main(["--runs", f"{first},{second}", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert printed == out.read_text() and printed.endswith("**Every check holds.**\n")
-    comparison = reproduce.compare((first, second), (run, run), CONFIG)
+    assert "- two runs, the second started after the first ended: yes" in printed
+    comparison = reproduce.compare((first, second), (run, again), CONFIG)
     assert [entry.name for entry in comparison.agreements] == [
         "length", "mix 1 (mix-m1024-s0.75-max2048)", "mix 2 (mix-m1536-s0.75-max4096)", "30% abandoned",
     ]  # fmt: skip
@@ -62,6 +70,72 @@ def test_two_runs_that_agree_everywhere_and_meet_the_targets_hold(runs, tmp_path
     assert (
         "| mix 1 (mix-m1024-s0.75-max2048) | x3.132 [2.85, 3.413] | x3.132 [2.85, 3.413] | yes | 0.0% |"
         in printed
+    )
+
+
+def test_two_copies_of_one_run_or_two_runs_that_overlap_in_time_do_not_hold(runs, tmp_path, capsys):
+    run = runs["admit-all 40"]
+    copies = reproduce.compare(("a", "b"), (run, run), CONFIG)
+    assert copies.reproduced and copies.targets_met and copies.quotable
+    assert not copies.one_after_the_other and not copies.holds
+    # The second started a minute before the first ended (its hour-long run still going): not distinct.
+    overlapping = reproduce.compare(("a", "b"), (run, later(run, gap_s=-60.0)), CONFIG)
+    assert not overlapping.one_after_the_other and not overlapping.holds
+    assert reproduce.compare(("a", "b"), (run, later(run, gap_s=0.0)), CONFIG).holds
+    folders = write(run, tmp_path / "a"), write(run, tmp_path / "b")
+    assert reproduce.main(["--runs", ",".join(folders)]) == 1
+    assert "- two runs, the second started after the first ended: **no**" in capsys.readouterr().out
+
+
+def test_runs_of_another_profile_or_lacking_a_headline_ratio_do_not_hold(runs):
+    run = runs["admit-all 40"]
+    assert reproduce.expected_ratios() == ["length", "mix 1", "mix 2", "30% abandoned"]
+    full = dataclasses.replace(run, configuration=dataclasses.replace(run.configuration, profile="full"))
+    comparison = reproduce.compare(("a", "b"), (full, later(full)), CONFIG)
+    assert comparison.reproduced and not comparison.headline_profile and not comparison.holds
+    # Neither run measured the abandoned share: the ratios both have agree, but one is missing in both.
+    fractions = {
+        key: entry for key, entry in run.measured.abandonment.fractions.items() if not entry.fraction
+    }
+    abandonment = dataclasses.replace(run.measured.abandonment, fractions=fractions)
+    short = dataclasses.replace(run, measured=dataclasses.replace(run.measured, abandonment=abandonment))
+    assert reproduce.missing(short) == ["30% abandoned"] and reproduce.missing(run) == []
+    comparison = reproduce.compare(("a", "b"), (short, later(short)), CONFIG)
+    assert comparison.reproduced and comparison.headline_profile
+    assert not comparison.complete and not comparison.holds
+    text = reproduce.render(comparison, CONFIG)
+    assert (
+        "- both measured every headline ratio (a lacks 30% abandoned; b lacks 30% abandoned): **no**" in text
+    )
+
+
+def test_the_default_limits_judge_both_runs_whatever_limits_their_own_flags_set(runs):
+    """A run may set --floor-drift-limit and --foreign-cores-limit as high as it likes (they have no
+    maximum): the comparison holds both runs to the defaults (10 % and 0.2 cores)."""
+    run = runs["admit-all 40"]
+    loose = dataclasses.replace(
+        run.configuration, floor_drift_limit=1.0, foreign_cores_limit=4.0
+    )  # fmt: skip
+    # The second run's floor 30 % slower, other users at 0.5 cores: its own limits flag nothing.
+    measured = dataclasses.replace(run.measured, floor=scaled_floor(1.3, run.measured.floor),
+                                   floor_end=scaled_floor(1.3, run.measured.floor))  # fmt: skip
+    checks = dataclasses.replace(run.checks, floor_drift=0.3, foreign_cores_mean=0.5, flags=[])
+    slower = dataclasses.replace(later(run), configuration=loose, measured=measured, checks=checks)
+    comparison = reproduce.compare(("a", "b"), (run, slower), CONFIG)
+    assert comparison.floor_limit == 0.1 and comparison.floor_moved == 0.3 and not comparison.same_speed
+    assert not comparison.quotable and not comparison.holds
+    # The first run's own limit does not loosen it either.
+    first_loose = dataclasses.replace(run, configuration=loose)
+    assert reproduce.compare(("a", "b"), (first_loose, slower), CONFIG).floor_limit == 0.1
+
+
+def test_a_run_without_checks_does_not_hold(runs):
+    run = runs["admit-all 40"]
+    unchecked = dataclasses.replace(later(run), checks=None)
+    comparison = reproduce.compare(("a", "b"), (run, unchecked), CONFIG)
+    assert comparison.reproduced and not comparison.quotable and not comparison.holds
+    assert "- both runs checked and neither flagged, at the default limits: **no**" in reproduce.render(
+        comparison, CONFIG
     )
 
 
@@ -86,7 +160,7 @@ def test_a_ratio_that_moved_more_than_the_agreement_fails_though_its_intervals_o
 
 def test_runs_at_two_machine_speeds_do_not_hold(runs):
     run = runs["admit-all 40"]
-    assert reproduce.compare(("a", "b"), (run, run), CONFIG).floor_moved == 0.0
+    assert reproduce.compare(("a", "b"), (run, later(run)), CONFIG).floor_moved == 0.0
     # The second run's machine ran 20 % slower at the start and 10 % at the end: the lower, +10 %, is at
     # the limit; 12 % at both ends is past it.
     for start, end, moved, held in ((1.2, 1.1, 0.1, True), (1.12, 1.12, 0.12, False)):
@@ -95,7 +169,7 @@ def test_runs_at_two_machine_speeds_do_not_hold(runs):
             floor=scaled_floor(start, run.measured.floor),
             floor_end=scaled_floor(end, run.measured.floor),
         )
-        slower = dataclasses.replace(run, measured=measured)
+        slower = dataclasses.replace(later(run), measured=measured)
         comparison = reproduce.compare(("a", "b"), (run, slower), CONFIG)
         assert (comparison.floor_moved, comparison.same_speed, comparison.holds) == (moved, held, held)
     text = reproduce.render(comparison, CONFIG)

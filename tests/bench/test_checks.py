@@ -1,0 +1,69 @@
+"""Whether a run's figures may be quoted (`bench.checks.quotable`): only a run whose checks were recorded,
+and flag nothing at its own limits or at the default ones."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import checks
+from bench.ab.schema import AbResults
+from bench.schema import Run
+from bench.schema_context import RunChecks
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+CLEAN = RunChecks(
+    floor_reference="bench/results/full-5e3657a", floor_drift=0.0468, foreign_cores_mean=0.016,
+    foreign_cores_max=0.05, flags=[], floor_change=0.02,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def full() -> Run:
+    """The committed full run, which predates the checks (it records none)."""
+    return Run.from_json(json.loads((RESULTS / "full" / "results.json").read_text()))
+
+
+def test_a_run_without_checks_is_not_quotable(full: Run):
+    assert full.checks is None
+    with pytest.raises(checks.FlaggedRun, match=r"full records no checks .*its figures may not be quoted"):
+        checks.quotable(full)
+    checked = dataclasses.replace(full, checks=CLEAN)
+    assert checks.quotable(checked) is checked
+
+
+@pytest.mark.parametrize("name", ["ab-mix1-admit-all", "ab-mix1-admit-all-warm"])
+def test_a_fixed_load_ab_records_no_checks_and_is_not_quotable(name: str):
+    results = AbResults.load(RESULTS / name / "results.json")
+    with pytest.raises(checks.FlaggedRun, match=rf"the A/B {name} records no checks"):
+        checks.quotable(results)
+
+
+def test_a_run_is_judged_at_the_default_limits_whatever_its_own_flags_set(full: Run):
+    """--floor-drift-limit and --foreign-cores-limit have no maximum: a run that set them to 100 % and 4
+    cores flags nothing itself, yet its floor moved 30 % and other users took half a core."""
+    loose = dataclasses.replace(full.configuration, floor_drift_limit=1.0, foreign_cores_limit=4.0)
+    figures = dataclasses.replace(CLEAN, floor_drift=0.3, foreign_cores_mean=0.5)
+    run = dataclasses.replace(full, configuration=loose, checks=figures)
+    assert checks.flags_at(figures, 1.0, 4.0) == []
+    assert checks.flags_at_default_limits(figures) == [
+        "the in-process floor moved +30.0% from bench/results/full-5e3657a's (limit 10%): the machine ran at "
+        "another speed",
+        "other users of the machine took 0.50 cores on average during the points (limit 0.2)",
+    ]  # fmt: skip
+    with pytest.raises(checks.FlaggedRun, match=r"moved \+30.0% .*limit 10%.*took 0.50 cores"):
+        checks.quotable(run)
+    # Its own flags count too, even where the default limits would pass it.
+    flagged = dataclasses.replace(run, checks=dataclasses.replace(CLEAN, flags=["the floor moved"]))
+    with pytest.raises(checks.FlaggedRun, match="the floor moved"):
+        checks.quotable(flagged)
+
+
+def test_the_default_limits_are_the_documented_ones():
+    assert (checks.default_limit("floor_drift_limit"), checks.default_limit("foreign_cores_limit")) == (
+        0.1,
+        0.2,
+    )
