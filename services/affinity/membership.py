@@ -236,8 +236,8 @@ class Membership:
         for name, address in found.items():
             if name not in self._members:
                 self._add(name, address)
-        for member in leaving:
-            await self._close(member)
+        if leaving:
+            await self._close(leaving)
 
     def _add(self, name: str, address: str) -> None:
         breaker = CircuitBreaker(self._circuit_failures, self._circuit_open_s, self._clock)
@@ -249,13 +249,15 @@ class Membership:
         self._watchers[member] = asyncio.create_task(self._watch_health(member))
         log.info("member %s at %s joined", name, address)
 
-    async def _close(self, member: Member) -> None:
-        """Stops watching `member` and closes its channel. That runs to its end even when the caller is
-        cancelled (a refresh stopped by `close()`, which waits for it), so no channel is left open."""
-        retiring = asyncio.create_task(self._retire(member))
-        self._retiring.add(retiring)
-        retiring.add_done_callback(self._retiring.discard)
-        await asyncio.shield(retiring)
+    async def _close(self, members: list[Member]) -> None:
+        """Stops watching `members` and closes their channels. Every member's retirement starts before any
+        is awaited, and each runs to its end even when the caller is cancelled (a refresh stopped by
+        `close()`, which waits for them all), so no channel is left open and no watcher running."""
+        retiring = [asyncio.create_task(self._retire(member)) for member in members]
+        for task in retiring:
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        await asyncio.shield(asyncio.gather(*retiring))
 
     async def _retire(self, member: Member) -> None:
         await cancel_and_wait([self._watchers.pop(member)])

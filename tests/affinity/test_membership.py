@@ -210,6 +210,36 @@ def test_closing_while_a_refresh_removes_a_member_stops_the_refresh() -> None:
     asyncio.run(scenario())
 
 
+def test_closing_while_a_refresh_removes_two_members_retires_both() -> None:
+    """DNS withdraws two members in one refresh and the router closes during the first one's retirement:
+    every leaving member's retirement started before any was awaited, so both channels close and both
+    health watchers stop."""
+
+    async def scenario() -> None:
+        dns = FixedDns([pod("ranker-0"), pod("ranker-1")])
+        channels = {dialled("ranker-0"): LingeringChannel(0.2), dialled("ranker-1"): LingeringChannel(0.2)}
+        membership = Membership(
+            discover=srv_discovery(SRV_NAME, dns),
+            connect=channels.__getitem__,
+            ring=AffinityRing(),
+            health_interval_s=30,
+            circuit_failures=3,
+            circuit_open_s=1,
+            refresh_s=0.01,
+        )
+        await membership.start()
+        assert set(membership.members) == {"ranker-0", "ranker-1"}
+        dns.records = []
+        first = next(iter(channels.values()))
+        await asyncio.wait_for(first.probe_cancelled.wait(), 5)  # the refresh is retiring the members
+        await asyncio.wait_for(membership.close(), 10)
+        assert all(channel.closed for channel in channels.values())
+        assert all(channel.probe_cancelled.is_set() for channel in channels.values())  # watchers stopped
+        assert not membership.members and not membership.ring.members
+
+    asyncio.run(scenario())
+
+
 def test_unhealthy_members_are_not_routable_and_come_back() -> None:
     async def scenario() -> None:
         async with stub_rankers(2) as (zero, one):
