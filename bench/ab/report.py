@@ -79,6 +79,16 @@ def order(results: AbResults) -> list[str]:
     return [*lines, ""]
 
 
+def quantile(seeds: int) -> str:
+    """Which quantile the share intervals take with this many seeds (`bench.intervals.critical_value`)."""
+    if seeds < 2:
+        return "with the normal quantile (one seed: no design effect is estimated)"
+    return (
+        f"taking Student's t quantile for {seeds - 1} degrees of freedom (seeds - 1: the effect is "
+        "estimated from them)"
+    )
+
+
 def render_markdown(results: AbResults) -> str:
     c = results.settings
     modes = c.mode_names()
@@ -102,8 +112,7 @@ def render_markdown(results: AbResults) -> str:
         f"A Rank is over the SLO above {c.slo_ms:g} ms, a Recommend above {results.recommend_bound_ms:g} ms "
         "(its bound includes the relay window); a failed request is over both. Shares are over every "
         f"measured request of every seed, with {level} Wilson intervals on the effective counts (counts "
-        "divided by the design effect, the seeds' dispersion beyond a binomial's) taking Student's t "
-        f"quantile for {len(seeds) - 1} degrees of freedom (seeds - 1: the effect is estimated from them); "
+        f"divided by the design effect, the seeds' dispersion beyond a binomial's) {quantile(len(seeds))}; "
         "P99s are pooled over "
         f"the seeds, with {level} moving-block bootstrap intervals ({c.resamples} resamples, blocks of "
         f"{c.block_s:g} s of requests within each seed). A difference is the second mode's value less the "

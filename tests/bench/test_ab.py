@@ -256,6 +256,13 @@ def test_the_results_read_back_byte_for_byte_and_render_the_written_report(fake_
     assert failed.rank_ms[3] is None and failed.errors == 1
 
 
+def test_the_report_names_the_quantile_its_share_intervals_take():
+    assert ab_report.quantile(5) == (
+        "taking Student's t quantile for 4 degrees of freedom (seeds - 1: the effect is estimated from them)"
+    )
+    assert ab_report.quantile(1) == "with the normal quantile (one seed: no design effect is estimated)"
+
+
 def test_settings_need_two_modes_and_name_only_known_ones():
     with pytest.raises(SystemExit):
         load(AbConfig, ["--modes", "relay"])
