@@ -103,3 +103,15 @@ def analyse(runs: Sequence[AbRun], config: AbConfig) -> tuple[list[Cell], list[C
         comparison(runs, a, b, rate, config) for rate in rates for a, b in itertools.combinations(modes, 2)
     ]
     return cells, pairs
+
+
+def disturbed(run: AbRun, config: AbConfig) -> list[str]:
+    """Why a run's figures may be the machine's rather than its mode's: its arrivals were late (send lag
+    P99 over `--send-lag-limit-ms`) or other processes took cores (over `--foreign-cores-limit`); empty:
+    neither. A run recorded before foreign cores were is judged on its send lag alone."""
+    flags = []
+    if run.send_lag_p99_ms > config.send_lag_limit_ms:
+        flags.append(f"send lag P99 {run.send_lag_p99_ms:g} ms > {config.send_lag_limit_ms:g}")
+    if run.foreign_cores is not None and run.foreign_cores > config.foreign_cores_limit:
+        flags.append(f"foreign cores {run.foreign_cores:g} > {config.foreign_cores_limit:g}")
+    return flags

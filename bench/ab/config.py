@@ -73,6 +73,26 @@ class AbConfig(FleetSettings):
         ),
         omitted=True,
     )
+    send_lag_limit_ms: float = absent_means(
+        10.0,
+        setting(
+            10.0,
+            "a run whose load generator's send lag P99 is above this is flagged in the report (its arrivals "
+            "were late: the machine was busy)",
+            above=0,
+        ),
+        omitted=True,
+    )
+    foreign_cores_limit: float = absent_means(
+        0.2,
+        setting(
+            0.2,
+            "a run during which processes other than its own fleet's and the load generator took more "
+            "cores than this is flagged in the report",
+            above=0,
+        ),
+        omitted=True,
+    )
     slo_ms: float = setting(100.0, "ranking-latency P99 SLO (the Rank as the stub sees it)", above=0)
     recommend_slo_ms: float = setting(
         0.0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from bench.ab.analysis import latencies
+from bench.ab.analysis import disturbed, latencies
 from bench.ab.schema import AbResults, AbRun
 from bench.intervals import Interval
 from bench.stats import percentile
@@ -150,19 +150,27 @@ def render_markdown(results: AbResults) -> str:
     lines += ["", *[f"- {verdict}" for pair in results.comparisons for verdict in pair.verdicts], ""]
     if len(seeds) < 5:
         lines += [f"Only {len(seeds)} load seed(s): the design effect rests on few of them.", ""]
+    flagged = [run for run in results.runs if disturbed(run, c)]
     lines += [
         "## Every run, in the order driven",
         "",
-        "| # | mode | load /s | seed | Ranks over SLO | Rank P99 ms | errors | send lag P99 ms | wall s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"{len(flagged)} of {len(results.runs)} runs disturbed (send lag P99 over "
+        f"{c.send_lag_limit_ms:g} ms, or other processes over {c.foreign_cores_limit:g} cores while they "
+        "ran).",
+        "",
+        "| # | mode | load /s | seed | Ranks over SLO | Rank P99 ms | errors | send lag P99 ms "
+        "| foreign cores | wall s | disturbed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in results.runs:
+        foreign = "-" if run.foreign_cores is None else f"{run.foreign_cores:.2f}"
         ranks = latencies(run.rank_ms)
         p99 = percentile(ranks, 99) if ranks else math.nan
         p99_text = _number(None if math.isinf(p99) else p99)
         lines.append(
             f"| {run.order} | {run.mode} | {run.rate:g} | {run.seed} | "
             f"{sum(ms > c.slo_ms for ms in ranks)} of {len(ranks)} | {p99_text} | "
-            f"{run.errors} | {run.send_lag_p99_ms:g} | {run.wall_s:g} |"
+            f"{run.errors} | {run.send_lag_p99_ms:g} | {foreign} | {run.wall_s:g} | "
+            f"{'; '.join(disturbed(run, c))} |"
         )
     return "\n".join(lines) + "\n"

@@ -7,11 +7,14 @@ takes each place in the order (first after the previous block's settle, ..., las
 every run of as many seeds as there are modes, and at one seed the loads start with different modes.
 Before the first, each fleet gets `--fleet-warmup-s` of load at the first rate with users of its
 own (the seed index after the last measured one), recorded apart: a fleet's first run after its start
-read slow. `AbBench.measure` drives one run: `warmup + requests` Recommends open loop, with the arrivals
-of its load seed and the users of `bench.experiments.users` (named after the mix, load, window and seed,
-so every mode sees exactly the same users and arrival times at a (seed, load), and no run inherits
-another load's or seed's cache), and no early stop: every run sends all its requests, so the counts over
-the SLO of the modes compare. `no-revisit` gets the same users' names with revisit probability 0 (its point).
+read slow. `AbBench.measure` drives one run, once the other fleets are idle
+(`bench.experiments.Bench.wait_idle`), recording the cores other processes took meanwhile (`disturbed`
+flags a run whose arrivals were late or whose machine was busy): `warmup + requests` Recommends open
+loop, with the arrivals of its load seed and the users of `bench.experiments.users` (named after the mix,
+load, window and seed, so every mode sees exactly the same users and arrival times at a (seed, load), and
+no run inherits another load's or seed's cache), and no early stop: every run sends all its requests, so
+the counts over the SLO of the modes compare. `no-revisit` gets the same users' names with revisit
+probability 0 (its point).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from pathlib import Path
 
 import grpc
 
+from bench import probes
+from bench.ab.analysis import disturbed
 from bench.ab.config import AbConfig
 from bench.ab.schema import AbRun
 from bench.experiments import SETTLE_S, Bench, Plan, users
@@ -130,18 +135,27 @@ class AbBench:
         if fleet_warmup_s:
             warmup, requests = 0, max(round(job.rate * fleet_warmup_s), 1)
         load = Load(job.rate, warmup, warmup + requests, (window + c.rank_timeout_ms) / 1000 + 1.0, seed)
+        address = fleet.stub(mix, window, 0.0)
+        self.bench.wait_idle(fleet)
+        before = probes.snapshot(fleet.pids(), {})
         started = time.perf_counter()
-        records = self.drive(fleet.stub(mix, window, 0.0), sampler, load)
+        records = self.drive(address, sampler, load)
         wall_s = time.perf_counter() - started
+        foreign_cores = probes.difference(before, probes.snapshot(fleet.pids(), {}))["foreign_cores"]
         if [record.index for record in records] != list(range(load.total)):
             raise RuntimeError(f"{job}: {len(records)} of {load.total} requests came back")
-        run = summarize(records, job, order, namespace, load, wall_s)
+        run = dataclasses.replace(
+            summarize(records, job, order, namespace, load, wall_s), foreign_cores=foreign_cores
+        )
         time.sleep(SETTLE_S)
         over = sum(ms is None or ms > c.slo_ms for ms in run.rank_ms)
         p99 = percentile([float("inf") if ms is None else ms for ms in run.rank_ms], 99)
+        flags = disturbed(run, c)
         self.log(
             f"{job.mode:<16} {namespace:<36} {job.rate:>6g}/s seed {seed}: rank P99 {p99:.1f} ms, "
-            f"{over} of {len(run.rank_ms)} Ranks over {c.slo_ms:g} ms, {run.errors} err"
+            f"{over} of {len(run.rank_ms)} Ranks over {c.slo_ms:g} ms, {run.errors} err, send lag P99 "
+            f"{run.send_lag_p99_ms:g} ms, foreign cores {foreign_cores:g}"
+            + (f" (DISTURBED: {'; '.join(flags)})" if flags else "")
             + (" (the fleet's warm-up, not counted)" if fleet_warmup_s else "")
         )
         return run

@@ -30,6 +30,9 @@ class AbRun:
     errors: int
     wall_s: float
     send_lag_p99_ms: float
+    # Cores that processes other than this run's fleet and load generator took while it ran (the other
+    # fleets' leftover work, other users of the machine); absent from runs before it was recorded.
+    foreign_cores: float | None = dataclasses.field(default=None, metadata=codec.OMIT_NONE)
     rank_ms: list[float | None]  # the stub's Rank latency of each measured request; None: it failed
     recommend_ms: list[float | None]  # the Recommend's, from its intended send time; None: it failed
 

@@ -57,6 +57,9 @@ class FakeFleet:
     def __exit__(self, *exc_info: object) -> None:
         self.events.append(("stop", self.mode.name))
 
+    def pids(self) -> dict[str, int]:
+        return {}
+
     def stub(self, universe, delay_ms: float, abandon_fraction: float) -> str:
         assert (delay_ms, abandon_fraction) == (100.0, 0.0)
         return f"fake://{self.mode.name}/{universe.label}"
