@@ -32,7 +32,7 @@ from bench.stats import percentile
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.ranker.app import build_model
 from services.ranker.config import RankerConfig
-from services.ranker.engine.latency_curve import measure
+from services.ranker.engine.latency_curve import Profiling, Timer, measure
 from services.ranker.engine.runner import ModelRunner
 from services.ranker.engine.scheduler import Scheduler
 
@@ -60,7 +60,10 @@ def model_floor(
     worker = Scheduler("floor")
     try:
         runner = ModelRunner(model, worker, chunk_tokens, None, version)
-        curve = measure(runner, sorted(lengths), short_term, candidates, repeats)
+        profiling = Profiling(
+            sorted(lengths), short_term, candidates, repeats, retries=0, disturbed_ratio=None
+        )
+        curve = measure(Timer(runner, profiling))
     finally:
         worker.close()
         del model
