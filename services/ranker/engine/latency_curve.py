@@ -9,11 +9,17 @@ as one on an idle host.
 The repeats are rounds over every length (`rounds`), after one untimed round that warms kernels and
 allocators, not one length's repeats in a row: a spell of contention (another ranker warming up beside this
 one on the same cores) then slows one round of every length instead of every repeat of the lengths it
-happened to fall on. Measured one length at a time, a fleet of two rankers warming up together measured its
-longest point faster than every shorter one in 3 of 8 starts, and the curve, lowered to the least of any
-longer point (`monotone`: a path's cost cannot fall as the prefix grows), came out flat: no gain at any
-length, so that fleet admitted nothing. A curve that still measures a shorter point dearer than a longer one
-by more than `INVERSION` is measured for up to as many rounds again, then lowered.
+happens to fall on, which could make the longest point the cheapest and the lowered curve (`monotone`: a
+path's cost cannot fall as the prefix grows) flat.
+
+Contention is also seen as it happens. On a CPU device, a length whose passes took more wall time than
+`disturbed_ratio` times the device thread's own CPU time ran while other work held its core (`Timer`). After
+the repeats, up to `retries` more rounds measure the lengths that have not yet run undisturbed once (or
+every length, while a shorter point measures dearer than a longer one by more than `INVERSION`). A curve
+with a length still never measured undisturbed is provisional: the ranker serves it (each path's least
+time is still an upper bound on its cost), says so in GetProfile, refuses no work on its predictions, and
+measures it again once its device is idle (`recheck.py`). On an accelerator the thread waits for the device
+without spending CPU, so disturbance is not judged there.
 
 Every curve starts at `ANCHOR_LENGTH` events, whatever the profile lengths: a pass over so few events is
 almost all a model call's fixed cost, which the trigger's break-even (at the short end) reads, so the fits
