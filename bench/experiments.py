@@ -303,8 +303,9 @@ class Bench:
         self, universe: Universe, baseline: Plan, relay: Plan, sweeps: list[Sweep]
     ) -> list[EdgePair]:
         """Both modes at each mode's best load on the first mix, with the load seeds its verdict pooled
-        there (the first `EDGE_SEEDS`) and the same users and arrivals, every point run to its end: their P99s and the paired
-        difference RelayGR - baseline (`bench.intervals.p99_difference`, blocks of `EDGE_BLOCK_S`)."""
+        there (the first `EDGE_SEEDS`) and the same users and arrivals, every point run to its end: their
+        P99s and the paired difference RelayGR - baseline (`bench.intervals.p99_difference`, blocks of
+        `EDGE_BLOCK_S`)."""
         pairs = []
         for mode, sweep in zip(("baseline", "relay"), sweeps, strict=True):
             if sweep.best is None:

@@ -299,7 +299,7 @@ def describe_verdict(verdict: Verdict) -> str:
     """A load's pooled verdict in one log line: seeds, requests, the pooled P99 and its interval."""
     low, high = verdict.rank_p99_ci_ms
     outcome = "meets SLO" if verdict.meets_slo else "FAILS"
-    undecided = "" if verdict.decided else " (undecided at the seed cap: the pooled P99 decided)"
+    undecided = "" if verdict.decided else f" ({verdict.outcome})"
     return (
         f"verdict over seeds {verdict.seeds}: {verdict.requests} req, pooled rank P99 {verdict.rank_p99_ms} "
         f"[{low}, {high}] ms | {outcome}{undecided}"

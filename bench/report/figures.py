@@ -30,7 +30,8 @@ def verdict(point: Point) -> str:
     text = "meets" if pooled.meets_slo else ("fails (stopped early)" if aborted else "fails")
     seeds = len(pooled.seeds)
     if seeds > 1 or not pooled.decided:
-        text += f" ({seeds} seed{'s' if seeds > 1 else ''}{'' if pooled.decided else ', undecided'})"
+        ended = "" if pooled.decided or pooled.stopped_early else ", undecided"
+        text += f" ({seeds} seed{'s' if seeds > 1 else ''}{ended})"
     return text
 
 

@@ -63,7 +63,7 @@ def _verdict_rows(mode: str, sweep: Sweep) -> list[list[str]]:
         rows.append([
             mode, role, f"{value:g}", ", ".join(str(seed) for seed in v.seeds), v.requests,
             f"{ms(v.rank_p99_ms)} [{ms(low)}, {ms(high)}]", "meets" if v.meets_slo else "fails",
-            "yes" if v.decided else "**no** (seed cap: the pooled P99 decided)",
+            "yes" if v.decided else f"**no** ({v.outcome})",
         ])  # fmt: skip
     return rows
 
@@ -93,10 +93,12 @@ def edges_section(run: Run) -> str:
     cap = run.profile.seed_cap
     verdicts = [row for mix in mixes.values() for mode in ("baseline", "relay")
                 for row in _verdict_rows(f"{mode} on `{mix.universe}`", getattr(mix, mode))]  # fmt: skip
+    look = look_level(run)
     parts = [
         "## Edges: brackets and ratio intervals",
         f"A value's verdict pools its load seeds (each its own users and arrivals): after each seed, the "
-        f"ranked requests of every seed so far give the P99 and its bootstrap 95% interval; the value "
+        f"ranked requests of every seed so far give the P99 and its bootstrap interval ({look:.0%} a look, "
+        f"so that all the looks together err at most 5 % where the level was set for them); the value "
         f"passes when the interval lies within the SLO, fails when it lies above it (or a seed stopped "
         f"early: the pooled requests had failed for certain), and otherwise gets one more seed, up to "
         f"{cap}; at the cap the pooled P99 decides alone (undecided). Each mode's edge lies in its "
@@ -111,3 +113,14 @@ def edges_section(run: Run) -> str:
                   "verdict", "decided")  # fmt: skip
         parts += ["The pooled verdicts at each mode's bracket:", table(header, verdicts)]
     return "\n\n".join(parts)
+
+
+def look_level(run: Run) -> float:
+    """The confidence of each look's P99 interval in `run`'s verdicts (0.95 in runs from before it was
+    recorded)."""
+    for mix in run.measured.throughput_sweeps.values():
+        for sweep in (mix.baseline, mix.relay):
+            for point in sweep.points:
+                if point.verdict is not None:
+                    return point.verdict.confidence or 0.95
+    return 0.95
