@@ -12,9 +12,10 @@ answers with the first of these that applies:
    a call's fixed cost, which every curve measures at its 16-event point rather than extrapolating it),
    so the break-even is one length that a restart measures again alike. It is as right as the curve: a
    curve misread at warm-up (rankers warming up together on contended cores) is made monotone by the
-   ranker and corrected by it as its jobs run (`Calibration`), and the trigger reads the correction at its
-   next profile refresh. Load does not move it: the miss's queueing cost for the Ranks behind it grows with
-   load, and so does the round trip's cost on the same contended cores.
+   ranker, served provisional when its warm-up saw the contention (read as unknown: below), measured again
+   once the ranker is idle and corrected by it as its jobs run (`Calibration`), and the trigger reads the
+   correction at its next profile refresh. Load does not move it: the miss's queueing cost for the Ranks
+   behind it grows with load, and so does the round trip's cost on the same contended cores.
 2. DUPLICATE: the same prefix key (user and exact long-term sequence) was admitted within the duplicate
    window; its PreInfer is in flight or its prefix is leased. The instance that holds it is returned with
    the refusal, so the caller's Rank can still carry the hint (empty while the first PreInfer is unanswered).
