@@ -335,8 +335,8 @@ class Bench:
             rel_p99 = intervals.p99_interval(b, block, seed=self.config.load_seed)
             pair = EdgePair(
                 edge_of=mode, rate=rate, seeds=[point.seed for point in base],
-                baseline_p99_ms=base_p99.value, relay_p99_ms=rel_p99.value,
-                difference_ms=[difference.value, difference.low, difference.high],
+                baseline_p99_ms=rounded(base_p99.value), relay_p99_ms=rounded(rel_p99.value),
+                difference_ms=[rounded(difference.value), rounded(difference.low), rounded(difference.high)],
                 baseline_points=base, relay_points=rel,
             )  # fmt: skip
             self.log(f"paired P99 at the {mode}'s edge, {rate:g}/s: baseline {pair.baseline_p99_ms} ms, "
@@ -601,6 +601,10 @@ def mix_result(mix: Universe, baseline: Sweep, relay: Sweep, counters: dict[str,
         ratio_interval=ratio_interval(relay, baseline),
         waste=waste(counters),
     )
+
+
+def rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def measured_key(plan: Plan, universe: Universe, rate: float, seed_index: int) -> tuple:
