@@ -143,3 +143,17 @@ def cached_rank_through_router(
                 )
             )
     return points
+
+
+UNIT_LENGTH = 2048  # the CPU benchmark's first mix's cap: the host unit's length unless a run says otherwise
+UNIT_CANDIDATES = 128  # the stub's default retrieval size
+
+
+def host_unit_ms(preset: str, torch_threads: int, short_term: int, chunk_tokens: int,
+                 length: int = UNIT_LENGTH, repeats: int = 3) -> float:  # fmt: skip
+    """The host's unit u: the in-process full pass of `preset` at `length` events, timed in a fresh
+    process (`in_fresh_process`), as the CPU benchmark times it at its start (`bench.experiments`)."""
+    floor = in_fresh_process(
+        model_floor, preset, torch_threads, [length], short_term, UNIT_CANDIDATES, repeats, chunk_tokens
+    )
+    return next(point.full_ms for point in floor if point.prefix_length == length)

@@ -134,6 +134,16 @@ def search_markdown(search: SearchResult) -> str:
         "",
         CAVEAT,
         "",
+        *(
+            [
+                f"MLPerf's P99 target is absolute; on this host it is "
+                f"{c['p99_ms'] / search.host_unit_ms:.2f} u (the host's unit u = {search.host_unit_ms:g} ms: "
+                f"the full pass of `{preset}` at 2048 events).",
+                "",
+            ]
+            if search.host_unit_ms
+            else []
+        ),
         f"{preset}, {c['rankers']} rankers, relay window {c['relay_window_ms']:g} ms, streaming users "
         f"(long-term median {c['history_median']}, cap {c['history_max']}, {c['growth_events_per_min']:g} "
         f"new events a minute, {c['visits_per_user']:g} visits a user), at least {c['min_query_count']} "

@@ -87,6 +87,9 @@ class SearchResult:
     load_average_end: list[float]
     configuration: dict[str, Any]  # the command's settings (bench.mlperf.config.MlperfConfig)
     modes: dict[str, ModeSearch]
+    # The host's unit u (`bench.micro.floor.host_unit_ms`), stated beside LoadGen's absolute P99 target;
+    # absent from searches before it was timed.
+    host_unit_ms: float | None = dataclasses.field(default=None, metadata=codec.OMIT_NONE)
 
 
 def write_json(value: Any, path: Path) -> None:

@@ -27,9 +27,10 @@ from pathlib import Path
 from bench import codec
 from bench.context import git_commit, load_average
 from bench.fleets import BenchFleet
+from bench.micro.floor import host_unit_ms
 from bench.mlperf import report
 from bench.mlperf.config import MlperfConfig
-from bench.mlperf.fleet import local_fleet, run_stub, universe, wait_routable
+from bench.mlperf.fleet import PRE_INFER_CHUNK_TOKENS, local_fleet, run_stub, universe, wait_routable
 from bench.mlperf.results import ModeSearch, RunResult, SearchResult, write_json
 from bench.mlperf.run import run_loadgen, run_settings
 from bench.stats import interleave, largest_passing_value
@@ -66,6 +67,10 @@ def search(config: MlperfConfig, out: Path, log: Callable[[str], None] = print) 
     started_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
     started = time.monotonic()
     load_start = load_average()
+    unit_ms = host_unit_ms(
+        config.model_preset, config.torch_threads, config.short_term, PRE_INFER_CHUNK_TOKENS
+    )
+    log(f"host unit u = {unit_ms:g} ms: P99 target {config.p99_ms:g} ms = {config.p99_ms / unit_ms:.2f} u")
     grid = config.grid()
     first = first_index(grid, config.target_qps)
     modes = config.modes()
@@ -86,6 +91,7 @@ def search(config: MlperfConfig, out: Path, log: Callable[[str], None] = print) 
         cores=os.cpu_count(),
         load_average_start=load_start,
         load_average_end=load_average(),
+        host_unit_ms=round(unit_ms, 3),
         configuration=codec.to_json(dataclasses.replace(config, output=str(out))),
         modes={
             mode: ModeSearch(mode=mode, runs=measured[mode][0], best_qps=best)

@@ -10,6 +10,7 @@ Rank's short-term events, none of the prefix for an HBM or DRAM answer, all of i
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,13 @@ def test_the_committed_searches_read_back_and_render_as_committed(name: str):
             assert (
                 RESULTS / name / mode.mode / f"q{run.settings.target_qps:g}" / "mlperf_log_summary.txt"
             ).exists()
+
+
+def test_a_search_states_its_absolute_p99_target_in_the_hosts_unit():
+    search = read_json(SearchResult, RESULTS / "mlperf" / "result.json")
+    assert search.host_unit_ms is None and "u (the host's unit" not in report.search_markdown(search)
+    timed = dataclasses.replace(search, host_unit_ms=40.0)
+    target = search.configuration["p99_ms"]
+    assert f"on this host it is {target / 40.0:.2f} u (the host's unit u = 40 ms" in report.search_markdown(
+        timed
+    )
