@@ -1,6 +1,7 @@
 """`python -m bench readme --runs headline,headline-2`: the README's Results table, rendered from committed
 headline runs (`bench.report.readme`) and written between its markers in README.md; nothing else of the
-README changes. Each run is a folder under bench/results/ with its results.json.
+README changes. Each run is a folder under bench/results/ with its results.json, and is refused unless its
+checks let it be quoted (`bench.checks.quotable`).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from bench import checks
 from bench.report import readme
 from bench.schema import Run
 from services.common.config import listed, load, setting
@@ -36,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         path = RESULTS_DIR / name / "results.json"
         if not path.exists():
             raise SystemExit(f"python -m bench readme: --runs: no results.json in {path.parent}")
-        runs.append((name, Run.load(path)))
+        runs.append((name, checks.quotable(Run.load(path))))
     target = REPO_ROOT / config.readme
     readme.write(target, runs)
     print(f"{target}: Results rendered from {', '.join(name for name, _ in runs)}")
