@@ -48,7 +48,7 @@ class Recheck:
             for length in lengths:
                 if length in self.quiet:
                     continue
-                if not self.scheduler.idle():
+                if self._queued():
                     break
                 timing = await self.scheduler.submit(
                     lambda length=length: self.timer(length), Priority.PRE_INFER, Op.PROFILE
@@ -66,10 +66,15 @@ class Recheck:
         )
         return curve
 
+    def _queued(self) -> int:
+        """Jobs waiting for the device thread."""
+        return self.scheduler.queued(*Priority)
+
     async def _idle(self) -> None:
-        """Returns once the device thread has run nothing for `idle_s` (checked every `idle_s`)."""
+        """Returns once the device thread has finished no job for `idle_s` and none waits (checked every
+        `idle_s`); a job still running then is waited for behind it, at the lowest priority."""
         while True:
             busy_before = self.scheduler.busy_s
             await asyncio.sleep(self.idle_s)
-            if self.scheduler.idle() and self.scheduler.busy_s == busy_before:
+            if not self._queued() and self.scheduler.busy_s == busy_before:
                 return

@@ -176,10 +176,6 @@ class Scheduler:
         """Jobs waiting at these priorities."""
         return sum(self._depth[priority] for priority in priorities)
 
-    def idle(self) -> bool:
-        """Whether no job is queued or running (read without the lock: a hint, as of now)."""
-        return not self._heap and not self._running
-
     def submit(
         self, fn: Callable[[], T], priority: Priority, op: Op, deadline: float | None = None
     ) -> asyncio.Future[T]:
