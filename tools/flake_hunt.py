@@ -58,14 +58,14 @@ def failures(junit: Path) -> list[str]:
 
 def run_round(pytest_args: list[str], junit: Path) -> tuple[int, float]:
     """One pass of the suite; its exit code and wall seconds. Stopped early (SIGTERM, Ctrl-C), the pass is
-    stopped with it, and its pytest stops what it started."""
+    stopped with it (the fleets its tests started end with their parent)."""
     started = time.monotonic()
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
     with subprocess.Popen([*command, *pytest_args]) as suite:
         try:
             code = suite.wait()
         except BaseException:
-            suite.send_signal(signal.SIGINT)
+            suite.terminate()  # SIGINT may be ignored (a background job's); the tests' children follow it
             suite.wait()
             raise
     return code, time.monotonic() - started
