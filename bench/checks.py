@@ -1,4 +1,4 @@
-"""Whether a run's figures may be quoted (issue 31): its checks, recorded in results.json (`Run.checks`)
+"""Whether a run's figures may be quoted: its checks, recorded in results.json (`Run.checks`)
 and at the top of its report.
 
 Two things move every figure of a run on a shared machine without showing in its ratios' points:
@@ -24,6 +24,11 @@ Two things move every figure of a run on a shared machine without showing in its
 - other users of the machine: the cores they took during each measured point (`Cost.foreign_cores`),
   averaged over every point by its wall time. A mean above `--foreign-cores-limit` (0.2 cores) flags
   the run.
+
+A run whose bounds are in its host's unit u (the CPU profiles' default, `bench.config.BenchConfig.slo_u`)
+runs the same experiment on any host: its floor's drift from the committed run is recorded but raises no
+flag (and `--stop-when-flagged` does not stop it), while its start-to-end change and the foreign cores
+still do.
 
 A flagged run's figures never go into the README (`quotable` refuses it; tests/bench/test_results.py
 holds the README's run to it), and neither do those of a run with no checks: a run from before them, or
@@ -146,7 +151,11 @@ def flags_at(checks: RunChecks, floor_limit: float, foreign_cores_limit: float) 
     the committed run's or from the run's start to its end, a mean of other users' cores above
     `foreign_cores_limit`."""
     moved = (
-        (checks.floor_drift, f"from {checks.floor_reference}'s", "the machine ran at another speed"),
+        (
+            None if checks.in_host_unit else checks.floor_drift,
+            f"from {checks.floor_reference}'s",
+            "the machine ran at another speed",
+        ),
         (checks.floor_change, "from the run's start to its end", "the machine's speed changed while it ran"),
     )
     flags = [flag for drift, how, meaning in moved if (flag := drift_flag(drift, how, floor_limit, meaning))]
@@ -173,6 +182,7 @@ def run_checks(config: BenchConfig, measured: Measurements, reference: Reference
         foreign_cores_max=round(max((cost.foreign_cores for cost in costs), default=0.0), 3),
         flags=[],
         floor_change=None if measured.floor_end is None else floor_drift(measured.floor_end, measured.floor),
+        in_host_unit=measured.host_unit is not None and measured.host_unit.slo_u is not None,
     )
     return dataclasses.replace(
         checks, flags=flags_at(checks, config.floor_drift_limit, config.foreign_cores_limit)
@@ -190,6 +200,9 @@ def first_floor(
         return
     drift = floor_drift(floor, reference[1])
     log(f"floor check: {'not comparable' if drift is None else f'{drift:+.1%}'} against {reference[0]}")
+    if not config.slo_ms:
+        log("floor check: the run's bounds are in the host's unit u, so its speed is recorded, not a flag")
+        return
     flag = drift_flag(
         drift, f"from {reference[0]}'s", config.floor_drift_limit, "the machine runs at another speed"
     )

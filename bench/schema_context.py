@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bench.codec import OMIT_NONE
+from bench.codec import OMIT_NONE, omitted_while
 
 schema = dataclasses.dataclass(kw_only=True)
 
@@ -82,3 +82,6 @@ class RunChecks:
     # The floor timed at the run's end against the one timed at its start, as `floor_drift` (absent: a
     # run that timed it once).
     floor_change: float | None = _optional()
+    # The run's bounds were in its host's unit u: the floor's drift from the committed run is recorded,
+    # not a flag (every host runs the same experiment in u); its start-to-end change still is.
+    in_host_unit: bool = dataclasses.field(default=False, metadata=omitted_while(False))

@@ -360,11 +360,20 @@ def test_a_run_is_flagged_when_its_floor_moved_or_other_users_took_the_cpu(run):
     def scaled(factor: float) -> checks.Reference:
         return "before", [dataclasses.replace(p, full_ms=p.full_ms * factor) for p in FLOOR]
 
-    # This run's floor against one 10 % faster (drift +11.1 %) is flagged; against one 1 % faster it is not.
-    flagged = checks.run_checks(CONFIG, results.measured, scaled(0.9))
+    # In the host's unit, a floor 11.1 % slower than the committed run's is recorded, not flagged: the
+    # run's bounds moved with the machine's speed.
+    in_unit = checks.run_checks(CONFIG, results.measured, scaled(0.9))
+    assert (in_unit.in_host_unit, in_unit.floor_drift, in_unit.flags) == (True, round(1 / 0.9 - 1, 4), [])
+    # With absolute bounds it is flagged; against one 1 % faster it is not.
+    absolute = dataclasses.replace(results.measured, host_unit=None)
+    flagged = checks.run_checks(CONFIG, absolute, scaled(0.9))
     assert flagged.floor_drift == round(1 / 0.9 - 1, 4) and len(flagged.flags) == 1
     assert "floor moved +11.1%" in flagged.flags[0]
-    assert checks.run_checks(CONFIG, results.measured, scaled(0.99)).flags == []
+    assert checks.run_checks(CONFIG, absolute, scaled(0.99)).flags == []
+    # A floor that moved from the run's start to its end flags a run in the host's unit too.
+    moved = dataclasses.replace(results.measured, floor_end=scaled_floor(1.2))
+    (change,) = checks.run_checks(CONFIG, moved, scaled(1.0)).flags
+    assert "from the run's start to its end" in change
     # Other users' cores: 0.3 on average is over the 0.2 limit, 0.15 is not.
     for foreign, flags in ((0.3, 1), (0.15, 0)):
         text = json.dumps(run[0]).replace('"foreign_cores": 0.1', f'"foreign_cores": {foreign}')
@@ -402,7 +411,8 @@ def test_a_run_is_checked_by_the_lower_of_its_two_floors_and_by_how_far_they_dif
     run, end: float, before: float, drift: float, change: float, flagged: list[str]
 ):
     results = Run.from_json(run[0])
-    measured = dataclasses.replace(results.measured, floor_end=scaled_floor(end))
+    # Absolute bounds: the drift from the committed run flags too (in the host's unit it is only recorded).
+    measured = dataclasses.replace(results.measured, floor_end=scaled_floor(end), host_unit=None)
     checked = checks.run_checks(CONFIG, measured, ("full-before", scaled_floor(before)))
     assert (checked.floor_drift, checked.floor_change) == (drift, change)
     assert len(checked.flags) == len(flagged)
@@ -425,7 +435,8 @@ def test_lowest_takes_each_paths_lower_time_at_each_length_of_the_two_floors():
 
 def test_a_run_whose_first_floor_moved_past_the_limit_stops_before_any_fleet_when_told_to():
     started: list[str] = []
-    config = dataclasses.replace(CONFIG, stop_when_flagged=True)
+    absolute = dataclasses.replace(CONFIG, slo_ms=100.0, relay_window_ms=100.0)
+    config = dataclasses.replace(absolute, stop_when_flagged=True)
     # The committed run timed everything 20 % faster: this floor moved +25 %.
     with pytest.raises(
         checks.FlaggedRun, match=r"floor moved \+25.0% from full-before's .*stopped before any"
@@ -433,10 +444,13 @@ def test_a_run_whose_first_floor_moved_past_the_limit_stops_before_any_fleet_whe
         fake_run(config, reference=scaled_floor(0.8), started=started)
     assert started == []
     # Without the setting the same run goes on, flagged; within the limit (+5.3 %) it is not stopped.
-    flagged, _, _ = fake_run(CONFIG, reference=scaled_floor(0.8))
+    flagged, _, _ = fake_run(absolute, reference=scaled_floor(0.8))
     assert len(flagged["checks"]["flags"]) == 1 and flagged["checks"]["floor_drift"] == 0.25
     within, _, _ = fake_run(config, reference=scaled_floor(0.95))
     assert within["checks"]["flags"] == []
+    # In the host's unit the same run is neither stopped nor flagged: its bounds moved with the machine.
+    in_unit, _, _ = fake_run(dataclasses.replace(CONFIG, stop_when_flagged=True), reference=scaled_floor(0.8))
+    assert in_unit["checks"]["floor_drift"] == 0.25 and in_unit["checks"]["flags"] == []
 
 
 def test_the_headline_profile_stops_when_flagged_and_the_others_do_not():
