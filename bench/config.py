@@ -1,84 +1,12 @@
 """Benchmark settings: each is a flag with a `RELAYGR_…` environment twin (see services.common.config).
 
-`--profile quick` (`make bench`) and `--profile full` (`make bench-full`) run the same experiments on the
-same workload with the same grids; they differ only in how much they measure (`Profile`): requests per
-point, repeats of the in-process floor, the most load seeds a value's verdict pools (`seed_cap`: 3 and
-5), the relay-window sensitivity sweep and the refinement of each load sweep between grid values (the
-last two in full only).
-
-How long a run takes. A point (one load seed at one value) costs its warm-up (5 s), its measured requests
-at its rate, a 1 s settle and the probes' half second; a failing point stops about half way. Both
-profiles measure the length sweep (2 values a mode when the floor's guess is right, at 8 calls/s), the
-throughput sweep on both mixes, both modes' load sweeps at the two non-zero abandonment shares and one
-load sweep per ablation (5); each load sweep takes 2-4 values, and 2 more with refinement. A value far
-from its mode's edge takes one seed; one whose P99 interval holds the SLO takes more, up to the cap
-(`bench.sweep.pooled_verdict`). Counted with the run's own code (tests/bench/test_experiments.py's fake
-fleets) for the last full run's limits (bench/results/full: 23 and 64 calls/s on the first mix), taking
-a value within 10 % below an edge to need the cap's seeds and one within 10 % above it two, plus the
-floor (timed twice now, at the start and the end, each in a fresh process: about a minute together), six
-fleet starts and a lease's wait after each pair of sweeps:
-
-- quick: about 50 values, 13 more seeds near the edges, about 60 points of 200 requests: 18-24 minutes
-  on 2 cores (the points alone a sixth longer than one seed a value; before the sequential verdict
-  15-20 minutes, 18.8 measured in bench/results/quick-relay);
-- full: about 80 values (13 load sweeps refined; two more relay windows), 70 more seeds near the edges,
-  about 150 points of 1000 requests, where the verdict points' 16 repeats used to be: the points alone
-  take a third longer than before by this count, which put the old profile at 85-100 minutes (its last
-  run took 58), so about 1.3-2 hours. A point of 1000 requests at 6 calls/s alone takes 3 minutes. How
-  many values need more seeds depends on how wide their intervals are: with 1000 requests a seed, fewer
-  than with 200.
-
-`--profile headline` (`make bench-headline`) measures the README's experiments only: lengths at one
-window, both mixes, 30 % abandoned, `admit-all` (`PROFILE_DEFAULTS`), with points sized by time (20 s of
-requests, 200-1000), a clearly passing point stopped at half its plan (`bench.points.clearly_passing`),
-every fleet warmed up for 30 s before its first point, no cached Rank through the router, and on the first
-mix the capacity at each SLO multiple (`--slo-multiples`). Counted with the fake fleets of
-tests/bench/test_experiments.py at the last full run's limits, about 75-90 points of at most 27 s each,
-of which the failing ones stop early: a run is sized for 45 minutes on 2 cores.
-
-Why these defaults, for cpu-small on a 2-core machine shared by every process of the fleet:
-
-- The SLO and the relay window are 2.87 times the host's unit u (`--slo-u`, `--relay-window-u`), the
-  in-process full pass at the first mix's cap (2048 events) timed at the run's start: 100 ms on the host
-  of bench/results/full, where u was 34.9 ms. The machines differ from day to day (model floors 1.9x
-  apart); in u every host runs the same experiment, where an absolute SLO made the baseline fail at any
-  load on a slow host. At 2.87 u the baseline ranks 1.5-2k events within the SLO at 8 calls/s, so both
-  modes have room to move inside the 512-8192 grid; a tighter SLO would be dominated by the serving path
-  and the noise. The first mix's capacity is also found at 2 u and 4 u (`--slo-multiples`): where a
-  mode's P99 is flat around the SLO, its edge at one SLO is ill-conditioned, and the curve shows it.
-- Relay window 2.87 u (`--relay-window-u`, the stub's pre-processing time): in production the gap from
-  retrieval to ranking (coarse ranking, feature fetching) is of the same order as the fine-ranking P99
-  budget or larger, so the window is set equal to the SLO, not larger; the full profile also measures the
-  length sweep at 30 and 200 ms.
-- Revisits: half the requests come from a user seen in the last 5 s (feed refreshes, next pages), the
-  pattern the DRAM tier and extension serve; see `bench.workload`. Each point's first 5 s are warm-up.
-- The length sweep runs at 8 calls/s: enough that a point of 200 measured calls takes half a minute,
-  little enough that pre-inferring 4096-event prefixes for the new users (about 0.4 cores here) leaves
-  the rankers room; at 8192 events the new users alone would need about 1.5 of the 2 cores.
-- The throughput sweep's length mix is capped at 2048 events, about the longest the baseline ranks within
-  the SLO (experiment 1), as production caps sequences to fit ranking's budget; lognormal with median
-  1024 and sigma 0.75, so 18% of users sit at the cap and a quarter are at risk for the trigger. With a
-  shorter mix both modes are bound by CPU rather than by the SLO and relay has nothing to take off the
-  critical path (measured, cap 2048 with median 512: both near 64-90 calls/s); with a longer cap the
-  baseline meets the SLO at hardly any load (cap 3072: it failed at 4 calls/s).
-- The second mix (median 1536, cap 4096, the same sigma) asks whether relay's gain holds where the
-  baseline's critical path is longer: a third of its users are longer than the first mix's cap, a
-  tenth sit at its own. The load grid starts at 1 call/s for it: in bench/results/quick-relay its baseline
-  failed at 2, the grid's lowest load then, and had no ratio.
-- Abandonment 0, 10 % and 30 %: between retrieval and ranking production filters a share of requests
-  (coarse ranking, business rules, a user who left); their Admit has already fired, so relay may
-  pre-infer prefixes that no Rank consumes. 0 is the throughput sweep itself; the others cost both
-  modes a load sweep each, on the first mix.
-- Load sweeps are refined by 2 bisections in the full profile: the grid steps by about 1.4x, so the
-  answer is then within about 10 %. A value's verdict pools up to 3 load seeds in quick and 5 in full
-  (several thousand requests at the edge), so that a verdict is not decided by one draw of users and
-  arrivals; a run is flagged when its in-process floor moved over 10 % from the previous committed run's
-  on its host or between its own start and end, or other users took over 0.2 cores on average.
-- Rankers pre-infer in chunks of 512 tokens, in both modes (a miss computes its prefix the same way):
-  in process, 8192 events take 253 ms in chunks of 512 against 401 ms in the ranker's default 1024.
-
-`--profile gpu` (issue 24) runs `bench.gpu` with its own defaults (`PROFILE_DEFAULTS`); why those, in
-docs/benchmark.md ("The gpu profile's defaults").
+The profiles run the same experiments on the same workload and grids and differ in how much they measure
+(`Profile`): `quick` (`make bench`) and `full` (`make bench-full`, refined loads, more seeds, two more
+relay windows) measure every experiment; `headline` (`make bench-headline`) only the README's, with
+points sized by time, clearly passing points stopped early and every fleet warmed up first, sized for 45
+minutes on 2 cores; `gpu` runs `bench.gpu` with its own defaults (`PROFILE_DEFAULTS`). How long each
+takes and why each default is what it is: docs/benchmark.md ("How long a run takes", "Why the
+defaults", "The gpu profile's defaults").
 """
 
 from __future__ import annotations

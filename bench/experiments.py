@@ -3,10 +3,13 @@
 Order of a run:
 
 1. the in-process floor (experiment 3, model side), before any fleet exists (timed again at the end, after
-   the last fleet stopped: `bench.checks` compares the two);
-2. the RelayGR fleet, then the baseline fleet, both kept running: the cached Rank through RelayGR's
-   router (experiment 3, serving side); the length sweep (experiment 1); the throughput sweep
-   (experiment 2) on the first length mix, then on the second, longer one; then, on the first mix, both
+   the last fleet stopped: `bench.checks` compares the two); its full pass at the first mix's cap is the
+   host's unit u, of which the SLO and the relay window are multiples (`measure_host_unit`);
+2. the RelayGR fleet, then the baseline fleet, both kept running (`bench.driving.Driver` starts, warms
+   up and drives them): the cached Rank through RelayGR's router (experiment 3, serving side); the length
+   sweep (experiment 1); the throughput sweep (experiment 2) on the first length mix at each SLO
+   multiple (`capacity`), both modes at each mode's edge there (`edge_pairs`), then on the second,
+   longer mix; then, on the first mix, both
    modes' load sweeps at each non-zero abandonment share (a share of requests is filtered after
    retrieval: their Admit is sent, their Rank never comes). Every pair of sweeps runs one load seed of
    each mode in turn;
@@ -26,9 +29,8 @@ A sweep's first guess comes from the floor (lengths), from the length sweep's ra
 mix), from the first mix's answers (the second mix and the abandonment sweeps) or from RelayGR's answer
 (the ablations); a wrong guess costs measurements, never the answer. Running the two modes' sweeps in
 turn matters on a shared machine: other users' load drifts over minutes, and a mode measured entirely
-in a busy spell would be judged by it. Points use users named after the universe, rate, window,
-abandonment share, revisit variant and load seed (`users`), so both modes and every ablation's fresh
-fleet see exactly the same users and no point inherits another point's cache.
+in a busy spell would be judged by it. Points use users named after what they measure
+(`bench.driving.users`): every mode sees exactly the same users and arrivals.
 
 Wasted pre-inference (prefixes computed that no Rank consumed, e.g. for abandoned requests) is read
 from RelayGR's rankers over each whole pair of sweeps, after waiting out the rankers' lease so that the
@@ -37,26 +39,21 @@ last points' unconsumed prefixes are counted too.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import functools
-import math
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from bench import checks, context, intervals, probes
-from bench.config import BenchConfig
-from bench.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet, FleetShape, Mode
+from bench.driving import LEASE_TTL_MS, NUM_CANDIDATES, SETTLE_S, Driver, Plan
+from bench.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet
 from bench.micro.floor import cached_rank_through_router, in_fresh_process, model_floor
-from bench.points import FIRST_SEED, Before, PointSpec, describe, describe_cost, describe_verdict, run_point
+from bench.points import Before, describe_verdict
 from bench.schema import (
     Abandonment,
     Ablations,
     Capacity,
-    Cost,
     EdgePair,
     FloorPoint,
     Fraction,
@@ -70,180 +67,20 @@ from bench.schema import (
     Waste,
     ratio,
     ratio_interval,
-    recorded,
 )
 from bench.sweep import VerdictSteps, last_within, pooled_verdict, run_sweeps
-from bench.workload import RevisitSampler, Universe, fixed_length_universe, mix_universe
+from bench.workload import Universe
 
-SETTLE_S = 1.0  # pause between points: lets the last answers and background pre-inference finish
-# The rankers' HBM lease of a pre-inferred prefix (their --lease-ttl-ms, which the benchmark sets). Before
-# reading wasted pre-inference: a leased prefix no Rank consumes is counted when its lease expires.
-LEASE_TTL_MS = 3000
-LEASE_SETTLE_S = LEASE_TTL_MS / 1000 + SETTLE_S
-NUM_CANDIDATES = 128  # the stub's default retrieval size, also the rankers' profiled candidate count
-# Before a point, the other fleets' processes must use at most this many cores (measured over
-# IDLE_SAMPLE_S), waited for up to IDLE_TIMEOUT_S: a point must not share the cores with the background
-# work (pre-inference, lease expiries) its neighbours' last point left behind.
-IDLE_CORES = 0.1
-IDLE_SAMPLE_S = 0.5
-IDLE_TIMEOUT_S = 30.0
 EDGE_BLOCK_S = 1.0  # the paired P99's bootstrap resamples blocks of this many seconds of requests
 EDGE_SEEDS = 3  # the most load seeds of each mode at each edge (of those the edge's verdict pooled)
+# The rankers' HBM lease of a pre-inferred prefix (`LEASE_TTL_MS`): before reading wasted pre-inference, a
+# leased prefix no Rank consumes is counted when its lease expires.
+LEASE_SETTLE_S = LEASE_TTL_MS / 1000 + SETTLE_S
 T = TypeVar("T")
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """One mode's sweep to run: its fleet, the grid index it measures first, the relay window, the share
-    of requests abandoned after retrieval, and whether requests revisit users (False: `no-revisit`)."""
-
-    fleet: BenchFleet
-    first: int
-    delay_ms: float
-    abandon_fraction: float = 0.0
-    revisits: bool = True
-
-
-class Bench:
-    """Runs a benchmark and collects its results; `log` receives one line per step."""
-
-    def __init__(self, config: BenchConfig, log_dir: Path, log: Callable[[str], None] = print) -> None:
-        self.config = config
-        self.log_dir = log_dir
-        self._log = log
-        self._started = time.monotonic()
-        # Every point measured, by what it measured (`measured_key`), with the SLO it was judged against:
-        # the first mix's sweeps at several SLOs reuse each other's points.
-        self._measured: dict[tuple, tuple[Point, float]] = {}
-        self._live: list[BenchFleet] = []  # the fleets running now (`fleet`)
-        self.shape = self.fleet_shape()
-        c = config
-        self.mixes = [
-            mix_universe(median, c.mix_sigma, maximum, c.short_term, c.universe_seed)
-            for median, maximum in ((c.mix_median, c.mix_max), (c.mix2_median, c.mix2_max))
-        ]
-        self.mix = self.mixes[0]
-
-    def fleet_shape(self) -> FleetShape:
-        c = self.config
-        return FleetShape(
-            rankers=c.rankers,
-            model_preset=c.model_preset,
-            hbm_budget_mb=c.hbm_budget_mb,
-            dram_budget_mb=c.dram_budget_mb,
-            slo_ms=c.slo_ms,
-            ranker_args=(
-                f"--torch-threads {c.torch_threads} --pre-infer-chunk-tokens {c.pre_infer_chunk_tokens} "
-                f"--profile-lengths {c.ranker_profile_lengths} --profile-repeats {c.ranker_profile_repeats} "
-                f"--profile-candidates {NUM_CANDIDATES} --profile-short-term {c.short_term} "
-                f"--lease-ttl-ms {LEASE_TTL_MS}"
-            ),
-            max_long_term=c.longest_long_term,
-            stub_args=f"--rank-timeout-ms {c.rank_timeout_ms} --num-candidates {NUM_CANDIDATES}",
-            startup_timeout_s=c.startup_timeout_s,
-        )
-
-    def log(self, text: str) -> None:
-        self._log(f"[{time.monotonic() - self._started:6.0f}s] {text}")
-
-    def universe(self, length: int) -> Universe:
-        c = self.config
-        return fixed_length_universe(length, c.short_term, c.growth_headroom, c.universe_seed)
-
-    # ---- running points ----
-
-    def point(
-        self,
-        plan: Plan,
-        universe: Universe,
-        rate: float,
-        seed_index: int = 0,
-        before: Before = FIRST_SEED,
-        slo_ms: float | None = None,
-    ) -> Point:
-        """One point's result, with its load seed and what it cost the fleet (`cost`, warm-up included).
-        Its users are named by `users`; `before`: what the load's earlier seeds measured (the early stop
-        counts them, and the calls the seeds after this one may add up to the seed cap); `slo_ms`: the
-        SLO its early stops judge against (None: the run's; inf: it never stops early)."""
-        slo_ms = self.config.slo_ms if slo_ms is None else slo_ms
-        c = self.config
-        fleet = plan.fleet
-        address = fleet.stub(universe, plan.delay_ms, plan.abandon_fraction)
-        namespace = users(universe, rate, plan, seed_index)
-        seed = c.load_seed + seed_index
-        revisit = c.revisit_probability if plan.revisits else 0.0
-        sampler = RevisitSampler(namespace, rate, revisit, c.revisit_window_s, seed)
-        point = self.drive(fleet, address, sampler, self.spec(plan, rate, seed_index, before, slo_ms))
-        time.sleep(SETTLE_S)
-        self.log(f"{fleet.mode.name:<11} {namespace:<36} {rate:>6g}/s: {describe(point)}")
-        self.log(f"{'':<11} cost: {describe_cost(point.cost)}")
-        return point
-
-    def point_once(
-        self, plan: Plan, universe: Universe, rate: float, seed_index: int, before: Before, slo_ms: float
-    ) -> Point:
-        """`point`, unless a point measured before with the same users and arrivals (`measured_key`) says
-        what this one would: it ran to its end, stopped as passing, or failed against an SLO at most
-        `slo_ms`."""
-        key = measured_key(plan, universe, rate, seed_index)
-        if key in self._measured:
-            point, judged_at = self._measured[key]
-            if not point.aborted or judged_at <= slo_ms:
-                return point
-        point = self.point(plan, universe, rate, seed_index, before, slo_ms)
-        self._measured[key] = (point, slo_ms)
-        return point
-
-    def spec(
-        self, plan: Plan, rate: float, seed_index: int, before: Before, slo_ms: float | None = None
-    ) -> PointSpec:
-        """What load seed `seed_index` of a load sends, and when it has failed for certain: when the
-        sample pooled over the earlier seeds (`before`), its own and the calls the seeds after it may add
-        up to the seed cap has against `slo_ms` (None: the run's SLO; inf: never)."""
-        c = self.config
-        slo_ms = c.slo_ms if slo_ms is None else slo_ms
-        measured = c.settings.measured_at(rate)
-        judged = not math.isinf(slo_ms)
-        return PointSpec(
-            rate=rate,
-            warmup=round(rate * c.warmup_s),
-            measured=measured,
-            timeout_s=(plan.delay_ms + c.rank_timeout_ms) / 1000 + 1.0,
-            slo_ms=slo_ms,
-            max_error_fraction=c.max_error_fraction if judged else 1.0,
-            seed=c.load_seed + seed_index,
-            before=before,
-            later=max(c.settings.seed_cap - seed_index - 1, 0) * measured,
-            stop_passing=c.settings.stop_passing and judged,
-        )
-
-    def drive(self, fleet: BenchFleet, address: str, sampler: RevisitSampler, spec: PointSpec) -> Point:
-        """Runs one point's load against the stub at `address`, once the other fleets are idle
-        (`wait_idle`): its result, with its load seed and what it cost the fleet (a subclass may record
-        more beside them)."""
-        self.wait_idle(fleet)
-        before = probes.snapshot(fleet.pids(), fleet.ranker_metrics())
-        result = asyncio.run(run_point(address, sampler, spec))
-        cost = probes.difference(before, probes.snapshot(fleet.pids(), fleet.ranker_metrics()))
-        return recorded(Point, result, seed=spec.seed, cost=Cost(**cost))
-
-    def wait_idle(self, fleet: BenchFleet) -> None:
-        """Waits until the processes of every running fleet but `fleet` use at most `IDLE_CORES` (up to
-        `IDLE_TIMEOUT_S`; logged when it had to wait, or gave up)."""
-        pids = [pid for other in self._live if other is not fleet for pid in other.pids().values()]
-        if not pids:
-            return
-        started = time.monotonic()
-        while True:
-            before = sum(probes.process_cpu_s(pid) for pid in pids)
-            time.sleep(IDLE_SAMPLE_S)
-            cores = (sum(probes.process_cpu_s(pid) for pid in pids) - before) / IDLE_SAMPLE_S
-            waited = time.monotonic() - started
-            if cores <= IDLE_CORES or waited >= IDLE_TIMEOUT_S:
-                break
-        if waited > IDLE_SAMPLE_S * 1.5:
-            outcome = "idle" if cores <= IDLE_CORES else f"still using {cores:.2f} cores: measuring anyway"
-            self.log(f"waited {waited:.1f} s for the other fleets to be idle: {outcome}")
+class Bench(Driver):
+    """Runs a benchmark and collects its results (`run`); `log` receives one line per step."""
 
     def length_sweeps(self, plans: list[Plan]) -> list[Sweep]:
         """Experiment 1 for each plan: every user at one length, at the length sweep's rate."""
@@ -314,16 +151,8 @@ class Bench:
             (best,) = [point for point in sweep.points if point.rate == rate]
             seeds = min(len(best.verdict.seeds) if best.verdict else 1, EDGE_SEEDS)
 
-            def run_through(plan: Plan, seed_index: int, rate: float = rate) -> Point:
-                key = measured_key(plan, universe, rate, seed_index)
-                point, _ = self._measured.get(key, (None, None))
-                if point is None or point.aborted or point.passed_early:  # none, or a truncated sample
-                    point = self.point(plan, universe, rate, seed_index, FIRST_SEED, math.inf)
-                    self._measured[key] = (point, math.inf)
-                return point
-
-            base = [run_through(baseline, k) for k in range(seeds)]
-            rel = [run_through(relay, k) for k in range(seeds)]
+            base = [self.point_to_end(baseline, universe, rate, k) for k in range(seeds)]
+            rel = [self.point_to_end(relay, universe, rate, k) for k in range(seeds)]
             lengths = [
                 min(len(a.rank_samples_ms), len(b.rank_samples_ms)) for a, b in zip(base, rel, strict=True)
             ]
@@ -382,43 +211,6 @@ class Bench:
         time.sleep(LEASE_SETTLE_S)
         after = probes.snapshot({}, fleet.ranker_metrics())
         return result, probes.difference(before, after)["rankers"]
-
-    @contextlib.contextmanager
-    def fleet(self, mode: Mode) -> Iterator[BenchFleet]:
-        """`mode`'s fleet, started, warmed up (`warm_up`) and counted as running until it stops."""
-        self.log(f"starting the {mode.name} fleet: {mode.description}")
-        c = self.config
-        with BenchFleet(
-            mode, self.shape, self.mix, c.relay_window_ms, self.log_dir / mode.name, c.routing
-        ) as fleet:
-            self._live.append(fleet)
-            try:
-                self.warm_up(fleet)
-                yield fleet
-            finally:
-                self._live.remove(fleet)
-
-    def warm_up(self, fleet: BenchFleet) -> None:
-        """`Profile.fleet_warmup_s` of load on the first mix at the length sweep's rate, with users of
-        its own and revisits as in every point, none of it measured: every fleet starts its first
-        measured point with warm processes and a DRAM tier filled as the others' are."""
-        c = self.config
-        seconds = c.settings.fleet_warmup_s
-        if not seconds:
-            return
-        rate = c.length_rate
-        sampler = RevisitSampler("fleet-warmup", rate, c.revisit_probability, c.revisit_window_s, c.load_seed)
-        spec = PointSpec(
-            rate=rate, warmup=0, measured=max(round(rate * seconds), 1),
-            timeout_s=(c.relay_window_ms + c.rank_timeout_ms) / 1000 + 1.0, slo_ms=math.inf,
-            max_error_fraction=1.0, seed=c.load_seed,
-        )  # fmt: skip
-        result = asyncio.run(run_point(fleet.stub(self.mix, c.relay_window_ms), sampler, spec))
-        self.log(
-            f"{fleet.mode.name:<11} warm-up, {seconds:g} s at {rate:g}/s (not measured): {describe(result)}"
-        )
-
-    # ---- the run ----
 
     def floor(self, when: str) -> list[FloorPoint]:
         """The in-process floor at every length of the grid and the host unit's, logged."""
@@ -605,20 +397,3 @@ def mix_result(mix: Universe, baseline: Sweep, relay: Sweep, counters: dict[str,
 
 def rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
-
-
-def measured_key(plan: Plan, universe: Universe, rate: float, seed_index: int) -> tuple:
-    """What a point measures: the fleet's mode, its users (`users`) and its load seed."""
-    return plan.fleet.mode.name, users(universe, rate, plan, seed_index)
-
-
-def users(universe: Universe, rate: float, plan: Plan, seed_index: int) -> str:
-    """The users' namespace of a point: equal for every mode measuring the same thing, new otherwise."""
-    name = f"{universe.label}-r{rate:g}-d{plan.delay_ms:g}"
-    if plan.abandon_fraction:
-        name += f"-a{plan.abandon_fraction:g}"
-    if not plan.revisits:
-        name += "-p0"
-    if seed_index:
-        name += f"-s{seed_index}"
-    return name

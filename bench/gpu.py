@@ -36,25 +36,22 @@ from typing import TypeVar
 
 from bench import probes
 from bench.config import BenchConfig
-from bench.experiments import NUM_CANDIDATES, SETTLE_S, Bench, Plan, waste
+from bench.driving import NUM_CANDIDATES, SETTLE_S, Plan
+from bench.experiments import Bench, waste
 from bench.fleets import BASELINE, RELAY, BenchFleet, Mode
 from bench.gpu_monitor import GpuMonitor
 from bench.micro.floor import cached_rank_through_router, model_floor
 from bench.points import PointSpec, run_point
-from bench.schema import (
+from bench.schema import CachedRankPoint, Cost, FloorPoint, ratio, recorded
+from bench.schema_gpu import (
     BudgetedSweep,
-    CachedRankPoint,
-    Cost,
-    FloorPoint,
     GpuBusy,
     GpuLengthSweep,
     GpuMeasurements,
     GpuMix,
     GpuPoint,
     TimeBudget,
-    ratio,
-    recorded,
-)  # fmt: skip
+)
 from bench.sweep import SweepStopped, last_within
 from bench.workload import RevisitSampler, Universe
 

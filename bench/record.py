@@ -9,7 +9,8 @@ from typing import overload
 
 from bench.checks import Reference, committed_reference, with_checks
 from bench.config import BenchConfig
-from bench.schema import GpuMeasurements, GpuRun, Machine, Measurements, Run, Versions, headline_ratios
+from bench.schema import Machine, Measurements, Run, Versions, headline_ratios
+from bench.schema_gpu import GpuMeasurements, GpuRun
 
 
 @overload

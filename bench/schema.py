@@ -1,7 +1,7 @@
 """results.json's schema, written once: what a run measured, as dataclasses (`bench.codec` writes and
 reads them).
 
-A `Run` (`python -m bench --profile quick|full`) or a `GpuRun` (`--profile gpu`) is the headline ratios,
+A `Run` (`python -m bench run`) or a `GpuRun` (`--profile gpu`, `bench.schema_gpu`) is the headline ratios,
 the run's context (machine, versions, configuration, profile) and what `Bench.run` (`Measurements`) or
 `GpuBench.run` (`GpuMeasurements`) measured, written into the same object. A sweep is its `Point`s and
 its answer; the gpu profile's sweeps (`BudgetedSweep`) may be cut short by its time budget and its points
@@ -17,14 +17,17 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from bench import codec
 from bench.codec import FLAT, OMIT_NONE, TRANSIENT
 from bench.config import BenchConfig, Profile
 from bench.fleets import FleetShape, Mode
-from bench.schema_context import CachedRankPoint, FloorPoint, Machine, RunChecks, Versions
+from bench.schema_context import CachedRankPoint, FloorPoint, HostUnit, Machine, RunChecks, Versions
 from bench.workload import Universe
+
+if TYPE_CHECKING:
+    from bench.schema_gpu import GpuMeasurements
 
 R = TypeVar("R", bound="Run")
 P = TypeVar("P", bound="Point")
@@ -149,22 +152,6 @@ def recorded(cls: type[P], result: PointResult, **more: Any) -> P:
     return cls(**measured, **more)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GpuBusy:
-    """How busy the GPUs were over a point's measured requests (`bench.gpu_monitor.GpuMonitor.busy`)."""
-
-    source: str
-    busy: float | None  # the busiest GPU's mean utilization; None when no sample fell in the window
-    per_gpu: dict[str, float]
-    samples: int
-    memory_used_mib_max: float | None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GpuPoint(Point):
-    gpu: GpuBusy | None  # None: no GPU monitor
-
-
 @schema
 class Repeat:
     """A verdict point measured again with other load seeds, the sweep's own measurement first."""
@@ -193,17 +180,6 @@ class Sweep:
     # The verdict points (the best, the first failure above it) measured again with other load seeds.
     repeats: list[Repeat] = dataclasses.field(default_factory=list)
     seeds_agree: bool | None = None  # every seed gave every repeated point its verdict (None: no repeats)
-
-
-@schema
-class BudgetedSweep(Sweep):
-    """A sweep that the time budget may cut short: then `best` is None and the bounds say what was seen."""
-
-    points: list[GpuPoint] = dataclasses.field(default_factory=list)  # type: ignore[assignment]
-    cut_short: bool = False
-    cut_reason: str | None = None
-    passed_up_to: float | None = None  # the largest value that met the SLO (a lower bound when cut)
-    failed_from: float | None = None  # the smallest value above it that failed
 
 
 @schema
@@ -280,33 +256,6 @@ class EdgePair:
 
 
 @schema
-class HostUnit:
-    """The host's own unit of time u and the run's bounds in it: u is the in-process full pass of the
-    fleet's preset at the first mix's cap, timed in a fresh process at the run's start; the SLO and the
-    relay window are multiples of it (None: the bound was set absolute, in ms)."""
-
-    u_ms: float
-    length: int
-    model_preset: str
-    slo_u: float | None
-    relay_window_u: float | None
-    slo_ms: float
-    relay_window_ms: float
-    slo_multiples: list[float]
-
-    def describe(self) -> str:
-        """The run's bounds in the host's unit and in ms (`SLO 2.87 u = 185 ms`)."""
-
-        def bound(name: str, multiple: float | None, ms: float) -> str:
-            return (
-                f"{name} {ms:g} ms (absolute)" if multiple is None else f"{name} {multiple:g} u = {ms:g} ms"
-            )
-
-        window = bound("relay window", self.relay_window_u, self.relay_window_ms)
-        return f"{bound('SLO', self.slo_u, self.slo_ms)}, {window}"
-
-
-@schema
 class Fraction:
     """Both modes' load sweeps on the first mix at one share of abandoned requests (share 0: the first
     mix's throughput sweeps, `sweeps` None)."""
@@ -352,46 +301,6 @@ class Measurements:
 
 
 @schema
-class GpuLengthSweep(LengthSweep):
-    baseline: BudgetedSweep
-    relay: BudgetedSweep
-    ratio: float | None  # None unless both sweeps finished
-    complete: bool
-    ratio_at_least: float | None  # RelayGR cut short after passing somewhere: the ratio is at least this
-
-
-@schema
-class GpuMix(Mix):
-    baseline: BudgetedSweep
-    relay: BudgetedSweep
-    complete: bool
-    ratio_at_least: float | None
-
-
-@schema
-class TimeBudget:
-    seconds: float
-    reserve_s: float
-    used_s: float
-    skipped: dict[str, str]  # stage: why
-
-
-@schema
-class GpuMeasurements:
-    """What `GpuBench.run` measured so far (see `bench.gpu`): every stage fills its part."""
-
-    floor: list[FloorPoint] = dataclasses.field(default_factory=list)
-    cached_rank: list[CachedRankPoint] = dataclasses.field(default_factory=list)
-    length_sweep: GpuLengthSweep | None = None
-    throughput_sweeps: dict[str, GpuMix] = dataclasses.field(default_factory=dict)
-    modes: dict[str, Mode]
-    fleet: FleetShape
-    mix_universes: list[Universe]
-    time_budget: TimeBudget | None = None
-    errors: list[str] = dataclasses.field(default_factory=list)  # `stage: error` of each failed stage
-
-
-@schema
 class Run:
     """A run's results.json: the headline ratios first, then the run's context, then what it measured."""
 
@@ -431,11 +340,6 @@ class Run:
     def first_mix(self) -> tuple[str, Mix]:
         """The first mix's label and throughput sweeps."""
         return next(iter(self.measured.throughput_sweeps.items()))
-
-
-@schema
-class GpuRun(Run):
-    measured: GpuMeasurements = dataclasses.field(metadata=FLAT)
 
 
 def ratio(relay: float | None, baseline: float | None) -> float | None:

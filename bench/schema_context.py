@@ -85,3 +85,30 @@ class RunChecks:
     # The run's bounds were in its host's unit u: the floor's drift from the committed run is recorded,
     # not a flag (every host runs the same experiment in u); its start-to-end change still is.
     in_host_unit: bool = dataclasses.field(default=False, metadata=omitted_while(False))
+
+
+@dataclasses.dataclass(kw_only=True)
+class HostUnit:
+    """The host's own unit of time u and the run's bounds in it: u is the in-process full pass of the
+    fleet's preset at the first mix's cap, timed in a fresh process at the run's start; the SLO and the
+    relay window are multiples of it (None: the bound was set absolute, in ms)."""
+
+    u_ms: float
+    length: int
+    model_preset: str
+    slo_u: float | None
+    relay_window_u: float | None
+    slo_ms: float
+    relay_window_ms: float
+    slo_multiples: list[float]
+
+    def describe(self) -> str:
+        """The run's bounds in the host's unit and in ms (`SLO 2.87 u = 185 ms`)."""
+
+        def bound(name: str, multiple: float | None, ms: float) -> str:
+            return (
+                f"{name} {ms:g} ms (absolute)" if multiple is None else f"{name} {multiple:g} u = {ms:g} ms"
+            )
+
+        window = bound("relay window", self.relay_window_u, self.relay_window_ms)
+        return f"{bound('SLO', self.slo_u, self.slo_ms)}, {window}"

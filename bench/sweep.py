@@ -25,7 +25,8 @@ from collections.abc import Callable, Generator, Sequence
 import numpy as np
 
 from bench.points import FIRST_SEED, Before
-from bench.schema import BudgetedSweep, Point, Sweep, Verdict
+from bench.schema import Point, Sweep, Verdict
+from bench.schema_gpu import BudgetedSweep
 from bench.stats import interleave, largest_passing_value, look_confidence, slo_decision
 
 

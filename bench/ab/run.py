@@ -8,9 +8,9 @@ every run of as many seeds as there are modes, and at one seed the loads start w
 Before the first, each fleet gets `--fleet-warmup-s` of load at the first rate with users of its
 own (the seed index after the last measured one), recorded apart: a fleet's first run after its start
 read slow. `AbBench.measure` drives one run, once the other fleets are idle
-(`bench.experiments.Bench.wait_idle`), recording the cores other processes took meanwhile (`disturbed`
+(`bench.driving.Driver.wait_idle`), recording the cores other processes took meanwhile (`disturbed`
 flags a run whose arrivals were late or whose machine was busy): `warmup + requests` Recommends open
-loop, with the arrivals of its load seed and the users of `bench.experiments.users` (named after the mix,
+loop, with the arrivals of its load seed and the users of `bench.driving.users` (named after the mix,
 load, window and seed, so every mode sees exactly the same users and arrival times at a (seed, load), and
 no run inherits another load's or seed's cache), and no early stop: every run sends all its requests, so
 the counts over the SLO of the modes compare. `no-revisit` gets the same users' names with revisit
@@ -32,7 +32,8 @@ from bench import probes
 from bench.ab.analysis import disturbed
 from bench.ab.config import AbConfig
 from bench.ab.schema import AbRun
-from bench.experiments import SETTLE_S, Bench, Plan, users
+from bench.driving import SETTLE_S, Plan, users
+from bench.experiments import Bench
 from bench.fleets import BenchFleet, Mode
 from bench.stats import percentile
 from bench.workload import RevisitSampler

@@ -22,7 +22,8 @@ from bench.experiments import Bench
 from bench.gpu import GpuBench
 from bench.gpu_monitor import GpuMonitor
 from bench.record import assemble, summary
-from bench.schema import GpuMeasurements, GpuRun, Machine
+from bench.schema import Machine
+from bench.schema_gpu import GpuMeasurements, GpuRun
 from services.launcher.procs import REPO_ROOT
 
 RESULTS_DIR = REPO_ROOT / "bench" / "results"

@@ -30,7 +30,8 @@ from bench.report.figures import (
 )  # fmt: skip
 from bench.report.markdown import render_markdown
 from bench.report.plots import PLOTS, plot_all
-from bench.schema import GpuRun, Run
+from bench.schema import Run
+from bench.schema_gpu import GpuRun
 
 __all__ = [
     "CPU_SERVICES", "CPU_TARGETS_MS", "PLOTS", "cores_needed", "cpu_ms_per_request", "hit_rate_points",

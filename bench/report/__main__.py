@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.report import renderer
-from bench.schema import GpuRun, Run
+from bench.schema import Run
+from bench.schema_gpu import GpuRun
 from services.common.config import load, setting
 
 

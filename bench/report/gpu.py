@@ -14,7 +14,7 @@ from bench.report.figures import CPU_SERVICES, cores_needed, cpu_ms_per_request,
 from bench.report.markdown import machine_section
 from bench.report.plots import plot_sweeps
 from bench.report.tables import POINT_HEADER, ms, point_row, table, times
-from bench.schema import BudgetedSweep, GpuLengthSweep, GpuMix, GpuPoint, GpuRun
+from bench.schema_gpu import BudgetedSweep, GpuLengthSweep, GpuMix, GpuPoint, GpuRun
 
 PLOTS = {"length": "p99_vs_length.png", "load": "p99_vs_load.png"}
 EXTRA_HEADER = ("GPU busy", "host CPU ms/request", "send lag P99 ms")

@@ -12,7 +12,7 @@ import pytest
 
 from bench import codec
 from bench.config import PROFILE_SETTINGS, BenchConfig
-from bench.experiments import Plan, users
+from bench.driving import Plan, users
 from bench.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet, FleetShape
 from bench.micro.grpc_floor import GrpcFloorConfig
 from bench.micro.serving.config import ServingConfig

@@ -21,7 +21,8 @@ import pytest
 
 from bench import checks, experiments, probes, record, report
 from bench.config import BenchConfig, load_config
-from bench.experiments import Bench, Plan
+from bench.driving import Plan
+from bench.experiments import Bench
 from bench.points import FIRST_SEED, Before, PointSpec, summarize
 from bench.schema import CachedRankPoint, Cost, FloorPoint, Machine, Point, Run, Versions, recorded
 from bench.workload import Universe

@@ -16,13 +16,13 @@ import pytest
 
 from bench import codec, gpu_monitor, report
 from bench.config import PROFILE_DEFAULTS, PROFILE_SETTINGS, BenchConfig, load_config
-from bench.experiments import Plan
+from bench.driving import Plan
 from bench.fleets import RELAY
 from bench.gpu import Budget, BudgetExhausted, GpuBench, Headline, headline
 from bench.gpu_monitor import GpuMonitor, parse_smi_info, parse_smi_sample
 from bench.points import PointSpec, run_point
 from bench.report import gpu as gpu_report
-from bench.schema import GpuPoint, GpuRun
+from bench.schema_gpu import GpuPoint, GpuRun
 from bench.stats import largest_passing
 from bench.sweep import interleave_until_stopped
 from bench.workload import RevisitSampler

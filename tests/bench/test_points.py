@@ -10,7 +10,8 @@ import grpc
 import pytest
 
 from bench.config import BenchConfig
-from bench.experiments import Bench, Plan
+from bench.driving import Plan
+from bench.experiments import Bench
 from bench.points import FIRST_SEED, Before, PointSpec, failed_for_certain, run_point, summarize
 from bench.workload import RevisitSampler
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
