@@ -1,10 +1,11 @@
 """RelayGR's benchmarks: one front door, `python -m bench <command>` (`bench.commands`, docs/benchmark.md).
 
 The package is a library and the commands over it. The library: a run's settings (`config`), its
-experiments (`experiments`; `gpu` for the gpu profile), the one sweep they share (`sweep`), one point and
-its cost (`points`, `probes`), the modes and their fleets (`fleets`), the users (`workload`), the
-statistics (`stats`, `intervals`), where a run ran (`context`), the results' schema and codec (`schema`,
-`codec`), a run's record (`record`) and its checks (`checks`). The commands: `commands` (the table, and
+experiments (`experiments`; `gpu` for the gpu profile) over the fleets they drive (`driving`), the one
+sweep they share (`sweep`), one point and its cost (`points`, `probes`), the modes and their fleets
+(`fleets`), the users (`workload`), the statistics (`stats`, `intervals`), where a run ran (`context`),
+the results' schema and codec (`schema`, `schema_context`, `schema_gpu`, `codec`), a run's record
+(`record`) and its checks (`checks`). The commands: `commands` (the table, and
 `run`, the benchmark itself), `reproduce`, and the packages `ab`, `report`, `tracing`, `mlperf`, `micro`
 (micro-benchmarks) and `studies` (the studies behind some records). The library never imports a command.
 bench/results/ holds data only.
