@@ -390,4 +390,4 @@ def load_config(
     """The benchmark's settings from flags, variables and the chosen profile's defaults."""
     environ = os.environ if environ is None else environ
     merged = profile_environ(argv, environ)
-    return load(BenchConfig, argv, environ=merged, prog="python -m bench", description=description)
+    return load(BenchConfig, argv, environ=merged, prog="python -m bench run", description=description)

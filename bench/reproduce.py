@@ -356,7 +356,7 @@ def read(folder: str) -> Run:
     try:
         return Run.from_json(json.loads(path.read_text()))
     except FileNotFoundError:
-        raise SystemExit(f"python -m bench.reproduce: --runs: no results.json in {folder}") from None
+        raise SystemExit(f"python -m bench reproduce: --runs: no results.json in {folder}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

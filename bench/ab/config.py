@@ -1,4 +1,4 @@
-"""`python -m bench.ab`'s settings, each a flag with a `RELAYGR_…` environment twin.
+"""`python -m bench ab`'s settings, each a flag with a `RELAYGR_…` environment twin.
 
 Defaults, and why:
 
@@ -30,8 +30,8 @@ from bench.fleets import ABLATIONS, BASELINE, RELAY, FleetSettings, Mode
 from services.common.config import grid, listed, numbers, setting
 from services.launcher.procs import REPO_ROOT
 
-# The placement study's other arm (bench.studies.placement_ab): RelayGR whose trigger puts every prefix on
-# its ring owner instead of placing it by the rankers' queues within the relay window.
+# The placement study's other arm (bench/results/placement-ab/README.md): RelayGR whose trigger puts every
+# prefix on its ring owner instead of placing it by the rankers' queues within the relay window.
 OWNER_ONLY = dataclasses.replace(
     RELAY,
     name="relay-owner-only",

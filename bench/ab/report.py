@@ -98,7 +98,7 @@ def render_markdown(results: AbResults) -> str:
     lines = [
         f"# Fixed-load A/B: {', '.join(modes)}",
         "",
-        f"`python -m bench.ab` at {results.versions.git_commit}, started {results.started_at}, "
+        f"`python -m bench ab` at {results.versions.git_commit}, started {results.started_at}, "
         f"{results.duration_s / 60:.1f} minutes on {machine.cores} cores ({machine.cpu_model}); load average "
         f"at the start {', '.join(f'{x:.2f}' for x in machine.load_average_at_start or [])}.",
         "",

@@ -1,4 +1,4 @@
-"""results.json of a fixed-load A/B (`python -m bench.ab`), as dataclasses that `bench.codec` writes and
+"""results.json of a fixed-load A/B (`python -m bench ab`), as dataclasses that `bench.codec` writes and
 reads: the settings and context, every run's latencies (so the statistics can be computed again), and
 the summary per mode and load (`Cell`) and per pair of modes and load (`Comparison`)."""
 

@@ -4,7 +4,7 @@
 with its cost), the headline ratios under `length_ratio`, `throughput_ratio` (the first mix) and
 `throughput_ratios` (every mix), the machine, the versions and the configuration. `report.md` and the
 plots are rendered from it alone, so a results file can always be rendered again:
-`python -m bench.report --results-dir bench/results/<name>` reads its results.json (`Run.load`, which refuses
+`python -m bench report --results-dir bench/results/<name>` reads its results.json (`Run.load`, which refuses
 one that lacks a field they read) and writes the report and the plots beside it.
 
 The package: `figures` (what the report derives from the results), `tables` (its markdown tables),

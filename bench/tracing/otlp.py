@@ -5,7 +5,7 @@ unless told one) in this process's threads and keeps every span it is sent with 
 `service.instance.id` of its resource. Use it as a context manager; `endpoint` is what a service's
 `--otlp-endpoint` (or `RELAYGR_OTLP_ENDPOINT`) takes.
 
-`python -m bench.tracing.otlp --spans-file FILE` runs one in a process of its own, so that receiving spans
+`python -m bench tracing.otlp --spans-file FILE` runs one in a process of its own, so that receiving spans
 costs neither the load generator's CPU nor its event loop; it prints `listening on PORT` once serving, writes
 every span it receives to FILE as one JSON `SpanRecord` a line, and stops on SIGTERM or SIGINT.
 `ReceiverProcess` starts and stops that process and reads the file back (`bench.tracing` uses it).
@@ -179,7 +179,7 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
 
 
 def read_records(path: Path) -> list[SpanRecord]:
-    """The spans a `python -m bench.tracing.otlp` process wrote to `path` (none if it wrote nothing)."""
+    """The spans a `python -m bench tracing.otlp` process wrote to `path` (none if it wrote nothing)."""
     if not path.exists():
         return []
     with path.open() as lines:
@@ -187,7 +187,7 @@ def read_records(path: Path) -> list[SpanRecord]:
 
 
 class ReceiverProcess:
-    """`python -m bench.tracing.otlp` as a child process writing to `path`. Use as a context manager;
+    """`python -m bench tracing.otlp` as a child process writing to `path`. Use as a context manager;
     `records()` reads what it received (complete once it has stopped)."""
 
     def __init__(self, path: Path, startup_timeout_s: float = 60.0) -> None:
@@ -273,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = load(
         ReceiverConfig,
         argv,
-        prog="python -m bench.tracing.otlp",
+        prog="python -m bench tracing.otlp",
         description="An OTLP/gRPC trace receiver on 127.0.0.1 writing every span it receives as a JSON line.",
     )
     with open(config.spans_file, "w") as out:

@@ -17,7 +17,7 @@ Contract:
 - Written here by hand rather than with OpenTelemetry's gRPC instrumentation: its interceptors open a
   (non-recording) span, wrap the servicer context and inject metadata on every call, sampled or not, which
   cost about 0.2 ms of CPU per call here and 16 % of the fleet's CPU per request at ratio 0.01
-  (`python -m bench.tracing`); unsampled calls here cost one `traceparent` header. Spans keep the
+  (`python -m bench tracing`); unsampled calls here cost one `traceparent` header. Spans keep the
   instrumentation's names (`/package.Service/Method`), kinds and `rpc.*` attributes.
 - Attributes never carry a raw user id: `user_hash` is a short blake2b digest of it.
 - `exemplar()` is the current trace id as an OpenMetrics exemplar label set, for a latency histogram's

@@ -1,4 +1,4 @@
-"""The fixed-load A/B (`python -m bench.ab`) over fake fleets whose latencies are known: its order, the
+"""The fixed-load A/B (`python -m bench ab`) over fake fleets whose latencies are known: its order, the
 users and arrivals every mode gets, no early stop, its statistics (the real ones) and its results files;
 and one tiny real run on loopback."""
 

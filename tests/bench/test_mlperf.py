@@ -1,4 +1,4 @@
-"""`python -m bench.mlperf`: real LoadGen runs, one against a real local fleet (cpu-tiny, relay mode).
+"""`python -m bench mlperf`: real LoadGen runs, one against a real local fleet (cpu-tiny, relay mode).
 
 No timed assertion: LoadGen's verdict is recorded, never asserted (a few seconds at a low load end INVALID
 by early stopping anyway). What is asserted holds on any machine: LoadGen's logs are written and name the

@@ -1,4 +1,4 @@
-"""`python -m bench.reproduce`: two runs of the headline profile over fake fleets (whose limits are known,
+"""`python -m bench reproduce`: two runs of the headline profile over fake fleets (whose limits are known,
 tests/bench/test_experiments.py), compared as `bench.reproduce` requires."""
 
 from __future__ import annotations

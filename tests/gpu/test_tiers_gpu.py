@@ -1,6 +1,6 @@
 """Tier copies on a CUDA GPU (`make test-gpu`; skipped without one, see conftest.py).
 
-Their speed is measured, never asserted: `python -m bench.micro.accelerator` prints the reload bandwidth
+Their speed is measured, never asserted: `python -m bench accelerator` prints the reload bandwidth
 against the pinned host-to-device peak of the same machine.
 
 - A demoted and reloaded entry equals the original bitwise (and a lossy bf16 copy equals the original

@@ -1,4 +1,4 @@
-"""`python -m bench.micro.accelerator` runs its whole path on CPU (the host pool forced): figures that must
+"""`python -m bench accelerator` runs its whole path on CPU (the host pool forced): figures that must
 hold on any device, and the files it writes. Its times mean something only on an accelerator."""
 
 from __future__ import annotations
