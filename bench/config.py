@@ -61,6 +61,9 @@ class Profile:
     # The most load seeds a load's sequential verdict pools (`bench.sweep.pooled_verdict`); 1: every
     # verdict is one seed's, as in every run before it (what a results file without it means).
     seed_cap: int = 1
+    # The longest a point's measured requests may take, s (0: no bound): at a few calls a second
+    # `measured_min` requests would take minutes.
+    measured_max_s: float = dataclasses.field(default=0.0, metadata=codec.omitted_while(0.0))
     # Stop a point once it passes clearly (`bench.points.clearly_passing`); absent from runs before it.
     stop_passing: bool = dataclasses.field(default=False, metadata=codec.omitted_while(False))
     # Seconds of load every fleet gets before its first measured point (users of their own, DRAM filled
@@ -68,10 +71,11 @@ class Profile:
     fleet_warmup_s: float = dataclasses.field(default=0.0, metadata=codec.omitted_while(0.0))
 
     def measured_at(self, rate: float) -> int:
-        """Requests a point at `rate` measures."""
+        """Requests a point at `rate` measures (at most `measured_max_s` seconds of them, where set)."""
         if not self.measured_s:
             return self.measured
-        return min(self.measured, max(self.measured_min, round(rate * self.measured_s)))
+        sized = min(self.measured, max(self.measured_min, round(rate * self.measured_s)))
+        return min(sized, max(round(rate * self.measured_max_s), 1)) if self.measured_max_s else sized
 
 
 QUICK = Profile(
@@ -98,6 +102,7 @@ PROFILE_SETTINGS = {
         measured=1000,
         measured_s=20.0,
         measured_min=200,
+        measured_max_s=60.0,
         floor_repeats=3,
         cached_rank_iterations=0,
         refine_steps=2,

@@ -15,26 +15,14 @@ Order of a run:
    each mode in turn;
 3. the baseline fleet stops; (full profile) RelayGR's length sweep at other relay windows; the
    ablations that run on RelayGR's own fleet (`no-revisit`, a workload variant);
-4. the other ablations (experiment 4), one fresh fleet each, one load sweep each on the first mix.
-   Every ablation's sweep starts at the grid load at or below RelayGR's best, which RelayGR measured
-   too: there the modes' hit rates by tier are compared.
+4. the other ablations (experiment 4), one fresh fleet each, one load sweep each on the first mix,
+   starting at the grid load at or below RelayGR's best (which RelayGR measured too).
 
-A sweep finds the largest grid value that meets the SLO, assuming that a longer sequence or a higher load
-never makes the P99 better, refines a load below the failing value above it and records that bracket;
-each ratio comes with the interval the two brackets give. A value's verdict pools load seeds (other
-users and arrivals, `users`) while the P99's interval holds the SLO, up to `Profile.seed_cap` (all in
-`bench.sweep`).
+A sweep finds the largest grid value that meets the SLO, refined and bracketed, each verdict pooled over
+load seeds (`bench.sweep`); its first guess comes from the floor or earlier answers (a wrong one costs
+measurements, never the answer). The modes' sweeps take turns, on the same users (`bench.driving.users`).
 
-A sweep's first guess comes from the floor (lengths), from the length sweep's rate (loads on the first
-mix), from the first mix's answers (the second mix and the abandonment sweeps) or from RelayGR's answer
-(the ablations); a wrong guess costs measurements, never the answer. Running the two modes' sweeps in
-turn matters on a shared machine: other users' load drifts over minutes, and a mode measured entirely
-in a busy spell would be judged by it. Points use users named after what they measure
-(`bench.driving.users`): every mode sees exactly the same users and arrivals.
-
-Wasted pre-inference (prefixes computed that no Rank consumed, e.g. for abandoned requests) is read
-from RelayGR's rankers over each whole pair of sweeps, after waiting out the rankers' lease so that the
-last points' unconsumed prefixes are counted too.
+Wasted pre-inference is read over each pair of sweeps once the rankers' lease has run out.
 """
 
 from __future__ import annotations
@@ -92,17 +80,23 @@ class Bench(Driver):
         return self._sweeps(self.config.length_grid(), plans, measure, refine_steps=0)
 
     def load_sweeps(
-        self, universe: Universe, plans: list[Plan], slo_ms: float | None = None, refine: bool = True
+        self,
+        universe: Universe,
+        plans: list[Plan],
+        slo_ms: float | None = None,
+        refine: bool = True,
+        grid: list[float] | None = None,
     ) -> list[Sweep]:
         """Experiment 2 for each plan: a length mix at one offered load, refined between grid values
-        (unless not `refine`), judged against `slo_ms` (None: the run's SLO)."""
+        (unless not `refine`), judged against `slo_ms` (None: the run's SLO), over `grid` (None: the load
+        grid; each plan's `first` is an index into it)."""
         slo_ms = self.config.slo_ms if slo_ms is None else slo_ms
 
         def measure(plan: Plan, rate: float, seed_index: int, before: Before) -> Point:
             return self.point_once(plan, universe, rate, seed_index, before, slo_ms)
 
         steps = self.config.settings.refine_steps if refine else 0
-        return self._sweeps(self.config.load_grid(), plans, measure, steps, slo_ms)
+        return self._sweeps(grid or self.config.load_grid(), plans, measure, steps, slo_ms)
 
     def capacity(self, universe: Universe, plans: list[Plan]) -> tuple[list[Sweep], dict[str, Capacity]]:
         """Both modes' load sweeps on the first mix at each SLO multiple of the host's unit
@@ -110,19 +104,25 @@ class Bench(Driver):
         reusing every point measured: the sweeps at the headline's multiple (`--slo-u`, refined between
         grid values) and a `Capacity` for every other multiple (grid values only). A point that failed
         against a larger SLO fails against every smaller one; one that ran to its end or stopped as
-        passing is judged again against the smaller SLO, with more load seeds where its verdict needs
-        them. A run whose SLO is absolute has one multiple: its own."""
+        passing is judged again, with more seeds where its verdict needs them. A multiple other than the
+        headline's searches no load below the lowest measured before it (failing there, a mode has no
+        capacity within the loads measured, which spares minutes of loads of a call a second). A run
+        whose SLO is absolute has one multiple: its own."""
         c, unit = self.config, self.host_unit
         if unit is None or unit.slo_u is None:
             return self.load_sweeps(universe, plans), {}
         loads = c.load_grid()
         headline: list[Sweep] = []
         others: dict[str, Capacity] = {}
+        measured: list[float] = []  # every load the sweeps so far measured
         for multiple in sorted(unit.slo_multiples, reverse=True):
             is_headline = multiple == unit.slo_u
             slo_ms = c.slo_ms if is_headline else round(multiple * unit.u_ms, 1)
+            grid = loads if is_headline or not measured else [x for x in loads if x >= min(measured)]
+            plans = [dataclasses.replace(plan, first=last_within(grid, loads[plan.first])) for plan in plans]
             self.log(f"capacity at SLO {multiple:g} u = {slo_ms:g} ms")
-            base, rel = self.load_sweeps(universe, plans, slo_ms, refine=is_headline)
+            base, rel = self.load_sweeps(universe, plans, slo_ms, refine=is_headline, grid=grid)
+            measured += [point.rate for sweep in (base, rel) for point in sweep.points]
             if is_headline:
                 headline = [base, rel]
             else:
@@ -131,7 +131,7 @@ class Bench(Driver):
                     ratio=ratio(rel.best, base.best), ratio_interval=ratio_interval(rel, base),
                 )  # fmt: skip
             plans = [
-                dataclasses.replace(plan, first=last_within(loads, sweep.best or loads[0]))
+                dataclasses.replace(plan, first=last_within(loads, sweep.best or min(measured)))
                 for plan, sweep in zip(plans, (base, rel), strict=True)
             ]
         return headline, others

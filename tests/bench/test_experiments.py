@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from typing import Any
 
 import grpc
@@ -256,6 +257,13 @@ def test_the_first_mix_has_a_capacity_at_each_slo_multiple_reusing_the_points_me
     assert (four["baseline"]["best"], four["baseline"]["first_failure"]) == (11, 16)
     assert (four["relay"]["best"], four["relay"]["first_failure"]) == (32, 45)
     assert four["baseline"]["refined"] == four["relay"]["refined"] == []
+
+    # The 2 u sweeps search no load below the lowest the larger multiples measured.
+    def lowest(*sweeps: dict) -> float:
+        return min(point["rate"] for sweep in sweeps for point in sweep["points"])
+
+    larger = (four["baseline"], four["relay"], first["baseline"], first["relay"])
+    assert lowest(two["baseline"], two["relay"]) >= lowest(*larger)
     # No point was measured twice: each SLO's sweep reused the points the larger ones measured.
     first_mix = [m[:6] for m in measured if m[1] == MIX1 and m[4] == 0.0 and m[6] != math.inf]
     assert len(first_mix) == len(set(first_mix))
@@ -552,3 +560,23 @@ def test_the_results_render_and_the_summary_names_every_ratio(run, tmp_path):
     abandoned = f"0% {round(37.9 / 12.1, 3)} in [2.85, 3.413], 10% {round(34.8 / 13.3, 3)} in [2.384, 2.85], "
     assert abandoned + f"30% {round(29.4 / 16, 3)} in [1.68, 2.0]" in line
     assert not math.isnan(results.duration_s)
+
+
+def test_a_smaller_multiple_searches_no_load_below_those_measured_before(monkeypatch):
+    """The baseline's fast Ranks take 80 ms at every load of the first mix: it fails 2 u (69.7 ms)
+    everywhere, and its 2 u sweep stops at the lowest load the larger multiples measured."""
+    module = sys.modules[__name__]
+    real = module.latencies
+
+    def slow_baseline(rate: float, limit: float) -> list[float]:
+        samples = real(rate, limit)
+        return [80.0 if ms == 40.0 else ms for ms in samples] if limit == 13 else samples
+
+    monkeypatch.setattr(module, "latencies", slow_baseline)
+    results, _, _ = fake_run(CONFIG)
+    first = results["throughput_sweeps"][MIX1]
+    two = first["capacity"]["2"]["baseline"]
+    before = min(p["rate"] for sweep in (first["capacity"]["4"]["baseline"], first["baseline"])
+                 for p in sweep["points"])  # fmt: skip
+    assert two["best"] is None and two["first_failure"] == before
+    assert min(p["rate"] for p in two["points"]) == before > CONFIG.load_grid()[0]
