@@ -45,7 +45,8 @@ def provisional_now(address: str) -> bool:
         return stub.GetProfile(ranker_pb2.GetProfileRequest(), timeout=10).provisional
 
 
-def test_rankers_started_together_relay_long_histories_and_not_short_ones(tmp_path):
+def test_rankers_started_together_relay_long_histories_and_not_short_ones(tmp_path, monkeypatch):
+    monkeypatch.delenv("RELAYGR_PROFILE_DISTURBED_RATIO", raising=False)  # the rankers' own default
     config = FleetConfig(
         rankers=RANKERS,
         model_preset="cpu-tiny",
