@@ -31,8 +31,14 @@ def ratio_with_interval(value: float | None, bounds: Sequence[float | None]) -> 
 
 
 def pair_cell(relay: Sweep, other: Sweep) -> str:
-    """RelayGR's best over `other`'s, with the interval of their brackets."""
+    """RelayGR's best over `other`'s, with the interval of their brackets (a lower bound where `other`
+    met the SLO at no load it measured; said so where the run recorded no brackets)."""
+    if relay.best is not None and other.best is None and other.points:
+        lowest = min(point.rate for point in other.points)
+        return f"> x{relay.best / lowest:.3g} (the other met the SLO at no load down to {lowest:g})"
     value = None if relay.best is None or not other.best else round(relay.best / other.best, 3)
+    if value is not None and relay.first_failure is None and other.first_failure is None:
+        return f"x{value:g} (the run recorded no brackets: a single edge each, no interval)"
     return ratio_with_interval(value, ratio_interval(relay, other))
 
 
@@ -45,7 +51,7 @@ def bests(baseline: Sweep, relay: Sweep) -> str:
 
 def rows(run: Run) -> list[tuple[str, str]]:
     """(what, `bests → ratio [interval]`) for each headline ratio of one run."""
-    measured, c = run.measured, run.configuration
+    measured = run.measured
     length = measured.length_sweep
     out = [(f"longest long-term length at {length.rate:g} req/s, events", length.baseline, length.relay)]
     for number, (label, mix) in enumerate(measured.throughput_sweeps.items(), start=1):
@@ -64,11 +70,18 @@ def rows(run: Run) -> list[tuple[str, str]]:
         cells.append(("RelayGR against admitting every request (admit-all), mix 1, req/s",
                       f"{bests(admit_all, mix.relay)}: {pair_cell(mix.relay, admit_all)}"))  # fmt: skip
     unit = measured.host_unit
-    described = (
-        f"absolute: SLO {c.slo_ms:g} ms" if unit is None else f"u = {unit.u_ms:g} ms: {unit.describe()}"
-    )
+    described = absolute_bounds(run) if unit is None else f"u = {unit.u_ms:g} ms: {unit.describe()}"
     cells.append(("the host's unit, the SLO and the relay window", described))
     return cells
+
+
+def absolute_bounds(run: Run) -> str:
+    """A run with absolute bounds: its SLO, and what it is in the unit its own floor gives (the full pass
+    at the first mix's cap) where it timed that length."""
+    c = run.configuration
+    unit = next((p.full_ms for p in run.measured.floor if p.prefix_length == c.mix_max), None)
+    in_unit = f" ({c.slo_ms / unit:.2f} u, u = {unit:g} ms by its floor)" if unit else ""
+    return f"absolute: SLO {c.slo_ms:g} ms{in_unit}, relay window {c.relay_window_ms:g} ms"
 
 
 def render(runs: Sequence[tuple[str, Run]]) -> str:
@@ -84,14 +97,25 @@ def render(runs: Sequence[tuple[str, Run]]) -> str:
     commits = sorted({run.versions.git_commit for _, run in runs})
     minutes = ", ".join(f"{run.duration_s / 60:.0f}" for _, run in runs)
     c, machine = first.configuration, first.machine
+    profiles = ", ".join(sorted({run.configuration.profile for _, run in runs}))
+    in_unit = first.measured.host_unit is not None
     paragraph = (
         "Baseline → RelayGR: each mode's highest value whose ranking P99 meets the SLO, and their ratio "
-        f"with the interval its brackets give; {len(runs)} headline run(s) of `{c.model_preset}` with "
-        f"{c.rankers} rankers on a {machine.cores}-core {machine.cpu_model} (commit {', '.join(commits)}; "
-        f"{minutes} minutes), reproduced by `make bench-reproduce`. On a CPU only the ratios mean anything; "
-        "times are in the host's own unit u. Capacity against the SLO: "
-        f"[plot](bench/results/{first_name}/{CAPACITY_PLOT}); method and caveats: "
-        "[docs/benchmark.md](docs/benchmark.md)."
+        f"with the interval its brackets give; {len(runs)} run(s) of the {profiles} profile, "
+        f"`{c.model_preset}` with {c.rankers} rankers on a {machine.cores}-core {machine.cpu_model} "
+        f"(commit {', '.join(commits)}; {minutes} minutes). On a CPU only the ratios mean anything"
+        + (
+            "; times are in the host's own unit u"
+            if in_unit
+            else f"; this run's SLO was absolute ({c.slo_ms:g} ms)"
+        )
+        + ". `make bench-reproduce` measures the headline twice in the host's unit and compares the runs"
+        + (
+            f"; capacity against the SLO: [plot](bench/results/{first_name}/{CAPACITY_PLOT})"
+            if in_unit
+            else ""
+        )
+        + "; method and caveats: [docs/benchmark.md](docs/benchmark.md)."
     )
     return "\n".join([BEGIN, "", *lines, "", paragraph, "", END])
 

@@ -3,6 +3,8 @@ interval of its brackets, a wide one called a band, and the host's unit."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.config import load_config
@@ -52,3 +54,19 @@ def test_writing_replaces_only_what_lies_between_the_markers(headline, tmp_path)
     path.write_text("# no markers\n")
     with pytest.raises(ValueError, match="has no rendered Results"):
         readme.write(path, [("headline", headline)])
+
+
+def test_a_run_without_brackets_says_so_and_a_baseline_that_never_met_gives_a_lower_bound():
+    """bench/results/full predates the brackets and its SLO was absolute; its second mix's baseline met the
+    SLO at no load down to 1 call/s."""
+    full = Run.load(Path(__file__).resolve().parents[2] / "bench" / "results" / "full" / "results.json")
+    cells = dict(readme.rows(full))
+    mix1, mix2 = [
+        cell
+        for what, cell in cells.items()
+        if what.startswith(("highest load, mix 1 (", "highest load, mix 2 ("))
+    ]
+    assert mix1 == "23 → 64: x2.783 (the run recorded no brackets: a single edge each, no interval)"
+    assert mix2 == "none → 23: > x23 (the other met the SLO at no load down to 1)"
+    unit = cells["the host's unit, the SLO and the relay window"]
+    assert unit == "absolute: SLO 100 ms (2.87 u, u = 34.9012 ms by its floor), relay window 100 ms"
