@@ -66,15 +66,15 @@ bench: install
 bench-full: install
 	$(PY) -m bench run --profile full
 
-# The README's experiments at the full profile's density (about 70 minutes): run twice at one commit to see
-# that the headline ratios reproduce.
+# The README's experiments only, in the host's unit, with points sized by time: sized for 45 minutes on 2
+# cores (docs/benchmark.md, "How long a run takes").
 .PHONY: bench-headline
 bench-headline: install
 	$(PY) -m bench headline
 
-# Issue 31's reproducibility check: the headline profile twice at one commit (each stops at its first floor
-# when the machine's speed already makes it unquotable), then `bench.reproduce` compares them (exit 1
-# unless both agree on every headline ratio and meet the first mix's targets). About 2.5 hours on 2 cores.
+# The reproducibility check: two headline runs one after the other at one commit, then `python -m bench
+# reproduce` compares them (exit 1 unless both are quotable and agree on every headline ratio); sized for
+# 100 minutes on 2 cores. `python -m bench readme --runs headline,headline-2` then renders the README.
 .PHONY: bench-reproduce
 bench-reproduce: install
 	$(PY) -m bench headline --name headline
