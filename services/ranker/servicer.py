@@ -97,7 +97,7 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
     def _pre_infer_input(self, request) -> tuple[str, Events]:
         """Every check of a PreInfer, in one place: the plane's (user_id, long-term events)."""
         validation.user_id(request.user_id)
-        return request.user_id, self._long_term(request.user_id, request.long_term)
+        return request.user_id, self._long_term(request.user_id, wire.history(request))
 
     def _rank_input(self, request) -> tuple[str, Events, Events, np.ndarray, str]:
         """Every check of a Rank, in one place, in the order of its fields: the plane's (user_id, long-term
@@ -105,7 +105,7 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
         validation.user_id(request.user_id)
         validation.request_id(request.request_id)
         validation.instance_name(request.relay_instance)
-        long_term = self._long_term(request.user_id, request.long_term)
+        long_term = self._long_term(request.user_id, wire.history(request))
         short_term = self._events(request.short_term, "short_term", self.config.max_short_term_events, True)
         candidates = np.array(request.candidate_item_ids, dtype=np.int64)
         validation.candidates(candidates, self.config.max_candidates)

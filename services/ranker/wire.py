@@ -2,11 +2,17 @@
 
 A Rank's long-term history is the same bytes its PreInfer carried a few milliseconds earlier: the ranker
 decoded, validated and keyed them then. So the ranker parses both requests with a *view* of their message
-in which `long_term` is declared `bytes` instead of `BehaviorSequence`: the wire format of the two is the
-same (field 2, length-delimited), so every request any client sends parses unchanged, and the history
-arrives as one bytes object, with no Python or protobuf object per event. Its SHA-256 (`digest`) finds the
-events decoded from those very bytes (`PrefixCache.decoded`), and only a history the ranker has not seen
-is decoded (`sequence`), once.
+in which `long_term` is declared `repeated bytes` instead of `BehaviorSequence`: the wire format of the two
+is the same (length-delimited), so every request any client sends parses unchanged, and the history
+arrives as bytes, with no Python or protobuf object per event. Its SHA-256 (`digest`) finds the events
+decoded from those very bytes (`PrefixCache.decoded`), and only a history the ranker has not seen is
+decoded (`sequence`), once.
+
+Why repeated: protobuf merges every occurrence of a message field, so a request whose `long_term` comes
+in two pieces (two concatenated messages, [1, 2] then [3]) holds [1, 2, 3] through the contract. A
+singular bytes field would keep the last piece alone, silently another history. As a repeated field the
+view keeps every piece in order, and their concatenation (`history`) is the encoding of the merged
+message, which is what the contract reads.
 
 The views are built here from the generated descriptors, in a pool of their own, so they can never drift
 from the contract: every other field keeps its number, name and type.
@@ -26,7 +32,8 @@ _VIEW_PACKAGE = "relaygr.v1.wireview"
 
 
 def _views(*messages: type) -> dict[str, type]:
-    """Message classes equal to `messages` but with their `long_term` field read as bytes."""
+    """Message classes equal to `messages` but with their `long_term` field read as repeated bytes (each
+    occurrence on the wire, in order)."""
     common = descriptor_pb2.FileDescriptorProto()
     common_pb2.DESCRIPTOR.CopyToProto(common)
     view = descriptor_pb2.FileDescriptorProto(
@@ -37,6 +44,7 @@ def _views(*messages: type) -> dict[str, type]:
         message.DESCRIPTOR.CopyToProto(proto)
         (long_term,) = (field for field in proto.field if field.name == "long_term")
         long_term.type = long_term.TYPE_BYTES
+        long_term.label = long_term.LABEL_REPEATED
         long_term.ClearField("type_name")
         view.message_type.append(proto)
     pool = descriptor_pool.DescriptorPool()
@@ -52,13 +60,20 @@ PreInferView = _VIEWS["PreInferRequest"]
 RankView = _VIEWS["RankRequest"]
 
 
+def history(view) -> bytes:
+    """A view's long-term history as one BehaviorSequence's bytes: its pieces joined (one piece, as every
+    client sends it, is taken as it is)."""
+    pieces = view.long_term
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
 def digest(raw: bytes) -> bytes:
     """What a history's wire bytes are known by: equal digests, equal bytes, equal events."""
     return hashlib.sha256(raw).digest()
 
 
 def sequence(raw: bytes, field: str) -> common_pb2.BehaviorSequence:
-    """The BehaviorSequence in `raw` (a view's `long_term`); bytes that are none are refused by `field`."""
+    """The BehaviorSequence in `raw` (a view's `history`); bytes that are none are refused by `field`."""
     try:
         return common_pb2.BehaviorSequence.FromString(raw)
     except DecodeError as exc:

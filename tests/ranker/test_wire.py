@@ -4,6 +4,7 @@ carrying the very bytes its PreInfer carried takes the events decoded then inste
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import grpc
 import pytest
@@ -54,8 +55,8 @@ def test_the_rank_view_reads_every_field_as_the_contract_and_long_term_as_its_by
     assert (view.user_id, view.request_id, view.relay_instance) == (user, request_id, relay)
     assert list(view.candidate_item_ids) == candidates
     assert view.short_term.SerializeToString() == short_term.SerializeToString()
-    assert view.long_term == long_term.SerializeToString()
-    assert wire.sequence(view.long_term, "long_term") == long_term
+    assert wire.history(view) == long_term.SerializeToString()
+    assert wire.sequence(wire.history(view), "long_term") == long_term
 
 
 @settings(max_examples=100, deadline=None)
@@ -64,8 +65,48 @@ def test_the_pre_infer_view_reads_the_user_and_long_term_as_its_bytes(user, long
     raw = ranker_pb2.PreInferRequest(user_id=user, long_term=long_term).SerializeToString()
     view = wire.PreInferView.FromString(raw)
     assert view.user_id == user
-    assert wire.sequence(view.long_term, "long_term") == long_term
-    assert wire.digest(view.long_term) == wire.digest(long_term.SerializeToString())
+    assert wire.sequence(wire.history(view), "long_term") == long_term
+    assert wire.digest(wire.history(view)) == wire.digest(long_term.SerializeToString())
+
+
+@settings(max_examples=200, deadline=None)
+@given(long_term=sequences, cuts=st.lists(st.integers(0, 40), max_size=3), rank=st.booleans())
+def test_a_history_sent_in_pieces_reads_as_the_contract_merges_it(long_term, cuts, rank):
+    """Protobuf merges every occurrence of a message field: a request sent as concatenated messages, each
+    with a piece of the history, holds the whole history through the contract, and so through the view."""
+    request = ranker_pb2.RankRequest if rank else ranker_pb2.PreInferRequest
+    view = wire.RankView if rank else wire.PreInferView
+    bounds = [0, *sorted(min(cut, len(long_term.item_ids)) for cut in cuts), len(long_term.item_ids)]
+    pieces = [
+        common_pb2.BehaviorSequence(
+            item_ids=long_term.item_ids[start:end],
+            action_types=long_term.action_types[start:end],
+            timestamps_ms=long_term.timestamps_ms[start:end],
+        )
+        for start, end in itertools.pairwise(bounds)
+    ]
+    payload = b"".join(request(user_id="u", long_term=piece).SerializeToString() for piece in pieces)
+    through_contract = request.FromString(payload).long_term
+    read = wire.sequence(wire.history(view.FromString(payload)), "long_term")
+    assert read == through_contract
+    assert list(read.item_ids) == list(long_term.item_ids)
+
+
+def test_a_rank_whose_history_comes_in_two_pieces_is_scored_on_the_whole_history():
+    """[1, 2] + [3] is the history [1, 2, 3], scored exactly as a Rank that sends it in one piece."""
+
+    async def scenario():
+        async with running_ranker() as r:
+            long = history(26, 40)
+            first, second = relayed("u26", long[:25]), ranker_pb2.RankRequest(long_term=sequence(long[25:]))
+            answer = ranker_pb2.RankResponse.FromString(
+                await raw_rank(r, first.SerializeToString() + second.SerializeToString())
+            )
+            whole = await r.stub.Rank(rank_request("u26-whole", long, SHORT, CANDIDATES))
+            assert_scores_equal(list(answer.scores), r.reference(long, SHORT, CANDIDATES))
+            assert_scores_equal(list(answer.scores), list(whole.scores))
+
+    asyncio.run(scenario())
 
 
 def relayed(user: str, long: list[int]) -> ranker_pb2.RankRequest:
@@ -158,7 +199,7 @@ def _unpacked_long_term(packed_request: bytes, long: list[int]) -> bytes:
         body += encoder.TagBytes(1, 0) + encoder._VarintBytes(item)
         body += encoder.TagBytes(2, 0) + encoder._VarintBytes(action)
     view = wire.RankView.FromString(packed_request)
-    view.long_term = bytes(body)
+    view.long_term[:] = [bytes(body)]
     return view.SerializeToString()
 
 
@@ -166,7 +207,7 @@ def test_long_term_bytes_that_are_no_sequence_are_invalid_argument_naming_long_t
     async def scenario():
         async with running_ranker() as r:
             view = wire.RankView.FromString(relayed("u25", [1, 2]).SerializeToString())
-            view.long_term = b"\x0a\xff\xff"  # field 1, length-delimited, a length past the end
+            view.long_term[:] = [b"\x0a\xff\xff"]  # field 1, length-delimited, a length past the end
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await raw_rank(r, view.SerializeToString())
             assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
