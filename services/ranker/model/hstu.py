@@ -20,8 +20,8 @@ refuses the options that would break this). Hence:
   all equal to float rounding;
 * ``rank(pre_infer(prefix), short, candidates)`` equals the reference ``full_forward(prefix, short,
   candidates)`` to float rounding (fp32: ``torch.testing.assert_close`` defaults), for any candidate
-  microbatching, candidate order or subset; ``full_forward_batch``, ``rank_batch`` and ``score_padded``
-  batch users of different lengths without changing any user's scores.
+  microbatching, candidate order or subset; ``rank_batch`` and ``score_padded`` batch users of different
+  lengths without changing any user's scores.
 
 Tokens are (item row, action row, position) triples — row -1: the token has no item (an action token) or no
 action (an item-only token) — made from events by `history_tokens` and `candidate_tokens`; every path embeds
@@ -35,9 +35,11 @@ keeps no state between calls (a `PrefixBuilder` does, and is stepped by one thre
 
 The contract above binds the token layout, the attention, the prefix builder and the reference forward
 together, and exactness is proved across them (`tests/ranker/model/test_model.py`, `test_family.py`), so they
-live in this file; the weight-holding pieces that compute token-local things (layer, head, item index) are in
-`layers.py`, the options in `family.py`. The KV they produce and consume, `PrefixKV`, lives apart
-(`prefix_kv.py`): it is the prefix cache's currency, and the cache and the device code need it, not the model.
+live in this file. The tests' own variants of the reference (every token's keys and values, a padded batch of
+whole passes) are built from `full_inputs` and `full_pass` in `tests/ranker/model/reference.py`. The
+weight-holding pieces that compute token-local things (layer, head, item index) are in `layers.py`, the
+options in `family.py`. The KV they produce and consume, `PrefixKV`, lives apart (`prefix_kv.py`): it is the
+prefix cache's currency, and the cache and the device code need it, not the model.
 """
 
 from __future__ import annotations
@@ -73,16 +75,6 @@ class Tokens(NamedTuple):
     items: Tensor
     actions: Tensor
     positions: Tensor
-
-
-class UserSequence(NamedTuple):
-    """One user's request as 1-D tensors, for `HSTURanker.full_forward_batch`."""
-
-    long_items: Tensor
-    long_actions: Tensor
-    short_items: Tensor
-    short_actions: Tensor
-    candidates: Tensor
 
 
 class CachedRank(NamedTuple):
@@ -209,7 +201,7 @@ class HSTURanker(nn.Module):
             weights.masked_fill_(~mask, 0.0)
         return weights @ v
 
-    def _head(self, hidden: Tensor, item_rows: Tensor) -> Tensor:
+    def task_logits(self, hidden: Tensor, item_rows: Tensor) -> Tensor:
         """Task logits [B, C, T] (float32) from the candidates' last hidden states [B, C, D] and item rows."""
         item = self.item_embedding(item_rows) if self.final_norm is not None else None
         return head_logits(self.final_norm, self.head, hidden, item)
@@ -339,7 +331,7 @@ class HSTURanker(nn.Module):
                            cands.positions[start : start + step])  # fmt: skip
             itself = torch.eye(chunk.items.shape[1], dtype=torch.bool, device=self.device)
             hidden, _, _ = self._run_new(self._embed(chunk), itself, prefix, seen)
-            logits.append(self._head(hidden, chunk.items))
+            logits.append(self.task_logits(hidden, chunk.items))
         return torch.cat(logits, dim=1)
 
     @torch.inference_mode()
@@ -397,7 +389,7 @@ class HSTURanker(nn.Module):
                 own = self._attend(q_user, k[:, :, begin:end], v[:, :, begin:end], mask)
                 outputs.append(own + self._attend(q_user, *prefix.layer(index)))
             x = layer.finish(x, u, torch.cat(outputs, dim=2).div_(self.preset.attn_norm))
-        return [self._head(x[:, first:end], tokens.items[:, first:end])[0] for _, first, end in spans]
+        return [self.task_logits(x[:, first:end], tokens.items[:, first:end])[0] for _, first, end in spans]
 
     @torch.inference_mode()
     def score_batch(self, requests: Sequence[CachedRank]) -> list[Tensor]:
@@ -420,7 +412,7 @@ class HSTURanker(nn.Module):
             u, q, k, v = layer.project(x)
             o = self._attend(q, k, v, mask) + self._attend(q, kv[index, 0], kv[index, 1])
             x = layer.finish(x, u, o.div_(self.preset.attn_norm))
-        logits = self._head(x[:, num_short:], tokens[0, :, num_short:].clamp(min=0))
+        logits = self.task_logits(x[:, num_short:], tokens[0, :, num_short:].clamp(min=0))
         return torch.sigmoid(logits[..., self.preset.score_task])
 
     def check_request(self, batch: int, short_items: Tensor, candidates: Tensor, length: int) -> None:
@@ -433,7 +425,7 @@ class HSTURanker(nn.Module):
 
     # ---- the reference path: one attention per layer over the whole sequence ----
 
-    def _full_pass(self, tokens: Tokens, mask: Tensor) -> _LayerOutputs:
+    def full_pass(self, tokens: Tokens, mask: Tensor) -> _LayerOutputs:
         """Hidden states [B, n, D] and per-layer keys and values of a whole sequence under `mask`
         (broadcastable to [B, H, n, n])."""
         x = self._embed(tokens)
@@ -445,7 +437,7 @@ class HSTURanker(nn.Module):
             values.append(v)
         return x, keys, values
 
-    def _full_inputs(
+    def full_inputs(
         self,
         long_items: Tensor,
         long_actions: Tensor,
@@ -474,56 +466,10 @@ class HSTURanker(nn.Module):
         candidates: Tensor,
     ) -> Tensor:
         """Reference task logits [B, C, T] (float32): the whole sequence, each layer one masked attention."""
-        tokens, mask = self._full_inputs(long_items, long_actions, short_items, short_actions, candidates)
-        hidden, _, _ = self._full_pass(tokens, mask)
+        tokens, mask = self.full_inputs(long_items, long_actions, short_items, short_actions, candidates)
+        hidden, _, _ = self.full_pass(tokens, mask)
         num_candidates = candidates.shape[1]
-        return self._head(hidden[:, -num_candidates:], tokens.items[:, -num_candidates:])
-
-    @torch.inference_mode()
-    def full_kv(
-        self,
-        long_items: Tensor,
-        long_actions: Tensor,
-        short_items: Tensor,
-        short_actions: Tensor,
-        candidates: Tensor,
-    ) -> PrefixKV:
-        """Per-layer keys and values of every token of the reference pass; its first L events' tokens are
-        what `pre_infer` must reproduce."""
-        tokens, mask = self._full_inputs(long_items, long_actions, short_items, short_actions, candidates)
-        _, keys, values = self._full_pass(tokens, mask)
-        return PrefixKV(torch.stack([torch.stack(pair) for pair in zip(keys, values, strict=True)]))
-
-    @torch.inference_mode()
-    def full_forward_batch(self, users: Sequence[UserSequence | tuple[Tensor, ...]]) -> list[Tensor]:
-        """Reference task logits [C_i, T] of users of different lengths, in one padded pass.
-
-        Each user's tokens are packed at the start of its row and its mask M fills the top-left corner of the
-        padded mask: padding neither sees nor is seen by real tokens, and with a fixed N_norm nothing depends
-        on the padded length, so a user's scores do not depend on who else is in the batch.
-        """
-        if not users:
-            return []
-        requests = [UserSequence(*(t.unsqueeze(0) for t in user)) for user in users]
-        inputs = [self._full_inputs(*request) for request in requests]
-        width = max(tokens.items.shape[1] for tokens, _ in inputs)
-        items = torch.zeros(len(users), width, dtype=torch.long, device=self.device)
-        actions = torch.zeros_like(items)
-        positions = torch.zeros_like(items)
-        mask = torch.zeros(len(users), 1, width, width, dtype=torch.bool, device=self.device)
-        for row, (tokens, user_mask) in enumerate(inputs):
-            n = tokens.items.shape[1]
-            items[row, :n] = tokens.items[0]
-            actions[row, :n] = tokens.actions[0]
-            positions[row, :n] = tokens.positions
-            mask[row, 0, :n, :n] = user_mask
-        hidden, _, _ = self._full_pass(Tokens(items, actions, positions), mask)
-        logits = []
-        for row, request in enumerate(requests):
-            end = inputs[row][0].items.shape[1]
-            start = end - request.candidates.shape[1]
-            logits.append(self._head(hidden[row : row + 1, start:end], items[row : row + 1, start:end])[0])
-        return logits
+        return self.task_logits(hidden[:, -num_candidates:], tokens.items[:, -num_candidates:])
 
 
 class PrefixBuilder:

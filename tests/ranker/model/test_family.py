@@ -23,6 +23,7 @@ from services.ranker.model.family import ModelConfig, NotClosedError
 from services.ranker.model.hstu import CachedRank, HSTURanker
 from services.ranker.model.layers import UnknownItemError
 from services.ranker.model.presets import PRESETS
+from tests.ranker.model.reference import full_forward_batch, full_kv
 
 BASE = dict(name="family", embed_dim=16, num_heads=2, head_dim=8, num_layers=2, dtype=torch.float32,
             attn_norm=64.0, item_buckets=97, num_action_types=5)  # fmt: skip
@@ -98,7 +99,7 @@ def test_cached_equals_full_for_every_option_combination(
     base = model.pre_infer(long_items[:, :length], long_actions[:, :length], chunk_size=chunk)
     prefix = model.extend(base, long_items[:, length:], long_actions[:, length:])
     assert prefix.length == (length + appended) * config.tokens_per_event
-    reference_kv = model.full_kv(long_items, long_actions, short_items, short_actions, cands)
+    reference_kv = full_kv(model, long_items, long_actions, short_items, short_actions, cands)
     assert_close(prefix.buffer, reference_kv.buffer[..., : prefix.length, :])
     assert_close(model.rank(prefix, short_items, short_actions, cands), full)
     assert_close(model.rank(prefix, short_items, short_actions, cands, candidate_microbatch=2), full)
@@ -115,7 +116,7 @@ def test_cached_equals_full_for_every_option_combination(
     batched = model.rank_batch([one, other])
     assert_close(batched[0], full[0])
     assert_close(batched[1], model.rank(other.prefix, other_short[0], other_short[1], other_cands)[0])
-    full_batch = model.full_forward_batch([
+    full_batch = full_forward_batch(model, [
         (long_items[0], long_actions[0], short_items[0], short_actions[0], cands[0]),
         (other_items[0], other_actions[0], other_short[0][0], other_short[1][0], other_cands[0]),
     ])  # fmt: skip

@@ -15,9 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from services.ranker.model.hstu import HSTURanker, UserSequence
+from services.ranker.model.hstu import HSTURanker
 from services.ranker.model.prefix_kv import PrefixKV
 from services.ranker.model.presets import PRESETS, get_preset
+from tests.ranker.model.reference import UserSequence, full_forward_batch, full_kv
 
 TINY = get_preset("cpu-tiny")
 MAX_ITEM_ID = 2**63 - 1
@@ -83,7 +84,7 @@ def test_pre_infer_kv_equals_the_prefix_rows_of_the_full_pass(
     model: HSTURanker, length: int, num_short: int, num_candidates: int, batch: int, seed: int
 ) -> None:
     request = make_request(seed, batch, length, num_short, num_candidates)
-    full = model.full_kv(*request)
+    full = full_kv(model, *request)
     prefix = model.pre_infer(request.long_items, request.long_actions)
 
     assert full.length == length + num_short + num_candidates
@@ -172,8 +173,8 @@ def test_a_users_scores_do_not_depend_on_the_batch(model: HSTURanker) -> None:
     users = [UserSequence(*(t[0] for t in make_request(i, 1, *shape))) for i, shape in enumerate(shapes)]
     alone = [model.full_forward(*(t.unsqueeze(0) for t in user))[0] for user in users]
 
-    batched = model.full_forward_batch(users)
-    reversed_batch = model.full_forward_batch(users[::-1])[::-1]
+    batched = full_forward_batch(model, users)
+    reversed_batch = full_forward_batch(model, users[::-1])[::-1]
 
     for user, expected, got, got_reversed in zip(users, alone, batched, reversed_batch, strict=True):
         assert got.shape == (len(user.candidates), TINY.num_tasks)
