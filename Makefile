@@ -66,14 +66,14 @@ bench: install
 bench-full: install
 	$(PY) -m bench run --profile full
 
-# The README's experiments only, in the host's unit, with points sized by time: sized for 45 minutes on 2
+# The README's experiments only, in the host's unit, with points sized by time: 45-50 minutes on 2
 # cores (docs/benchmark.md, "How long a run takes").
 .PHONY: bench-headline
 bench-headline: install
 	$(PY) -m bench headline
 
 # The reproducibility check: two headline runs one after the other at one commit, then `python -m bench
-# reproduce` compares them (exit 1 unless both are quotable and agree on every headline ratio); sized for
+# reproduce` compares them (exit 1 unless both are quotable and agree on every headline ratio); about
 # 100 minutes on 2 cores. `python -m bench readme --runs headline,headline-2` then renders the README.
 .PHONY: bench-reproduce
 bench-reproduce: install

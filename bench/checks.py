@@ -110,6 +110,7 @@ def sweeps(measured: Measurements) -> Iterator[Sweep]:
             yield from (fraction.sweeps.baseline, fraction.sweeps.relay)
     yield from measured.window_sensitivity.values()
     yield from measured.ablations.sweeps.values()
+    yield from measured.ablations.relay_beside.values()
 
 
 def points(measured: Measurements) -> Iterator[Point]:

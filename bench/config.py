@@ -160,7 +160,7 @@ class BenchConfig:
         "quick (make bench: about 20 minutes on 2 cores, 200 requests a point, up to 3 load seeds a "
         "verdict), full (make bench-full: about 1.5-2 hours, 1000 requests a point, refined loads, up to 5 "
         "load seeds a verdict), headline (make bench-headline: the README's experiments only, points "
-        "sized by time, at most 45 minutes) or gpu (one ranker on a GPU, about 6 minutes within "
+        "sized by time, 45-50 minutes) or gpu (one ranker on a GPU, about 6 minutes within "
         "--time-budget-s: baseline and RelayGR only, the length sweep and the throughput sweep; its own "
         "defaults: bench.config.PROFILE_DEFAULTS)",
         choices=PROFILES,

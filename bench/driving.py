@@ -39,13 +39,15 @@ IDLE_TIMEOUT_S = 30.0
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """One mode's sweep to run: its fleet, the grid index it measures first, the relay window, the share
-    of requests abandoned after retrieval, and whether requests revisit users (False: `no-revisit`)."""
+    of requests abandoned after retrieval, whether requests revisit users (False: `no-revisit`), and a
+    tag naming the pair of sweeps it belongs to where the same users must be measured again ('': none)."""
 
     fleet: BenchFleet
     first: int
     delay_ms: float
     abandon_fraction: float = 0.0
     revisits: bool = True
+    tag: str = ""
 
 
 class Driver:
@@ -249,6 +251,8 @@ def users(universe: Universe, rate: float, plan: Plan, seed_index: int) -> str:
         name += f"-a{plan.abandon_fraction:g}"
     if not plan.revisits:
         name += "-p0"
+    if plan.tag:
+        name += f"-{plan.tag}"
     if seed_index:
         name += f"-s{seed_index}"
     return name

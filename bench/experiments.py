@@ -16,7 +16,8 @@ Order of a run:
 3. the baseline fleet stops; (full profile) RelayGR's length sweep at other relay windows; the
    ablations that run on RelayGR's own fleet (`no-revisit`, a workload variant);
 4. the other ablations (experiment 4), one fresh fleet each, one load sweep each on the first mix,
-   starting at the grid load at or below RelayGR's best (which RelayGR measured too).
+   starting at the grid load at or below RelayGR's best, each in turns with a RelayGR load sweep on users
+   of their own (`Ablations.relay_beside`): the machine's speed drifts over a run.
 
 A sweep finds the largest grid value that meets the SLO, refined and bracketed, each verdict pooled over
 load seeds (`bench.sweep`); its first guess comes from the floor or earlier answers (a wrong one costs
@@ -305,19 +306,17 @@ class Bench(Driver):
             windows = self.length_sweeps([Plan(relay, length_guess(delay), delay) for delay in delays])
             # The ablations start from the grid load at or below RelayGR's best: RelayGR measured it too.
             first = last_within(loads, first_mix.relay.best or loads[0])
-            ablation_rate = loads[first]
             chosen = [mode for mode in ABLATIONS if mode.name in c.ablation_names()]
             shared = [mode for mode in chosen if mode.fleet == RELAY.fleet]
             plans = [Plan(relay, first, window, revisits=mode.revisits) for mode in shared]
-            ablations = dict(
-                zip([mode.name for mode in shared], self.load_sweeps(self.mix, plans), strict=True)
-            )
-        for mode in chosen:
-            if mode in shared:
-                continue
-            with self.fleet(mode) as fleet:
-                (sweep,) = self.load_sweeps(self.mix, [Plan(fleet, first, window, revisits=mode.revisits)])
-            ablations[mode.name] = sweep
+            names = [mode.name for mode in shared]
+            ablations = dict(zip(names, self.load_sweeps(self.mix, plans), strict=True))
+            beside: dict[str, Sweep] = {}
+            for mode in (mode for mode in chosen if mode not in shared):
+                with self.fleet(mode) as fleet:  # RelayGR again, in turns with it
+                    pair = [Plan(relay, first, window, tag=mode.name),
+                            Plan(fleet, first, window, revisits=mode.revisits, tag=mode.name)]  # fmt: skip
+                    beside[mode.name], ablations[mode.name] = self.load_sweeps(self.mix, pair)
         return Measurements(
             floor=floor,
             cached_rank=cached,
@@ -325,7 +324,9 @@ class Bench(Driver):
             throughput_sweeps=throughput,
             abandonment=Abandonment(universe=self.mix.label, fractions=abandonment),
             window_sensitivity={f"{delay:g}": sweep for delay, sweep in zip(delays, windows, strict=True)},
-            ablations=Ablations(universe=self.mix.label, rate=ablation_rate, sweeps=ablations),
+            ablations=Ablations(
+                universe=self.mix.label, rate=loads[first], sweeps=ablations, relay_beside=beside
+            ),
             modes={m.name: m for m in (BASELINE, RELAY, *chosen)},
             fleet=self.shape,
             mix_universes=list(self.mixes),

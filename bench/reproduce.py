@@ -169,7 +169,8 @@ def targets(run: Run, config: ReproduceConfig) -> list[Target]:
     admit_all: Sweep | None = run.measured.ablations.sweeps.get("admit-all")
     of_admit_all = Ratio(None, None)
     if admit_all is not None:
-        of_admit_all = Ratio(ratio(mix.relay.best, admit_all.best), ratio_interval(mix.relay, admit_all))
+        relay = run.measured.ablations.relay_for("admit-all", mix.relay)  # measured beside it, where it was
+        of_admit_all = Ratio(ratio(relay.best, admit_all.best), ratio_interval(relay, admit_all))
     return [
         Target("RelayGR / baseline, mix 1", Ratio(mix.ratio, mix.ratio_interval), config.target_ratio),
         Target("RelayGR / admit-all, mix 1", of_admit_all, config.target_of_admit_all),

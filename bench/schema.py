@@ -280,6 +280,15 @@ class Ablations:
     universe: str
     rate: float  # the grid load at or below RelayGR's best, where every ablation's sweep starts
     sweeps: dict[str, Sweep]  # by mode
+    # By mode, for each ablation on a fleet of its own: RelayGR's load sweep measured with it, one load seed
+    # of each in turn on the same users, so that the two are compared over the same minutes of the machine
+    # (absent from runs before it, which compare with the first mix's sweep, measured long before).
+    relay_beside: dict[str, Sweep] = dataclasses.field(default_factory=dict, metadata=codec.omitted_while({}))
+
+    def relay_for(self, mode: str, first_mix_relay: Sweep) -> Sweep:
+        """RelayGR's sweep that the ablation `mode` is compared with: the one measured beside it, else (a
+        mode on RelayGR's own fleet, or a run before it) the first mix's."""
+        return self.relay_beside.get(mode, first_mix_relay)
 
 
 @schema

@@ -67,8 +67,9 @@ def rows(run: Run) -> list[tuple[str, str]]:
     admit_all = measured.ablations.sweeps.get("admit-all")
     if admit_all is not None:
         _, mix = run.first_mix
+        relay = measured.ablations.relay_for("admit-all", mix.relay)  # measured beside it, where it was
         cells.append(("RelayGR against admitting every request (admit-all), mix 1, req/s",
-                      f"{bests(admit_all, mix.relay)}: {pair_cell(mix.relay, admit_all)}"))  # fmt: skip
+                      f"{bests(admit_all, relay)}: {pair_cell(relay, admit_all)}"))  # fmt: skip
     unit = measured.host_unit
     described = absolute_bounds(run) if unit is None else f"u = {unit.u_ms:g} ms: {unit.describe()}"
     cells.append(("the host's unit, the SLO and the relay window", described))

@@ -12,6 +12,7 @@ four of each seed do (the first seed's interval holds the SLO, two seeds' lies a
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import sys
@@ -126,7 +127,8 @@ def fake_run(
 ) -> tuple[dict, list[str], list[tuple]]:
     """A whole run of `config` over fake fleets, against a committed run whose floor was `reference`:
     results.json's content, the fleets in start order (appended to `started`), and every point measured
-    (mode, universe, rate, window, abandoned share, seed index), in order."""
+    (mode, universe, rate, window, abandoned share, seed index, the SLO judged against, the plan's tag), in
+    order."""
     monkeypatch = pytest.MonkeyPatch()
     started = [] if started is None else started
     counters: dict[str, dict[str, Any]] = {}
@@ -144,7 +146,7 @@ def fake_run(
         mode = plan.fleet.mode.name if plan.revisits else "no-revisit"
         judged = self.config.slo_ms if slo_ms is None else slo_ms
         measured.append(
-            (mode, universe.label, rate, plan.delay_ms, plan.abandon_fraction, seed_index, judged)
+            (mode, universe.label, rate, plan.delay_ms, plan.abandon_fraction, seed_index, judged, plan.tag)
         )
         if universe.label.startswith("L"):  # lengths: far from the limit (one seed)
             passes = int(universe.label[1:]) <= LENGTH_LIMITS[mode, plan.delay_ms]
@@ -265,7 +267,7 @@ def test_the_first_mix_has_a_capacity_at_each_slo_multiple_reusing_the_points_me
     larger = (four["baseline"], four["relay"], first["baseline"], first["relay"])
     assert lowest(two["baseline"], two["relay"]) >= lowest(*larger)
     # No point was measured twice: each SLO's sweep reused the points the larger ones measured.
-    first_mix = [m[:6] for m in measured if m[1] == MIX1 and m[4] == 0.0 and m[6] != math.inf]
+    first_mix = [(*m[:6], m[7]) for m in measured if m[1] == MIX1 and m[4] == 0.0 and m[6] != math.inf]
     assert len(first_mix) == len(set(first_mix))
 
 
@@ -297,6 +299,10 @@ def test_each_load_takes_the_seeds_its_verdict_needs_and_pools_them(run):
                for share, entry in results["abandonment"]["fractions"].items() if entry["sweeps"]
                for mode in ("baseline", "relay")]  # fmt: skip
     sweeps += [((mode, MIX1, 0.0), sweep) for mode, sweep in results["ablations"]["sweeps"].items()]
+    tags = {id(sweep): mode for mode, sweep in results["ablations"]["sweeps"].items() if mode != "no-revisit"}
+    beside = results["ablations"]["relay_beside"]
+    sweeps += [(("relay", MIX1, 0.0), sweep) for sweep in beside.values()]
+    tags |= {id(sweep): mode for mode, sweep in beside.items()}
     for key, sweep in sweeps:
         for point in sweep["points"]:
             verdict, limit = point["verdict"], LOAD_LIMITS[key]
@@ -326,12 +332,12 @@ def test_each_load_takes_the_seeds_its_verdict_needs_and_pools_them(run):
     assert all(p["verdict"]["seeds"] == [0] and p["verdict"]["decided"] for p in lengths)
     # Every seed measured was one the rule asked for, and no verdict point was measured again (the first
     # mix's sweeps at the other SLO multiples and its edge pairs reuse them).
-    asked = {(key[0], key[1], p["rate"], key[2], k) for key, sweep in sweeps for p in sweep["points"]
-             for k in p["verdict"]["seeds"][1:]}  # fmt: skip
+    asked = {(key[0], key[1], p["rate"], key[2], k, tags.get(id(sweep), "")) for key, sweep in sweeps
+             for p in sweep["points"] for k in p["verdict"]["seeds"][1:]}  # fmt: skip
     for multiple in results["throughput_sweeps"][MIX1]["capacity"].values():
-        asked |= {(mode, MIX1, p["rate"], 0.0, k) for mode in ("baseline", "relay")
+        asked |= {(mode, MIX1, p["rate"], 0.0, k, "") for mode in ("baseline", "relay")
                   for p in multiple[mode]["points"] for k in p["verdict"]["seeds"][1:]}  # fmt: skip
-    judged = [(m[0], m[1], m[2], m[4], m[5]) for m in measured if m[5] > 0 and m[6] != math.inf]
+    judged = [(m[0], m[1], m[2], m[4], m[5], m[7]) for m in measured if m[5] > 0 and m[6] != math.inf]
     assert sorted(judged) == sorted(asked)
     assert all(sweep["repeats"] == [] and sweep["seeds_agree"] is None for _, sweep in sweeps)
 
@@ -504,6 +510,33 @@ def test_every_ablation_is_swept_from_relays_best(run):
             first_loads.setdefault(mode, rate)
     assert first_loads == dict.fromkeys(bests, 32.0)  # the grid value at or below RelayGR's best
     assert set(results["modes"]) == {"baseline", "relay", *bests}
+
+
+def test_each_ablation_on_a_fleet_of_its_own_is_compared_with_relay_measured_beside_it(run):
+    """The machine's speed drifts over a run: an ablation's fresh fleet, swept last, is swept in turns with
+    RelayGR's fleet on users of their own (the pair's tag), and the comparisons take that sweep."""
+    results, _, measured = run
+    ablations = results["ablations"]
+    own_fleet = {"admit-all", "dram-only", "no-affinity", "no-dram"}
+    assert set(ablations["relay_beside"]) == own_fleet
+    for mode in own_fleet:
+        pair = [(m[0], m[2], m[5]) for m in measured if m[7] == mode]
+        relay = [(rate, k) for who, rate, k in pair if who == "relay"]
+        assert relay and [(rate, k) for who, rate, k in pair if who == mode]
+        # One load seed of each in turn: while both sweeps run, neither measures twice in a row.
+        both_running = pair[: 2 * min(len(relay), len(pair) - len(relay))]
+        assert all(a[0] != b[0] for a, b in itertools.pairwise(both_running))
+        assert ablations["relay_beside"][mode]["points"][0]["rate"] == 32.0  # from RelayGR's best
+        assert ablations["relay_beside"][mode]["best"] == 37.9
+    # Tagged points are new users: none of the untagged sweeps' points was taken for them.
+    assert all(m[0] in own_fleet | {"relay"} for m in measured if m[7])
+    run_ = Run.from_json(results)
+    mix = run_.first_mix[1]
+    assert (
+        run_.measured.ablations.relay_for("admit-all", mix.relay)
+        is run_.measured.ablations.relay_beside["admit-all"]
+    )
+    assert run_.measured.ablations.relay_for("no-revisit", mix.relay) is mix.relay
 
 
 def test_the_headline_profile_runs_the_headline_experiments_at_the_full_profiles_density(headline, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from bench import context, reproduce
 from bench.config import load_config
 from bench.reproduce import Ratio, ReproduceConfig
-from bench.schema import Run
+from bench.schema import Run, ratio
 from tests.bench.test_experiments import LOAD_LIMITS, MIX1, fake_run, scaled_floor
 
 CONFIG = ReproduceConfig()
@@ -252,3 +252,18 @@ def test_where_no_baseline_met_the_slo_the_lower_bounds_are_compared():
     assert (nothing.of_bounds, nothing.spread, nothing.agrees) == (True, None, False)
     # One run has a ratio, the other none: they do not agree.
     assert not reproduce.agreement("mix 2", Ratio(2.0, [1.5, 2.5]), Ratio(None, [2.0, None]), 0.1).agrees
+
+
+def test_relay_against_admit_all_is_read_from_relays_sweep_measured_beside_it(runs):
+    """The admit-all target compares admit-all with RelayGR as swept in the same minutes, not with the first
+    mix's RelayGR sweep of experiment 2."""
+    run = runs["relay 40"]
+    faster = runs["relay 46"].measured.ablations.relay_beside["admit-all"]
+    ablations = dataclasses.replace(run.measured.ablations, relay_beside={"admit-all": faster})
+    changed = dataclasses.replace(run, measured=dataclasses.replace(run.measured, ablations=ablations))
+    admit_all, beside = run.measured.ablations.sweeps["admit-all"], run.measured.ablations.relay_beside
+    before, after = reproduce.targets(run, CONFIG), reproduce.targets(changed, CONFIG)
+    assert faster.best != beside["admit-all"].best
+    assert before[1].ratio.value == ratio(beside["admit-all"].best, admit_all.best)
+    assert after[1].ratio.value == ratio(faster.best, admit_all.best)
+    assert after[0] == before[0]  # RelayGR over the baseline is the first mix's, as ever
