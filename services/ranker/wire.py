@@ -61,10 +61,9 @@ RankView = _VIEWS["RankRequest"]
 
 
 def history(view) -> bytes:
-    """A view's long-term history as one BehaviorSequence's bytes: its pieces joined (one piece, as every
-    client sends it, is taken as it is)."""
-    pieces = view.long_term
-    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    """A view's long-term history as one BehaviorSequence's bytes: its pieces joined (bytes.join hands back a
+    lone piece, what every client sends, without copying it)."""
+    return b"".join(view.long_term)
 
 
 def digest(raw: bytes) -> bytes:
