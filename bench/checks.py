@@ -27,8 +27,11 @@ Two things move every figure of a run on a shared machine without showing in its
 
 A run whose bounds are in its host's unit u (the CPU profiles' default, `bench.config.BenchConfig.slo_u`)
 runs the same experiment on any host: its floor's drift from the committed run is recorded but raises no
-flag (and `--stop-when-flagged` does not stop it), while its start-to-end change and the foreign cores
-still do.
+flag (and `--stop-when-flagged` does not stop it), while the foreign cores still do, and so does the
+machine's speed moving within it: where the run went in phases (`bench.phases`), each judged in u as
+timed at its own start, the unit's change from a phase's start to its end, phase by phase (the floor's
+start-to-end change is then recorded, not a flag: a slower host between two phases changes no phase's
+unit); where it did not, the floor's start-to-end change.
 
 A flagged run's figures never go into the README (`quotable` refuses it; tests/bench/test_results.py
 holds the README's run to it), and neither do those of a run with no checks: a run from before them, or
@@ -151,14 +154,26 @@ def flags_at(checks: RunChecks, floor_limit: float, foreign_cores_limit: float) 
     """The flags a run's checks raise at these limits: a floor that moved more than `floor_limit` from
     the committed run's or from the run's start to its end, a mean of other users' cores above
     `foreign_cores_limit`."""
-    moved = (
+    # A run in the host's unit with phases judged each phase in its own u: the unit's change within each
+    # phase is what may flag it, not the floor's from the run's start to its end.
+    by_phase = checks.in_host_unit and bool(checks.phase_changes)
+    moved = [
         (
             None if checks.in_host_unit else checks.floor_drift,
             f"from {checks.floor_reference}'s",
             "the machine ran at another speed",
         ),
-        (checks.floor_change, "from the run's start to its end", "the machine's speed changed while it ran"),
-    )
+        (
+            None if by_phase else checks.floor_change,
+            "from the run's start to its end",
+            "the machine's speed changed while it ran",
+        ),
+        *(
+            (change, f"during the phase '{name}' (the host's unit u, from its start to its end)",
+             "its points were judged in a unit the machine no longer had")
+            for name, change in checks.phase_changes.items()
+        ),
+    ]  # fmt: skip
     flags = [flag for drift, how, meaning in moved if (flag := drift_flag(drift, how, floor_limit, meaning))]
     if checks.foreign_cores_mean > foreign_cores_limit:
         flags.append(
@@ -184,6 +199,7 @@ def run_checks(config: BenchConfig, measured: Measurements, reference: Reference
         flags=[],
         floor_change=None if measured.floor_end is None else floor_drift(measured.floor_end, measured.floor),
         in_host_unit=measured.host_unit is not None and measured.host_unit.slo_u is not None,
+        phase_changes={phase.name: phase.change for phase in measured.phases},
     )
     return dataclasses.replace(
         checks, flags=flags_at(checks, config.floor_drift_limit, config.foreign_cores_limit)

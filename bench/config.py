@@ -291,9 +291,10 @@ class BenchConfig:
     )
     floor_drift_limit: float = setting(
         0.10,
-        "a run whose in-process floor (summed full forwards at the lengths both timed) moved by more than "
-        "this share from the previous committed run of its profile on the same host, or from its own start "
-        "to its end, is flagged (bench.checks)",
+        "a run whose host unit moved by more than this share within one of its phases, or whose in-process "
+        "floor (summed full forwards at the lengths both timed) did from the previous committed run of its "
+        "profile on the same host (absolute bounds) or from its own start to its end (a run without phases "
+        "or with absolute bounds), is flagged (bench.checks)",
         above=0,
     )
     stop_when_flagged: bool = setting(

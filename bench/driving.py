@@ -183,8 +183,9 @@ class Driver:
         cost = probes.difference(before, probes.snapshot(fleet.pids(), fleet.ranker_metrics()))
         return recorded(Point, result, seed=spec.seed, cost=Cost(**cost))
 
-    def wait_idle(self, fleet: BenchFleet) -> None:
-        """Waits until the processes of every running fleet but `fleet` use at most `IDLE_CORES` (up to
+    def wait_idle(self, fleet: BenchFleet | None) -> None:
+        """Waits until the processes of every running fleet but `fleet` (None: every one) use at most
+        `IDLE_CORES` (up to
         `IDLE_TIMEOUT_S`; logged when it had to wait, or gave up)."""
         pids = [pid for other in self._live if other is not fleet for pid in other.pids().values()]
         if not pids:

@@ -19,6 +19,9 @@ Order of a run:
    starting at the grid load at or below RelayGR's best, each in turns with a RelayGR load sweep on users
    of their own (`Ablations.relay_beside`): the machine's speed drifts over a run.
 
+Each experiment from the length sweep on is a phase (`bench.phases`), judged in the host's unit as timed
+at its own start.
+
 A sweep finds the largest grid value that meets the SLO, refined and bracketed, each verdict pooled over
 load seeds (`bench.sweep`); its first guess comes from the floor or earlier answers (a wrong one costs
 measurements, never the answer). The modes' sweeps take turns, on the same users (`bench.driving.users`).
@@ -32,21 +35,21 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from bench import checks, context, intervals, probes
-from bench.driving import LEASE_TTL_MS, NUM_CANDIDATES, SETTLE_S, Driver, Plan
+from bench.driving import LEASE_TTL_MS, NUM_CANDIDATES, SETTLE_S, Plan
 from bench.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet
-from bench.micro.floor import cached_rank_through_router, in_fresh_process, model_floor
+from bench.micro.floor import cached_rank_through_router
+from bench.phases import Phased
 from bench.points import Before, describe_verdict
 from bench.schema import (
     Abandonment,
     Ablations,
     Capacity,
     EdgePair,
-    FloorPoint,
     Fraction,
-    HostUnit,
     LengthSweep,
     Measurements,
     Mix,
@@ -68,7 +71,7 @@ LEASE_SETTLE_S = LEASE_TTL_MS / 1000 + SETTLE_S
 T = TypeVar("T")
 
 
-class Bench(Driver):
+class Bench(Phased):
     """Runs a benchmark and collects its results (`run`); `log` receives one line per step."""
 
     def length_sweeps(self, plans: list[Plan]) -> list[Sweep]:
@@ -118,7 +121,7 @@ class Bench(Driver):
         measured: list[float] = []  # every load the sweeps so far measured
         for multiple in sorted(unit.slo_multiples, reverse=True):
             is_headline = multiple == unit.slo_u
-            slo_ms = c.slo_ms if is_headline else round(multiple * unit.u_ms, 1)
+            slo_ms = c.slo_ms if is_headline else self.slo_at(multiple)
             grid = loads if is_headline or not measured else [x for x in loads if x >= min(measured)]
             plans = [dataclasses.replace(plan, first=last_within(grid, loads[plan.first])) for plan in plans]
             self.log(f"capacity at SLO {multiple:g} u = {slo_ms:g} ms")
@@ -213,47 +216,24 @@ class Bench(Driver):
         after = probes.snapshot({}, fleet.ranker_metrics())
         return result, probes.difference(before, after)["rankers"]
 
-    def floor(self, when: str) -> list[FloorPoint]:
-        """The in-process floor at every length of the grid and the host unit's, logged."""
-        c = self.config
-        self.log(f"in-process floor {when} ({c.model_preset}, {c.torch_threads} thread(s))")
-        lengths = sorted({*c.length_grid(), c.unit_length})
-        floor = in_fresh_process(
-            model_floor, c.model_preset, c.torch_threads, lengths, c.short_term, NUM_CANDIDATES,
-            c.settings.floor_repeats, c.pre_infer_chunk_tokens, c.floor_device,
-        )  # fmt: skip
-        for p in floor:
-            self.log(f"floor L={p.prefix_length}: full {p.full_ms:.1f} ms, "
-                     f"pre-infer {p.pre_infer_ms:.1f} ms, cached rank {p.rank_ms:.1f} ms")  # fmt: skip
-        return floor
-
-    host_unit: HostUnit | None = None  # the run's unit and bounds, once `run` has timed its floor
-
-    def measure_host_unit(self, floor: list[FloorPoint]) -> HostUnit:
-        """The host's unit u from the run's first floor, and the run's settings in ms from now on
-        (`BenchConfig.in_host_unit`)."""
-        c = self.config
-        (unit,) = [point for point in floor if point.prefix_length == c.unit_length]
-        resolved = c.in_host_unit(unit.full_ms)
-        self.host_unit = HostUnit(
-            u_ms=unit.full_ms, length=c.unit_length, model_preset=c.model_preset,
-            slo_u=None if c.slo_ms else c.slo_u,
-            relay_window_u=None if c.relay_window_ms else c.relay_window_u,
-            slo_ms=resolved.slo_ms, relay_window_ms=resolved.relay_window_ms,
-            slo_multiples=c.slo_multiple_grid() if not c.slo_ms else [],
-        )  # fmt: skip
-        self.config = resolved
-        self.shape = self.fleet_shape()
-        self.log(f"host unit u = {unit.full_ms:g} ms (the full pass at {c.unit_length} events): "
-                 f"{self.host_unit.describe()}")  # fmt: skip
-        return self.host_unit
-
-    def run(self) -> Measurements:
+    def run(self, results_dir: Path | None = None) -> Measurements:
+        """The run (see the module's docstring); `results_dir`: where earlier runs' results are, for the
+        estimated time left (`bench.phases.estimate`; None: no estimate)."""
         floor = self.floor("before the fleets")
         checks.first_floor(self.config, floor, self.log, context.machine())
         unit = self.measure_host_unit(floor)
         c = self.config
         lengths, loads, window = c.length_grid(), c.load_grid(), c.relay_window_ms
+        chosen = [mode for mode in ABLATIONS if mode.name in c.ablation_names()]
+        shared = [mode for mode in chosen if mode.fleet == RELAY.fleet]
+        delays = c.settings.window_delays_ms
+        self.plan_phases(
+            ["length sweep", *(f"throughput, {mix.label}" for mix in self.mixes),
+             *(f"{fraction:g} abandoned" for fraction in c.abandon_grid() if fraction),
+             *(["relay windows"] if delays else []), *(["ablations on RelayGR's fleet"] if shared else []),
+             *(f"ablation {mode.name}" for mode in chosen if mode not in shared)],
+            results_dir,
+        )  # fmt: skip
         # A miss computes the prefix (in chunks) and ranks against it: the baseline's critical path. RelayGR
         # takes the relay window off it. First guesses: half the SLO left for queueing and the hops.
         no_relay_ms = [p.pre_infer_ms + p.rank_ms for p in floor]
@@ -281,20 +261,22 @@ class Bench(Driver):
                 for p in cached:
                     self.log(f"cached Rank L={p.prefix_length}: P50 {p.rank_ms_p50} ms P99 {p.rank_ms_p99} "
                              f"ms ({p.request_kib} KiB, sources {p.sources})")  # fmt: skip
-                base_length, relay_length = self.length_sweeps(
-                    [Plan(baseline, length_guess(0.0), window), Plan(relay, length_guess(window), window)]
-                )
+                with self.phase("length sweep"):
+                    base_length, relay_length = self.length_sweeps(
+                        [Plan(baseline, length_guess(0.0), window), Plan(relay, length_guess(window), window)]
+                    )
                 for mix in self.mixes:
                     plans = [Plan(baseline, first_base, window), Plan(relay, first_relay, window)]
-                    if mix is self.mix:
-                        work = functools.partial(self.capacity, mix, plans)
-                        ((base_load, relay_load), capacity), counters = self.ranker_counters(relay, work)
-                        pairs = self.edge_pairs(mix, *plans, [base_load, relay_load])
-                        extra = {"capacity": capacity or None, "edge_pairs": pairs}
-                    else:
-                        work = functools.partial(self.load_sweeps, mix, plans)
-                        (base_load, relay_load), counters = self.ranker_counters(relay, work)
-                        extra = {}
+                    with self.phase(f"throughput, {mix.label}"):
+                        if mix is self.mix:
+                            work = functools.partial(self.capacity, mix, plans)
+                            ((base_load, relay_load), capacity), counters = self.ranker_counters(relay, work)
+                            pairs = self.edge_pairs(mix, *plans, [base_load, relay_load])
+                            extra = {"capacity": capacity or None, "edge_pairs": pairs}
+                        else:
+                            work = functools.partial(self.load_sweeps, mix, plans)
+                            (base_load, relay_load), counters = self.ranker_counters(relay, work)
+                            extra = {}
                     throughput[mix.label] = mix_result(mix, base_load, relay_load, counters, **extra)
                     # The next mix is longer: one grid step below this one's answers.
                     first_base = max(load_guess(base_load.best, first_base) - 1, 0)
@@ -302,19 +284,22 @@ class Bench(Driver):
                 first_mix = throughput[self.mix.label]
                 for fraction in c.abandon_grid():
                     abandonment[f"{fraction:g}"] = self.abandonment(fraction, baseline, relay, first_mix)
-            delays = c.settings.window_delays_ms
-            windows = self.length_sweeps([Plan(relay, length_guess(delay), delay) for delay in delays])
+            windows: list[Sweep] = []
+            if delays:
+                with self.phase("relay windows"):
+                    windows = self.length_sweeps([Plan(relay, length_guess(d), d) for d in delays])
             # The ablations start from the grid load at or below RelayGR's best: RelayGR measured it too.
             first = last_within(loads, first_mix.relay.best or loads[0])
-            chosen = [mode for mode in ABLATIONS if mode.name in c.ablation_names()]
-            shared = [mode for mode in chosen if mode.fleet == RELAY.fleet]
-            plans = [Plan(relay, first, window, revisits=mode.revisits) for mode in shared]
-            names = [mode.name for mode in shared]
-            ablations = dict(zip(names, self.load_sweeps(self.mix, plans), strict=True))
+            ablations: dict[str, Sweep] = {}
+            if shared:
+                plans = [Plan(relay, first, window, revisits=mode.revisits) for mode in shared]
+                with self.phase("ablations on RelayGR's fleet"):
+                    found = self.load_sweeps(self.mix, plans)
+                ablations.update(zip([mode.name for mode in shared], found, strict=True))
             beside: dict[str, Sweep] = {}
             for mode in (mode for mode in chosen if mode not in shared):
-                with self.fleet(mode) as fleet:  # RelayGR again, in turns with it
-                    pair = [Plan(relay, first, window, tag=mode.name),
+                with self.fleet(mode) as fleet, self.phase(f"ablation {mode.name}"):
+                    pair = [Plan(relay, first, window, tag=mode.name),  # RelayGR again, in turns with it
                             Plan(fleet, first, window, revisits=mode.revisits, tag=mode.name)]  # fmt: skip
                     beside[mode.name], ablations[mode.name] = self.load_sweeps(self.mix, pair)
         return Measurements(
@@ -332,6 +317,7 @@ class Bench(Driver):
             mix_universes=list(self.mixes),
             floor_end=self.floor("after the fleets"),
             host_unit=unit,
+            phases=self.phases,
         )
 
     def abandonment(
@@ -355,7 +341,8 @@ class Bench(Driver):
             Plan(fleet, last_within(loads, mode.best or loads[0]), window, fraction)
             for fleet, mode in ((baseline, first_mix.baseline), (relay, first_mix.relay))
         ]
-        (base, rel), counters = self.ranker_counters(relay, lambda: self.load_sweeps(self.mix, plans))
+        with self.phase(f"{fraction:g} abandoned"):
+            (base, rel), counters = self.ranker_counters(relay, lambda: self.load_sweeps(self.mix, plans))
         return Fraction(
             fraction=fraction,
             sweeps=ModePair(baseline=base, relay=rel),

@@ -16,9 +16,10 @@ paper reports x3.6; and `--target-of-admit-all`, 0.95 of admit-all's highest loa
 selectivity must not cost throughput) and to its checks at the default limits, whatever limits its own
 flags set (a run without checks, or flagged, is not quotable: `bench.checks.quotable`); both runs are held
 to one code (one commit, or two that differ only in bench/results/: the first run may be committed before
-the second is made, in another session) and one machine speed (their floors within the default
-`--floor-drift-limit`). Prints the comparison as markdown (and writes it to `--out`); exits 1 unless
-every one of these holds, so that `make bench-reproduce` fails where it should.
+the second is made, in another session) and, unless both ran in their host's unit u (whose point is that
+any speed measures the same experiment: the change is then recorded only), to one machine speed (their
+floors within the default `--floor-drift-limit`). Prints the comparison as markdown (and writes it to
+`--out`); exits 1 unless every one of these holds, so that `make bench-reproduce` fails where it should.
 """
 
 from __future__ import annotations
@@ -252,8 +253,15 @@ class Comparison:
         return floor_drift(second, first)
 
     @property
+    def in_host_unit(self) -> bool:
+        """Both runs' bounds were in their host's unit u: each measured the same experiment at its speed."""
+        return all(run.checks is not None and run.checks.in_host_unit for run in self.runs)
+
+    @property
     def same_speed(self) -> bool:
-        return self.floor_moved is not None and abs(self.floor_moved) <= self.floor_limit
+        """The two floors within the limit; not required of two runs in the host's unit (recorded only)."""
+        held = self.floor_moved is not None and abs(self.floor_moved) <= self.floor_limit
+        return held or self.in_host_unit
 
     @property
     def holds(self) -> bool:
@@ -338,8 +346,13 @@ def render(comparison: Comparison, config: ReproduceConfig) -> str:
             comparison.one_code,
         ),
         (
-            f"the machine's speed held between them (the second's floor {moved} from the first's, limit "
-            f"{comparison.floor_limit:.0%})",
+            (
+                f"both in the host's unit, so their speeds may differ (the second's floor {moved} from the "
+                "first's)"
+                if comparison.in_host_unit
+                else f"the machine's speed held between them (the second's floor {moved} from the first's, "
+                f"limit {comparison.floor_limit:.0%})"
+            ),
             comparison.same_speed,
         ),
         ("both runs checked and neither flagged, at the default limits", comparison.quotable),

@@ -23,7 +23,7 @@ from bench import codec
 from bench.codec import FLAT, OMIT_NONE, TRANSIENT
 from bench.config import BenchConfig, Profile
 from bench.fleets import FleetShape, Mode
-from bench.schema_context import CachedRankPoint, FloorPoint, HostUnit, Machine, RunChecks, Versions
+from bench.schema_context import CachedRankPoint, FloorPoint, HostUnit, Machine, Phase, RunChecks, Versions
 from bench.workload import Universe
 
 if TYPE_CHECKING:
@@ -307,6 +307,8 @@ class Measurements:
     mix_universes: list[Universe]
     floor_end: list[FloorPoint] | None = _optional()  # timed again after the last fleet stopped
     host_unit: HostUnit | None = _optional()  # absent: the run's bounds were absolute
+    # Each experiment's unit and SLO, in the order they ran (`bench.phases`; absent from runs before them).
+    phases: list[Phase] = dataclasses.field(default_factory=list, metadata=codec.omitted_while([]))
 
 
 @schema

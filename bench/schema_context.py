@@ -85,6 +85,27 @@ class RunChecks:
     # The run's bounds were in its host's unit u: the floor's drift from the committed run is recorded,
     # not a flag (every host runs the same experiment in u); its start-to-end change still is.
     in_host_unit: bool = dataclasses.field(default=False, metadata=omitted_while(False))
+    # Each phase's unit at its end against its start (`Phase.change`), by phase name (absent: a run
+    # without phases). Where a run in the host's unit has them, they, not `floor_change`, raise its flag.
+    phase_changes: dict[str, float] = dataclasses.field(default_factory=dict, metadata=omitted_while({}))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Phase:
+    """One phase of a run (`bench.phases`): an experiment whose points were judged in one unit. The unit
+    was timed at its start and at its end, with every running fleet idle."""
+
+    name: str
+    started_s: float  # since the run's start
+    duration_s: float
+    u_ms: float  # the host's unit at the phase's start
+    u_end_ms: float  # at its end
+    slo_ms: float  # the SLO its points were judged against: the run's multiple of `u_ms` (or absolute)
+
+    @property
+    def change(self) -> float:
+        """The unit at the phase's end relative to its start, less one (+0.1: 10 % slower)."""
+        return round(self.u_end_ms / self.u_ms - 1, 4)
 
 
 @dataclasses.dataclass(kw_only=True)

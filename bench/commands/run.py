@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     bench = Bench(config, out_dir / "tmp" / "logs", log=lambda line: print(line, flush=True))
     try:
-        measured = bench.run()
+        measured = bench.run(RESULTS_DIR)
     except FlaggedRun as refused:  # --stop-when-flagged: before any fleet started
         raise SystemExit(f"python -m bench run: {refused}") from None
     host.load_average_at_end = list(os.getloadavg())

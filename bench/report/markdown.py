@@ -26,7 +26,7 @@ from bench.report.tables import (
     table,
     times,
 )  # fmt: skip
-from bench.report.verdicts import checks_banner, edges_section
+from bench.report.verdicts import checks_banner, edges_section, phases_section
 from bench.schema import Run, Sweep
 
 PAPER_LENGTH_RATIO = 1.5
@@ -40,6 +40,7 @@ def render_markdown(run: Run) -> str:
     sections = [
         _introduction(run),
         _headline(run),
+        phases_section(run),
         capacity_section(run),
         edges_section(run),
         _against_no_relay_and_admit_all(run),
@@ -136,8 +137,7 @@ def _against_no_relay_and_admit_all(run: Run) -> str:
     """RelayGR on the first mix against the strongest no-relay serving (`dram-only`) and against admitting
     every request (`admit-all`), the two comparisons the trigger is judged by."""
     label, mix = run.first_mix
-    ablations = run.measured.ablations
-    sweeps = ablations.sweeps
+    ablations, sweeps = run.measured.ablations, run.measured.ablations.sweeps
     parts = ["## RelayGR against the strongest no-relay serving and against admitting everything"]
     if ablations.relay_beside:
         parts.append("RelayGR's sweep here is the one measured in turns with each mode, on users of their "

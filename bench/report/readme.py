@@ -72,6 +72,9 @@ def rows(run: Run) -> list[tuple[str, str]]:
                       f"{bests(admit_all, relay)}: {pair_cell(relay, admit_all)}"))  # fmt: skip
     unit = measured.host_unit
     described = absolute_bounds(run) if unit is None else f"u = {unit.u_ms:g} ms: {unit.describe()}"
+    if unit is not None and measured.phases:
+        units = [u for phase in measured.phases for u in (phase.u_ms, phase.u_end_ms)]
+        described += f"; each experiment judged in u as timed at its start ({min(units):g}-{max(units):g} ms)"
     cells.append(("the host's unit, the SLO and the relay window", described))
     return cells
 

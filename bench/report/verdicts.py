@@ -23,6 +23,9 @@ def checks_banner(run: Run) -> str:
     )  # fmt: skip
     if checks.floor_change is not None:
         drift += f", {checks.floor_change:+.1%} from the run's start to its end"
+    if checks.phase_changes:
+        changes = ", ".join(f"{name} {change:+.1%}" for name, change in checks.phase_changes.items())
+        drift += f"; the host's unit within each phase: {changes}"
     capability = run.machine.cpu_capability
     measured = (
         f"in-process floor {drift}{f' (CPU kernels: {capability})' if capability else ''}; other users of "
@@ -124,3 +127,24 @@ def look_level(run: Run) -> float:
                 if point.verdict is not None:
                     return point.verdict.confidence or 0.95
     return 0.95
+
+
+def phases_section(run: Run) -> str:
+    """Each phase's host unit at its start and end and the SLO it was judged against (empty for runs
+    without phases, `bench.phases`)."""
+    phases = run.measured.phases
+    if not phases:
+        return ""
+    rows = [
+        [phase.name, f"{phase.started_s / 60:.1f}", f"{phase.duration_s / 60:.1f}", f"{phase.u_ms:g}",
+         f"{phase.u_end_ms:g}", f"{phase.change:+.1%}", f"{phase.slo_ms:g}"]
+        for phase in phases
+    ]  # fmt: skip
+    header = ("phase", "started, min", "minutes", "u at start ms", "u at end ms", "change", "SLO judged ms")
+    text = (
+        "Each experiment ran as a phase: u (the in-process full pass at the host unit's length, in a fresh "
+        "process, every running fleet idle) was timed at its start and its end, and its points were judged "
+        "against the run's SLO multiple of its starting u; the fleets kept the trigger's SLO and the relay "
+        "window they started with. A phase whose u moved more than the floor's drift limit flags the run."
+    )
+    return f"## Phases: the host's unit in each experiment\n\n{text}\n\n{table(header, rows)}"

@@ -78,3 +78,22 @@ def test_the_committed_full_run_records_its_checks_against_the_run_before_it_and
     assert full.checks == checks.run_checks(full.configuration, full.measured, reference)
     assert (full.checks.floor_drift, full.checks.foreign_cores_mean, full.checks.flags) == (0.0468, 0.016, [])
     assert checks.quotable(full) is full
+
+
+def test_a_run_in_phases_is_flagged_by_the_phase_whose_unit_moved_not_by_its_floor_from_start_to_end():
+    phased = dataclasses.replace(
+        CLEAN, floor_change=0.3, in_host_unit=True, phase_changes={"length sweep": 0.04, "mix 2": -0.12}
+    )
+    assert checks.flags_at(phased, 0.1, 0.2) == [
+        "the in-process floor moved -12.0% during the phase 'mix 2' (the host's unit u, from its start to "
+        "its end) (limit 10%): its points were judged in a unit the machine no longer had"
+    ]
+    assert checks.flags_at(dataclasses.replace(phased, phase_changes={"mix 2": -0.08}), 0.1, 0.2) == []
+    # Without phases, or with absolute bounds (a slower host between phases moves an SLO set in ms), the
+    # floor's change from the run's start to its end flags it as well.
+    unphased, absolute = (
+        dataclasses.replace(phased, phase_changes={}),
+        dataclasses.replace(phased, in_host_unit=False),
+    )
+    for run in (unphased, absolute):
+        assert any("from the run's start to its end" in flag for flag in checks.flags_at(run, 0.1, 0.2))

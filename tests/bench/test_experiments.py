@@ -11,21 +11,25 @@ four of each seed do (the first seed's interval holds the SLO, two seeds' lies a
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import json
 import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 import pytest
 
-from bench import checks, experiments, probes, record, report
+from bench import checks, experiments, phases, probes, record, report
 from bench.config import BenchConfig, load_config
 from bench.driving import Plan
 from bench.experiments import Bench
+from bench.fleets import ABLATIONS, RELAY
 from bench.points import FIRST_SEED, Before, PointSpec, summarize
+from bench.report import readme
 from bench.schema import CachedRankPoint, Cost, FloorPoint, Machine, Point, Run, Versions, recorded
 from bench.workload import Universe
 from relaygr.v1 import common_pb2, recommend_pb2
@@ -123,12 +127,15 @@ def headline():
 
 
 def fake_run(
-    config: BenchConfig, reference: list[FloorPoint] = FLOOR, started: list[str] | None = None
+    config: BenchConfig,
+    reference: list[FloorPoint] = FLOOR,
+    started: list[str] | None = None,
+    units: Callable[[], float] = lambda: U_MS,
 ) -> tuple[dict, list[str], list[tuple]]:
-    """A whole run of `config` over fake fleets, against a committed run whose floor was `reference`:
-    results.json's content, the fleets in start order (appended to `started`), and every point measured
-    (mode, universe, rate, window, abandoned share, seed index, the SLO judged against, the plan's tag), in
-    order."""
+    """A whole run of `config` over fake fleets, against a committed run whose floor was `reference`, the
+    host's unit timed at each phase's start and end reading `units()`: results.json's content, the fleets
+    in start order (appended to `started`), and every point measured (mode, universe, rate, window,
+    abandoned share, seed index, the SLO judged against, the plan's tag), in order."""
     monkeypatch = pytest.MonkeyPatch()
     started = [] if started is None else started
     counters: dict[str, dict[str, Any]] = {}
@@ -169,7 +176,8 @@ def fake_run(
             probes._add(rankers, counters[url])
         return {"at": 0.0, "machine_busy_s": 0.0, "cpu_s": {}, "rankers": rankers}
 
-    monkeypatch.setattr(experiments, "in_fresh_process", lambda function, *args: FLOOR)
+    monkeypatch.setattr(phases, "in_fresh_process", lambda function, *args: FLOOR)
+    monkeypatch.setattr(phases, "host_unit_ms", lambda *args: units())
     monkeypatch.setattr(
         experiments,
         "cached_rank_through_router",
@@ -385,10 +393,13 @@ def test_a_run_is_flagged_when_its_floor_moved_or_other_users_took_the_cpu(run):
     assert flagged.floor_drift == round(1 / 0.9 - 1, 4) and len(flagged.flags) == 1
     assert "floor moved +11.1%" in flagged.flags[0]
     assert checks.run_checks(CONFIG, absolute, scaled(0.99)).flags == []
-    # A floor that moved from the run's start to its end flags a run in the host's unit too.
-    moved = dataclasses.replace(results.measured, floor_end=scaled_floor(1.2))
+    # A floor that moved from the run's start to its end flags a run in the host's unit that did not go
+    # in phases; one that did judged each phase in its own unit, and its phases' units held.
+    moved = dataclasses.replace(results.measured, floor_end=scaled_floor(1.2), phases=[])
     (change,) = checks.run_checks(CONFIG, moved, scaled(1.0)).flags
     assert "from the run's start to its end" in change
+    phased = dataclasses.replace(moved, phases=results.measured.phases)
+    assert checks.run_checks(CONFIG, phased, scaled(1.0)).flags == []
     # Other users' cores: 0.3 on average is over the 0.2 limit, 0.15 is not.
     for foreign, flags in ((0.3, 1), (0.15, 0)):
         text = json.dumps(run[0]).replace('"foreign_cores": 0.1', f'"foreign_cores": {foreign}')
@@ -613,3 +624,100 @@ def test_a_smaller_multiple_searches_no_load_below_those_measured_before(monkeyp
                  for p in sweep["points"])  # fmt: skip
     assert two["best"] is None and two["first_failure"] == before
     assert min(p["rate"] for p in two["points"]) == before > CONFIG.load_grid()[0]
+
+
+def unit_timings(*values: float) -> Callable[[], float]:
+    """`host_unit_ms` as a run would read it: `values` in turn, then the last one again and again."""
+    left = list(values)
+    return lambda: left.pop(0) if len(left) > 1 else left[0]
+
+
+def test_each_experiment_is_a_phase_judged_in_the_unit_timed_at_its_start():
+    """The host slows 1 % at each timing of its unit: each phase's points are judged against 2.87 u (and
+    the first mix's other multiples) of the u timed at its start, which the phase before timed at its
+    end; no phase's unit moved past the limit, so nothing is flagged."""
+    timings = [U_MS * (1 + 0.01 * k) for k in range(20)]
+    results, _, measured = fake_run(CONFIG, units=unit_timings(*timings))
+    run = Run.from_json(results)
+    phases = run.measured.phases
+    own_fleets = [f"ablation {mode.name}" for mode in ABLATIONS if mode.fleet != RELAY.fleet]
+    names = ["length sweep", f"throughput, {MIX1}", f"throughput, {MIX2}", "0.1 abandoned", "0.3 abandoned",
+             "relay windows", "ablations on RelayGR's fleet", *own_fleets]  # fmt: skip
+    assert [phase.name for phase in phases] == names
+    # Each phase starts with the unit the one before ended with (timed moments apart, not again).
+    assert [(phase.u_ms, phase.u_end_ms) for phase in phases] == [
+        (round(timings[k], 4), round(timings[k + 1], 4)) for k in range(len(names))
+    ]
+    assert [phase.slo_ms for phase in phases] == [round(2.87 * timings[k], 1) for k in range(len(names))]
+    assert all(min(phase.started_s, phase.duration_s) >= 0.0 for phase in phases)
+    assert run.checks.phase_changes == {phase.name: phase.change for phase in phases}
+    assert run.checks.flags == []
+    # Every point was judged in its phase's unit: the length sweep's at 2.87 u of the first timing, the
+    # second mix's at the third's, the first mix's at 2.87 and 4 u of the second's (at 2 u it measured
+    # nothing new: the points it needed had been measured at the larger multiples).
+    judged = collections.defaultdict(set)
+    for _mode, universe, *_, slo_ms, _tag in measured:
+        judged["length" if universe.startswith("L") else universe].add(slo_ms)
+    assert judged["length"] == {phases[0].slo_ms, phases[5].slo_ms}  # the relay windows' sweeps too
+    assert judged[MIX2] == {round(2.87 * timings[2], 1)}
+    first_mix = {round(multiple * timings[1], 1) for multiple in (2, 2.87, 4)}
+    later = {phase.slo_ms for phase in phases[3:]}  # abandoned shares and ablations, on the first mix
+    edges = {math.inf}  # the edge pairs' points run to their end, judged against no SLO
+    assert first_mix - {round(2 * timings[1], 1)} <= judged[MIX1] <= first_mix | later | edges
+    # The capacity at the other multiples was judged in the first mix's phase's unit.
+    capacity = run.measured.throughput_sweeps[MIX1].capacity
+    assert {key: entry.slo_ms for key, entry in capacity.items()} == {
+        "2": round(2 * timings[1], 1), "4": round(4 * timings[1], 1)
+    }  # fmt: skip
+    # The report shows each phase's unit; the README's row the range the run's units took.
+    markdown = report.render_markdown(run)
+    assert "## Phases: the host's unit in each experiment" in markdown
+    second = phases[2]
+    assert f"| throughput, {MIX2} | 0.0 | 0.0 | {second.u_ms:g} | {second.u_end_ms:g} | +1.0% |" in markdown
+    units = [u for phase in phases for u in (phase.u_ms, phase.u_end_ms)]
+    assert readme.rows(run)[-1][1].endswith(
+        f"; each experiment judged in u as timed at its start ({min(units):g}-{max(units):g} ms)"
+    )
+
+
+def test_a_phase_whose_unit_moved_past_the_limit_flags_the_run_and_is_named():
+    """The host slows 15 % during the second mix's phase: that phase flags the run, no other does, and
+    the floor's start-to-end change (none here) would not have caught it."""
+    results, _, _ = fake_run(CONFIG, units=unit_timings(U_MS, U_MS, U_MS, U_MS * 1.15))
+    run = Run.from_json(results)
+    assert [phase.change for phase in run.measured.phases][:4] == [0.0, 0.0, 0.15, 0.0]
+    assert run.checks.floor_change == 0.0
+    assert run.checks.flags == [
+        f"the in-process floor moved +15.0% during the phase 'throughput, {MIX2}' (the host's unit u, from "
+        "its start to its end) (limit 10%): its points were judged in a unit the machine no longer had"
+    ]
+    with pytest.raises(checks.FlaggedRun, match=f"during the phase 'throughput, {MIX2}'"):
+        checks.quotable(run)
+    assert f"throughput, {MIX2} +15.0%" in report.render_markdown(run).split("\n")[2]
+
+
+def test_the_time_left_comes_from_the_last_run_of_the_profile_with_phase_times(tmp_path):
+    def write(name: str, started: str, profile: str, duration_s: float, phases: dict[str, float]) -> None:
+        folder = tmp_path / name
+        folder.mkdir()
+        data = {"started_at": started, "duration_s": duration_s, "configuration": {"profile": profile},
+                "phases": [{"name": n, "duration_s": s} for n, s in phases.items()]}  # fmt: skip
+        (folder / "results.json").write_text(json.dumps(data))
+
+    write("a", "2026-01-01T00:00:00", "headline", 3000.0, {"length sweep": 420.0, "mix": 900.0})
+    write("b", "2026-01-02T00:00:00", "headline", 2400.0, {"length sweep": 300.0, "mix": 600.0})
+    write("c", "2026-01-03T00:00:00", "headline", 2700.0, {})  # the latest, without phase times
+    write("d", "2026-01-04T00:00:00", "full", 9000.0, {"length sweep": 1.0, "mix": 1.0})
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "results.json").write_text("not json")
+    assert phases.estimate(tmp_path, "headline") == ({"length sweep": 300.0, "mix": 600.0}, 2700.0)
+    assert phases.estimate(tmp_path, "quick") == ({}, None)
+
+    bench = Bench(dataclasses.replace(CONFIG, profile="headline"), log_dir=None, log=lambda line: None)
+    bench.plan_phases(["length sweep", "mix"], tmp_path)
+    assert bench.time_left(0) == "about 15 min left (by the phase times of the last run of this profile)"
+    assert bench.time_left(1) == "about 10 min left (by the phase times of the last run of this profile)"
+    bench.plan_phases(["length sweep", "another"], tmp_path)  # a phase the last run did not have
+    assert bench.time_left(0) == "about 45 min left (by the duration of the last run of this profile)"
+    bench.plan_phases(["length sweep"], None)
+    assert bench.time_left(0) == "time left unknown (no earlier run of this profile to estimate from)"

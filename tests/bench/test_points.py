@@ -140,6 +140,12 @@ class ScriptedStub(recommend_pb2_grpc.RecommendServiceServicer):
         )
 
 
+# The early-stop tests' rate: a stop takes effect once an answer is back, and the loop that reads answers
+# also sends, catching up on late sends first; at 400 calls a second a busy machine sent all 96 before the
+# first answer was read (the point "stopped" with none left to stop). 96 calls at 60 a second take 1.6 s.
+RATE = 60
+
+
 async def drive(namespace: str, spec: PointSpec):
     server = grpc.aio.server()
     recommend_pb2_grpc.add_RecommendServiceServicer_to_server(ScriptedStub(), server)
@@ -153,7 +159,7 @@ async def drive(namespace: str, spec: PointSpec):
 
 
 def test_abandoned_calls_neither_fail_a_point_nor_stop_it_early_and_slow_ranks_stop_it_at_once():
-    spec = PointSpec(rate=400, warmup=6, measured=90, timeout_s=2, slo_ms=50, max_error_fraction=0.01, seed=0)
+    spec = PointSpec(RATE, warmup=6, measured=90, timeout_s=2, slo_ms=50, max_error_fraction=0.01, seed=0)
     result = asyncio.run(drive("fast", spec))
     assert not result.aborted and result.meets_slo and result.measured == 90
     assert result.abandoned == 30 and result.violations == 0  # users 7 … 96: 30 multiples of 3
@@ -164,7 +170,7 @@ def test_abandoned_calls_neither_fail_a_point_nor_stop_it_early_and_slow_ranks_s
 def test_a_later_seed_stops_early_once_the_pooled_sample_has_failed_for_certain():
     # Alone, 90 fast calls meet the SLO. After earlier seeds whose 200 ranked calls had 3 over it, the
     # pooled budget (at most 290 ranked calls, 260 once 30 are abandoned: 2 either way) is already spent.
-    spec = PointSpec(rate=400, warmup=6, measured=90, timeout_s=2, slo_ms=50, max_error_fraction=0.01, seed=0)
+    spec = PointSpec(RATE, warmup=6, measured=90, timeout_s=2, slo_ms=50, max_error_fraction=0.01, seed=0)
     assert not asyncio.run(drive("fast", spec)).aborted
     spent = dataclasses.replace(spec, before=Before(ranked=200, violations=3))
     pooled = asyncio.run(drive("fast", spent))

@@ -121,9 +121,12 @@ def test_the_default_limits_judge_both_runs_whatever_limits_their_own_flags_set(
                                    floor_end=scaled_floor(1.3, run.measured.floor))  # fmt: skip
     checks = dataclasses.replace(run.checks, floor_drift=0.3, foreign_cores_mean=0.5, flags=[])
     slower = dataclasses.replace(later(run), configuration=loose, measured=measured, checks=checks)
-    comparison = reproduce.compare(("a", "b"), (run, slower), CONFIG)
+    comparison = reproduce.compare(("a", "b"), (absolute(run), absolute(slower)), CONFIG)
     assert comparison.floor_limit == 0.1 and comparison.floor_moved == 0.3 and not comparison.same_speed
     assert not comparison.quotable and not comparison.holds
+    # In the host's unit the speed may differ, but other users' half core still flags the second run.
+    in_unit = reproduce.compare(("a", "b"), (run, slower), CONFIG)
+    assert in_unit.same_speed and not in_unit.quotable and not in_unit.holds
     # The first run's own limit does not loosen it either.
     first_loose = dataclasses.replace(run, configuration=loose)
     assert reproduce.compare(("a", "b"), (first_loose, slower), CONFIG).floor_limit == 0.1
@@ -158,23 +161,47 @@ def test_a_ratio_that_moved_more_than_the_agreement_fails_though_its_intervals_o
     assert reproduce.main(["--runs", ",".join(folders)]) == 1
 
 
-def test_runs_at_two_machine_speeds_do_not_hold(runs):
-    run = runs["admit-all 40"]
+def absolute(run: Run) -> Run:
+    """`run` as if its bounds had been set in ms (its checks say it did not run in the host's unit)."""
+    return dataclasses.replace(run, checks=dataclasses.replace(run.checks, in_host_unit=False))
+
+
+def at_speed(run: Run, start: float, end: float) -> Run:
+    """`run` made again later on a machine `start` (`end`) times as slow at its start (end)."""
+    floor = run.measured.floor
+    measured = dataclasses.replace(
+        run.measured, floor=scaled_floor(start, floor), floor_end=scaled_floor(end, floor)
+    )
+    return dataclasses.replace(later(run), measured=measured)
+
+
+def test_runs_with_absolute_bounds_at_two_machine_speeds_do_not_hold(runs):
+    run = absolute(runs["admit-all 40"])
     assert reproduce.compare(("a", "b"), (run, later(run)), CONFIG).floor_moved == 0.0
     # The second run's machine ran 20 % slower at the start and 10 % at the end: the lower, +10 %, is at
     # the limit; 12 % at both ends is past it.
     for start, end, moved, held in ((1.2, 1.1, 0.1, True), (1.12, 1.12, 0.12, False)):
-        measured = dataclasses.replace(
-            run.measured,
-            floor=scaled_floor(start, run.measured.floor),
-            floor_end=scaled_floor(end, run.measured.floor),
-        )
-        slower = dataclasses.replace(later(run), measured=measured)
-        comparison = reproduce.compare(("a", "b"), (run, slower), CONFIG)
+        comparison = reproduce.compare(("a", "b"), (run, at_speed(run, start, end)), CONFIG)
+        assert not comparison.in_host_unit
         assert (comparison.floor_moved, comparison.same_speed, comparison.holds) == (moved, held, held)
     text = reproduce.render(comparison, CONFIG)
     held = "- the machine's speed held between them (the second's floor +12.0% from the first's, limit 10%)"
     assert f"{held}: **no**" in text
+
+
+def test_runs_in_the_host_unit_hold_at_two_machine_speeds_and_say_how_far_apart(runs):
+    """The host's unit is what makes two speeds one experiment: the change is recorded, not required."""
+    run = runs["admit-all 40"]
+    assert run.checks.in_host_unit
+    comparison = reproduce.compare(("a", "b"), (run, at_speed(run, 1.3, 1.25)), CONFIG)
+    assert comparison.in_host_unit and comparison.floor_moved == 0.25
+    assert comparison.same_speed and comparison.holds
+    text = reproduce.render(comparison, CONFIG)
+    assert "- both in the host's unit, so their speeds may differ (the second's floor +25.0% from the " \
+           "first's): yes" in text  # fmt: skip
+    # One of the two in absolute bounds: the speeds must agree again.
+    mixed = reproduce.compare(("a", "b"), (run, absolute(at_speed(run, 1.3, 1.25))), CONFIG)
+    assert not mixed.in_host_unit and not mixed.same_speed and not mixed.holds
 
 
 def test_runs_at_two_commits_or_flagged_do_not_hold(runs):
