@@ -178,6 +178,7 @@ def fake_run(
 
     monkeypatch.setattr(phases, "in_fresh_process", lambda function, *args: FLOOR)
     monkeypatch.setattr(phases, "host_unit_ms", lambda *args: units())
+    monkeypatch.setattr(phases, "UNIT_SETTLE_S", 0.0)
     monkeypatch.setattr(
         experiments,
         "cached_rank_through_router",
@@ -694,6 +695,18 @@ def test_a_phase_whose_unit_moved_past_the_limit_flags_the_run_and_is_named():
     with pytest.raises(checks.FlaggedRun, match=f"during the phase 'throughput, {MIX2}'"):
         checks.quotable(run)
     assert f"throughput, {MIX2} +15.0%" in report.render_markdown(run).split("\n")[2]
+
+
+def test_a_unit_timed_far_from_the_last_is_timed_again_and_the_lower_counts():
+    """One timing reads u 45 % slower at the first mix's end, the next reads it as before: a disturbed
+    timing, not a slower host; the phase ends in the unit it started with and nothing is flagged. A
+    timing 4 % off is not timed again."""
+    fluke = unit_timings(U_MS, U_MS, U_MS * 1.04, U_MS * 1.45, U_MS * 1.04)
+    run = Run.from_json(fake_run(CONFIG, units=fluke)[0])
+    units = [(phase.u_ms, phase.u_end_ms) for phase in run.measured.phases][:3]
+    assert units == [(round(U_MS, 4), round(U_MS, 4)), (round(U_MS, 4), round(U_MS * 1.04, 4)),
+                     (round(U_MS * 1.04, 4), round(U_MS * 1.04, 4))]  # fmt: skip
+    assert run.checks.flags == []
 
 
 def test_the_time_left_comes_from_the_last_run_of_the_profile_with_phase_times(tmp_path):
