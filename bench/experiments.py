@@ -60,6 +60,7 @@ from bench.schema import (
     ratio,
     ratio_interval,
 )
+from bench.schema_context import LENGTH_PHASE, mix_phase
 from bench.sweep import VerdictSteps, last_within, pooled_verdict, run_sweeps
 from bench.workload import Universe
 
@@ -228,7 +229,7 @@ class Bench(Phased):
         shared = [mode for mode in chosen if mode.fleet == RELAY.fleet]
         delays = c.settings.window_delays_ms
         self.plan_phases(
-            ["length sweep", *(f"throughput, {mix.label}" for mix in self.mixes),
+            [LENGTH_PHASE, *(mix_phase(mix.label) for mix in self.mixes),
              *(f"{fraction:g} abandoned" for fraction in c.abandon_grid() if fraction),
              *(["relay windows"] if delays else []), *(["ablations on RelayGR's fleet"] if shared else []),
              *(f"ablation {mode.name}" for mode in chosen if mode not in shared)],
@@ -261,13 +262,13 @@ class Bench(Phased):
                 for p in cached:
                     self.log(f"cached Rank L={p.prefix_length}: P50 {p.rank_ms_p50} ms P99 {p.rank_ms_p99} "
                              f"ms ({p.request_kib} KiB, sources {p.sources})")  # fmt: skip
-                with self.phase("length sweep"):
+                with self.phase(LENGTH_PHASE):
                     base_length, relay_length = self.length_sweeps(
                         [Plan(baseline, length_guess(0.0), window), Plan(relay, length_guess(window), window)]
                     )
                 for mix in self.mixes:
                     plans = [Plan(baseline, first_base, window), Plan(relay, first_relay, window)]
-                    with self.phase(f"throughput, {mix.label}"):
+                    with self.phase(mix_phase(mix.label)):
                         if mix is self.mix:
                             work = functools.partial(self.capacity, mix, plans)
                             ((base_load, relay_load), capacity), counters = self.ranker_counters(relay, work)

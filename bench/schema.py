@@ -310,6 +310,10 @@ class Measurements:
     # Each experiment's unit and SLO, in the order they ran (`bench.phases`; absent from runs before them).
     phases: list[Phase] = dataclasses.field(default_factory=list, metadata=codec.omitted_while([]))
 
+    def judged_slo_ms(self, phase: str, slo_ms: float) -> float:
+        """The SLO the phase `phase` judged its points against (`slo_ms`, the run's: a run without it)."""
+        return next((p.slo_ms for p in self.phases if p.name == phase), slo_ms)
+
 
 @schema
 class Run:

@@ -90,6 +90,14 @@ class RunChecks:
     phase_changes: dict[str, float] = dataclasses.field(default_factory=dict, metadata=omitted_while({}))
 
 
+LENGTH_PHASE = "length sweep"  # the names of the phases the report reads an experiment's SLO from
+
+
+def mix_phase(label: str) -> str:
+    """The name of the phase of a mix's load sweeps."""
+    return f"throughput, {label}"
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Phase:
     """One phase of a run (`bench.phases`): an experiment whose points were judged in one unit. The unit

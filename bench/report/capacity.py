@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from bench.report.tables import table
 from bench.schema import EdgePair, Run, Sweep, ratio_interval
+from bench.schema_context import mix_phase
 
 CAPACITY_PLOT = "capacity_vs_slo.png"
 
@@ -38,7 +39,9 @@ def capacity_rows(run: Run) -> list[CapacityRow]:
     unit, (_, mix) = run.measured.host_unit, run.first_mix
     if unit is None or unit.slo_u is None or not mix.capacity:
         return []
-    rows = [CapacityRow(unit.slo_u, unit.slo_ms, mix.baseline, mix.relay, True)]
+    label, _ = run.first_mix
+    judged = run.measured.judged_slo_ms(mix_phase(label), unit.slo_ms)  # in the u its phase timed
+    rows = [CapacityRow(unit.slo_u, judged, mix.baseline, mix.relay, True)]
     rows += [CapacityRow(c.multiple, c.slo_ms, c.baseline, c.relay, False) for c in mix.capacity.values()]
     return sorted(rows, key=lambda row: row.multiple)
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.report.figures import CPU_SERVICES, cores_needed, cpu_ms_per_request, point_at
-from bench.report.markdown import machine_section
 from bench.report.plots import plot_sweeps
-from bench.report.tables import POINT_HEADER, ms, point_row, table, times
+from bench.report.tables import POINT_HEADER, machine_section, ms, point_row, table, times
 from bench.schema_gpu import BudgetedSweep, GpuLengthSweep, GpuMix, GpuPoint, GpuRun
 
 PLOTS = {"length": "p99_vs_length.png", "load": "p99_vs_load.png"}

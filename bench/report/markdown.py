@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import math
 
-from bench import codec
 from bench.report.capacity import capacity_section
 from bench.report.figures import first_failure, hit_rate_points, point_at, verdict, within_noise
 from bench.report.plots import PLOTS
@@ -15,6 +13,7 @@ from bench.report.tables import (
     cores,
     cpu_per_request_table,
     machine_cores,
+    machine_section,
     ms,
     p99_with_ci,
     point_row,
@@ -28,6 +27,7 @@ from bench.report.tables import (
 )  # fmt: skip
 from bench.report.verdicts import checks_banner, edges_section, phases_section
 from bench.schema import Run, Sweep
+from bench.schema_context import LENGTH_PHASE, mix_phase
 
 PAPER_LENGTH_RATIO = 1.5
 PAPER_THROUGHPUT_RATIO = 3.6
@@ -57,14 +57,6 @@ def render_markdown(run: Run) -> str:
     return "\n\n".join(section for section in sections if section) + "\n"
 
 
-def machine_section(run: Run) -> str:
-    """The machine and the versions, as results.json has them."""
-    described = json.dumps(
-        {"machine": codec.to_json(run.machine), "versions": codec.to_json(run.versions)}, indent=1
-    )
-    return f"## Machine and versions\n\n```\n{described}\n```"
-
-
 def _introduction(run: Run) -> str:
     c, versions = run.configuration, run.versions
     banner = checks_banner(run)
@@ -85,11 +77,16 @@ def _introduction(run: Run) -> str:
 def _headline(run: Run) -> str:
     c = run.configuration
     length = run.measured.length_sweep
-    slo, measured = c.slo_ms, run.profile.measured
+    slo, measured, judged = (
+        c.slo_ms,
+        run.profile.measured,
+        run.measured.judged_slo_ms,
+    )  # each in its phase's u
 
     rows = [
         (
-            f"longest long-term length with ranking P99 ≤ {slo:g} ms at {length.rate:g} req/s",
+            f"longest long-term length with ranking P99 ≤ {judged(LENGTH_PHASE, slo):g} ms at "
+            f"{length.rate:g} req/s",
             best_cell(length.baseline),
             best_cell(length.relay),
             ratio_cell(run.length_ratio, length.baseline, length.relay, "long_term", "events"),
@@ -98,7 +95,8 @@ def _headline(run: Run) -> str:
     ]
     rows += [
         (
-            f"highest load (req/s) with ranking P99 ≤ {slo:g} ms and < {c.max_error_fraction:.1%} errors "
+            f"highest load (req/s) with ranking P99 ≤ {judged(mix_phase(label), slo):g} ms and < "
+            f"{c.max_error_fraction:.1%} errors "
             f"on the mix `{label}`",
             best_cell(mix.baseline),
             best_cell(mix.relay),

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 from bench.report.capacity import CAPACITY_PLOT, capacity_rows
 from bench.report.figures import hit_rate_points, load_modes, shares
 from bench.schema import Run, Sweep
+from bench.schema_context import LENGTH_PHASE, mix_phase
 from services.common.contract import CACHE_SOURCES
 
 SOURCE_COLOURS = {"hbm": "#2b8a3e", "dram": "#1c7ed6", "extended": "#f59f00", "miss": "#c92a2a"}
@@ -40,19 +41,35 @@ def plot_all(run: Run, out_dir: Path) -> None:
     length = run.measured.length_sweep
     length_title = f"Ranking P99 against length at {length.rate:g} req/s"
     modes = {"baseline": length.baseline, "relay": length.relay}
-    plot_sweeps(run, modes, "long_term", "long-term length (events)", length_title, out_dir / PLOTS["length"])
+    plot_sweeps(run, modes, "long_term", "long-term length (events)", length_title, out_dir / PLOTS["length"],
+                run.measured.judged_slo_ms(LENGTH_PHASE, run.configuration.slo_ms))  # fmt: skip
     load_title = f"Ranking P99 against load, mix {run.first_mix[0]}"
     plot_sweeps(
-        run, load_modes(run), "rate", "offered load (Recommend calls/s)", load_title, out_dir / PLOTS["load"]
+        run,
+        load_modes(run),
+        "rate",
+        "offered load (Recommend calls/s)",
+        load_title,
+        out_dir / PLOTS["load"],
+        run.measured.judged_slo_ms(mix_phase(run.first_mix[0]), run.configuration.slo_ms),
     )
     plot_capacity(run, out_dir / CAPACITY_PLOT)
     _plot_hit_rates(run, out_dir / PLOTS["hits"])
     _plot_floor(run, out_dir / PLOTS["floor"])
 
 
-def plot_sweeps(run: Run, sweeps: dict[str, Sweep], key: str, xlabel: str, title: str, path: Path) -> None:
-    """Each mode's sweep's P99 against `key` (`long_term`, `rate`), against the SLO."""
-    slo = run.configuration.slo_ms
+def plot_sweeps(
+    run: Run,
+    sweeps: dict[str, Sweep],
+    key: str,
+    xlabel: str,
+    title: str,
+    path: Path,
+    slo_ms: float | None = None,
+) -> None:
+    """Each mode's sweep's P99 against `key` (`long_term`, `rate`), against the SLO (`slo_ms`; None: the
+    run's)."""
+    slo = run.configuration.slo_ms if slo_ms is None else slo_ms
     cap = 5 * slo  # failed requests and far misses are drawn at the cap
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for mode, sweep in sweeps.items():

@@ -3,9 +3,11 @@ machine's ceiling at each mode's best load, and the verdict points measured agai
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from bench import codec
 from bench.report.figures import (
     CPU_SERVICES,
     CPU_TARGETS_MS,
@@ -195,3 +197,11 @@ def repeats_table(sweeps: dict[str, Sweep]) -> str:
     return "Verdict points measured again with other load seeds (other users and arrivals):\n\n" + table(
         header, rows
     )
+
+
+def machine_section(run: Run) -> str:
+    """The machine and the versions, as results.json has them."""
+    described = json.dumps(
+        {"machine": codec.to_json(run.machine), "versions": codec.to_json(run.versions)}, indent=1
+    )
+    return f"## Machine and versions\n\n```\n{described}\n```"

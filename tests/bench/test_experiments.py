@@ -673,6 +673,11 @@ def test_each_experiment_is_a_phase_judged_in_the_unit_timed_at_its_start():
     # The report shows each phase's unit; the README's row the range the run's units took.
     markdown = report.render_markdown(run)
     assert "## Phases: the host's unit in each experiment" in markdown
+    # The headline's and the capacity's SLOs are those each experiment's phase judged against.
+    assert f"longest long-term length with ranking P99 ≤ {phases[0].slo_ms:g} ms at " in markdown
+    assert f"highest load (req/s) with ranking P99 ≤ {phases[2].slo_ms:g} ms and < " in markdown
+    assert f"| 2.87 u = {phases[1].slo_ms:g} ms (headline) |" in markdown
+    assert f"| 2 u = {round(2 * timings[1], 1):g} ms |" in markdown
     second = phases[2]
     assert f"| throughput, {MIX2} | 0.0 | 0.0 | {second.u_ms:g} | {second.u_end_ms:g} | +1.0% |" in markdown
     units = [u for phase in phases for u in (phase.u_ms, phase.u_end_ms)]
