@@ -38,7 +38,8 @@ TYPED_CPU_RUNS = ("full-b893f0b", "full-5e3657a")  # written by bench.schema: re
 # In today's schema (full: rewritten once, with its checks computed against the run before it): read back
 # as they are.
 CURRENT_CPU_RUNS = (
-    "full", "headline-954a7e0", "headline-20eabaa", "headline-20eabaa-2", "headline-b52057b", "headline-b7a7274",
+    "full", "headline-954a7e0", "headline-20eabaa", "headline-20eabaa-2", "headline-b52057b",
+    "headline-b7a7274",
 )  # fmt: skip
 GPU_RUNS = ("gpu-fleet", "gpu-fleet-graphs", "gpu-fleet-repeat")
 # Runs whose trigger and stubs routed their own calls (every other run went through the router).
