@@ -214,9 +214,7 @@ class GpuBench(Bench):
             c.model_preset, c.torch_threads, c.length_grid(), c.short_term, NUM_CANDIDATES,
             c.settings.floor_repeats, c.pre_infer_chunk_tokens, c.floor_device,
         )  # fmt: skip
-        for p in floor:
-            self.log(f"floor L={p.prefix_length}: full {p.full_ms:.1f} ms, "
-                     f"pre-infer {p.pre_infer_ms:.1f} ms, cached rank {p.rank_ms:.1f} ms")  # fmt: skip
+        self.log_floor(floor)
         return floor
 
     def measure(self, floor: list[FloorPoint], baseline: BenchFleet, relay: BenchFleet) -> None:

@@ -66,10 +66,14 @@ class Phased(Driver):
             model_floor, c.model_preset, c.torch_threads, lengths, c.short_term, NUM_CANDIDATES,
             c.settings.floor_repeats, c.pre_infer_chunk_tokens, c.floor_device,
         )  # fmt: skip
+        self.log_floor(floor)
+        return floor
+
+    def log_floor(self, floor: list[FloorPoint]) -> None:
+        """One line a length of a floor: its full pass, pre-inference and cached rank."""
         for p in floor:
             self.log(f"floor L={p.prefix_length}: full {p.full_ms:.1f} ms, "
                      f"pre-infer {p.pre_infer_ms:.1f} ms, cached rank {p.rank_ms:.1f} ms")  # fmt: skip
-        return floor
 
     def measure_host_unit(self, floor: list[FloorPoint]) -> HostUnit:
         """The host's unit u from the run's first floor, and the run's settings in ms from now on
