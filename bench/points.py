@@ -32,6 +32,7 @@ import time
 import grpc
 
 from bench.schema import Cost, Percentiles, PointResult, Verdict
+from bench.schema_context import OverSlo
 from bench.stats import bootstrap_ci, meets_slo, percentile, violation_budget
 from bench.workload import RevisitSampler
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
@@ -40,6 +41,7 @@ from services.loadgen.openloop import CallRecord, run_open_loop
 
 TOP_K = 10
 PERCENTILES = (50, 90, 99)
+BURST_GAP_S = 0.25  # Ranks over the SLO sent this close one after another are one burst (`OverSlo`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +80,42 @@ def admit_label(reason: int) -> str:
     return trigger_pb2.AdmitReason.Name(reason).removeprefix("ADMIT_REASON_").lower()
 
 
+def miss_label(reason: int) -> str:
+    """A miss reason as results.json names it: `evicted_hbm`, `never_pre_inferred`, …"""
+    return common_pb2.MissReason.Name(reason).removeprefix("MISS_REASON_").lower()
+
+
+def over_slo(ranked: list[CallRecord], slo_ms: float, burst_gap_s: float = BURST_GAP_S) -> OverSlo:
+    """What the ranked calls over the SLO were (failures included): see `bench.schema_context.OverSlo`."""
+    over = [r for r in ranked if not r.ok or r.response.rank_latency_ms > slo_ms]
+    answered = [r.response for r in over if r.ok]
+    sources = collections.Counter(cache_source_label(a.cache_source) for a in answered)
+    misses = collections.Counter(
+        miss_label(a.miss_reason) for a in answered if a.cache_source == common_pb2.CACHE_SOURCE_MISS
+    )
+    bursts: list[int] = []
+    last_s = -math.inf
+    for record in sorted(over, key=lambda r: r.intended_s):
+        if record.intended_s - last_s <= burst_gap_s:
+            bursts[-1] += 1
+        else:
+            bursts.append(1)
+        last_s = record.intended_s
+    return OverSlo(
+        requests=len(over),
+        failed=len(over) - len(answered),
+        cache_sources=dict(sources),
+        miss_reasons=dict(misses),
+        admit_reasons=dict(collections.Counter(admit_label(a.admit_reason) for a in answered)),
+        prefix_wait_ms=round(sum(a.prefix_wait_ms for a in answered), 3),
+        long_term_events=sum(a.long_term_length for a in answered),
+        computed_prefix_events=sum(a.computed_prefix_events for a in answered),
+        bursts=len(bursts),
+        largest_burst=max(bursts, default=0),
+        burst_gap_s=burst_gap_s,
+    )
+
+
 def _finite_or_none(value: float) -> float | None:
     return None if math.isinf(value) or math.isnan(value) else round(value, 3)
 
@@ -112,7 +150,7 @@ def summarize(
         if source == "hbm":
             hbm_ms.append(response.rank_latency_ms)
         if response.cache_source == common_pb2.CACHE_SOURCE_MISS:
-            misses[common_pb2.MissReason.Name(response.miss_reason).removeprefix("MISS_REASON_").lower()] += 1
+            misses[miss_label(response.miss_reason)] += 1
         admits[admit_label(response.admit_reason)] += 1
         lengths.append(response.long_term_length)
     errors = sum(codes.values())
@@ -141,6 +179,7 @@ def summarize(
         wall_s=round(wall_s, 2),
         meets_slo=not (aborted or cut)
         and meets_slo(p99, errors, len(ranked), spec.slo_ms, spec.max_error_fraction),
+        over_slo=over_slo(ranked, spec.slo_ms),
         rank_samples_ms=tuple(rank_ms),
         latencies_ms=[_finite_or_none(ms) for ms in rank_ms],
     )

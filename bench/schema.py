@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from bench import codec
+from bench import codec, schema_context
 from bench.codec import FLAT, OMIT_NONE, TRANSIENT
 from bench.config import BenchConfig, Profile
 from bench.fleets import FleetShape, Mode
@@ -81,6 +81,8 @@ class PointResult:
     # Each ranked call's ranking latency in send order (None: it failed), for replaying verdict rules
     # (absent from runs before it was recorded).
     latencies_ms: list[float | None] | None = dataclasses.field(default=None, metadata=OMIT_NONE)
+    # What its Ranks over the SLO were (absent from runs before it was recorded).
+    over_slo: schema_context.OverSlo | None = dataclasses.field(default=None, metadata=OMIT_NONE)
     # The ranking latencies the percentiles are of, in memory only: a load's verdict pools its seeds'.
     rank_samples_ms: tuple[float, ...] = dataclasses.field(default=(), repr=False, compare=False,
                                                            metadata=TRANSIENT)  # fmt: skip

@@ -141,3 +141,25 @@ class HostUnit:
 
         window = bound("relay window", self.relay_window_u, self.relay_window_ms)
         return f"{bound('SLO', self.slo_u, self.slo_ms)}, {window}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OverSlo:
+    """The measured Ranks over the SLO (failures included) of one point (`bench.points.over_slo`), so a
+    failing load says why: where their prefixes came from, why they missed, what the trigger answered,
+    how long they waited for an in-flight prefix, how much prefix they computed on the critical path,
+    and whether they came together. A burst is a run of them each sent within `burst_gap_s` of the one
+    before: a stall or a queue that built up and drained puts many in one; load alone spreads them out.
+    Its counts are sums, so that a load's seeds pool by adding them."""
+
+    requests: int
+    failed: int
+    cache_sources: dict[str, int]
+    miss_reasons: dict[str, int]
+    admit_reasons: dict[str, int]
+    prefix_wait_ms: float  # summed over the answered ones: how long they waited for in-flight prefixes
+    long_term_events: int  # summed over the answered ones
+    computed_prefix_events: int  # of those, the ones computed on the critical path
+    bursts: int
+    largest_burst: int
+    burst_gap_s: float

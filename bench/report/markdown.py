@@ -25,7 +25,7 @@ from bench.report.tables import (
     table,
     times,
 )  # fmt: skip
-from bench.report.verdicts import checks_banner, edges_section, phases_section
+from bench.report.verdicts import checks_banner, edges_section, over_slo_sentence, phases_section
 from bench.schema import Run, Sweep
 from bench.schema_context import LENGTH_PHASE, mix_phase
 
@@ -184,7 +184,7 @@ def _limit_line(run: Run, sweep: Sweep, mode: str, key: str, title: str) -> str:
         f"- {title}, {mode}: at {value:g} {unit} the ranking P99 was {ms(failure.rank_ms.p99)} "
         f"ms (P50 {ms(failure.rank_ms.p50)} ms, {failure.errors} errors); the rankers used "
         f"{cores(failure, rankers=True):.2f} cores, our other processes {cores(failure, rankers=False):.2f}, "
-        f"other users of the machine {failure.cost.foreign_cores:.2f}."
+        f"other users of the machine {failure.cost.foreign_cores:.2f}.{over_slo_sentence(failure)}"
     )
     if mode == "relay":
         computed = counters.get("productions", {}).get("compute", 0)

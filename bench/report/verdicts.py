@@ -1,16 +1,22 @@
-"""The report's sections on a run's checks and on its edges as statistics (issue 31), for runs that
-recorded them: older runs render without them, as they did.
+"""The report's sections on a run's checks and on its edges as statistics, for runs that recorded them:
+older runs render without them, as they did.
 
 `checks_banner`: at the top of the report, whether the run is flagged (`bench.checks`) and why; a flagged
 run's figures are not for the README. `edges_section`: each sweep's bracket (its best and the lowest
-failing value above it), each ratio with its bracket-based interval, and the pooled verdicts at each
+failing value above it), each ratio with its bracket-based interval, the pooled verdicts at each
 mode's bracket on every mix (the seeds, requests, pooled P99 and interval, decided or not).
+`over_slo_sentence`: what the Ranks over the SLO were at a failing load (`bench.schema_context.OverSlo`,
+pooled over the load's seeds), for the report's account of what stopped each mode. `phases_section`:
+the host's unit in each phase.
 """
 
 from __future__ import annotations
 
+import collections
+
 from bench.report.tables import ms, table, times
 from bench.schema import Point, Run, Sweep
+from bench.schema_context import OverSlo
 
 
 def checks_banner(run: Run) -> str:
@@ -69,6 +75,45 @@ def _verdict_rows(mode: str, sweep: Sweep) -> list[list[str]]:
             "yes" if v.decided else f"**no** ({v.outcome})",
         ])  # fmt: skip
     return rows
+
+
+def counts(counter: dict[str, int]) -> str:
+    """`hbm 8, dram 2`: a count by label, largest first."""
+    return ", ".join(f"{label} {n}" for label, n in collections.Counter(counter).most_common()) or "-"
+
+
+def over_slo_sentence(point: Point) -> str:
+    """What the Ranks over the SLO were at a failing load, pooled over its seeds, in a sentence (empty
+    where its points predate the account): why that edge is where it is."""
+    seeds = [point, *(point.verdict.points if point.verdict else [])]
+    accounts: list[OverSlo] = [p.over_slo for p in seeds if p.over_slo is not None]
+    if len(accounts) < len(seeds) or not sum(a.requests for a in accounts):
+        return ""
+
+    def pooled(field: str) -> str:
+        return counts(sum((collections.Counter(getattr(a, field)) for a in accounts), collections.Counter()))
+
+    over, failed = sum(a.requests for a in accounts), sum(a.failed for a in accounts)
+    events = sum(a.long_term_events for a in accounts)
+    computed = sum(a.computed_prefix_events for a in accounts) / events if events else 0.0
+    ranked = sum(p.measured - p.abandoned for p in seeds)
+    plural = "s" * (len(seeds) > 1)
+    text = (
+        f" Over the SLO: {over} of its {ranked} Ranks ({len(seeds)} load seed{plural}"
+        f"{f', {failed} failed' if failed else ''}); their prefixes from {pooled('cache_sources')}"
+    )
+    if any(a.miss_reasons for a in accounts):
+        text += f" (misses: {pooled('miss_reasons')})"
+    if over > failed:
+        answers = pooled("admit_reasons")
+        text += "" if answers.startswith("no_answer") and "," not in answers else f"; trigger: {answers}"
+        wait_ms = sum(a.prefix_wait_ms for a in accounts) / (over - failed)
+        text += (
+            f"; mean wait for an in-flight prefix {wait_ms:.1f} ms; {computed:.0%} of their long-term events "
+            "computed on the critical path"
+        )
+    bursts, largest = sum(a.bursts for a in accounts), max(a.largest_burst for a in accounts)
+    return text + f"; in {bursts} burst{'s' * (bursts > 1)}, the largest of {largest}."
 
 
 def edges_section(run: Run) -> str:

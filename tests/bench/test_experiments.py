@@ -598,6 +598,13 @@ def test_the_results_render_and_the_summary_names_every_ratio(run, tmp_path):
         f"| relay on `{MIX1}` | first failure | 41.3 | 0, 1, 2 | 300 | 400.0 [400.0, 400.0] | fails | yes |"
         in markdown
     )
+    # What stopped each mode: what the Ranks over the SLO were at the first failing load, pooled over
+    # its three seeds (each seed's 100 calls, 0.024 s apart, all over the SLO, in one burst).
+    assert (
+        "other users of the machine 0.10. Over the SLO: 300 of its 300 Ranks (3 load seeds); their prefixes "
+        "from hbm 300; mean wait for an in-flight prefix 0.0 ms; 0% of their long-term events computed on "
+        "the critical path; in 3 bursts, the largest of 100. 0 Ranks" in markdown
+    )
     assert "| meets (5 seeds, undecided) |" in markdown and "| fails (3 seeds) |" in markdown
     line = record.summary(results)
     assert f"throughput ratios {MIX1} {round(37.9 / 12.1, 3)} in [2.85, 3.413] (37.9 vs 12.1 req/s)" in line

@@ -91,6 +91,36 @@ def test_sources_miss_reasons_and_admit_reasons_are_counted_by_label():
     assert result.mean_long_term == 1000.0
 
 
+def test_the_ranks_over_the_slo_say_where_their_prefixes_came_from_and_whether_they_came_together():
+    # Sent 0.1 s apart: a burst of three hits that waited (indices 10-12), then two lone ones far apart
+    # (a miss that computed its whole prefix, and a failure), among fast calls.
+    slow = {
+        10: ok(10, 90.0, admit_reason=trigger_pb2.ADMIT_REASON_ADMITTED, prefix_wait_ms=30.0),
+        11: ok(11, 95.0, admit_reason=trigger_pb2.ADMIT_REASON_ADMITTED, prefix_wait_ms=40.0),
+        12: ok(12, 99.0, common_pb2.CACHE_SOURCE_DRAM, admit_reason=trigger_pb2.ADMIT_REASON_DUPLICATE),
+        40: ok(
+            40, 70.0, common_pb2.CACHE_SOURCE_MISS, miss_reason=common_pb2.MISS_REASON_EVICTED_HBM,
+            computed_prefix_events=1000,
+        ),
+        70: failed(70),
+    }  # fmt: skip
+    calls = [slow.get(i) or ok(i, 10.0, prefix_wait_ms=5.0) for i in range(SPEC.warmup, SPEC.warmup + 100)]
+    over = summarize(calls, SPEC, aborted=False, wall_s=11.0).over_slo
+    assert over.requests == 5 and over.failed == 1
+    assert over.cache_sources == {"hbm": 2, "dram": 1, "miss": 1}
+    assert over.miss_reasons == {"evicted_hbm": 1}
+    assert over.admit_reasons == {"admitted": 2, "duplicate": 1, "no_answer": 1}
+    assert over.prefix_wait_ms == 70.0  # 30 + 40: the fast calls' 5 ms each are not among them
+    assert (over.computed_prefix_events, over.long_term_events) == (1000, 4000)  # the 4 answered ones'
+    assert (over.bursts, over.largest_burst) == (3, 3)
+
+
+def test_a_point_without_ranks_over_the_slo_has_an_empty_account_of_them():
+    over = summarize(records(), SPEC, aborted=False, wall_s=11.0).over_slo
+    assert (over.requests, over.bursts, over.largest_burst, over.cache_sources) == (0, 0, 0, {})
+    assert (over.prefix_wait_ms, over.long_term_events, over.computed_prefix_events) == (0.0, 0, 0)
+
+
 def test_abandoned_calls_are_counted_but_left_out_of_the_latencies_and_the_verdict():
     calls = records(slow=1)
     calls += [dropped(SPEC.warmup + 100 + i, admitted=i % 2 == 0) for i in range(30)]
