@@ -4,7 +4,7 @@ Two runs of `make bench-headline` at one commit, on an otherwise idle machine, r
 headline ratio (the length sweep's, each mix's and each non-zero abandoned share's):
 
 - both runs measured it;
-- their bracket-based intervals overlap (`bench.schema.ratio_interval`: the ratio of the edges as the
+- their bracket-based intervals overlap (`bench.lib.schema.ratio_interval`: the ratio of the edges as the
   sequential verdicts placed them);
 - their point estimates agree within `--agreement` (10 %): the larger is at most 1.1x the smaller.
 
@@ -14,7 +14,7 @@ sweep's, both mixes', each non-zero abandoned share of its default `--abandon-fr
 each run is held to the paper's targets on the first mix (`--target-ratio`, x3 over the baseline: the
 paper reports x3.6; and `--target-of-admit-all`, 0.95 of admit-all's highest load: the trigger's
 selectivity must not cost throughput) and to its checks at the default limits, whatever limits its own
-flags set (a run without checks, or flagged, is not quotable: `bench.checks.quotable`); both runs are held
+flags set (a run without checks, or flagged, is not quotable: `bench.lib.checks.quotable`); both runs are held
 to one code (one commit, or two that differ only in bench/results/: the first run may be committed before
 the second is made, in another session) and, unless both ran in their host's unit u (whose point is that
 any speed measures the same experiment: the change is then recorded only), to one machine speed (their
@@ -31,10 +31,10 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench import context
-from bench.checks import FlaggedRun, default_limit, floor_drift, lowest, quotable
-from bench.config import load_config
-from bench.schema import Run, Sweep, ratio, ratio_interval
+from bench.lib import context
+from bench.lib.checks import FlaggedRun, default_limit, floor_drift, lowest, quotable
+from bench.lib.config import load_config
+from bench.lib.schema import Run, Sweep, ratio, ratio_interval
 from services.common.config import listed, load, setting
 
 Interval = list[float | None]  # [low, high]; high None: unbounded
@@ -248,7 +248,7 @@ class Comparison:
     @property
     def floor_moved(self) -> float | None:
         """The second run's floor against the first's (each the lower of its start and end floors), as
-        `bench.checks` compares a run with a committed one; None where they share no length."""
+        `bench.lib.checks` compares a run with a committed one; None where they share no length."""
         first, second = (lowest(run.measured.floor, run.measured.floor_end) for run in self.runs)
         return floor_drift(second, first)
 

@@ -16,15 +16,16 @@ module named to `importlib.import_module`, in services/, bench/ and tools/):
   import no module of a service, neither a servicer, proxy or data-plane module nor its config (a process
   they start gets the flags they set, and a flag they leave out keeps the service's own default), nor its
   internals. Exempt are the in-process harnesses in `IN_PROCESS`, each for the one service it measures in
-  process, without gRPC (`bench/micro/floor.py` and `bench/micro/accelerator.py` time the ranker's model,
+  process, without gRPC (`bench/lib/floor.py` and `bench/micro/accelerator.py` time the ranker's model,
   engine and device layers as a floor under the fleet's numbers; `bench/micro/serving/in_process.py` times
   the same passes in process against the ranker's, and `bench/micro/null_model.py` serves the ranker with its
-  model passes made free; `bench/studies/gain_stability.py`, issue 25's record, fits the trigger's cost
+  model passes made free; `bench/studies/gain_stability.py` fits the trigger's cost
   model): they may import that service's internals and config, never its handlers.
   `tools/docs.py` renders every command's settings class into docs/configuration.md, which is its job: it
   loads them by name, out of this check's sight;
 - the ranker's packages are layers, `model` < `device` < `engine` < `cache` < its top-level modules: a
-  package imports only from the layers below it (and the leaf `metrics`), so a Rank's walk reads top-down.
+  package imports only from the layers below it (and the leaf `metrics`), so a Rank's walk reads top-down;
+- `bench/` is a library (`bench/lib`) and the commands over it: the library imports no command.
 
 And one size rule: no module under services/ or bench/, outside the ranker's model (services/ranker/model/,
 which the serving-path work reshapes), is longer than 400 lines.
@@ -50,7 +51,7 @@ DRAWS_USERS = ("retrieval_stub", "launcher", "loadgen", "bench", "tools")
 CLIENTS = ("launcher", "loadgen", "bench", "tools")
 # In-process harnesses, by path, and the one service whose internals each measures (see the docstring).
 IN_PROCESS = {
-    "bench/micro/floor.py": "ranker",
+    "bench/lib/floor.py": "ranker",
     "bench/micro/accelerator.py": "ranker",
     "bench/micro/serving/in_process.py": "ranker",
     "bench/micro/null_model.py": "ranker",
@@ -121,6 +122,28 @@ def test_the_dependency_rules_hold() -> None:
     assert violations() == []
 
 
+def library_violations(root: Path) -> list[str]:
+    """The imports of bench/lib that reach a command (anything under bench/ outside bench/lib)."""
+    found = set()
+    for path in (root / "bench" / "lib").rglob("*.py"):
+        for module in imports(path):
+            parts = module.split(".")
+            if parts[0] == "bench" and len(parts) > 1 and parts[1] != "lib":
+                found.add(f"{path.relative_to(root)} imports {'.'.join(parts[:2])}")
+    return sorted(found)
+
+
+def test_the_bench_library_imports_no_command() -> None:
+    assert library_violations(ROOT) == []
+
+
+def test_the_library_rule_catches_a_command_imported(tmp_path: Path) -> None:
+    (tmp_path / "bench" / "lib").mkdir(parents=True)
+    (tmp_path / "bench" / "lib" / "ok.py").write_text("from bench.lib import stats\nimport bench.lib.codec\n")
+    (tmp_path / "bench" / "lib" / "bad.py").write_text("from bench.ab.schema import AbResults\n")
+    assert library_violations(tmp_path) == ["bench/lib/bad.py imports bench.ab"]
+
+
 RANKER_LAYERS = ("model", "device", "engine", "cache")
 
 
@@ -186,10 +209,10 @@ def throwaway_tree(tmp_path: Path, monkeypatch, where: str, source: str) -> None
             "no service module",
         ),
         ("from services.ranker.config import RankerConfig", "bench/results/x/floor.py", "no config"),
-        ("from services.trigger.cost_model import CostModel", "bench/micro/floor.py", "no config"),
+        ("from services.trigger.cost_model import CostModel", "bench/lib/floor.py", "no config"),
         (
             "from services.ranker.servicer import RankerServicer",
-            "bench/micro/floor.py",
+            "bench/lib/floor.py",
             "harness imports no servicer",
         ),
     ],
@@ -203,7 +226,7 @@ def test_each_rule_catches_its_violation(tmp_path: Path, monkeypatch, source: st
 
 def test_an_in_process_harness_may_import_the_service_it_measures(tmp_path: Path, monkeypatch):
     source = "from services.ranker.config import RankerConfig\nfrom services.ranker.engine import runner"
-    throwaway_tree(tmp_path, monkeypatch, "bench/micro/floor.py", source)
+    throwaway_tree(tmp_path, monkeypatch, "bench/lib/floor.py", source)
     assert violations() == []
 
 

@@ -32,7 +32,7 @@ SERVICES = [
         "ConvertConfig",
     ),
     ("Local fleet — `python -m services.launcher` (`make run`)", "services.launcher.demo", "LauncherConfig"),
-    ("Benchmark — `python -m bench run`", "bench.config", "BenchConfig"),
+    ("Benchmark — `python -m bench run`", "bench.lib.config", "BenchConfig"),
     ("Fixed-load A/B — `python -m bench ab`", "bench.ab.config", "AbConfig"),
     ("Two headline runs compared — `python -m bench reproduce`", "bench.reproduce", "ReproduceConfig"),
     ("Tracing-overhead benchmark — `python -m bench tracing`", "bench.tracing.config", "TracingBench"),
@@ -65,7 +65,7 @@ def render() -> str:
 def profile_defaults() -> str:
     """The benchmark profiles' own defaults: each replaces a setting's default where neither its flag nor
     its variable is given."""
-    from bench.config import PROFILE_DEFAULTS
+    from bench.lib.config import PROFILE_DEFAULTS
     from services.common.config import env_name, flag_name
 
     rows = ["| profile | flag | environment | profile's default |", "|---|---|---|---|"]

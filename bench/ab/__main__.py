@@ -19,8 +19,8 @@ from bench.ab.config import AbConfig
 from bench.ab.report import render_markdown
 from bench.ab.run import AbBench
 from bench.ab.schema import AbResults, AbRun
-from bench.context import machine, versions
-from bench.schema import Machine, Versions
+from bench.lib.context import machine, versions
+from bench.lib.schema import Machine, Versions
 from services.common.config import load
 
 

@@ -1,4 +1,4 @@
-"""The statistics of a fixed-load A/B from its runs (`bench.intervals` defines each interval): per mode
+"""The statistics of a fixed-load A/B from its runs (`bench.lib.intervals` defines each interval): per mode
 and load a `Cell`, per pair of modes and load a `Comparison` with its verdicts."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from bench import intervals
 from bench.ab.config import AbConfig
 from bench.ab.schema import AbRun, Cell, Comparison
-from bench.intervals import Interval
+from bench.lib import intervals
+from bench.lib.intervals import Interval
 
 
 def latencies(values: Sequence[float | None]) -> list[float]:

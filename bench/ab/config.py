@@ -16,7 +16,7 @@ Defaults, and why:
 - Recommends have their own SLO: a Recommend includes the relay window (the stub's pre-processing time)
   before its Rank, so by default its bound is the Rank's SLO plus the window.
 - P99 intervals resample blocks of 1 s of requests (`--block-s`), long enough to keep a burst of
-  arrivals and the queue it builds together (`bench.intervals`).
+  arrivals and the queue it builds together (`bench.lib.intervals`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
-from bench.config import BenchConfig, absent_means
-from bench.fleets import ABLATIONS, BASELINE, RELAY, FleetSettings, Mode
+from bench.lib.config import BenchConfig
+from bench.lib.fleets import ABLATIONS, BASELINE, RELAY, FleetSettings, Mode
 from services.common.config import grid, listed, numbers, setting
 from services.launcher.procs import REPO_ROOT
 
@@ -51,7 +51,7 @@ class AbConfig(FleetSettings):
     )
     modes: str = setting(
         "baseline,relay",
-        "the modes compared, two or more (bench.fleets; relay-owner-only: the placement study's)",
+        "the modes compared, two or more (bench.lib.fleets; relay-owner-only: the placement study's)",
         items=str,
         distinct=True,
         choices=tuple(MODES),
@@ -63,35 +63,23 @@ class AbConfig(FleetSettings):
         1000, "measured Recommends of each run, after the warm-up; none stops early", above=0
     )
     warmup_s: float = setting(5.0, "seconds of each run's load that are not measured", minimum=0)
-    fleet_warmup_s: float = absent_means(
-        0.0,
-        setting(
-            30.0,
-            "seconds of load each mode's fleet gets, unmeasured, at the first load before its first run "
-            "(0: none, as before it existed)",
-            minimum=0,
-        ),
-        omitted=True,
+    fleet_warmup_s: float = setting(
+        30.0,
+        "seconds of load each mode's fleet gets, unmeasured, at the first load before its first run "
+        "(0: none)",
+        minimum=0,
     )
-    send_lag_limit_ms: float = absent_means(
+    send_lag_limit_ms: float = setting(
         10.0,
-        setting(
-            10.0,
-            "a run whose load generator's send lag P99 is above this is flagged in the report (its arrivals "
-            "were late: the machine was busy)",
-            above=0,
-        ),
-        omitted=True,
+        "a run whose load generator's send lag P99 is above this is flagged in the report (its arrivals "
+        "were late: the machine was busy)",
+        above=0,
     )
-    foreign_cores_limit: float = absent_means(
+    foreign_cores_limit: float = setting(
         0.2,
-        setting(
-            0.2,
-            "a run during which processes other than its own fleet's and the load generator took more "
-            "cores than this is flagged in the report",
-            above=0,
-        ),
-        omitted=True,
+        "a run during which processes other than its own fleet's and the load generator took more "
+        "cores than this is flagged in the report",
+        above=0,
     )
     slo_ms: float = setting(100.0, "ranking-latency P99 SLO (the Rank as the stub sees it)", above=0)
     recommend_slo_ms: float = setting(
@@ -156,7 +144,7 @@ class AbConfig(FleetSettings):
         return Path(tempfile.gettempdir()) / "relaygr-ab"
 
     def bench_config(self) -> BenchConfig:
-        """The benchmark's settings that start this A/B's fleets (`bench.experiments.Bench`): the shared
+        """The benchmark's settings that start this A/B's fleets (`bench.run.experiments.Bench`): the shared
         ones from here, the rest at their defaults, and one mix (the rankers' longest history is its cap)."""
         shared = {field.name for field in dataclasses.fields(BenchConfig)}
         mine = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in shared}

@@ -6,8 +6,8 @@ import math
 
 from bench.ab.analysis import disturbed, latencies
 from bench.ab.schema import AbResults, AbRun
-from bench.intervals import Interval
-from bench.stats import percentile
+from bench.lib.intervals import Interval
+from bench.lib.stats import percentile
 
 
 def _number(value: float | None, scale: float = 1.0, digits: int = 1, signed: bool = False) -> str:
@@ -80,7 +80,7 @@ def order(results: AbResults) -> list[str]:
 
 
 def quantile(seeds: int) -> str:
-    """Which quantile the share intervals take with this many seeds (`bench.intervals.critical_value`)."""
+    """Which quantile the share intervals take with this many seeds (`bench.lib.intervals.critical_value`)."""
     if seeds < 2:
         return "with the normal quantile (one seed: no design effect is estimated)"
     return (
@@ -117,7 +117,7 @@ def render_markdown(results: AbResults) -> str:
         f"the seeds, with {level} moving-block bootstrap intervals ({c.resamples} resamples, blocks of "
         f"{c.block_s:g} s of requests within each seed). A difference is the second mode's value less the "
         "first's: Newcombe's interval for shares (pp: percentage points), the paired block bootstrap for "
-        "P99s (`bench.intervals`).",
+        "P99s (`bench.lib.intervals`).",
         "",
         *order(results),
         *warmups(results),

@@ -8,9 +8,9 @@ every run of as many seeds as there are modes, and at one seed the loads start w
 Before the first, each fleet gets `--fleet-warmup-s` of load at the first rate with users of its
 own (the seed index after the last measured one), recorded apart: a fleet's first run after its start
 read slow. `AbBench.measure` drives one run, once the other fleets are idle
-(`bench.driving.Driver.wait_idle`), recording the cores other processes took meanwhile (`disturbed`
+(`bench.lib.driving.Driver.wait_idle`), recording the cores other processes took meanwhile (`disturbed`
 flags a run whose arrivals were late or whose machine was busy): `warmup + requests` Recommends open
-loop, with the arrivals of its load seed and the users of `bench.driving.users` (named after the mix,
+loop, with the arrivals of its load seed and the users of `bench.lib.driving.users` (named after the mix,
 load, window and seed, so every mode sees exactly the same users and arrival times at a (seed, load), and
 no run inherits another load's or seed's cache), and no early stop: every run sends all its requests, so
 the counts over the SLO of the modes compare. `no-revisit` gets the same users' names with revisit
@@ -28,15 +28,14 @@ from pathlib import Path
 
 import grpc
 
-from bench import probes
 from bench.ab.analysis import disturbed
 from bench.ab.config import AbConfig
 from bench.ab.schema import AbRun
-from bench.driving import SETTLE_S, Plan, users
-from bench.experiments import Bench
-from bench.fleets import BenchFleet, Mode
-from bench.stats import percentile
-from bench.workload import RevisitSampler
+from bench.lib import probes
+from bench.lib.driving import SETTLE_S, Driver, Plan, users
+from bench.lib.fleets import BenchFleet, Mode
+from bench.lib.stats import percentile
+from bench.lib.workload import RevisitSampler
 from relaygr.v1 import recommend_pb2, recommend_pb2_grpc
 from services.loadgen.openloop import CallRecord, run_open_loop
 
@@ -93,7 +92,7 @@ class AbBench:
 
     def __init__(self, config: AbConfig, log_dir: Path, log: Callable[[str], None] = print) -> None:
         self.config = config
-        self.bench = Bench(config.bench_config(), log_dir, log)
+        self.bench = Driver(config.bench_config(), log_dir, log)
         self.log = self.bench.log
         self.warmups: list[AbRun] = []  # each fleet's warm-up run, once `run` has driven it
 

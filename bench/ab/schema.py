@@ -1,4 +1,4 @@
-"""results.json of a fixed-load A/B (`python -m bench ab`), as dataclasses that `bench.codec` writes and
+"""results.json of a fixed-load A/B (`python -m bench ab`), as dataclasses that `bench.lib.codec` writes and
 reads: the settings and context, every run's latencies (so the statistics can be computed again), and
 the summary per mode and load (`Cell`) and per pair of modes and load (`Comparison`)."""
 
@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench import codec
 from bench.ab.config import AbConfig
-from bench.fleets import FleetShape, Mode
-from bench.intervals import Interval
-from bench.schema import Machine, Versions
-from bench.workload import Universe
+from bench.lib import codec
+from bench.lib.fleets import FleetShape, Mode
+from bench.lib.intervals import Interval
+from bench.lib.schema import Machine, Versions
+from bench.lib.workload import Universe
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,6 +84,11 @@ class AbResults:
     runs: list[AbRun]
     # Each fleet's unmeasured warm-up run (`--fleet-warmup-s`), in the order driven; counted nowhere.
     warmups: list[AbRun] = dataclasses.field(default_factory=list, metadata=codec.omitted_while([]))
+
+    @property
+    def name(self) -> str:
+        """How a message names this A/B: its --name, else when it started."""
+        return f"the A/B {self.settings.name or self.started_at}"
 
     def to_json(self) -> dict[str, Any]:
         return codec.to_json(self)

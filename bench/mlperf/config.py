@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from bench.fleets import RELAY_WINDOW_HELP, FleetSettings
+from bench.lib.fleets import RELAY_WINDOW_HELP, FleetSettings
 from services.common.config import grid, listed, load, setting
 
 SCENARIOS = ("Server", "Offline")

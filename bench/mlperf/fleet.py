@@ -1,4 +1,4 @@
-"""The local fleets LoadGen drives: `bench.fleets.BenchFleet` (the benchmark's own launcher) in its
+"""The local fleets LoadGen drives: `bench.lib.fleets.BenchFleet` (the benchmark's own launcher) in its
 `relay` or `baseline` mode, one shape for both.
 
 Both modes run the same rankers, model preset, budgets and ranker flags; only the mode differs (the
@@ -18,16 +18,16 @@ from pathlib import Path
 
 import grpc
 
-from bench.fleets import BASELINE, RELAY, BenchFleet, FleetShape, Mode
+from bench.lib.fleets import BASELINE, RELAY, BenchFleet, FleetShape, Mode
+from bench.lib.workload import Universe
 from bench.mlperf.config import MlperfConfig
 from bench.mlperf.workload import streaming_universe
-from bench.workload import Universe
 from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 
 MODES: dict[str, Mode] = {"relay": RELAY, "baseline": BASELINE}
 NUM_CANDIDATES = 128  # the stub's retrieval size, also the rankers' profiled candidate count
 LEASE_TTL_MS = 3000  # as `python -m bench run`: a pre-inferred prefix waits this long for its Rank
-PRE_INFER_CHUNK_TOKENS = 512  # the fastest on CPU (bench.config)
+PRE_INFER_CHUNK_TOKENS = 512  # the fastest on CPU (bench.lib.config)
 
 
 def profile_lengths(history_max: int) -> str:

@@ -1,5 +1,5 @@
 """What `python -m bench mlperf` writes: one `RunResult` per LoadGen run (its folder's result.json), and
-for `--search` one `SearchResult` (the output folder's result.json), as dataclasses that `bench.codec`
+for `--search` one `SearchResult` (the output folder's result.json), as dataclasses that `bench.lib.codec`
 writes and reads back.
 
 A run is VALID here when LoadGen's summary says `Result is : VALID` and no more of its samples failed
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench import codec
+from bench.lib import codec
 from bench.mlperf.summary import LoadGenSummary
 from bench.mlperf.tally import History, Latencies, PrefixWait, Tiers
 
@@ -87,7 +87,7 @@ class SearchResult:
     load_average_end: list[float]
     configuration: dict[str, Any]  # the command's settings (bench.mlperf.config.MlperfConfig)
     modes: dict[str, ModeSearch]
-    # The host's unit u (`bench.micro.floor.host_unit_ms`), stated beside LoadGen's absolute P99 target;
+    # The host's unit u (`bench.lib.floor.host_unit_ms`), stated beside LoadGen's absolute P99 target;
     # absent from searches before it was timed.
     host_unit_ms: float | None = dataclasses.field(default=None, metadata=codec.OMIT_NONE)
 
@@ -98,5 +98,5 @@ def write_json(value: Any, path: Path) -> None:
 
 
 def read_json(cls: type[T], path: Path) -> T:
-    """A result written by `write_json`, checked field by field (`bench.codec.from_json`)."""
+    """A result written by `write_json`, checked field by field (`bench.lib.codec.from_json`)."""
     return codec.from_json(cls, json.loads(path.read_text()))

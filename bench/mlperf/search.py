@@ -1,10 +1,10 @@
 """`--search`: the highest Server target QPS LoadGen calls VALID, for each mode, on fleets of one shape.
 
 Every mode's fleet (`bench.mlperf.fleet`) is started first and kept running. Each mode's search is
-`bench.stats.largest_passing_value` over the load grid: from the grid value at or below `--target-qps`
+`bench.lib.stats.largest_passing_value` over the load grid: from the grid value at or below `--target-qps`
 it gallops up while runs are VALID (down while they are not), bisects between the last VALID and the
 first INVALID grid value, then refines between them (`--search-refine` geometric midpoints). The modes'
-searches run one LoadGen run each in turn (`bench.stats.interleave`), so that a shared machine's drifting
+searches run one LoadGen run each in turn (`bench.lib.stats.interleave`), so that a shared machine's drifting
 load falls on both alike. A search assumes that a higher target never turns an INVALID run VALID.
 
 Each run is a fresh stub (its universe starting then) and new users named after the load and the seed,
@@ -24,16 +24,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import codec
-from bench.context import git_commit, load_average
-from bench.fleets import BenchFleet
-from bench.micro.floor import host_unit_ms
+from bench.lib import codec
+from bench.lib.context import git_commit, load_average
+from bench.lib.fleets import BenchFleet
+from bench.lib.floor import host_unit_ms
+from bench.lib.stats import interleave, largest_passing_value
 from bench.mlperf import report
 from bench.mlperf.config import MlperfConfig
 from bench.mlperf.fleet import PRE_INFER_CHUNK_TOKENS, local_fleet, run_stub, universe, wait_routable
 from bench.mlperf.results import ModeSearch, RunResult, SearchResult, write_json
 from bench.mlperf.run import run_loadgen, run_settings
-from bench.stats import interleave, largest_passing_value
 
 SETTLE_S = 1.0  # between runs: the last answers and background pre-inference finish
 

@@ -30,8 +30,8 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from bench.lib.stats import percentile
 from bench.mlperf.sut import Answer
-from bench.stats import percentile
 from relaygr.v1 import common_pb2
 from services.common.contract import CACHE_SOURCES, cache_source_label
 

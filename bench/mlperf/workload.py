@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from bench.workload import Universe, mix_universe
+from bench.lib.workload import Universe, mix_universe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +85,7 @@ def streaming_universe(
     universe_seed: int,
     epoch_ms: int,
 ) -> Universe:
-    """The stub's universe for one run: `bench.workload.mix_universe`'s lognormal length mix, growing at
+    """The stub's universe for one run: `bench.lib.workload.mix_universe`'s lognormal length mix, growing at
     `growth_events_per_min` from `epoch_ms` (the run's start, Unix ms)."""
     mix = mix_universe(median, sigma, maximum, short_term, universe_seed)
     extra = (

@@ -1,6 +1,6 @@
 """The benchmark's outputs: results.json, report.md and the PNG plots, all from a run's results.
 
-`results.json` is the `bench.schema.Run` written once (`Run.to_json`): everything measured (every point,
+`results.json` is the `bench.lib.schema.Run` written once (`Run.to_json`): everything measured (every point,
 with its cost), the headline ratios under `length_ratio`, `throughput_ratio` (the first mix) and
 `throughput_ratios` (every mix), the machine, the versions and the configuration. `report.md` and the
 plots are rendered from it alone, so a results file can always be rendered again:
@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.lib.schema import Run
+from bench.lib.schema_gpu import GpuRun
 from bench.report import gpu
 from bench.report.figures import (
     CPU_SERVICES,
@@ -30,8 +32,6 @@ from bench.report.figures import (
 )  # fmt: skip
 from bench.report.markdown import render_markdown
 from bench.report.plots import PLOTS, plot_all
-from bench.schema import Run
-from bench.schema_gpu import GpuRun
 
 __all__ = [
     "CPU_SERVICES", "CPU_TARGETS_MS", "PLOTS", "cores_needed", "cpu_ms_per_request", "hit_rate_points",

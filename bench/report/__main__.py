@@ -9,9 +9,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.lib.schema import Run
+from bench.lib.schema_gpu import GpuRun
 from bench.report import renderer
-from bench.schema import Run
-from bench.schema_gpu import GpuRun
 from services.common.config import load, setting
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bench.lib.schema import EdgePair, Run, Sweep, ratio_interval
+from bench.lib.schema_context import mix_phase
 from bench.report.tables import table
-from bench.schema import EdgePair, Run, Sweep, ratio_interval
-from bench.schema_context import mix_phase
 
 CAPACITY_PLOT = "capacity_vs_slo.png"
 

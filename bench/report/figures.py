@@ -3,12 +3,12 @@ decided a sweep. The markdown (`bench.report.markdown`, `bench.report.gpu`) and 
 
 from __future__ import annotations
 
-from bench.probes import LOAD_GENERATOR
-from bench.schema import Point, Run, Sweep
+from bench.lib.probes import LOAD_GENERATOR
+from bench.lib.schema import Point, Run, Sweep
 from services.common.contract import CACHE_SOURCES
 
-# The services a point's CPU is split by (`cpu_service`), and issue 25's targets for RelayGR's best point,
-# in ms of CPU per request.
+# The services a point's CPU is split by (`cpu_service`), and the serving path's targets for RelayGR's best
+# point, in ms of CPU per request.
 CPU_SERVICES = ("rankers", "router", "trigger", "retrieval stub", "load generator")
 CPU_TARGETS_MS = {"router": 0.6, "trigger": 0.4, "retrieval stub": 1.0}
 
@@ -54,7 +54,7 @@ def cpu_service(process: str) -> str:
 
 def requests_sent(run: Run, point: Point) -> int:
     """The requests a point sent, its warm-up's included (its cost covers both): the warm-up is the rate
-    times the configured warm-up seconds, rounded as `bench.experiments` plans it."""
+    times the configured warm-up seconds, rounded as `bench.run.experiments` plans it."""
     return round(point.rate * run.configuration.warmup_s) + point.measured
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.lib.schema_gpu import BudgetedSweep, GpuLengthSweep, GpuMix, GpuPoint, GpuRun
 from bench.report.figures import CPU_SERVICES, cores_needed, cpu_ms_per_request, point_at
 from bench.report.plots import plot_sweeps
 from bench.report.tables import POINT_HEADER, machine_section, ms, point_row, table, times
-from bench.schema_gpu import BudgetedSweep, GpuLengthSweep, GpuMix, GpuPoint, GpuRun
 
 PLOTS = {"length": "p99_vs_length.png", "load": "p99_vs_load.png"}
 EXTRA_HEADER = ("GPU busy", "host CPU ms/request", "send lag P99 ms")

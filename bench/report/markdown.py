@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from bench.lib.schema import Run, Sweep
+from bench.lib.schema_context import LENGTH_PHASE, mix_phase
 from bench.report.capacity import capacity_section
 from bench.report.figures import first_failure, hit_rate_points, point_at, verdict, within_noise
 from bench.report.plots import PLOTS
@@ -26,8 +28,6 @@ from bench.report.tables import (
     times,
 )  # fmt: skip
 from bench.report.verdicts import checks_banner, edges_section, over_slo_sentence, phases_section
-from bench.schema import Run, Sweep
-from bench.schema_context import LENGTH_PHASE, mix_phase
 
 PAPER_LENGTH_RATIO = 1.5
 PAPER_THROUGHPUT_RATIO = 3.6
@@ -254,9 +254,9 @@ def _throughput_section(run: Run) -> str:
         "CPU per request, at each mode's best load: every process's CPU seconds over the point (user + "
         "system, from /proc) divided by the requests it sent. The CPU is read around the whole point, "
         f"warm-up included, so the requests are the warm-up's ({c.warmup_s:g} s at the point's rate) "
-        "plus the measured ones (abandoned ones included). The targets are issue 25's for RelayGR's best "
-        "point. The machine's ceiling: the cores our whole fleet needs at that load (its CPU per request "
-        f"times the offered load) against the machine's {machine_cores(run)} cores, beside the cores "
+        "plus the measured ones (abandoned ones included). The targets are the serving path's, for RelayGR's "
+        "best point. The machine's ceiling: the cores our whole fleet needs at that load (its CPU per "
+        f"request times the offered load) against the machine's {machine_cores(run)} cores, beside the cores "
         "it used as measured (CPU seconds over the point's wall time) and those other users of the machine "
         "took." + _ROUTING_NOTE.get(c.routing, ""),
     ]

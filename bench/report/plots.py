@@ -12,10 +12,10 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from bench.lib.schema import Run, Sweep
+from bench.lib.schema_context import LENGTH_PHASE, mix_phase
 from bench.report.capacity import CAPACITY_PLOT, capacity_rows
 from bench.report.figures import hit_rate_points, load_modes, shares
-from bench.schema import Run, Sweep
-from bench.schema_context import LENGTH_PHASE, mix_phase
 from services.common.contract import CACHE_SOURCES
 
 SOURCE_COLOURS = {"hbm": "#2b8a3e", "dram": "#1c7ed6", "extended": "#f59f00", "miss": "#c92a2a"}

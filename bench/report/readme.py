@@ -1,4 +1,7 @@
-"""The README's Results table, rendered from committed headline runs (`python -m bench readme`): one row
+"""`python -m bench readme --runs headline,headline-2`: the README's Results table, rendered from committed
+headline runs and written between its markers in README.md; nothing else of the README changes. Each run
+is a folder under bench/results/ with its results.json, and is refused unless its checks let it be quoted
+(`bench.lib.checks.quotable`). The table has one row
 per headline ratio (the length sweep, each mix, the abandonment share, RelayGR against admit-all), one
 column per run, each ratio with the interval its two brackets give, and the host's unit u of each run.
 
@@ -8,11 +11,15 @@ them, and tests/bench/test_results.py holds the README to the rendering of the r
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.lib import checks
+from bench.lib.schema import Run, Sweep, ratio_interval
 from bench.report.capacity import CAPACITY_PLOT
-from bench.schema import Run, Sweep, ratio_interval
+from services.common.config import listed, load, setting
+from services.launcher.procs import REPO_ROOT
 
 BEGIN = "<!-- results: rendered by `python -m bench readme` from the runs it names; do not edit -->"
 END = "<!-- end of results -->"
@@ -132,3 +139,32 @@ def write(readme: Path, runs: Sequence[tuple[str, Run]]) -> None:
     before, rest = text.split(BEGIN, 1)
     _, after = rest.split(END, 1)
     readme.write_text(before + render(runs) + after)
+
+
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadmeConfig:
+    runs: str = setting(
+        "headline,headline-2",
+        "the runs the table quotes: folders under bench/results/",
+        items=str,
+        distinct=True,
+    )
+    readme: str = setting(
+        "README.md", "the file whose rendered Results are replaced (from the repository root)"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = load(ReadmeConfig, argv, prog="python -m bench readme", description=__doc__)
+    runs = []
+    for name in listed(config, "runs"):
+        path = RESULTS_DIR / name / "results.json"
+        if not path.exists():
+            raise SystemExit(f"python -m bench readme: --runs: no results.json in {path.parent}")
+        runs.append((name, checks.quotable(Run.load(path))))
+    target = REPO_ROOT / config.readme
+    write(target, runs)
+    print(f"{target}: Results rendered from {', '.join(name for name, _ in runs)}")

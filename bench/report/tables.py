@@ -7,7 +7,8 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from bench import codec
+from bench.lib import codec
+from bench.lib.schema import Point, Run, Sweep
 from bench.report.figures import (
     CPU_SERVICES,
     CPU_TARGETS_MS,
@@ -22,7 +23,6 @@ from bench.report.figures import (
     shares,
     verdict,
 )  # fmt: skip
-from bench.schema import Point, Run, Sweep
 from services.common.contract import CACHE_SOURCES
 
 POINT_HEADER = (

@@ -1,11 +1,11 @@
 """The report's sections on a run's checks and on its edges as statistics, for runs that recorded them:
 older runs render without them, as they did.
 
-`checks_banner`: at the top of the report, whether the run is flagged (`bench.checks`) and why; a flagged
+`checks_banner`: at the top of the report, whether the run is flagged (`bench.lib.checks`) and why; a flagged
 run's figures are not for the README. `edges_section`: each sweep's bracket (its best and the lowest
 failing value above it), each ratio with its bracket-based interval, the pooled verdicts at each
 mode's bracket on every mix (the seeds, requests, pooled P99 and interval, decided or not).
-`over_slo_sentence`: what the Ranks over the SLO were at a failing load (`bench.schema_context.OverSlo`,
+`over_slo_sentence`: what the Ranks over the SLO were at a failing load (`bench.lib.schema_context.OverSlo`,
 pooled over the load's seeds), for the report's account of what stopped each mode. `phases_section`:
 the host's unit in each phase.
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import collections
 
+from bench.lib.schema import Point, Run, Sweep
+from bench.lib.schema_context import OverSlo
 from bench.report.tables import ms, table, times
-from bench.schema import Point, Run, Sweep
-from bench.schema_context import OverSlo
 
 
 def checks_banner(run: Run) -> str:
@@ -176,20 +176,23 @@ def look_level(run: Run) -> float:
 
 def phases_section(run: Run) -> str:
     """Each phase's host unit at its start and end and the SLO it was judged against (empty for runs
-    without phases, `bench.phases`)."""
+    without phases, `bench.run.phases`)."""
     phases = run.measured.phases
     if not phases:
         return ""
     rows = [
         [phase.name, f"{phase.started_s / 60:.1f}", f"{phase.duration_s / 60:.1f}", f"{phase.u_ms:g}",
-         f"{phase.u_end_ms:g}", f"{phase.change:+.1%}", f"{phase.slo_ms:g}"]
+         f"{phase.u_end_ms:g}", f"{phase.change:+.1%}", f"{phase.slo_ms:g}", f"{phase.host_wait_s:g}"]
         for phase in phases
     ]  # fmt: skip
-    header = ("phase", "started, min", "minutes", "u at start ms", "u at end ms", "change", "SLO judged ms")
+    header = ("phase", "started, min", "minutes", "u at start ms", "u at end ms", "change", "SLO judged ms",
+              "waited for the host, s")  # fmt: skip
     text = (
         "Each experiment ran as a phase: u (the in-process full pass at the host unit's length, in a fresh "
         "process, every running fleet idle) was timed at its start and its end, and its points were judged "
         "against the run's SLO multiple of its starting u; the fleets kept the trigger's SLO and the relay "
-        "window they started with. A phase whose u moved more than the floor's drift limit flags the run."
+        "window they started with. A phase whose u moved more than the floor's drift limit flags the run. "
+        "Before each point a probe read the host's speed, and the point waited while the host was slower "
+        "than it had been (within the run's --host-wait-s)."
     )
     return f"## Phases: the host's unit in each experiment\n\n{text}\n\n{table(header, rows)}"

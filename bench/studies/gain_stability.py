@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bench.config import BenchConfig
+from bench.lib.config import BenchConfig
 from services.common.config import listed, load, setting
 from services.launcher.procs import REPO_ROOT
 from services.trigger.config import TriggerConfig
@@ -38,7 +38,7 @@ class GainStability:
 
 
 def warm_up(config: BenchConfig) -> list[dict[str, float]]:
-    from bench.micro.floor import model_floor
+    from bench.lib.floor import model_floor
 
     lengths = listed(config, "ranker_profile_lengths")
     threads, short, chunk = config.torch_threads, config.short_term, config.pre_infer_chunk_tokens

@@ -2,8 +2,8 @@
 
 Runs the same RelayGR fleet shape three times, a fresh fleet each (tracing is read at a process's start):
 tracing off, then exporting with `--trace-sample-ratio` 0.01 and 1.0 (`--sample-ratios`). Each fleet gets
-the same open-loop Recommend load, the same users and the same arrivals (`bench.points.run_point`), and
-its processes' CPU is read around it (`bench.probes`); every service exports to one OTLP/gRPC receiver
+the same open-loop Recommend load, the same users and the same arrivals (`bench.lib.points.run_point`), and
+its processes' CPU is read around it (`bench.lib.probes`); every service exports to one OTLP/gRPC receiver
 process on loopback (`bench.tracing.otlp`). From the highest ratio's spans it picks one relayed request and
 draws its timeline. Writes results.json, report.md and timeline.png to `--output`; the services' logs and the
 received spans go to its tmp/ folder (not committed).

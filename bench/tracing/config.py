@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from bench.fleets import FleetSettings
+from bench.lib.fleets import FleetSettings
 from services.common.config import listed, numbers, setting
 
-# The benchmark's settings this command shares (bench.config's defaults and bench.experiments' constants).
+# The benchmark's settings this command shares (bench.lib.config's defaults and bench.run.experiments'
+# constants).
 SHORT_TERM = 16
 MIX_SIGMA = 0.75
 NUM_CANDIDATES = 128

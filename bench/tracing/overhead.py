@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from bench.probes import LOAD_GENERATOR
+from bench.lib.probes import LOAD_GENERATOR
 from bench.tracing.otlp import SpanRecord
 from bench.tracing.timeline import RelayFacts, group_traces, root
 
@@ -159,8 +159,7 @@ def times(value: float | None) -> str:
 def markdown(run: TracingRun) -> str:
     """report.md: the overhead tables, the picture and the trace it draws."""
     c, m = run.configuration, run.machine
-    # Runs before the relay window's rename recorded it as the stub's `preprocess_delay_ms`.
-    window = c["relay_window_ms"] if "relay_window_ms" in c else c["preprocess_delay_ms"]
+    window = c["relay_window_ms"]
     lines = [
         "# Tracing overhead and one relayed request's timeline",
         "",

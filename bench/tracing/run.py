@@ -14,10 +14,11 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from bench import probes
-from bench.context import git_commit, load_average
-from bench.fleets import RELAY, BenchFleet, FleetShape
-from bench.points import PointSpec, run_point
+from bench.lib import probes
+from bench.lib.context import git_commit, load_average
+from bench.lib.fleets import RELAY, BenchFleet, FleetShape
+from bench.lib.points import PointSpec, run_point
+from bench.lib.workload import RevisitSampler, mix_universe
 from bench.tracing.config import (
     BUSY_PATTERN,
     MIX_SIGMA,
@@ -39,7 +40,6 @@ from bench.tracing.overhead import (
     overhead,
 )
 from bench.tracing.timeline import draw, group_traces, pick_relayed, relay_facts
-from bench.workload import RevisitSampler, mix_universe
 
 PICTURE = "timeline.png"
 # The SDK's batch span processor's delay unless OTEL_BSP_SCHEDULE_DELAY says otherwise.

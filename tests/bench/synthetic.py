@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-from bench import codec
-from bench.points import PointSpec, summarize
-from bench.schema import Cost, Point, recorded
+from bench.lib import codec
+from bench.lib.points import PointSpec, summarize
+from bench.lib.schema import Cost, Point, recorded
 from relaygr.v1 import recommend_pb2
 from services.loadgen.openloop import CallRecord
 
@@ -71,6 +71,6 @@ def point_of(kind: type[P], rate: float, rank_ms: float, *args: Any, **extra: An
 
 
 def sweep(points: list[dict[str, Any]], best: float | None, **extra: Any) -> dict[str, Any]:
-    """A sweep as `bench.experiments.Sweep` serializes it."""
+    """A sweep as `bench.run.experiments.Sweep` serializes it."""
     fields = {"refined": [], "repeats": [], "seeds_agree": None, **extra}
     return {"points": points, "best": best, "at_grid_top": False, **fields}

@@ -22,8 +22,8 @@ from bench.ab.config import AbConfig
 from bench.ab.report import render_markdown
 from bench.ab.run import AbBench, Job, Load, schedule
 from bench.ab.schema import AbResults
-from bench.fleets import Mode
-from bench.workload import RevisitSampler
+from bench.lib.fleets import Mode
+from bench.lib.workload import RevisitSampler
 from relaygr.v1 import recommend_pb2
 from services.common.config import load
 from services.loadgen.openloop import CallRecord

@@ -1,4 +1,4 @@
-"""Whether a run's figures may be quoted (`bench.checks.quotable`): only a run whose checks were recorded,
+"""Whether a run's figures may be quoted (`bench.lib.checks.quotable`): only a run whose checks were recorded,
 and flag nothing at its own limits or at the default ones."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import checks
 from bench.ab.schema import AbResults
-from bench.schema import Run
-from bench.schema_context import RunChecks
+from bench.lib import checks
+from bench.lib.schema import Run
+from bench.lib.schema_context import RunChecks
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 CLEAN = RunChecks(

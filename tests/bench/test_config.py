@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from bench import codec
-from bench.config import PROFILE_SETTINGS, BenchConfig, load_config
-from bench.driving import Plan, users
-from bench.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet, FleetShape
+from bench.lib.config import PROFILE_SETTINGS, BenchConfig, load_config
+from bench.lib.driving import Plan, users
+from bench.lib.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet, FleetShape
+from bench.lib.workload import mix_universe
 from bench.micro.grpc_floor import GrpcFloorConfig
 from bench.micro.serving.config import ServingConfig
 from bench.mlperf.config import MlperfConfig, parse
 from bench.tracing.config import TracingBench
-from bench.workload import mix_universe
 from services.common.config import load
 from services.retrieval_stub.config import RetrievalStubConfig
 
@@ -98,16 +97,6 @@ def test_the_bench_commands_take_the_services_flag_names():
         field.name for cls in (BenchConfig, MlperfConfig, TracingBench) for field in dataclasses.fields(cls)
     }
     assert "relay_window_ms" in names and not {"preprocess_delay_ms", "preset"} & names
-
-
-def test_a_results_configuration_from_before_the_rename_reads_its_relay_window():
-    written = codec.to_json(load(BenchConfig, ["--relay-window-ms", "70"], environ={}))
-    assert list(written)[4] == "relay_window_ms"  # where preprocess_delay_ms stood
-    old = {
-        ("preprocess_delay_ms" if key == "relay_window_ms" else key): value for key, value in written.items()
-    }
-    assert codec.from_json(BenchConfig, old).relay_window_ms == 70.0
-    assert codec.from_json(BenchConfig, written).relay_window_ms == 70.0
 
 
 def test_the_profiles_differ_in_how_much_they_measure():

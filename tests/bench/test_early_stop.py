@@ -1,4 +1,4 @@
-"""A clearly passing point stops early (`bench.points.clearly_passing`), and the rule is safe: replayed on
+"""A clearly passing point stops early (`bench.lib.points.clearly_passing`), and the rule is safe: replayed on
 every run of the committed fixed-load A/Bs (their Rank latencies in send order), it stops some runs and
 changes no verdict; a slowly growing queue is never stopped as passing."""
 
@@ -12,8 +12,8 @@ import numpy as np
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from bench.points import PASS_CHECK_EVERY, clearly_passing, p99_upper_bound
-from bench.stats import percentile
+from bench.lib.points import PASS_CHECK_EVERY, clearly_passing, p99_upper_bound
+from bench.lib.stats import percentile
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 COMMITTED_AB = ("ab-mix1-admit-all", "ab-mix1-admit-all-warm")

@@ -23,15 +23,17 @@ from typing import Any
 import grpc
 import pytest
 
-from bench import checks, experiments, phases, probes, record, report
-from bench.config import BenchConfig, load_config
-from bench.driving import Plan
-from bench.experiments import Bench
-from bench.fleets import ABLATIONS, RELAY
-from bench.points import FIRST_SEED, Before, PointSpec, summarize
+from bench import report
+from bench.lib import checks, driving, probes
+from bench.lib.config import BenchConfig, load_config
+from bench.lib.driving import Plan
+from bench.lib.fleets import ABLATIONS, RELAY
+from bench.lib.points import FIRST_SEED, Before, PointSpec, summarize
+from bench.lib.schema import CachedRankPoint, Cost, FloorPoint, Machine, Point, Run, Versions, recorded
+from bench.lib.workload import Universe
 from bench.report import readme
-from bench.schema import CachedRankPoint, Cost, FloorPoint, Machine, Point, Run, Versions, recorded
-from bench.workload import Universe
+from bench.run import experiments, phases, record
+from bench.run.experiments import Bench
 from relaygr.v1 import common_pb2, recommend_pb2
 from services.loadgen.openloop import CallRecord
 
@@ -126,14 +128,32 @@ def headline():
     return fake_run(load_config(["--profile", "headline"], {}))
 
 
+class FakeProbe:
+    """A `UnitProbe` reading `speed()`."""
+
+    def __init__(self, speed: Callable[[], float]) -> None:
+        self.speed = speed
+        self.closed = False
+
+    def __call__(self) -> float:
+        return self.speed()
+
+    def close(self) -> None:
+        self.closed = True
+
+
 def fake_run(
     config: BenchConfig,
     reference: list[FloorPoint] = FLOOR,
     started: list[str] | None = None,
     units: Callable[[], float] = lambda: U_MS,
+    speed: Callable[[], float] = lambda: U_MS,
+    probes_made: list | None = None,
 ) -> tuple[dict, list[str], list[tuple]]:
     """A whole run of `config` over fake fleets, against a committed run whose floor was `reference`, the
-    host's unit timed at each phase's start and end reading `units()`: results.json's content, the fleets
+    host's unit timed at each phase's start and end reading `units()` and its probe (`UnitProbe`, before
+    each phase's start: a fake point is not driven) reading `speed()` (each probe made appended to
+    `probes_made`): results.json's content, the fleets
     in start order (appended to `started`), and every point measured (mode, universe, rate, window,
     abandoned share, seed index, the SLO judged against, the plan's tag), in order."""
     monkeypatch = pytest.MonkeyPatch()
@@ -179,6 +199,10 @@ def fake_run(
     monkeypatch.setattr(phases, "in_fresh_process", lambda function, *args: FLOOR)
     monkeypatch.setattr(phases, "host_unit_ms", lambda *args: units())
     monkeypatch.setattr(phases, "UNIT_SETTLE_S", 0.0)
+    made = [] if probes_made is None else probes_made
+    monkeypatch.setattr(phases, "UnitProbe", lambda *args: made.append(FakeProbe(speed)) or made[-1])
+    for name, value in (("HOST_RETRY_S", 0.0), ("LEASE_TTL_MS", 0), ("SETTLE_S", 0.0)):
+        monkeypatch.setattr(driving, name, value)
     monkeypatch.setattr(
         experiments,
         "cached_rank_through_router",
@@ -707,6 +731,20 @@ def test_a_phase_whose_unit_moved_past_the_limit_flags_the_run_and_is_named():
     with pytest.raises(checks.FlaggedRun, match=f"during the phase 'throughput, {MIX2}'"):
         checks.quotable(run)
     assert f"throughput, {MIX2} +15.0%" in report.render_markdown(run).split("\n")[2]
+
+
+def test_a_phase_starts_on_a_host_as_fast_as_it_has_been_and_times_u_there():
+    """The probe reads the host 50 % slower at the first mix's start, then as fast as before: that phase
+    waits for it and times u afresh, where it would have started from the length sweep's end timing."""
+    speed = unit_timings(40.0, 60.0, 40.0)
+    units = unit_timings(U_MS, U_MS * 1.02, U_MS * 0.98)
+    probes_made: list[FakeProbe] = []
+    run = Run.from_json(fake_run(CONFIG, units=units, speed=speed, probes_made=probes_made)[0])
+    phases = run.measured.phases
+    assert (phases[0].u_ms, phases[0].u_end_ms) == (round(U_MS, 4), round(U_MS * 1.02, 4))
+    assert phases[1].u_ms == round(U_MS * 0.98, 4)  # not the 1.02 u the length sweep ended with
+    assert phases[2].u_ms == phases[1].u_end_ms  # the host was fast: the next phase reused the end timing
+    assert [probe.closed for probe in probes_made] == [True]  # one probe over the run, closed at its end
 
 
 def test_a_unit_timed_far_from_the_last_is_timed_again_and_the_lower_counts():

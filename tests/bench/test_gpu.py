@@ -14,18 +14,19 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench import codec, gpu_monitor, report
-from bench.config import PROFILE_DEFAULTS, PROFILE_SETTINGS, BenchConfig, load_config
-from bench.driving import Plan
-from bench.fleets import RELAY
-from bench.gpu import Budget, BudgetExhausted, GpuBench, Headline, headline
-from bench.gpu_monitor import GpuMonitor, parse_smi_info, parse_smi_sample
-from bench.points import PointSpec, run_point
+from bench import report
+from bench.lib import codec, gpu_monitor
+from bench.lib.config import PROFILE_DEFAULTS, PROFILE_SETTINGS, BenchConfig, load_config
+from bench.lib.driving import Plan
+from bench.lib.fleets import RELAY
+from bench.lib.gpu_monitor import GpuMonitor, parse_smi_info, parse_smi_sample
+from bench.lib.points import PointSpec, run_point
+from bench.lib.schema_gpu import GpuPoint, GpuRun
+from bench.lib.stats import largest_passing
+from bench.lib.sweep import interleave_until_stopped
+from bench.lib.workload import RevisitSampler
 from bench.report import gpu as gpu_report
-from bench.schema_gpu import GpuPoint, GpuRun
-from bench.stats import largest_passing
-from bench.sweep import interleave_until_stopped
-from bench.workload import RevisitSampler
+from bench.run.gpu import Budget, BudgetExhausted, GpuBench, Headline, headline
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc
 from services.common.config import load
 from services.ranker.config import RankerConfig

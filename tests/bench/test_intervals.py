@@ -1,4 +1,4 @@
-"""The A/B's intervals (`bench.intervals`): published values, coverage by simulation, clustering, pairing
+"""The A/B's intervals (`bench.lib.intervals`): published values, coverage by simulation, clustering, pairing
 and failed requests."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from bench import intervals
-from bench.intervals import Interval
-from bench.stats import bootstrap_ci, percentile
+from bench.lib import intervals
+from bench.lib.intervals import Interval
+from bench.lib.stats import bootstrap_ci, percentile
 
 INF = math.inf
 

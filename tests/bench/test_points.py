@@ -9,11 +9,11 @@ import dataclasses
 import grpc
 import pytest
 
-from bench.config import BenchConfig
-from bench.driving import Plan
-from bench.experiments import Bench
-from bench.points import FIRST_SEED, Before, PointSpec, failed_for_certain, run_point, summarize
-from bench.workload import RevisitSampler
+from bench.lib.config import BenchConfig
+from bench.lib.driving import Plan
+from bench.lib.points import FIRST_SEED, Before, PointSpec, failed_for_certain, run_point, summarize
+from bench.lib.workload import RevisitSampler
+from bench.run.experiments import Bench
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
 from services.loadgen.openloop import CallRecord
 

@@ -7,7 +7,7 @@ import time
 
 import prometheus_client
 
-from bench.probes import counters_from_text, difference, machine_busy_s, process_cpu_s
+from bench.lib.probes import counters_from_text, difference, machine_busy_s, process_cpu_s
 from services.ranker import metrics
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.config import load_config
+from bench.lib.config import load_config
+from bench.lib.schema import Run
 from bench.report import readme
-from bench.schema import Run
 from tests.bench.test_experiments import fake_run
 
 

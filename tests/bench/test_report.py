@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from bench import codec, report
-from bench.probes import LOAD_GENERATOR
-from bench.schema import Point, Run
+from bench import report
+from bench.lib import codec
+from bench.lib.probes import LOAD_GENERATOR
+from bench.lib.schema import Point, Run
 from relaygr.v1 import common_pb2
 from tests.bench.synthetic import SLO_MS, point, sweep
 

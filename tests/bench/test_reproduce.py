@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import context, reproduce
-from bench.config import load_config
+from bench import reproduce
+from bench.lib import context
+from bench.lib.config import load_config
+from bench.lib.schema import Run, ratio
 from bench.reproduce import Ratio, ReproduceConfig
-from bench.schema import Run, ratio
 from tests.bench.test_experiments import LOAD_LIMITS, MIX1, fake_run, scaled_floor
 
 CONFIG = ReproduceConfig()
@@ -209,7 +210,7 @@ def test_runs_at_two_commits_or_flagged_do_not_hold(runs):
     other = dataclasses.replace(run, versions=dataclasses.replace(run.versions, git_commit="def5678"))
     # Two commits measured one code when they differ only in bench/results/ (the first run committed).
     results_only = ["bench/results/headline/report.md", "bench/results/headline/results.json"]
-    for changed, one in ((results_only, True), ([*results_only, "bench/sweep.py"], False), (None, False)):
+    for changed, one in ((results_only, True), ([*results_only, "bench/lib/sweep.py"], False), (None, False)):
         asked: list[tuple[str, str]] = []
 
         def differ(first: str, second: str, asked=asked, changed=changed) -> list[str] | None:

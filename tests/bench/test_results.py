@@ -1,6 +1,6 @@
-"""results.json's schema (`bench.schema`): every committed run's results.json reads back through it and
-writes out as it was (older files gain only the fields added since, at their defaults, and renamed settings
-their new keys), and the report a committed run renders to stays what it was."""
+"""results.json's schema (`bench.lib.schema`): every committed run's results.json is in today's schema (it
+reads back through it and writes out byte for byte), and the report a committed run renders to stays what
+it was."""
 
 from __future__ import annotations
 
@@ -8,51 +8,26 @@ import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from bench import checks, codec, report
+from bench import report
+from bench.lib import checks, codec
+from bench.lib.schema import Machine, Run
+from bench.lib.schema_gpu import GpuRun
 from bench.report import gpu as gpu_report
 from bench.report import readme
-from bench.schema import Machine, Run
-from bench.schema_gpu import GpuRun
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 GOLDEN = Path(__file__).resolve().parent / "golden"
-# Fields newer than the CPU runs committed before them: reading one of those, the default applies, and
-# writing it out adds them (`cut`: False in every point; the gpu profile's settings; the profile's
-# per-rate point size).
-# Fields newer than every committed run: the run's checks' limits and the seed cap of a load's verdict.
-ADDED_SINCE_EVERY_RUN = {
-    "configuration.floor_drift_limit", "configuration.foreign_cores_limit", "profile.seed_cap",
-    "configuration.ablations", "configuration.stop_when_flagged",
-}  # fmt: skip
-ADDED_SINCE_THE_CPU_RUNS = {
-    "configuration.floor_device", "configuration.ranker_profile_repeats", "configuration.time_budget_s",
-    "profile.measured_min", "profile.measured_s", "*.points.*.cut", "configuration.routing",
-    *ADDED_SINCE_EVERY_RUN,
-}  # fmt: skip
-CPU_RUNS = ("full-febe785", "quick-batched", "quick-relay")  # written before the results were typed
-TYPED_CPU_RUNS = ("full-b893f0b", "full-5e3657a")  # written by bench.schema: read back byte for byte
-# In today's schema (full: rewritten once, with its checks computed against the run before it): read back
-# as they are.
-CURRENT_CPU_RUNS = (
-    "full", "headline-954a7e0", "headline-20eabaa", "headline-20eabaa-2", "headline-b52057b",
-    "headline-b7a7274",
+CPU_RUNS = (
+    "full", "full-febe785", "full-b893f0b", "full-5e3657a", "quick-batched", "quick-relay",
+    "headline-954a7e0", "headline-20eabaa", "headline-20eabaa-2", "headline-b52057b", "headline-b7a7274",
 )  # fmt: skip
 GPU_RUNS = ("gpu-fleet", "gpu-fleet-graphs", "gpu-fleet-repeat")
 # Runs whose trigger and stubs routed their own calls (every other run went through the router).
-DIRECT_RUNS = ("full-5e3657a", "full")
-# Settings renamed since the committed runs: read from the former key, written under the new one.
-RENAMED = {"preprocess_delay_ms": "relay_window_ms"}
-
-
-def renamed(text: str) -> str:
-    """A results file's text as a run would write it today: renamed settings under their new keys."""
-    for old, new in RENAMED.items():
-        text = text.replace(f'"{old}":', f'"{new}":')
-    return text
+DIRECT_RUNS = ("full-5e3657a", "full", "headline-954a7e0", "headline-20eabaa", "headline-20eabaa-2",
+               "headline-b52057b", "headline-b7a7274")  # fmt: skip
 
 
 def run_files() -> list[Path]:
@@ -71,64 +46,18 @@ def load(path: Path) -> Run:
     return kind.from_json(data)
 
 
-def added_keys(old: Any, new: Any, path: str = "") -> set[str]:
-    """The keys `new` has and `old` lacks, as dotted paths; AssertionError where a value they share
-    differs."""
-    if isinstance(old, dict):
-        assert isinstance(new, dict) and set(old) <= set(new), path
-        added = {f"{path}.{key}".lstrip(".") for key in set(new) - set(old)}
-        for key in old:
-            added |= added_keys(old[key], new[key], f"{path}.{key}")
-        return added
-    if isinstance(old, list):
-        assert isinstance(new, list) and len(old) == len(new), path
-        pairs = enumerate(zip(old, new, strict=True))
-        return set().union(*(added_keys(a, b, f"{path}.{number}") for number, (a, b) in pairs))
-    assert old == new and type(old) is type(new), f"{path}: {old!r} became {new!r}"
-    return set()
-
-
-def normalized(key: str) -> str:
-    """`length_sweep.relay.points.3.cut` and the like as `*.points.*.cut`."""
-    return re.sub(r"^.*\.points\.\d+\.([^.]+)$", r"*.points.*.\1", key)
-
-
 def test_every_committed_run_is_found():
     names = {path.parent.name for path in run_files()}
-    assert names == {*CPU_RUNS, *TYPED_CPU_RUNS, *CURRENT_CPU_RUNS, *GPU_RUNS}
+    assert names == {*CPU_RUNS, *GPU_RUNS}
 
 
-@pytest.mark.parametrize("name", CURRENT_CPU_RUNS)
-def test_a_run_in_todays_schema_reads_back_byte_for_byte(name: str):
-    path = RESULTS / name / "results.json"
-    assert json.dumps(load(path).to_json(), indent=1) + "\n" == path.read_text()
-
-
-@pytest.mark.parametrize(
-    "path",
-    [p for p in run_files() if p.parent.name not in CURRENT_CPU_RUNS],
-    ids=lambda path: path.parent.name,
-)
-def test_a_committed_run_reads_back_and_writes_out_as_it_was(path: Path):
-    text = renamed(path.read_text())
-    assert text != path.read_text()  # every committed run predates the relay window's rename
-    written = load(path).to_json()
-    added = {normalized(key) for key in added_keys(json.loads(text), written)}
-    # A run from before direct routing reads back as routed through the router, which it was.
+@pytest.mark.parametrize("path", run_files(), ids=lambda path: path.parent.name)
+def test_a_committed_run_is_in_todays_schema_and_reads_back_byte_for_byte(path: Path):
+    run = load(path)
+    assert json.dumps(run.to_json(), indent=1) + "\n" == path.read_text()
+    # A run from before direct routing says it went through the router, which it did.
     direct = path.parent.name in DIRECT_RUNS
-    assert written["configuration"]["routing"] == ("direct" if direct else "router")
-    assert (
-        written["configuration"]["relay_window_ms"]
-        == json.loads(path.read_text())["configuration"]["preprocess_delay_ms"]
-    )
-    if path.parent.name in (*GPU_RUNS, *TYPED_CPU_RUNS):
-        assert added == ADDED_SINCE_EVERY_RUN | ({"configuration.routing"} if not direct else set())
-        for key in added:  # the fields added since, at their defaults
-            group, name = key.split(".")
-            del written[group][name]
-        assert json.dumps(written, indent=1) + "\n" == text  # byte for byte
-    else:
-        assert added == ADDED_SINCE_THE_CPU_RUNS
+    assert run.configuration.routing == ("direct" if direct else "router")
 
 
 @pytest.mark.parametrize("name", GPU_RUNS)
@@ -147,7 +76,7 @@ def test_the_full_run_renders_to_the_same_report():
 
 def test_the_readmes_results_are_the_rendering_of_the_quotable_headline_runs_it_names():
     """README's Results are what `python -m bench readme` renders from the committed runs its table names,
-    each one whose checks let it be quoted (`bench.checks.quotable`; tests/bench/test_experiments.py
+    each one whose checks let it be quoted (`bench.lib.checks.quotable`; tests/bench/test_experiments.py
     flags one)."""
     text = (RESULTS.parents[1] / "README.md").read_text()
     rendered = text.split(readme.BEGIN, 1)[1].split(readme.END, 1)[0]

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.points import Before, failed_for_certain
-from bench.schema import Point, Sweep, ratio_interval
-from bench.stats import (
+from bench.lib.points import Before, failed_for_certain
+from bench.lib.schema import Point, Sweep, ratio_interval
+from bench.lib.stats import (
     bootstrap_ci,
     error_budget,
     interleave,
@@ -28,7 +28,7 @@ from bench.stats import (
     slo_decision,
     violation_budget,
 )
-from bench.sweep import pooled_point, pooled_verdict, run_sweeps
+from bench.lib.sweep import pooled_point, pooled_verdict, run_sweeps
 from relaygr.v1 import common_pb2
 from tests.bench.synthetic import point_of
 
@@ -380,7 +380,7 @@ def test_one_failed_request_on_the_first_seed_leaves_the_load_to_its_later_seeds
 @given(st.integers(0, 12), st.integers(100, 400), st.integers(1, 5), st.data())
 def test_the_verdict_fails_a_load_on_errors_exactly_when_the_early_stop_would(errors, calls, cap, data):
     """After k of `cap` seeds of `calls` calls each, with `errors` failures among otherwise fast calls:
-    the decision fails on errors exactly when `bench.points.failed_for_certain` says the sample at the
+    the decision fails on errors exactly when `bench.lib.points.failed_for_certain` says the sample at the
     cap (k seeds measured, the rest planned) has failed for certain."""
     seeds = data.draw(st.integers(1, cap))
     errors = min(errors, seeds * calls)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.workload import RevisitSampler, fixed_length_universe, mix_universe
+from bench.lib.workload import RevisitSampler, fixed_length_universe, mix_universe
 from services.common.config import load
 from services.retrieval_stub.config import RetrievalStubConfig
 from services.workload.universe import UserUniverse

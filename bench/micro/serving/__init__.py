@@ -23,7 +23,7 @@ rank. `--stages` samples the ranker with py-spy (a dev dependency) and splits it
 
 On CPU the ratios and the split are what count; on an accelerator the absolute figures do too. With
 `--device cuda` the ranker and the in-process passes run on the GPU, and each point also reads the busiest
-GPU's utilization over its measured pairs (`bench.gpu_monitor`: NVML, else nvidia-smi). A CUDA synchronize
+GPU's utilization over its measured pairs (`bench.lib.gpu_monitor`: NVML, else nvidia-smi). A CUDA synchronize
 spin-waits, so there the host's CPU counts waiting for the GPU as work: the waits inside a model pass (the
 scores' copy back ends every rank) fall within the pass's thread CPU time and are subtracted with the model;
 what remains, the event loop, the copy thread and the rest, is the serving path's own.

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 import grpc
 import numpy as np
 
-from bench.gpu_monitor import GpuMonitor
+from bench.lib.gpu_monitor import GpuMonitor
+from bench.lib.stats import percentile
 from bench.micro.serving.config import RANKER_SERVICE, ServingConfig
 from bench.micro.serving.cpu import THREAD_GROUPS, model_cpu_s, thread_cpu
-from bench.stats import percentile
 from relaygr.v1 import common_pb2, ranker_pb2
 from services.launcher.procs import ServiceProcess
 
@@ -141,7 +141,7 @@ class Point:
     sources: dict[str, int]
     errors: dict[str, int]
     stages: dict[str, float] = dataclasses.field(default_factory=dict)  # share of sampled CPU (py-spy)
-    # The busiest GPU's utilization over the measured pairs (`bench.gpu_monitor`); None on a CPU.
+    # The busiest GPU's utilization over the measured pairs (`bench.lib.gpu_monitor`); None on a CPU.
     gpu_busy: float | None = None
 
 

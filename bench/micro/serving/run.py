@@ -8,14 +8,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.gpu_monitor import GpuMonitor
+from bench.lib.gpu_monitor import GpuMonitor
+from bench.lib.stats import percentile
 from bench.micro.serving.config import RANKER_SERVICE, ServingConfig
 from bench.micro.serving.cpu import THREAD_GROUPS, thread_cpu
 from bench.micro.serving.in_process import InProcess
 from bench.micro.serving.pairs import Driver, Point, Shape, make_pairs, measure_point
 from bench.micro.serving.stages import sample_stages, stage_shares
 from bench.micro.serving.summary import point_line, result_of
-from bench.stats import percentile
 from services.common.config import listed
 from services.launcher.procs import Processes, ServiceProcess
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.context import commit
+from bench.lib.context import commit
 from bench.micro.serving.config import ServingConfig
 from bench.micro.serving.pairs import Point, Shape
 

@@ -14,7 +14,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from bench.probes import LOAD_GENERATOR
+from bench.lib.probes import LOAD_GENERATOR
 from bench.tracing.otlp import SpanRecord, read_records, records
 from bench.tracing.overhead import (
     RECEIVER,

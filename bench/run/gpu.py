@@ -11,7 +11,7 @@ on the host's cores. The run measures only what that question needs, in this ord
    what the first mix took. No ablations, abandonment shares, other relay windows or seed repeats.
 
 Every point records, beside its ranking latencies and its CPU seconds by process (`cost`), how busy the
-GPU was over its measured requests (`gpu`, `bench.gpu_monitor`; None on a machine without a GPU).
+GPU was over its measured requests (`gpu`, `bench.lib.gpu_monitor`; None on a machine without a GPU).
 
 The time budget (`--time-budget-s`, fleet starts included) keeps the whole run inside one command's
 limit: a point whose warm-up and measured requests would end past the budget (less `RESERVE_S` for
@@ -34,16 +34,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from bench import probes
-from bench.config import BenchConfig
-from bench.driving import NUM_CANDIDATES, SETTLE_S, Plan
-from bench.experiments import Bench, waste
-from bench.fleets import BASELINE, RELAY, BenchFleet, Mode
-from bench.gpu_monitor import GpuMonitor
-from bench.micro.floor import cached_rank_through_router, model_floor
-from bench.points import PointSpec, run_point
-from bench.schema import CachedRankPoint, Cost, FloorPoint, ratio, recorded
-from bench.schema_gpu import (
+from bench.lib import probes
+from bench.lib.config import BenchConfig
+from bench.lib.driving import NUM_CANDIDATES, SETTLE_S, Plan
+from bench.lib.fleets import BASELINE, RELAY, BenchFleet, Mode
+from bench.lib.floor import cached_rank_through_router, model_floor
+from bench.lib.gpu_monitor import GpuMonitor
+from bench.lib.points import PointSpec, run_point
+from bench.lib.schema import CachedRankPoint, Cost, FloorPoint, ratio, recorded
+from bench.lib.schema_gpu import (
     BudgetedSweep,
     GpuBusy,
     GpuLengthSweep,
@@ -52,8 +51,9 @@ from bench.schema_gpu import (
     GpuPoint,
     TimeBudget,
 )
-from bench.sweep import SweepStopped, last_within
-from bench.workload import RevisitSampler, Universe
+from bench.lib.sweep import SweepStopped, last_within
+from bench.lib.workload import RevisitSampler, Universe
+from bench.run.experiments import Bench, waste
 
 RESERVE_S = 25.0  # kept at the end of the budget: stopping two fleets (grace included) and the report
 POINT_OVERHEAD_S = 2.0  # beyond a point's requests: the probes, an extra stub's start

@@ -3,8 +3,8 @@
 Each `Command` names the function that runs it: the function takes the command's own arguments, parses
 them with the command's settings class (every flag with its `RELAYGR_…` twin, which `--help` lists) and
 runs. A command's module is imported only when that command runs, so `python -m bench --help` imports
-none of them. Commands import the library (`bench.config`, `bench.experiments`, `bench.intervals`, …);
-the library never imports a command.
+none of them. Commands import the library (`bench.lib`: `bench.lib.config`, `bench.lib.sweep`, …); the
+library never imports a command.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ COMMANDS = (
     Command(
         "run",
         "the benchmark: baseline, RelayGR and its ablations side by side (--profile quick|full|headline|gpu)",
-        "bench.commands.run:main",
+        "bench.run.__main__:main",
     ),
     Command(
         "headline",
         "the experiments the README quotes, and only those (`run --profile headline`)",
-        "bench.commands.run:main",
+        "bench.run.__main__:main",
         ("--profile", "headline"),
     ),
     Command(
@@ -59,7 +59,7 @@ COMMANDS = (
     Command(
         "readme",
         "render the README's Results table from committed headline runs",
-        "bench.commands.readme:main",
+        "bench.report.readme:main",
     ),
     Command(
         "tracing",

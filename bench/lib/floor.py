@@ -27,8 +27,8 @@ import grpc
 import numpy as np
 import torch
 
-from bench.schema import CachedRankPoint, FloorPoint
-from bench.stats import percentile
+from bench.lib.schema import CachedRankPoint, FloorPoint
+from bench.lib.stats import percentile
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.ranker.app import build_model
 from services.ranker.config import RankerConfig
@@ -152,8 +152,47 @@ UNIT_CANDIDATES = 128  # the stub's default retrieval size
 def host_unit_ms(preset: str, torch_threads: int, short_term: int, chunk_tokens: int,
                  length: int = UNIT_LENGTH, repeats: int = 3) -> float:  # fmt: skip
     """The host's unit u: the in-process full pass of `preset` at `length` events, timed in a fresh
-    process (`in_fresh_process`), as the CPU benchmark times it at its start (`bench.experiments`)."""
+    process (`in_fresh_process`), as the CPU benchmark times it at its start (`bench.run.experiments`)."""
     floor = in_fresh_process(
         model_floor, preset, torch_threads, [length], short_term, UNIT_CANDIDATES, repeats, chunk_tokens
     )
     return next(point.full_ms for point in floor if point.prefix_length == length)
+
+
+class UnitProbe:
+    """The host's speed, read again and again cheaply: one spawned process keeps the model and times its
+    full pass at the unit's length on each call (`unit_pass_ms`), so a reading costs the passes (about a
+    third of a second at 2048 events on cpu-small), not a process and a model. Its readings are compared
+    with each other (`bench.lib.driving.Driver.wait_host`), never with u, which `host_unit_ms` times."""
+
+    def __init__(self, preset: str, torch_threads: int, short_term: int, chunk_tokens: int,
+                 length: int = UNIT_LENGTH, repeats: int = 3) -> None:  # fmt: skip
+        self._args = (preset, torch_threads, short_term, chunk_tokens, length, repeats)
+        spawn = multiprocessing.get_context("spawn")
+        self._apart = concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn)
+
+    def __call__(self) -> float:
+        return self._apart.submit(unit_pass_ms, *self._args).result()
+
+    def close(self) -> None:
+        self._apart.shutdown()
+
+
+_PROBE_TIMERS: dict[tuple, Timer] = {}  # in a probe's process: its timer, built on the first reading
+
+
+def unit_pass_ms(preset: str, torch_threads: int, short_term: int, chunk_tokens: int, length: int,
+                 repeats: int) -> float:  # fmt: skip
+    """The least full pass at `length` events over `repeats` rounds after an untimed one, as the floor
+    times it, with the model built once per process and kept."""
+    key = (preset, torch_threads, short_term, chunk_tokens, length, repeats)
+    if key not in _PROBE_TIMERS:
+        config = RankerConfig(
+            model_preset=preset, device="cpu", torch_threads=torch_threads, max_long_term_events=length
+        )
+        model, version, _ = build_model(config)
+        runner = ModelRunner(model, Scheduler("probe"), chunk_tokens, None, version)
+        profiling = Profiling([length], short_term, UNIT_CANDIDATES, repeats, retries=0, disturbed_ratio=None)
+        _PROBE_TIMERS[key] = Timer(runner, profiling)
+    curve = measure(_PROBE_TIMERS[key])
+    return next(point.full_ms for point in curve.points if point.prefix_length == length)

@@ -2,7 +2,7 @@
 
 Writes results.json, report.md and the plots there; the services' logs go to its `tmp/` folder (not
 committed). Prints one line per step and, at the end, the headline ratios: length, throughput on each
-mix, and throughput at each abandonment share. The gpu profile runs `bench.gpu` within its time budget
+mix, and throughput at each abandonment share. The gpu profile runs `bench.run.gpu` within its time budget
 and writes its own report (`bench.report.gpu`), rewritten after each of its stages.
 """
 
@@ -15,15 +15,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench import report
-from bench.checks import FlaggedRun
-from bench.config import BenchConfig, load_config
-from bench.context import machine, versions
-from bench.experiments import Bench
-from bench.gpu import GpuBench
-from bench.gpu_monitor import GpuMonitor
-from bench.record import assemble, summary
-from bench.schema import Machine
-from bench.schema_gpu import GpuMeasurements, GpuRun
+from bench.lib.checks import FlaggedRun
+from bench.lib.config import BenchConfig, load_config
+from bench.lib.context import machine, versions
+from bench.lib.gpu_monitor import GpuMonitor
+from bench.lib.schema import Machine
+from bench.lib.schema_gpu import GpuMeasurements, GpuRun
+from bench.run.experiments import Bench
+from bench.run.gpu import GpuBench
+from bench.run.record import assemble, summary
 from services.launcher.procs import REPO_ROOT
 
 RESULTS_DIR = REPO_ROOT / "bench" / "results"

@@ -3,7 +3,7 @@ and at the top of its report.
 
 Two things move every figure of a run on a shared machine without showing in its ratios' points:
 
-- the machine's speed: the in-process floor (`bench.micro.floor.model_floor`) is timed before any fleet
+- the machine's speed: the in-process floor (`bench.lib.floor.model_floor`) is timed before any fleet
   starts and again after the last one stopped, each in a fresh process (`in_fresh_process`; timed in
   the benchmark's own process after its load, short lengths read up to 40 % slower: 16 events 2.9 ->
   4.2 ms in a 2.5-minute cpu-tiny run, 2.9 -> 3.0 ms apart). Each length's lower time of the two
@@ -25,10 +25,10 @@ Two things move every figure of a run on a shared machine without showing in its
   averaged over every point by its wall time. A mean above `--foreign-cores-limit` (0.2 cores) flags
   the run.
 
-A run whose bounds are in its host's unit u (the CPU profiles' default, `bench.config.BenchConfig.slo_u`)
+A run whose bounds are in its host's unit u (the CPU profiles' default, `bench.lib.config.BenchConfig.slo_u`)
 runs the same experiment on any host: its floor's drift from the committed run is recorded but raises no
 flag (and `--stop-when-flagged` does not stop it), while the foreign cores still do, and so does the
-machine's speed moving within it: where the run went in phases (`bench.phases`), each judged in u as
+machine's speed moving within it: where the run went in phases (`bench.run.phases`), each judged in u as
 timed at its own start, the unit's change from a phase's start to its end, phase by phase (the floor's
 start-to-end change is then recorded, not a flag: a slower host between two phases changes no phase's
 unit); where it did not, the floor's start-to-end change.
@@ -47,13 +47,12 @@ import json
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from bench import context
-from bench.ab.schema import AbResults
-from bench.config import BenchConfig
-from bench.schema import FloorPoint, Machine, Measurements, Point, Run, RunChecks, Sweep
+from bench.lib import context
+from bench.lib.config import BenchConfig
+from bench.lib.schema import FloorPoint, Machine, Measurements, Point, Run, RunChecks, Sweep
 
 Reference = tuple[str, list[FloorPoint]]  # a committed run's name (folder and commit) and its floor
-R = TypeVar("R", Run, AbResults)
+R = TypeVar("R")  # a record of a run that may carry checks: a `Run`, or another command's (an A/B's)
 
 
 class FlaggedRun(ValueError):
@@ -256,9 +255,9 @@ def flags_at_default_limits(checks: RunChecks) -> list[str]:
 def quotable(run: R) -> R:
     """`run`, whose figures may go into the README; FlaggedRun when it records no checks (a `Run` from
     before them, or a fixed-load A/B's `AbResults`, which take none) or its checks flag it, at its own
-    limits or at the default ones."""
+    limits or at the default ones. `run.name` names it in the message."""
     checks: RunChecks | None = getattr(run, "checks", None)
-    name = run.name if isinstance(run, Run) else f"the A/B {run.settings.name or run.started_at}"
+    name = run.name
     if checks is None:
         raise FlaggedRun(
             f"{name} records no checks (its machine's speed against a committed run's, other users' cores): "

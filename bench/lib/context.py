@@ -10,8 +10,8 @@ import os
 import platform
 import subprocess
 
-from bench.gpu_monitor import gpu_info
-from bench.schema import Machine, Versions
+from bench.lib.gpu_monitor import gpu_info
+from bench.lib.schema import Machine, Versions
 from services.launcher.procs import REPO_ROOT
 
 PACKAGES = ("torch", "numpy", "grpcio", "protobuf", "matplotlib")

@@ -1,11 +1,11 @@
-"""The experiments of the benchmark, baseline and RelayGR side by side, as `bench.schema.Measurements`.
+"""The experiments of the benchmark, baseline and RelayGR side by side, as `bench.lib.schema.Measurements`.
 
 Order of a run:
 
 1. the in-process floor (experiment 3, model side), before any fleet exists (timed again at the end, after
-   the last fleet stopped: `bench.checks` compares the two); its full pass at the first mix's cap is the
+   the last fleet stopped: `bench.lib.checks` compares the two); its full pass at the first mix's cap is the
    host's unit u, of which the SLO and the relay window are multiples (`measure_host_unit`);
-2. the RelayGR fleet, then the baseline fleet, both kept running (`bench.driving.Driver` starts, warms
+2. the RelayGR fleet, then the baseline fleet, both kept running (`bench.lib.driving.Driver` starts, warms
    up and drives them): the cached Rank through RelayGR's router (experiment 3, serving side); the length
    sweep (experiment 1); the throughput sweep (experiment 2) on the first length mix at each SLO
    multiple (`capacity`), both modes at each mode's edge there (`edge_pairs`), then on the second,
@@ -19,12 +19,12 @@ Order of a run:
    starting at the grid load at or below RelayGR's best, each in turns with a RelayGR load sweep on users
    of their own (`Ablations.relay_beside`): the machine's speed drifts over a run.
 
-Each experiment from the length sweep on is a phase (`bench.phases`), judged in the host's unit as timed
+Each experiment from the length sweep on is a phase (`bench.run.phases`), judged in the host's unit as timed
 at its own start.
 
 A sweep finds the largest grid value that meets the SLO, refined and bracketed, each verdict pooled over
-load seeds (`bench.sweep`); its first guess comes from the floor or earlier answers (a wrong one costs
-measurements, never the answer). The modes' sweeps take turns, on the same users (`bench.driving.users`).
+load seeds (`bench.lib.sweep`); its first guess comes from the floor or earlier answers (a wrong one costs
+measurements, never the answer). The modes' sweeps take turns, on the same users (`bench.lib.driving.users`).
 
 Wasted pre-inference is read over each pair of sweeps once the rankers' lease has run out.
 """
@@ -38,13 +38,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench import checks, context, intervals, probes
-from bench.driving import LEASE_TTL_MS, NUM_CANDIDATES, SETTLE_S, Plan
-from bench.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet
-from bench.micro.floor import cached_rank_through_router
-from bench.phases import Phased
-from bench.points import Before, describe_verdict
-from bench.schema import (
+from bench.lib import checks, context, intervals, probes
+from bench.lib.driving import LEASE_TTL_MS, NUM_CANDIDATES, SETTLE_S, Plan
+from bench.lib.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet
+from bench.lib.floor import cached_rank_through_router
+from bench.lib.points import Before, describe_verdict
+from bench.lib.schema import (
     Abandonment,
     Ablations,
     Capacity,
@@ -60,9 +59,10 @@ from bench.schema import (
     ratio,
     ratio_interval,
 )
-from bench.schema_context import LENGTH_PHASE, mix_phase
-from bench.sweep import VerdictSteps, last_within, pooled_verdict, run_sweeps
-from bench.workload import Universe
+from bench.lib.schema_context import LENGTH_PHASE, mix_phase
+from bench.lib.sweep import VerdictSteps, last_within, pooled_verdict, run_sweeps
+from bench.lib.workload import Universe
+from bench.run.phases import Phased
 
 EDGE_BLOCK_S = 1.0  # the paired P99's bootstrap resamples blocks of this many seconds of requests
 EDGE_SEEDS = 3  # the most load seeds of each mode at each edge (of those the edge's verdict pooled)
@@ -146,7 +146,7 @@ class Bench(Phased):
     ) -> list[EdgePair]:
         """Both modes at each mode's best load on the first mix, with the load seeds its verdict pooled
         there (the first `EDGE_SEEDS`) and the same users and arrivals, every point run to its end: their
-        P99s and the paired difference RelayGR - baseline (`bench.intervals.p99_difference`, blocks of
+        P99s and the paired difference RelayGR - baseline (`bench.lib.intervals.p99_difference`, blocks of
         `EDGE_BLOCK_S`)."""
         pairs = []
         for mode, sweep in zip(("baseline", "relay"), sweeps, strict=True):
@@ -219,7 +219,7 @@ class Bench(Phased):
 
     def run(self, results_dir: Path | None = None) -> Measurements:
         """The run (see the module's docstring); `results_dir`: where earlier runs' results are, for the
-        estimated time left (`bench.phases.estimate`; None: no estimate)."""
+        estimated time left (`bench.run.phases.estimate`; None: no estimate)."""
         floor = self.floor("before the fleets")
         checks.first_floor(self.config, floor, self.log, context.machine())
         unit = self.measure_host_unit(floor)
@@ -250,7 +250,7 @@ class Bench(Phased):
         first_relay += 2
         throughput: dict[str, Mix] = {}
         abandonment: dict[str, Fraction] = {}
-        with self.fleet(RELAY) as relay:
+        with self.probing(), self.fleet(RELAY) as relay:
             with self.fleet(BASELINE) as baseline:
                 cached = []
                 if c.settings.cached_rank_iterations:

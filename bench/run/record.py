@@ -1,5 +1,5 @@
 """A run's record: what `Bench.run` or `GpuBench.run` measured, with the headline ratios and the run's
-context (`assemble`; a CPU profile's run with its checks, `bench.checks`), and its headline in one line
+context (`assemble`; a CPU profile's run with its checks, `bench.lib.checks`), and its headline in one line
 (`summary`)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import overload
 
-from bench.checks import Reference, committed_reference, with_checks
-from bench.config import BenchConfig
-from bench.schema import Machine, Measurements, Run, Versions, headline_ratios
-from bench.schema_gpu import GpuMeasurements, GpuRun
+from bench.lib.checks import Reference, committed_reference, with_checks
+from bench.lib.config import BenchConfig
+from bench.lib.schema import Machine, Measurements, Run, Versions, headline_ratios
+from bench.lib.schema_gpu import GpuMeasurements, GpuRun
 
 
 @overload

@@ -1,20 +1,19 @@
-"""Dataclasses to and from JSON, by their fields: how results.json is written and read (`bench.schema`).
+"""Dataclasses to and from JSON, by their fields: how results.json is written and read (`bench.lib.schema`).
 
 `to_json` writes a dataclass as an object of its fields in declaration order, nested dataclasses, lists,
 tuples and dictionaries included. Field options change that: `FLAT` writes a nested dataclass's
 fields into the enclosing object (several records share a group of fields that way), `OMIT_NONE`
 leaves a field out while it is None (a field only some records of a kind have), `TRANSIENT` leaves a
 field out always (what a run keeps in memory only, such as a point's latency samples; read back, it
-has its default), and a field with `omitted_while(value)` (`bench.config.absent_means(..., omitted=True)`
-for a setting) is read as `value` where it is absent and left out while it holds it (so that a results
-file from before it was added is written back byte for byte).
+has its default), and a field with `omitted_while(value)` is read as `value` where it is absent and left
+out while it holds it (a flag or a collection most records leave at its usual value).
 
 `from_json` reads one back by the field types: a key that a field without a default needs and the object
 lacks, or a key that no field takes, is a ValueError naming where it is (`throughput_sweeps.<mix>.relay.
-points.0 lacks cost`), so a results file is checked as it is read. A field with a default may be absent
-(an older results file): the default applies, or the field's `absent` value where it declares what an
-older file meant (`bench.config.absent_means`); a field renamed since is read from its former key too
-(`bench.config.formerly`). Numbers, strings and booleans are taken as they are.
+points.0 lacks cost`), so a results file is checked as it is read. A field with a default may be absent:
+its default applies (its `omitted_while` value, where it has one). Every committed results file is in
+today's schema (`tests/bench/test_results.py` reads each back byte for byte). Numbers, strings and
+booleans are taken as they are.
 """
 
 from __future__ import annotations
@@ -96,11 +95,10 @@ def _fields_from(cls: type, data: dict[str, Any], where: str) -> tuple[dict[str,
             nested, nested_used = _fields_from(hint, data, where)
             values[field.name] = hint(**nested)
             used |= nested_used
-        elif field.name in data or field.metadata.get("formerly") in data:
-            key = field.name if field.name in data else field.metadata["formerly"]
-            values[field.name] = _decode(hint, data[key], f"{where}.{key}".lstrip("."))
-            used.add(key)
-        elif "absent" in field.metadata:  # what a file from before the field existed meant
+        elif field.name in data:
+            values[field.name] = _decode(hint, data[field.name], f"{where}.{field.name}".lstrip("."))
+            used.add(field.name)
+        elif "absent" in field.metadata:  # left out while it held this value
             values[field.name] = field.metadata["absent"]
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             missing.append(field.name)

@@ -38,7 +38,7 @@ import dataclasses
 import shlex
 from pathlib import Path
 
-from bench.workload import Universe
+from bench.lib.workload import Universe
 from services.common.config import setting
 from services.common.contract import RECOMMEND_SERVICE
 from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet, FleetConfig

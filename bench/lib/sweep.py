@@ -1,14 +1,14 @@
 """Sweeps, written once for every entry point: each finds the largest grid value that meets the SLO.
 
-`run_sweeps` runs one sweep per first guess over the same grid (`bench.stats.largest_passing_value`,
-refined between grid values), one load seed of each in turn (`bench.stats.interleave`), so that sweeps
+`run_sweeps` runs one sweep per first guess over the same grid (`bench.lib.stats.largest_passing_value`,
+refined between grid values), one load seed of each in turn (`bench.lib.stats.interleave`), so that sweeps
 share the machine's drifting load. A measurement may stop them all (`SweepStopped`: the gpu profile's time
 budget): each sweep then keeps what it saw (`BudgetedSweep`'s bounds) and is marked cut short. A finished
 sweep records its bracket: its best and the lowest failing value above it (`Sweep.first_failure`).
 
 A load's verdict is sequential (`pooled_verdict`): its first load seed, then, while the P99's interval over
 the requests pooled so far holds the SLO, one more seed, up to a cap (`Profile.seed_cap`), each look's
-interval at the level that keeps the whole verdict's at 95 % (`bench.stats.look_confidence`). The search
+interval at the level that keeps the whole verdict's at 95 % (`bench.lib.stats.look_confidence`). The search
 takes the pooled verdict (`Point.passes`) as it took one point's before. A verdict is a coroutine that
 yields each seed's measurement and is sent its point, so that sweeps take turns by seed, not by verdict:
 a mode whose verdict near its edge takes five seeds does not measure them in one spell of the machine's
@@ -24,10 +24,10 @@ from collections.abc import Callable, Generator, Sequence
 
 import numpy as np
 
-from bench.points import FIRST_SEED, Before
-from bench.schema import Point, Sweep, Verdict
-from bench.schema_gpu import BudgetedSweep
-from bench.stats import interleave, largest_passing_value, look_confidence, slo_decision
+from bench.lib.points import FIRST_SEED, Before
+from bench.lib.schema import Point, Sweep, Verdict
+from bench.lib.schema_gpu import BudgetedSweep
+from bench.lib.stats import interleave, largest_passing_value, look_confidence, slo_decision
 
 
 class SweepStopped(Exception):
@@ -81,8 +81,8 @@ def measure_seed(seed: Seed) -> Point:
 
 
 def interleave_until_stopped(searches: Sequence) -> tuple[list, list[bool], str | None]:
-    """`bench.stats.interleave` until a measurement raises `SweepStopped`: each search's result, whether it
-    finished, and the reason it was stopped (None when every search finished)."""
+    """`bench.lib.stats.interleave` until a measurement raises `SweepStopped`: each search's result, whether
+    it finished, and the reason it was stopped (None when every search finished)."""
     results: list = [None] * len(searches)
     finished = [False] * len(searches)
 
@@ -145,7 +145,7 @@ def pooled_verdict(measure: Callable[[int, Before], Point], seed_cap: int, slo_m
     """A load's sequential verdict: yields `measure(k, before)` for load seed index k (its own users and
     arrivals; `before`: what the earlier seeds measured, since its early stop is the pooled sample's at
     the cap) as a measurement to run, and is sent its point. After each seed, the ranked requests of
-    every seed so far are pooled and `bench.stats.slo_decision` decides, its interval at
+    every seed so far are pooled and `bench.lib.stats.slo_decision` decides, its interval at
     `look_confidence(seed_cap)` and its errors judged against the sample at the cap (the seeds so far and
     the later seeds' planned calls, as the early stop judges them); while its interval holds the SLO, one
     more seed, up to `seed_cap` seeds, where the pooled P99 decides alone (`Verdict.decided` False). A seed

@@ -1,21 +1,21 @@
-"""results.json of the gpu profile (`python -m bench run --profile gpu`, `bench.gpu.GpuBench`): a
-`GpuRun` is a `bench.schema.Run` whose sweeps (`BudgetedSweep`) the time budget may cut short and whose
+"""results.json of the gpu profile (`python -m bench run --profile gpu`, `bench.run.gpu.GpuBench`): a
+`GpuRun` is a `bench.lib.schema.Run` whose sweeps (`BudgetedSweep`) the time budget may cut short and whose
 points (`GpuPoint`) say how busy the GPU was."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from bench.codec import FLAT
-from bench.fleets import FleetShape, Mode
-from bench.schema import LengthSweep, Mix, Point, Run, Sweep, schema
-from bench.schema_context import CachedRankPoint, FloorPoint
-from bench.workload import Universe
+from bench.lib.codec import FLAT
+from bench.lib.fleets import FleetShape, Mode
+from bench.lib.schema import LengthSweep, Mix, Point, Run, Sweep, schema
+from bench.lib.schema_context import CachedRankPoint, FloorPoint
+from bench.lib.workload import Universe
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GpuBusy:
-    """How busy the GPUs were over a point's measured requests (`bench.gpu_monitor.GpuMonitor.busy`)."""
+    """How busy the GPUs were over a point's measured requests (`bench.lib.gpu_monitor.GpuMonitor.busy`)."""
 
     source: str
     busy: float | None  # the busiest GPU's mean utilization; None when no sample fell in the window
@@ -67,7 +67,7 @@ class TimeBudget:
 
 @schema
 class GpuMeasurements:
-    """What `GpuBench.run` measured so far (see `bench.gpu`): every stage fills its part."""
+    """What `GpuBench.run` measured so far (see `bench.run.gpu`): every stage fills its part."""
 
     floor: list[FloorPoint] = dataclasses.field(default_factory=list)
     cached_rank: list[CachedRankPoint] = dataclasses.field(default_factory=list)

@@ -1,15 +1,15 @@
-"""results.json's schema, written once: what a run measured, as dataclasses (`bench.codec` writes and
+"""results.json's schema, written once: what a run measured, as dataclasses (`bench.lib.codec` writes and
 reads them).
 
-A `Run` (`python -m bench run`) or a `GpuRun` (`--profile gpu`, `bench.schema_gpu`) is the headline ratios,
-the run's context (machine, versions, configuration, profile) and what `Bench.run` (`Measurements`) or
-`GpuBench.run` (`GpuMeasurements`) measured, written into the same object. A sweep is its `Point`s and
-its answer; the gpu profile's sweeps (`BudgetedSweep`) may be cut short by its time budget and its points
-(`GpuPoint`) say how busy the GPU was. A load's verdict pooled over its seeds is its first seed's
-point's `Verdict`; a sweep's bracket is its `best` and `first_failure`; a CPU run's `checks` say whether
-its figures may be quoted (`bench.schema_context.RunChecks`). Fields with a default are the ones older
-results files may lack: reading one, the default applies (`tests/bench/test_results.py` names them per
-committed file).
+A `Run` (`python -m bench run`) or a `GpuRun` (`--profile gpu`, `bench.lib.schema_gpu`) is the headline
+ratios, the run's context (machine, versions, configuration, profile) and what `Bench.run` (`Measurements`) or
+`GpuBench.run` (`GpuMeasurements`) measured, written into the same object. A sweep is its `Point`s and its
+answer; the gpu profile's sweeps (`BudgetedSweep`) may be cut short by its time budget and its points
+(`GpuPoint`) say how busy the GPU was. A load's verdict pooled over its seeds is its first seed's point's
+`Verdict`; a sweep's bracket is its `best` and `first_failure`; a CPU run's `checks` say whether its figures
+may be quoted (`bench.lib.schema_context.RunChecks`). Fields with a default are the ones a record may lack (a
+point not measured that way, a run that measured no such thing): reading one, the default applies. Every
+committed results file is in this schema (`tests/bench/test_results.py`).
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from bench import codec, schema_context
-from bench.codec import FLAT, OMIT_NONE, TRANSIENT
-from bench.config import BenchConfig, Profile
-from bench.fleets import FleetShape, Mode
-from bench.schema_context import CachedRankPoint, FloorPoint, HostUnit, Machine, Phase, RunChecks, Versions
-from bench.workload import Universe
+from bench.lib import codec, schema_context
+from bench.lib.codec import FLAT, OMIT_NONE, TRANSIENT
+from bench.lib.config import BenchConfig, Profile
+from bench.lib.fleets import FleetShape, Mode
+from bench.lib.schema_context import CachedRankPoint, FloorPoint, Machine, RunChecks, Versions
+from bench.lib.workload import Universe
 
 if TYPE_CHECKING:
-    from bench.schema_gpu import GpuMeasurements
+    from bench.lib.schema_gpu import GpuMeasurements
 
 R = TypeVar("R", bound="Run")
 P = TypeVar("P", bound="Point")
@@ -50,8 +50,8 @@ class Percentiles:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PointResult:
-    """What one point measured (`bench.points.summarize`). The length sweep's points say at which long-term
-    length and relay window (`long_term`, `delay_ms`; absent from other points)."""
+    """What one point measured (`bench.lib.points.summarize`). The length sweep's points say at which
+    long-term length and relay window (`long_term`, `delay_ms`; absent from other points)."""
 
     long_term: int | None = _optional()
     delay_ms: float | None = _optional()
@@ -76,7 +76,7 @@ class PointResult:
     send_lag_p99_ms: float
     wall_s: float
     meets_slo: bool  # this measurement's own verdict (a load's pooled one: `Point.verdict`)
-    # Stopped before its plan because it passed clearly (`bench.points.clearly_passing`).
+    # Stopped before its plan because it passed clearly (`bench.lib.points.clearly_passing`).
     passed_early: bool = dataclasses.field(default=False, metadata=codec.omitted_while(False))
     # Each ranked call's ranking latency in send order (None: it failed), for replaying verdict rules
     # (absent from runs before it was recorded).
@@ -90,7 +90,7 @@ class PointResult:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Cost:
-    """What a point cost the fleet, warm-up included (`bench.probes.difference`): CPU seconds by process,
+    """What a point cost the fleet, warm-up included (`bench.lib.probes.difference`): CPU seconds by process,
     the change of the rankers' counters (by metric: productions, pre_infer, joins, device_s, …), the
     wall seconds, and the cores other users of the machine took."""
 
@@ -117,9 +117,9 @@ class Point(PointResult):
 
 @schema
 class Verdict:
-    """A load's sequential verdict (`bench.sweep.pooled_verdict`): the load seeds measured at it, the
+    """A load's sequential verdict (`bench.lib.sweep.pooled_verdict`): the load seeds measured at it, the
     ranked requests pooled over them, their P99 with its bootstrap interval at the per-look `confidence`
-    (`bench.stats.look_confidence`), and whether the load met the SLO. How it ended (`outcome`):
+    (`bench.lib.stats.look_confidence`), and whether the load met the SLO. How it ended (`outcome`):
     `decided`, the interval excluded the SLO or the errors failed the sample at the seed cap; `stopped
     early`, a seed stopped once the pooled sample at the seed cap had failed for certain (it fails the
     load, with its sample truncated); otherwise undecided: the seed cap was reached with the interval
@@ -231,7 +231,7 @@ class ModePair:
 @schema
 class Capacity:
     """Both modes' load sweeps on the first mix judged at another SLO, a multiple of the host's unit u:
-    each mode's capacity there with its bracket, and their ratio (`bench.experiments.Bench.capacity`)."""
+    each mode's capacity there with its bracket, and their ratio (`bench.run.experiments.Bench.capacity`)."""
 
     multiple: float
     slo_ms: float
@@ -245,7 +245,7 @@ class Capacity:
 class EdgePair:
     """Both modes at one mode's edge load on the first mix, with the same users and arrivals (load seeds):
     each mode's P99 over the seeds pooled and the difference RelayGR - baseline with its interval
-    (`bench.intervals.p99_difference`, resampled within each seed)."""
+    (`bench.lib.intervals.p99_difference`, resampled within each seed)."""
 
     edge_of: str  # the mode whose best load this is
     rate: float
@@ -295,7 +295,7 @@ class Ablations:
 
 @schema
 class Measurements:
-    """What `Bench.run` measured (see `bench.experiments`)."""
+    """What `Bench.run` measured (see `bench.run.experiments`)."""
 
     floor: list[FloorPoint]  # timed before any fleet starts
     cached_rank: list[CachedRankPoint]
@@ -308,9 +308,11 @@ class Measurements:
     fleet: FleetShape
     mix_universes: list[Universe]
     floor_end: list[FloorPoint] | None = _optional()  # timed again after the last fleet stopped
-    host_unit: HostUnit | None = _optional()  # absent: the run's bounds were absolute
-    # Each experiment's unit and SLO, in the order they ran (`bench.phases`; absent from runs before them).
-    phases: list[Phase] = dataclasses.field(default_factory=list, metadata=codec.omitted_while([]))
+    host_unit: schema_context.HostUnit | None = _optional()  # absent: the run's bounds were absolute
+    # Each experiment's unit and SLO, in the order they ran (`bench.run.phases`; empty in runs without).
+    phases: list[schema_context.Phase] = dataclasses.field(
+        default_factory=list, metadata=codec.omitted_while([])
+    )
 
     def judged_slo_ms(self, phase: str, slo_ms: float) -> float:
         """The SLO the phase `phase` judged its points against (`slo_ms`, the run's: a run without it)."""
@@ -326,7 +328,7 @@ class Run:
     throughput_ratios: dict[str, float | None]  # every mix's
     length_ratio: float | None
     length_ratio_interval: list[float | None] | None = _optional()
-    checks: RunChecks | None = _optional()  # absent: a run from before the checks (`bench.checks`)
+    checks: RunChecks | None = _optional()  # absent: a run from before the checks (`bench.lib.checks`)
     started_at: str
     duration_s: float
     machine: Machine

@@ -1,7 +1,7 @@
 """Confidence intervals of a fixed-load A/B comparison (`bench.ab`): pure functions over latency samples.
 
 A mode measured at one load with several load seeds gives, per seed, the latencies of its measured
-requests in send order; a failed request counts as an infinitely slow one (as in `bench.stats`), so it is
+requests in send order; a failed request counts as an infinitely slow one (as in `bench.lib.stats`), so it is
 over any SLO and may make a P99 infinite.
 
 Counts over the SLO. `wilson` is the Wilson score interval of a proportion k/n, which keeps its coverage
@@ -36,7 +36,7 @@ percentile interval under-covers badly; resampling single requests ignores the b
 therefore resample blocks of `block` consecutive requests within each seed (the moving-block bootstrap,
 stratified by seed: each resample keeps every seed's request count), which keeps a burst inside a block
 together; `block` 1 is the plain per-request bootstrap, and the one-mode interval is then
-`bench.stats.bootstrap_ci` over the pooled requests. The difference resamples the same positions in
+`bench.lib.stats.bootstrap_ci` over the pooled requests. The difference resamples the same positions in
 both modes (their request i of a seed had the same arrival time and user), so the shared arrivals cancel
 out of it. A resample where both modes' P99 is infinite has no difference: the interval is then NaN.
 """
@@ -50,7 +50,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bench.stats import bootstrap_ci, percentile
+from bench.lib.stats import bootstrap_ci, percentile
 
 Samples = Sequence[Sequence[float]]  # latencies by seed, each in send order; math.inf for a failed request
 
@@ -279,7 +279,7 @@ def p99_interval(
     samples: Samples, block: int = 1, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
 ) -> Interval:
     """The P99 of every seed's samples pooled, with its bootstrap interval: blocks of `block` consecutive
-    requests resampled within each seed (block 1: `bench.stats.bootstrap_ci` over the pooled samples)."""
+    requests resampled within each seed (block 1: `bench.lib.stats.bootstrap_ci` over the pooled samples)."""
     _check(samples, block, resamples)
     value = percentile(pooled(samples), 99)
     if block == 1:

@@ -1,7 +1,7 @@
-"""The phases of a CPU run and the host's unit in each (`Phased`, which `bench.experiments.Bench` runs
+"""The phases of a CPU run and the host's unit in each (`Phased`, which `bench.run.experiments.Bench` runs
 its experiments on).
 
-A run's bounds are multiples of the host's unit u (`bench.config.BenchConfig.slo_u`): the in-process full
+A run's bounds are multiples of the host's unit u (`bench.lib.config.BenchConfig.slo_u`): the in-process full
 pass of the fleet's preset at the first mix's cap, timed in a fresh process. The host's speed drifts
 within a run on a shared VM, though: two headline runs of one commit on an idle 2-core VM read that pass
 36.2 -> 41.5 ms and 40.4 -> 34.3 ms from their start to their end, and an SLO fixed in ms at the start
@@ -9,17 +9,21 @@ was then another multiple of u by the end. So a run goes in phases, one experime
 sweep, a mix's load sweeps, an abandoned share, an ablation with RelayGR beside it). Each phase
 
 - waits for the rankers' leases on the last point's prefixes to run out and every running fleet to be
-  idle, and times u again (`bench.micro.floor.host_unit_ms`);
+  idle, and times u again (`bench.lib.floor.host_unit_ms`);
 - judges its points against the run's SLO multiples of that u (`slo_at`). The fleets keep what they
   started with: the trigger's SLO and the relay window, multiples of the run's first u;
 - times u again at its end (the next phase reuses that timing where it starts within `REUSE_S`). A
   phase whose u moved more than `--floor-drift-limit` between its start and its end flags the run and
-  is named in the flag (`bench.checks`): its points were judged in a unit the host no longer had.
+  is named in the flag (`bench.lib.checks`): its points were judged in a unit the host no longer had.
 
 A timing more than `RECHECK_SHARE` from the one before is timed again, and the lower of the two counts: a
-slower host is slower twice, a disturbed timing seldom is.
+slower host is slower twice, a disturbed timing seldom is. Between the phases' timings, a probe reads the
+host's speed before every point (`probing`; `bench.lib.driving.Driver.wait_host`), and a point waits while
+the host is slower than it has been (within `--host-wait-s` over the run): the host of a shared VM slows
+by a third or more for minutes at a time, and a point measured then is judged in a unit it did not have.
+A phase records how long its points waited.
 
-Each phase is recorded (`bench.schema.Phase`) and logged with its place in the run and the time left,
+Each phase is recorded (`bench.lib.schema.Phase`) and logged with its place in the run and the time left,
 estimated from the phase times of the latest other run of the profile (`estimate`).
 """
 
@@ -33,9 +37,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.driving import LEASE_TTL_MS, NUM_CANDIDATES, SETTLE_S, Driver
-from bench.micro.floor import host_unit_ms, in_fresh_process, model_floor
-from bench.schema import FloorPoint, HostUnit, Phase
+from bench.lib.driving import LEASE_TTL_MS, NUM_CANDIDATES, SETTLE_S, Driver
+from bench.lib.floor import UnitProbe, host_unit_ms, in_fresh_process, model_floor
+from bench.lib.schema import FloorPoint
+from bench.lib.schema_context import HostUnit, Phase
 
 REUSE_S = 30.0  # a unit timed this recently (at the previous phase's end) serves as the next one's start
 # A timing this far from the last one is timed again and the lower of the two counts (timing noise only
@@ -135,12 +140,30 @@ class Phased(Driver):
                             c.unit_length, c.settings.floor_repeats)  # fmt: skip
 
     @contextlib.contextmanager
+    def probing(self) -> Iterator[None]:
+        """Reads the host's speed before every point of the block (`Driver.wait_host`, a `UnitProbe`),
+        for a run whose bounds are in the host's unit with `--host-wait-s`."""
+        c, run = self.config, self.host_unit
+        if run is None or run.slo_u is None or not c.host_wait_s:
+            yield
+            return
+        probe = UnitProbe(c.model_preset, c.torch_threads, c.short_term, c.pre_infer_chunk_tokens,
+                          c.unit_length, c.settings.floor_repeats)  # fmt: skip
+        self.probe = probe
+        try:
+            yield
+        finally:
+            self.probe = None
+            probe.close()
+
+    @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Runs the block as the phase `name`: u timed at its start and end, its points judged against
         the run's SLO in that u (`slo_at`, and `config.slo_ms` at the headline's multiple)."""
         c, run = self.config, self.host_unit
-        unit = self.time_unit(reuse=True)
-        started = time.monotonic()
+        started, wait_left = time.monotonic(), self.host_wait_left_s
+        # A phase starts on a host as fast as it has been, and times u there: a wait for it is a new timing.
+        unit = self.time_unit(reuse=not self.wait_host())
         self._current = unit
         slo_ms = self.slo_at(run.slo_u) if run is not None and run.slo_u is not None else c.slo_ms
         self.config = dataclasses.replace(c, slo_ms=slo_ms)
@@ -158,7 +181,7 @@ class Phased(Driver):
         phase = Phase(
             name=name, started_s=round(started - self._started, 1),
             duration_s=round(time.monotonic() - started, 1), u_ms=round(unit, 4), u_end_ms=round(end, 4),
-            slo_ms=slo_ms,
+            slo_ms=slo_ms, host_wait_s=round(wait_left - self.host_wait_left_s, 1),
         )  # fmt: skip
         self.phases.append(phase)
         self.log(f"phase {index + 1} done in {phase.duration_s / 60:.1f} min: u {unit:g} -> {end:g} ms "

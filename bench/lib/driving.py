@@ -1,7 +1,8 @@
 """Driving a benchmark's points: `Driver` starts each mode's fleet (warmed up, `warm_up`), waits until
-the other fleets are idle (`wait_idle`), sends one point's open-loop load to a retrieval stub
+the other fleets are idle (`wait_idle`) and, where a run reads the host's speed, until the host is as fast
+as it was (`wait_host`), sends one point's open-loop load to a retrieval stub
 (`point`) and remembers every point it measured, so that a sweep judged against another SLO reuses it
-(`point_once`). `bench.experiments.Bench` runs the experiments over it.
+(`point_once`). `bench.run.experiments.Bench` runs the experiments over it.
 
 A point's users are named after what it measures (`users`): the universe, the rate, the relay window,
 the abandonment share, the revisit variant and the load seed, so both modes and every ablation's fresh
@@ -18,12 +19,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from bench import probes
-from bench.config import BenchConfig
-from bench.fleets import BenchFleet, FleetShape, Mode
-from bench.points import FIRST_SEED, Before, PointSpec, describe, describe_cost, run_point
-from bench.schema import Cost, Point, recorded
-from bench.workload import RevisitSampler, Universe, fixed_length_universe, mix_universe
+from bench.lib import probes
+from bench.lib.config import BenchConfig
+from bench.lib.fleets import BenchFleet, FleetShape, Mode
+from bench.lib.points import FIRST_SEED, Before, PointSpec, describe, describe_cost, run_point
+from bench.lib.schema import Cost, Point, recorded
+from bench.lib.workload import RevisitSampler, Universe, fixed_length_universe, mix_universe
 
 SETTLE_S = 1.0  # pause between points: lets the last answers and background pre-inference finish
 LEASE_TTL_MS = 3000  # the rankers' HBM lease of a pre-inferred prefix (their --lease-ttl-ms)
@@ -34,6 +35,7 @@ NUM_CANDIDATES = 128  # the stub's default retrieval size, also the rankers' pro
 IDLE_CORES = 0.1
 IDLE_SAMPLE_S = 0.5
 IDLE_TIMEOUT_S = 30.0
+HOST_RETRY_S = 30.0  # a point waiting for a slow host (`Driver.wait_host`) reads its speed again this often
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +55,10 @@ class Plan:
 class Driver:
     """Starts fleets and measures points for a benchmark run; `log` receives one line per step."""
 
+    # The host's speed now, in ms of a fixed pass (`bench.lib.floor.UnitProbe`), read before each point
+    # (`wait_host`); None: not read.
+    probe: Callable[[], float] | None = None
+
     def __init__(self, config: BenchConfig, log_dir: Path, log: Callable[[str], None] = print) -> None:
         self.config = config
         self.log_dir = log_dir
@@ -62,6 +68,8 @@ class Driver:
         # the first mix's sweeps at several SLOs reuse each other's points.
         self._measured: dict[tuple, tuple[Point, float]] = {}
         self._live: list[BenchFleet] = []  # the fleets running now (`fleet`)
+        self.host_wait_left_s = config.host_wait_s  # what `wait_host` may still wait, over the run
+        self._fastest_ms = math.inf  # the probe's fastest reading so far
         self.shape = self.fleet_shape()
         c = config
         self.mixes = [
@@ -178,6 +186,7 @@ class Driver:
         (`wait_idle`): its result, with its load seed and what it cost the fleet (a subclass may record
         more beside them)."""
         self.wait_idle(fleet)
+        self.wait_host()
         before = probes.snapshot(fleet.pids(), fleet.ranker_metrics())
         result = asyncio.run(run_point(address, sampler, spec))
         cost = probes.difference(before, probes.snapshot(fleet.pids(), fleet.ranker_metrics()))
@@ -201,6 +210,34 @@ class Driver:
         if waited > IDLE_SAMPLE_S * 1.5:
             outcome = "idle" if cores <= IDLE_CORES else f"still using {cores:.2f} cores: measuring anyway"
             self.log(f"waited {waited:.1f} s for the other fleets to be idle: {outcome}")
+
+    def wait_host(self) -> bool:
+        """Before a point, where a run reads the host's speed (`probe`): while the host reads more than
+        `--floor-drift-limit` slower than its fastest reading so far, waits and reads again (first once
+        every fleet is idle and the rankers' leases have run out, then every `HOST_RETRY_S`), out of the
+        run's `--host-wait-s`. A shared VM's host slows down for minutes at a time; a point measured then
+        would be judged in a unit the host did not have. Once the wait is spent, points go on at whatever
+        speed: the phase's end timing flags the run where it mattered. Logged when it waited; whether it
+        did."""
+        if self.probe is None:
+            return False
+        slow = reading = self.probe()
+        limit = 1 + self.config.floor_drift_limit
+        pause, started, waited = LEASE_TTL_MS / 1000 + SETTLE_S, time.monotonic(), False
+        while reading > limit * self._fastest_ms and self.host_wait_left_s > 0:
+            waited = True
+            began = time.monotonic()
+            time.sleep(min(pause, self.host_wait_left_s))
+            self.wait_idle(None)
+            reading, pause = self.probe(), HOST_RETRY_S
+            self.host_wait_left_s = max(self.host_wait_left_s - (time.monotonic() - began), 0.0)
+        if waited:
+            fastest, left = self._fastest_ms, self.host_wait_left_s
+            self.log(f"host slow: a pass took {slow:g} ms, {slow / fastest - 1:+.0%} from the fastest "
+                     f"({fastest:g} ms); waited {time.monotonic() - started:.0f} s: {reading:g} ms "
+                     f"({reading / fastest - 1:+.0%}); {left:.0f} s of the wait left")  # fmt: skip
+        self._fastest_ms = min(self._fastest_ms, reading)
+        return waited
 
     @contextlib.contextmanager
     def fleet(self, mode: Mode) -> Iterator[BenchFleet]:

@@ -24,20 +24,20 @@ and then refines its answer: between the best value and the failing one above it
 `refine_steps` geometric midpoints (rounded to `resolution`), keeping the largest that passes, so a
 coarse grid (steps of about 1.4x) still gives a close limit.
 
-`slo_decision` is one look of a load's sequential verdict (`bench.sweep.pooled_verdict`): over the requests
-of every load seed measured so far, pooled, it passes the load when the P99's bootstrap interval lies
-wholly within the SLO (and the error share is under its bound), fails it when the interval lies wholly
-above it or the errors already fail the sample the verdict can still reach at its seed cap (the error
-budget, `error_budget`, of that sample: the bound the seeds' early stop, `bench.points.failed_for_certain`,
-applies), and otherwise says that more seeds are needed (None). A load far from the edge is thus decided
-by one seed; one whose interval holds the SLO gets more requests, up to a seed cap. A verdict looks once
-per seed, so each look's interval is at `look_confidence`: the Bonferroni share of 5 % over the seed cap's
-looks (99 % for 5), which bounds the chance that a load whose true P99 is the SLO is decided either way
-by 5 % over all its looks, where 95 % at each look decided about 14 % of them at 1000 calls a seed
-(tests/bench/test_stats.py measures it). The bound needs a pooled sample large enough for its bootstrap:
-a resample's P99 never exceeds the sample's largest value, which falls below the true P99 with
-probability 0.99^n (13 % for n = 200), so at 200 calls a seed such a load was still decided in 18 % of
-200 verdicts (21 % at 95 % a look), most of them passed.
+`slo_decision` is one look of a load's sequential verdict (`bench.lib.sweep.pooled_verdict`): over the
+requests of every load seed measured so far, pooled, it passes the load when the P99's bootstrap interval lies
+wholly within the SLO (and the error share is under its bound), fails it when the interval lies wholly above
+it or the errors already fail the sample the verdict can still reach at its seed cap (the error budget,
+`error_budget`, of that sample: the bound the seeds' early stop, `bench.lib.points.failed_for_certain`,
+applies), and otherwise says that more seeds are needed (None). A load far from the edge is thus decided by
+one seed; one whose interval holds the SLO gets more requests, up to a seed cap. A verdict looks once per
+seed, so each look's interval is at `look_confidence`: the Bonferroni share of 5 % over the seed cap's looks
+(99 % for 5), which bounds the chance that a load whose true P99 is the SLO is decided either way by 5 % over
+all its looks, where 95 % at each look decided about 14 % of them at 1000 calls a seed
+(tests/bench/test_stats.py measures it). The bound needs a pooled sample large enough for its bootstrap: a
+resample's P99 never exceeds the sample's largest value, which falls below the true P99 with probability
+0.99^n (13 % for n = 200), so at 200 calls a seed such a load was still decided in 18 % of 200 verdicts (21 %
+at 95 % a look), most of them passed.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def interleave(searches: Sequence[Search], done: Callable[[int, Any], None] | No
     """Runs searches (each a coroutine such as `largest_passing` and the measurement of what it yields)
     one measurement of each in turn, so that they share the machine's changing load; their results in
     order. `done(number, result)` hears of each search as it finishes, so that a caller whose measurement
-    raises still has the results of the searches that finished before (`bench.sweep.run_sweeps`)."""
+    raises still has the results of the searches that finished before (`bench.lib.sweep.run_sweeps`)."""
     results: list[Any] = [None] * len(searches)
     pending = {number: search.send(None) for number, (search, _) in enumerate(searches)}
     while pending:

@@ -4,7 +4,7 @@ The profiles run the same experiments on the same workload and grids and differ 
 (`Profile`): `quick` (`make bench`) and `full` (`make bench-full`, refined loads, more seeds, two more
 relay windows) measure every experiment; `headline` (`make bench-headline`) only the README's, with
 points sized by time, clearly passing points stopped early and every fleet warmed up first, sized for 45
-minutes on 2 cores; `gpu` runs `bench.gpu` with its own defaults (`PROFILE_DEFAULTS`). How long each
+minutes on 2 cores; `gpu` runs `bench.run.gpu` with its own defaults (`PROFILE_DEFAULTS`). How long each
 takes and why each default is what it is: docs/benchmark.md ("How long a run takes", "Why the
 defaults", "The gpu profile's defaults").
 """
@@ -17,28 +17,14 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from bench import codec
-from bench.fleets import ABLATIONS
+from bench.lib import codec
+from bench.lib.fleets import ABLATIONS
 from services.common.config import env_name, flag_name, grid, listed, load, setting
 from services.launcher.fleet import ROUTINGS
 
 ABLATION_NAMES = tuple(mode.name for mode in ABLATIONS)
 
 PROFILES = ("quick", "full", "headline", "gpu")
-
-
-def absent_means(value: object, field: dataclasses.Field, omitted: bool = False) -> dataclasses.Field:
-    """`field`, read as `value` from a results file that lacks it (one written before it existed), whatever
-    its default for a new run (`bench.codec`); `omitted`: also written as absent while it holds `value`."""
-    metadata = {**field.metadata, **(codec.omitted_while(value) if omitted else {"absent": value})}
-    if field.default_factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=field.default_factory, metadata=metadata)
-    return dataclasses.field(default=field.default, metadata=metadata)
-
-
-def formerly(key: str, field: dataclasses.Field) -> dataclasses.Field:
-    """`field`, read from the key `key` of a results file written before it was renamed (`bench.codec`)."""
-    return dataclasses.field(default=field.default, metadata={**field.metadata, "formerly": key})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,20 +37,20 @@ class Profile:
     window_delays_ms: tuple[float, ...]  # extra relay windows of the length sweep
     refine_steps: int  # loads measured between a load sweep's best grid value and the next one
     # Load seeds at which runs before the sequential verdict re-measured each throughput sweep's verdict
-    # points (`bench.schema.Repeat`; 3 in their full profile); 1 in every profile now: a load's verdict
+    # points (`bench.lib.schema.Repeat`; 3 in their full profile); 1 in every profile now: a load's verdict
     # pools its own seeds, up to `seed_cap`.
     seeds: int = 1
     # With `measured_s`, a point measures its rate times this many seconds of requests, within
     # [measured_min, measured]: a slow point stays short, a fast one still has `measured` requests.
     measured_s: float = 0.0  # 0: every point measures `measured` requests
     measured_min: int = 0
-    # The most load seeds a load's sequential verdict pools (`bench.sweep.pooled_verdict`); 1: every
+    # The most load seeds a load's sequential verdict pools (`bench.lib.sweep.pooled_verdict`); 1: every
     # verdict is one seed's, as in every run before it (what a results file without it means).
     seed_cap: int = 1
     # The longest a point's measured requests may take, s (0: no bound): at a few calls a second
     # `measured_min` requests would take minutes.
     measured_max_s: float = dataclasses.field(default=0.0, metadata=codec.omitted_while(0.0))
-    # Stop a point once it passes clearly (`bench.points.clearly_passing`); absent from runs before it.
+    # Stop a point once it passes clearly (`bench.lib.points.clearly_passing`); absent from runs before it.
     stop_passing: bool = dataclasses.field(default=False, metadata=codec.omitted_while(False))
     # Seconds of load every fleet gets before its first measured point (users of their own, DRAM filled
     # as a measured point's would be), so no fleet is judged cold against a warm one; 0: none.
@@ -162,51 +148,38 @@ class BenchConfig:
         "load seeds a verdict), headline (make bench-headline: the README's experiments only, points "
         "sized by time, 45-50 minutes) or gpu (one ranker on a GPU, about 6 minutes within "
         "--time-budget-s: baseline and RelayGR only, the length sweep and the throughput sweep; its own "
-        "defaults: bench.config.PROFILE_DEFAULTS)",
+        "defaults: bench.lib.config.PROFILE_DEFAULTS)",
         choices=PROFILES,
     )
     name: str = setting("", "results go to bench/results/<name>/ (empty: the profile's name)")
-    slo_u: float = absent_means(
+    slo_u: float = setting(
         2.87,
-        setting(
-            2.87,
-            "ranking-latency P99 SLO (the Rank as the stub sees it) in the host's unit u, the in-process "
-            "full pass at the first mix's cap timed at the run's start (2.87 u: 100 ms where u is 34.9 ms)",
-            above=0,
-        ),
-        omitted=True,
+        "ranking-latency P99 SLO (the Rank as the stub sees it) in the host's unit u, the in-process "
+        "full pass at the first mix's cap timed at the run's start (2.87 u: 100 ms where u is 34.9 ms)",
+        above=0,
     )
     slo_ms: float = setting(
         0.0, "an absolute ranking-latency P99 SLO, ms, in place of --slo-u (0: --slo-u times u)", minimum=0
     )
-    slo_multiples: str = absent_means(
+    slo_multiples: str = setting(
         "2,2.87,4",
-        setting(
-            "2,2.87,4",
-            "SLO multiples of u at which the first mix's load sweeps find each mode's capacity (the capacity "
-            "against the SLO; --slo-u among them is the headline's)",
-            items=float,
-            increasing=True,
-            above=0,
-        ),
-        omitted=True,
+        "SLO multiples of u at which the first mix's load sweeps find each mode's capacity (the capacity "
+        "against the SLO; --slo-u among them is the headline's)",
+        items=float,
+        increasing=True,
+        above=0,
     )
-    relay_window_u: float = absent_means(
-        2.87,
-        setting(2.87, "the relay window in the host's unit u (the stub's pre-processing time)", minimum=0),
-        omitted=True,
+    relay_window_u: float = setting(
+        2.87, "the relay window in the host's unit u (the stub's pre-processing time)", minimum=0
     )
     max_error_fraction: float = setting(
         0.001, "a point meets the SLO only with fewer errors than this share", above=0, maximum=1
     )
-    relay_window_ms: float = formerly(
-        "preprocess_delay_ms",
-        setting(
-            0.0,
-            "an absolute relay window, ms, in place of --relay-window-u (the stub's pre-processing time, the "
-            "trigger's placement window; 0: --relay-window-u times u)",
-            minimum=0,
-        ),
+    relay_window_ms: float = setting(
+        0.0,
+        "an absolute relay window, ms, in place of --relay-window-u (the stub's pre-processing time, the "
+        "trigger's placement window; 0: --relay-window-u times u)",
+        minimum=0,
     )
     model_preset: str = setting("cpu-small", "every ranker's model preset")
     rankers: int = setting(2, "rankers per fleet", above=0)
@@ -255,16 +228,13 @@ class BenchConfig:
         minimum=0,
         below=1,
     )
-    ablations: str = absent_means(
+    ablations: str = setting(
         ",".join(ABLATION_NAMES),
-        setting(
-            ",".join(ABLATION_NAMES),
-            "the ablations swept on the first mix (experiment 4; comma list, may be empty)",
-            items=str,
-            choices=ABLATION_NAMES,
-            distinct=True,
-            may_be_empty=True,
-        ),
+        "the ablations swept on the first mix (experiment 4; comma list, may be empty)",
+        items=str,
+        choices=ABLATION_NAMES,
+        distinct=True,
+        may_be_empty=True,
     )
     growth_headroom: int = setting(
         256, "events a fixed-length history may grow by before it slides", minimum=0
@@ -289,12 +259,19 @@ class BenchConfig:
     floor_device: str = setting(
         "cpu", "device of the in-process floor: cpu, cuda, npu or auto (as the rankers' --device)"
     )
+    host_wait_s: float = setting(
+        600.0,
+        "a run in the host's unit reads the host's speed before each point (a pass of the unit's length "
+        "in a probe process) and, while it reads more than --floor-drift-limit slower than its fastest "
+        "reading, waits for it: at most this many seconds over the whole run (0: never reads it)",
+        minimum=0,
+    )
     floor_drift_limit: float = setting(
         0.10,
         "a run whose host unit moved by more than this share within one of its phases, or whose in-process "
         "floor (summed full forwards at the lengths both timed) did from the previous committed run of its "
         "profile on the same host (absolute bounds) or from its own start to its end (a run without phases "
-        "or with absolute bounds), is flagged (bench.checks)",
+        "or with absolute bounds), is flagged (bench.lib.checks)",
         above=0,
     )
     stop_when_flagged: bool = setting(
@@ -306,17 +283,14 @@ class BenchConfig:
     foreign_cores_limit: float = setting(
         0.2,
         "a run whose points' mean foreign CPU (cores other users of the machine took) is above this is "
-        "flagged (bench.checks)",
+        "flagged (bench.lib.checks)",
         above=0,
     )
-    routing: str = absent_means(
-        "router",
-        setting(
-            "direct",
-            "how each fleet's trigger and stubs reach the rankers (the launcher's --routing): direct, or "
-            "router (every PreInfer and Rank through the router, as every run before direct routing)",
-            choices=ROUTINGS,
-        ),
+    routing: str = setting(
+        "direct",
+        "how each fleet's trigger and stubs reach the rankers (the launcher's --routing): direct, or "
+        "router (every PreInfer and Rank through the router)",
+        choices=ROUTINGS,
     )
 
     def validate(self) -> None:

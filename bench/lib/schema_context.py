@@ -1,13 +1,13 @@
 """The part of results.json that says where a run ran and whether its figures may be quoted: the in-process
 floor and the idle fleet's cached Rank (measured before any load), the machine, the versions, and the
-run's checks (`bench.checks`). `bench.schema` holds the rest and re-exports these."""
+run's checks (`bench.lib.checks`). `bench.lib.schema` holds the rest and re-exports these."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from bench.codec import OMIT_NONE, omitted_while
+from bench.lib.codec import OMIT_NONE, omitted_while
 
 schema = dataclasses.dataclass(kw_only=True)
 
@@ -48,7 +48,7 @@ class Machine:
     platform: str
     python: str
     load_average_at_start: list[float] | None = _optional()
-    gpu: dict[str, Any] | None = _optional()  # `bench.gpu_monitor.gpu_info`: absent without a GPU
+    gpu: dict[str, Any] | None = _optional()  # `bench.lib.gpu_monitor.gpu_info`: absent without a GPU
     load_average_at_end: list[float] | None = _optional()  # absent from a checkpoint before the end
     # The widest vector instructions torch's CPU kernels use here (torch.backends.cpu: AVX2, AVX512, ...):
     # the same CPU model name may be hosts with and without AVX-512, at two floors (absent: not recorded).
@@ -70,7 +70,7 @@ class Versions:
 
 @schema
 class RunChecks:
-    """Whether a run's figures may be quoted (`bench.checks`): how far its in-process floor moved from the
+    """Whether a run's figures may be quoted (`bench.lib.checks`): how far its in-process floor moved from the
     previous committed run of its profile's on the same host, how many cores other users took during its
     points, and the flags these raise (empty: none; a flagged run's figures never go into the README)."""
 
@@ -100,7 +100,7 @@ def mix_phase(label: str) -> str:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Phase:
-    """One phase of a run (`bench.phases`): an experiment whose points were judged in one unit. The unit
+    """One phase of a run (`bench.run.phases`): an experiment whose points were judged in one unit. The unit
     was timed at its start and at its end, with every running fleet idle."""
 
     name: str
@@ -109,6 +109,8 @@ class Phase:
     u_ms: float  # the host's unit at the phase's start
     u_end_ms: float  # at its end
     slo_ms: float  # the SLO its points were judged against: the run's multiple of `u_ms` (or absolute)
+    # Seconds its points waited for a slow host to be as fast as it had been (`bench.lib.driving.wait_host`).
+    host_wait_s: float = dataclasses.field(default=0.0, metadata=omitted_while(0.0))
 
     @property
     def change(self) -> float:
@@ -145,7 +147,7 @@ class HostUnit:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OverSlo:
-    """The measured Ranks over the SLO (failures included) of one point (`bench.points.over_slo`), so a
+    """The measured Ranks over the SLO (failures included) of one point (`bench.lib.points.over_slo`), so a
     failing load says why: where their prefixes came from, why they missed, what the trigger answered,
     how long they waited for an in-flight prefix, how much prefix they computed on the critical path,
     and whether they came together. A burst is a run of them each sent within `burst_gap_s` of the one

@@ -13,7 +13,7 @@ calls have missed the SLO than a passing P99 allows (or have failed more often t
 allows) among as many ranked calls as the point can still have (its plan less the calls abandoned so
 far), the point has failed for certain and sending stops: an overloaded fleet is not driven further into
 overload for nothing, and the result says so (`aborted`). A load's verdict pools up to its seed cap's
-seeds (`bench.sweep.pooled_verdict`), so a seed's early stop counts what the load's earlier seeds measured
+seeds (`bench.lib.sweep.pooled_verdict`), so a seed's early stop counts what the load's earlier seeds measured
 (`PointSpec.before`) and the calls its later seeds may still rank (`PointSpec.later`): it stops only when
 the pooled sample at the cap has failed for certain. (Stopped at its own budget, a first seed near the
 edge decided its load alone: the first headline run stopped RelayGR's 2048 events after 884 calls with
@@ -31,10 +31,10 @@ import time
 
 import grpc
 
-from bench.schema import Cost, Percentiles, PointResult, Verdict
-from bench.schema_context import OverSlo
-from bench.stats import bootstrap_ci, meets_slo, percentile, violation_budget
-from bench.workload import RevisitSampler
+from bench.lib.schema import Cost, Percentiles, PointResult, Verdict
+from bench.lib.schema_context import OverSlo
+from bench.lib.stats import bootstrap_ci, meets_slo, percentile, violation_budget
+from bench.lib.workload import RevisitSampler
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
 from services.common.contract import cache_source_label
 from services.loadgen.openloop import CallRecord, run_open_loop
@@ -86,7 +86,7 @@ def miss_label(reason: int) -> str:
 
 
 def over_slo(ranked: list[CallRecord], slo_ms: float, burst_gap_s: float = BURST_GAP_S) -> OverSlo:
-    """What the ranked calls over the SLO were (failures included): see `bench.schema_context.OverSlo`."""
+    """What the ranked calls over the SLO were (failures included): see `bench.lib.schema_context.OverSlo`."""
     over = [r for r in ranked if not r.ok or r.response.rank_latency_ms > slo_ms]
     answered = [r.response for r in over if r.ok]
     sources = collections.Counter(cache_source_label(a.cache_source) for a in answered)

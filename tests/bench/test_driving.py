@@ -1,0 +1,58 @@
+"""`Driver.wait_host`: before a point, a run that reads the host's speed waits while the host is slower
+than it has been, within the run's budget for it, and says so."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.lib import driving
+from bench.lib.config import load_config
+from bench.lib.driving import Driver
+
+
+@pytest.fixture
+def driver(monkeypatch, tmp_path):
+    for name, value in (("HOST_RETRY_S", 0.0), ("LEASE_TTL_MS", 0), ("SETTLE_S", 0.0)):
+        monkeypatch.setattr(driving, name, value)
+    lines: list[str] = []
+    config = load_config(["--profile", "headline", "--host-wait-s", "100"], {})
+    made = Driver(config, tmp_path, lines.append)
+    made.idle = []  # every fleet's wait for idle, by the fleet it spared (None: none)
+    monkeypatch.setattr(made, "wait_idle", made.idle.append)
+    made.lines = lines
+    return made
+
+
+def readings(*values: float):
+    left = list(values)
+    return lambda: left.pop(0)
+
+
+def test_a_point_waits_while_the_host_reads_slower_than_it_has_been(driver):
+    # Fastest 40 ms; 41 is within the 10 % limit; 52 is not: read again once every fleet is idle (50,
+    # still slow), then again (42, within the limit): the point goes on.
+    driver.probe = readings(40.0, 41.0, 52.0, 50.0, 42.0)
+    for _ in range(3):
+        driver.wait_host()
+    assert driver.idle == [None, None]  # each slow reading's wait began with every fleet idle
+    assert [line.split("] ", 1)[1] for line in driver.lines] == [
+        "host slow: a pass took 52 ms, +30% from the fastest (40 ms); waited 0 s: 42 ms (+5%); 100 s of the "
+        "wait left"
+    ]
+    assert 99 < driver.host_wait_left_s <= 100
+
+
+def test_once_the_runs_wait_is_spent_points_go_on_at_whatever_speed(driver):
+    driver.probe = readings(40.0, 60.0, 39.0)
+    driver.wait_host()
+    driver.host_wait_left_s = 0.0
+    driver.wait_host()  # 60 ms: +50 %, but nothing left to wait
+    assert driver.idle == [] and driver.lines == []
+    driver.wait_host()  # a faster reading becomes the one the next ones are held to
+    assert driver._fastest_ms == 39.0
+
+
+def test_a_run_that_does_not_read_the_host_never_waits(driver):
+    assert driver.probe is None
+    driver.wait_host()
+    assert driver.idle == [] and driver.lines == []
