@@ -58,6 +58,7 @@ class Driver:
     # The host's speed now, in ms of a fixed pass (`bench.lib.floor.UnitProbe`), read before each point
     # (`wait_host`); None: not read.
     probe: Callable[[], float] | None = None
+    host_at_speed = True  # whether the probe's latest reading was within the limit of its fastest
 
     def __init__(self, config: BenchConfig, log_dir: Path, log: Callable[[str], None] = print) -> None:
         self.config = config
@@ -211,20 +212,20 @@ class Driver:
             outcome = "idle" if cores <= IDLE_CORES else f"still using {cores:.2f} cores: measuring anyway"
             self.log(f"waited {waited:.1f} s for the other fleets to be idle: {outcome}")
 
-    def wait_host(self) -> bool:
+    def wait_host(self, wait: bool = True) -> bool:
         """Before a point, where a run reads the host's speed (`probe`): while the host reads more than
         `--floor-drift-limit` slower than its fastest reading so far, waits and reads again (first once
         every fleet is idle and the rankers' leases have run out, then every `HOST_RETRY_S`), out of the
         run's `--host-wait-s`. A shared VM's host slows down for minutes at a time; a point measured then
         would be judged in a unit the host did not have. Once the wait is spent, points go on at whatever
         speed: the phase's end timing flags the run where it mattered. Logged when it waited; whether it
-        did."""
+        did. Without `wait`, it only reads. Either way `host_at_speed` says how the last reading was."""
         if self.probe is None:
             return False
         slow = reading = self.probe()
         limit = 1 + self.config.floor_drift_limit
         pause, started, waited = LEASE_TTL_MS / 1000 + SETTLE_S, time.monotonic(), False
-        while reading > limit * self._fastest_ms and self.host_wait_left_s > 0:
+        while wait and reading > limit * self._fastest_ms and self.host_wait_left_s > 0:
             waited = True
             began = time.monotonic()
             time.sleep(min(pause, self.host_wait_left_s))
@@ -236,6 +237,7 @@ class Driver:
             self.log(f"host slow: a pass took {slow:g} ms, {slow / fastest - 1:+.0%} from the fastest "
                      f"({fastest:g} ms); waited {time.monotonic() - started:.0f} s: {reading:g} ms "
                      f"({reading / fastest - 1:+.0%}); {left:.0f} s of the wait left")  # fmt: skip
+        self.host_at_speed = reading <= limit * self._fastest_ms
         self._fastest_ms = min(self._fastest_ms, reading)
         return waited
 

@@ -20,8 +20,11 @@ A timing more than `RECHECK_SHARE` from the one before is timed again, and the l
 slower host is slower twice, a disturbed timing seldom is. Between the phases' timings, a probe reads the
 host's speed before every point (`probing`; `bench.lib.driving.Driver.wait_host`), and a point waits while
 the host is slower than it has been (within `--host-wait-s` over the run): the host of a shared VM slows
-by a third or more for minutes at a time, and a point measured then is judged in a unit it did not have.
-A phase records how long its points waited.
+by a third or more for seconds to half an hour at a time, and a point measured then is judged in a unit
+it did not have. A phase records how long its points waited. A phase starts once the host is at its
+speed, and where the probe reads it at its speed at a timing of u, the phase counts the least u timed at
+speed so far (`counted_unit`): timing noise only adds, and a phase then flags the run only where the host
+was slow at its start or end with the wait spent.
 
 Each phase is recorded (`bench.lib.schema.Phase`) and logged with its place in the run and the time left,
 estimated from the phase times of the latest other run of the profile (`estimate`).
@@ -32,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -139,6 +143,18 @@ class Phased(Driver):
         return host_unit_ms(c.model_preset, c.torch_threads, c.short_term, c.pre_infer_chunk_tokens,
                             c.unit_length, c.settings.floor_repeats)  # fmt: skip
 
+    _least_at_speed = math.inf  # the least u timed while the probe read the host at its speed
+
+    def counted_unit(self, timed: float) -> float:
+        """The u a phase counts from a timing: where the probe read the host at its speed just before, the
+        least u timed at speed so far (a fresh process's timing only adds noise: at speed, two read 39.1
+        and 34.9 ms five minutes apart, and flagged their phase); else the timing itself (no probe, or a
+        host still slow once the wait was spent: its phase is then judged, and flagged, in that u)."""
+        if self.probe is None or not self.host_at_speed:
+            return timed
+        self._least_at_speed = min(self._least_at_speed, timed)
+        return self._least_at_speed
+
     @contextlib.contextmanager
     def probing(self) -> Iterator[None]:
         """Reads the host's speed before every point of the block (`Driver.wait_host`, a `UnitProbe`),
@@ -163,7 +179,7 @@ class Phased(Driver):
         c, run = self.config, self.host_unit
         started, wait_left = time.monotonic(), self.host_wait_left_s
         # A phase starts on a host as fast as it has been, and times u there: a wait for it is a new timing.
-        unit = self.time_unit(reuse=not self.wait_host())
+        unit = self.counted_unit(self.time_unit(reuse=not self.wait_host()))
         self._current = unit
         slo_ms = self.slo_at(run.slo_u) if run is not None and run.slo_u is not None else c.slo_ms
         self.config = dataclasses.replace(c, slo_ms=slo_ms)
@@ -177,7 +193,8 @@ class Phased(Driver):
         finally:
             self.config = dataclasses.replace(self.config, slo_ms=c.slo_ms)
             self._current = None
-        end = self.time_unit(reuse=False)
+        self.wait_host(wait=False)  # the host's speed at the phase's end, read only
+        end = self.counted_unit(self.time_unit(reuse=False))
         phase = Phase(
             name=name, started_s=round(started - self._started, 1),
             duration_s=round(time.monotonic() - started, 1), u_ms=round(unit, 4), u_end_ms=round(end, 4),

@@ -38,6 +38,7 @@ from relaygr.v1 import common_pb2, recommend_pb2
 from services.loadgen.openloop import CallRecord
 
 CONFIG = dataclasses.replace(BenchConfig(), profile="full")
+UNPROBED = dataclasses.replace(CONFIG, host_wait_s=0.0)  # a run that does not read the host's speed
 MIX1, MIX2 = "mix-m1024-s0.75-max2048", "mix-m1536-s0.75-max4096"
 # The longest length (events) and the highest load (req/s) at which each mode meets the SLO.
 LENGTH_LIMITS = {
@@ -665,11 +666,11 @@ def unit_timings(*values: float) -> Callable[[], float]:
 
 
 def test_each_experiment_is_a_phase_judged_in_the_unit_timed_at_its_start():
-    """The host slows 1 % at each timing of its unit: each phase's points are judged against 2.87 u (and
-    the first mix's other multiples) of the u timed at its start, which the phase before timed at its
-    end; no phase's unit moved past the limit, so nothing is flagged."""
+    """Without a host probe, the host slows 1 % at each timing of its unit: each phase's points are judged
+    against 2.87 u (and the first mix's other multiples) of the u timed at its start, which the phase
+    before timed at its end; no phase's unit moved past the limit, so nothing is flagged."""
     timings = [U_MS * (1 + 0.01 * k) for k in range(20)]
-    results, _, measured = fake_run(CONFIG, units=unit_timings(*timings))
+    results, _, measured = fake_run(UNPROBED, units=unit_timings(*timings))
     run = Run.from_json(results)
     phases = run.measured.phases
     own_fleets = [f"ablation {mode.name}" for mode in ABLATIONS if mode.fleet != RELAY.fleet]
@@ -718,9 +719,12 @@ def test_each_experiment_is_a_phase_judged_in_the_unit_timed_at_its_start():
 
 
 def test_a_phase_whose_unit_moved_past_the_limit_flags_the_run_and_is_named():
-    """The host slows 15 % during the second mix's phase: that phase flags the run, no other does, and
-    the floor's start-to-end change (none here) would not have caught it."""
-    results, _, _ = fake_run(CONFIG, units=unit_timings(U_MS, U_MS, U_MS, U_MS * 1.15))
+    """The host slows 15 % during the second mix's phase, and the probe reads it slow at the phase's end
+    (the wait is for a phase's start or a point, not its end): that phase flags the run, no other does,
+    and the floor's start-to-end change (none here) would not have caught it. The next phase starts on a
+    host at its speed again."""
+    speed = unit_timings(40.0, 40.0, 40.0, 40.0, 40.0, 46.0, 40.0)  # read at each phase's start and end
+    results, _, _ = fake_run(CONFIG, units=unit_timings(U_MS, U_MS, U_MS, U_MS * 1.15), speed=speed)
     run = Run.from_json(results)
     assert [phase.change for phase in run.measured.phases][:4] == [0.0, 0.0, 0.15, 0.0]
     assert run.checks.floor_change == 0.0
@@ -735,16 +739,28 @@ def test_a_phase_whose_unit_moved_past_the_limit_flags_the_run_and_is_named():
 
 def test_a_phase_starts_on_a_host_as_fast_as_it_has_been_and_times_u_there():
     """The probe reads the host 50 % slower at the first mix's start, then as fast as before: that phase
-    waits for it and times u afresh, where it would have started from the length sweep's end timing."""
-    speed = unit_timings(40.0, 60.0, 40.0)
+    waits for it and times u afresh (0.98 u), where it would have started from the length sweep's end
+    timing (1.02 u, which counted as the u timed at speed before it: u)."""
+    speed = unit_timings(40.0, 40.0, 60.0, 40.0)  # read at each phase's start and end (and in a wait)
     units = unit_timings(U_MS, U_MS * 1.02, U_MS * 0.98)
     probes_made: list[FakeProbe] = []
     run = Run.from_json(fake_run(CONFIG, units=units, speed=speed, probes_made=probes_made)[0])
     phases = run.measured.phases
-    assert (phases[0].u_ms, phases[0].u_end_ms) == (round(U_MS, 4), round(U_MS * 1.02, 4))
-    assert phases[1].u_ms == round(U_MS * 0.98, 4)  # not the 1.02 u the length sweep ended with
+    assert (phases[0].u_ms, phases[0].u_end_ms) == (round(U_MS, 4), round(U_MS, 4))
+    assert phases[1].u_ms == round(U_MS * 0.98, 4)
     assert phases[2].u_ms == phases[1].u_end_ms  # the host was fast: the next phase reused the end timing
     assert [probe.closed for probe in probes_made] == [True]  # one probe over the run, closed at its end
+
+
+def test_at_the_hosts_speed_a_phase_counts_the_least_unit_timed_at_speed():
+    """The probe reads the host at its speed throughout while fresh timings of u wander by up to 9 %
+    (as two did five minutes apart on an idle VM): each phase counts the least u timed so far, no phase's
+    unit moves up, and nothing is flagged."""
+    timings = unit_timings(U_MS, U_MS * 1.09, U_MS * 1.04, U_MS * 0.97, U_MS * 1.08, U_MS * 1.02)
+    run = Run.from_json(fake_run(CONFIG, units=timings)[0])
+    counted = [u for phase in run.measured.phases for u in (phase.u_ms, phase.u_end_ms)]
+    assert counted == sorted(counted, reverse=True) and min(counted) == round(U_MS * 0.97, 4)
+    assert run.checks.flags == []
 
 
 def test_a_unit_timed_far_from_the_last_is_timed_again_and_the_lower_counts():
@@ -752,7 +768,7 @@ def test_a_unit_timed_far_from_the_last_is_timed_again_and_the_lower_counts():
     timing, not a slower host; the phase ends in the unit it started with and nothing is flagged. A
     timing 4 % off is not timed again."""
     fluke = unit_timings(U_MS, U_MS, U_MS * 1.04, U_MS * 1.45, U_MS * 1.04)
-    run = Run.from_json(fake_run(CONFIG, units=fluke)[0])
+    run = Run.from_json(fake_run(UNPROBED, units=fluke)[0])
     units = [(phase.u_ms, phase.u_end_ms) for phase in run.measured.phases][:3]
     assert units == [(round(U_MS, 4), round(U_MS, 4)), (round(U_MS, 4), round(U_MS * 1.04, 4)),
                      (round(U_MS * 1.04, 4), round(U_MS * 1.04, 4))]  # fmt: skip
