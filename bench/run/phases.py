@@ -2,11 +2,10 @@
 its experiments on).
 
 A run's bounds are multiples of the host's unit u (`bench.lib.config.BenchConfig.slo_u`): the in-process full
-pass of the fleet's preset at the first mix's cap, timed in a fresh process. The host's speed drifts
-within a run on a shared VM, though: two headline runs of one commit on an idle 2-core VM read that pass
-36.2 -> 41.5 ms and 40.4 -> 34.3 ms from their start to their end, and an SLO fixed in ms at the start
-was then another multiple of u by the end. So a run goes in phases, one experiment each (the length
-sweep, a mix's load sweeps, an abandoned share, an ablation with RelayGR beside it). Each phase
+pass of the fleet's preset at the first mix's cap, timed in a fresh process. The host's speed drifts within a
+run on a shared VM, though (by a sixth from a run's start to its end on an idle 2-core VM), and an SLO fixed
+in ms at the start is then another multiple of u by the end. So a run goes in phases, one experiment each (the
+length sweep, a mix's load sweeps, an abandoned share, an ablation with RelayGR beside it). Each phase
 
 - waits for the rankers' leases on the last point's prefixes to run out and every running fleet to be
   idle, and times u again (`bench.lib.floor.host_unit_ms`);
@@ -147,9 +146,9 @@ class Phased(Driver):
 
     def counted_unit(self, timed: float) -> float:
         """The u a phase counts from a timing: where the probe read the host at its speed just before, the
-        least u timed at speed so far (a fresh process's timing only adds noise: at speed, two read 39.1
-        and 34.9 ms five minutes apart, and flagged their phase); else the timing itself (no probe, or a
-        host still slow once the wait was spent: its phase is then judged, and flagged, in that u)."""
+        least u timed at speed so far (a fresh process's timing only adds noise, by up to a tenth at the
+        host's speed, enough to flag a phase); else the timing itself (no probe, or a host still slow once
+        the wait was spent: its phase is then judged, and flagged, in that u)."""
         if self.probe is None or not self.host_at_speed:
             return timed
         self._least_at_speed = min(self._least_at_speed, timed)
