@@ -24,6 +24,7 @@ from bench.lib.config import BenchConfig
 from bench.lib.fleets import BenchFleet, FleetShape, Mode
 from bench.lib.points import FIRST_SEED, Before, PointSpec, describe, describe_cost, run_point
 from bench.lib.schema import Cost, Point, recorded
+from bench.lib.stats import percentile
 from bench.lib.workload import RevisitSampler, Universe, fixed_length_universe, mix_universe
 
 SETTLE_S = 1.0  # pause between points: lets the last answers and background pre-inference finish
@@ -36,6 +37,9 @@ IDLE_CORES = 0.1
 IDLE_SAMPLE_S = 0.5
 IDLE_TIMEOUT_S = 30.0
 HOST_RETRY_S = 30.0  # a point waiting for a slow host (`Driver.wait_host`) reads its speed again this often
+# The host's speed: this percentile of the probe's readings so far. Not the fastest: at the host's speed
+# readings spread by a tenth, and the fastest of many is an outlier that would make every later one slow.
+HOST_SPEED_PERCENTILE = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +62,7 @@ class Driver:
     # The host's speed now, in ms of a fixed pass (`bench.lib.floor.UnitProbe`), read before each point
     # (`wait_host`); None: not read.
     probe: Callable[[], float] | None = None
-    host_at_speed = True  # whether the probe's latest reading was within the limit of its fastest
+    host_at_speed = True  # whether the probe's latest reading was within the limit of the host's speed
 
     def __init__(self, config: BenchConfig, log_dir: Path, log: Callable[[str], None] = print) -> None:
         self.config = config
@@ -70,7 +74,7 @@ class Driver:
         self._measured: dict[tuple, tuple[Point, float]] = {}
         self._live: list[BenchFleet] = []  # the fleets running now (`fleet`)
         self.host_wait_left_s = config.host_wait_s  # what `wait_host` may still wait, over the run
-        self._fastest_ms = math.inf  # the probe's fastest reading so far
+        self._readings: list[float] = []  # every reading of the probe so far (`host_speed_ms`)
         self.shape = self.fleet_shape()
         c = config
         self.mixes = [
@@ -212,33 +216,41 @@ class Driver:
             outcome = "idle" if cores <= IDLE_CORES else f"still using {cores:.2f} cores: measuring anyway"
             self.log(f"waited {waited:.1f} s for the other fleets to be idle: {outcome}")
 
+    @property
+    def host_speed_ms(self) -> float:
+        """The host's speed as the probe has read it: the `HOST_SPEED_PERCENTILE`th percentile of its
+        readings so far (inf before the first)."""
+        return percentile(self._readings, HOST_SPEED_PERCENTILE) if self._readings else math.inf
+
     def wait_host(self, wait: bool = True) -> bool:
         """Before a point, where a run reads the host's speed (`probe`): while the host reads more than
-        `--floor-drift-limit` slower than its fastest reading so far, waits and reads again (first once
-        every fleet is idle and the rankers' leases have run out, then every `HOST_RETRY_S`), out of the
+        `--floor-drift-limit` slower than its speed so far (`host_speed_ms`), waits and reads again (first
+        once every fleet is idle and the rankers' leases have run out, then every `HOST_RETRY_S`), out of the
         run's `--host-wait-s`. A shared VM's host slows down for minutes at a time; a point measured then
         would be judged in a unit the host did not have. Once the wait is spent, points go on at whatever
-        speed: the phase's end timing flags the run where it mattered. Logged when it waited; whether it
-        did. Without `wait`, it only reads. Either way `host_at_speed` says how the last reading was."""
+        speed: the phase's end timing flags the run where it mattered. Logged when it waited; whether it did.
+        Without `wait`, it only reads. Either way `host_at_speed` says how the last reading was."""
         if self.probe is None:
             return False
+        speed = self.host_speed_ms  # held for this wait (the readings during it count from the next one)
         slow = reading = self.probe()
         limit = 1 + self.config.floor_drift_limit
         pause, started, waited = LEASE_TTL_MS / 1000 + SETTLE_S, time.monotonic(), False
-        while wait and reading > limit * self._fastest_ms and self.host_wait_left_s > 0:
+        while wait and reading > limit * speed and self.host_wait_left_s > 0:
             waited = True
+            self._readings.append(reading)
             began = time.monotonic()
             time.sleep(min(pause, self.host_wait_left_s))
             self.wait_idle(None)
             reading, pause = self.probe(), HOST_RETRY_S
             self.host_wait_left_s = max(self.host_wait_left_s - (time.monotonic() - began), 0.0)
         if waited:
-            fastest, left = self._fastest_ms, self.host_wait_left_s
-            self.log(f"host slow: a pass took {slow:g} ms, {slow / fastest - 1:+.0%} from the fastest "
-                     f"({fastest:g} ms); waited {time.monotonic() - started:.0f} s: {reading:g} ms "
-                     f"({reading / fastest - 1:+.0%}); {left:.0f} s of the wait left")  # fmt: skip
-        self.host_at_speed = reading <= limit * self._fastest_ms
-        self._fastest_ms = min(self._fastest_ms, reading)
+            left = self.host_wait_left_s
+            self.log(f"host slow: a pass took {slow:g} ms, {slow / speed - 1:+.0%} from the host's speed "
+                     f"({speed:g} ms); waited {time.monotonic() - started:.0f} s: {reading:g} ms "
+                     f"({reading / speed - 1:+.0%}); {left:.0f} s of the wait left")  # fmt: skip
+        self.host_at_speed = reading <= limit * speed
+        self._readings.append(reading)
         return waited
 
     @contextlib.contextmanager
