@@ -53,20 +53,12 @@ def model_floor(
     """Median in-process latency of full, pre-infer and cached rank at each prefix length, on `device`
     (as the rankers' `--device`); an accelerator's cached memory is handed back afterwards, so that the
     rankers started next find it free."""
-    config = RankerConfig(
-        model_preset=preset, device=device, torch_threads=torch_threads, max_long_term_events=max(lengths)
-    )
-    model, version, _ = build_model(config)
     worker = Scheduler("floor")
-    try:
-        runner = ModelRunner(model, worker, chunk_tokens, None, version)
-        profiling = Profiling(
-            sorted(lengths), short_term, candidates, repeats, retries=0, disturbed_ratio=None
-        )
-        curve = measure(Timer(runner, profiling))
+    try:  # the timer, and its model, are dropped once measured
+        curve = measure(_timer(preset, torch_threads, lengths, short_term, candidates, repeats, chunk_tokens,
+                               worker, device))  # fmt: skip
     finally:
         worker.close()
-        del model
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return [
@@ -75,6 +67,19 @@ def model_floor(
         )
         for p in curve.points
     ]
+
+
+def _timer(preset: str, torch_threads: int, lengths: Sequence[int], short_term: int, candidates: int,
+           repeats: int, chunk_tokens: int, worker: Scheduler, device: str = "cpu") -> Timer:  # fmt: skip
+    """The ranker's warm-up profiler (`Timer`) over a model of `preset` built now on `device`, its passes
+    run by `worker`."""
+    config = RankerConfig(
+        model_preset=preset, device=device, torch_threads=torch_threads, max_long_term_events=max(lengths)
+    )
+    model, version, _ = build_model(config)
+    runner = ModelRunner(model, worker, chunk_tokens, None, version)
+    profiling = Profiling(sorted(lengths), short_term, candidates, repeats, retries=0, disturbed_ratio=None)
+    return Timer(runner, profiling)
 
 
 def in_fresh_process(function: Callable[..., T], *args: Any) -> T:
@@ -187,12 +192,7 @@ def unit_pass_ms(preset: str, torch_threads: int, short_term: int, chunk_tokens:
     times it, with the model built once per process and kept."""
     key = (preset, torch_threads, short_term, chunk_tokens, length, repeats)
     if key not in _PROBE_TIMERS:
-        config = RankerConfig(
-            model_preset=preset, device="cpu", torch_threads=torch_threads, max_long_term_events=length
-        )
-        model, version, _ = build_model(config)
-        runner = ModelRunner(model, Scheduler("probe"), chunk_tokens, None, version)
-        profiling = Profiling([length], short_term, UNIT_CANDIDATES, repeats, retries=0, disturbed_ratio=None)
-        _PROBE_TIMERS[key] = Timer(runner, profiling)
+        _PROBE_TIMERS[key] = _timer(preset, torch_threads, [length], short_term, UNIT_CANDIDATES, repeats,
+                                    chunk_tokens, Scheduler("probe"))  # fmt: skip
     curve = measure(_PROBE_TIMERS[key])
     return next(point.full_ms for point in curve.points if point.prefix_length == length)
