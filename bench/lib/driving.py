@@ -187,15 +187,20 @@ class Driver:
         )
 
     def drive(self, fleet: BenchFleet, address: str, sampler: RevisitSampler, spec: PointSpec) -> Point:
-        """Runs one point's load against the stub at `address`, once the other fleets are idle
-        (`wait_idle`): its result, with its load seed and what it cost the fleet (a subclass may record
-        more beside them)."""
-        self.wait_idle(fleet)
-        self.wait_host()
+        """Runs one point's load against the stub at `address`, once the machine is ready (`ready`): its
+        result, with its load seed and what it cost the fleet (a subclass may record more beside them)."""
+        self.ready(fleet)
         before = probes.snapshot(fleet.pids(), fleet.ranker_metrics())
         result = asyncio.run(run_point(address, sampler, spec))
         cost = probes.difference(before, probes.snapshot(fleet.pids(), fleet.ranker_metrics()))
         return recorded(Point, result, seed=spec.seed, cost=Cost(**cost))
+
+    def ready(self, fleet: BenchFleet) -> None:
+        """Before a point of `fleet`: waits until the other fleets are idle (`wait_idle`) and, where the
+        run reads the host's speed, `fleet` too (its last point's background work would slow the reading),
+        then for the host (`wait_host`)."""
+        self.wait_idle(fleet if self.probe is None else None)
+        self.wait_host()
 
     def wait_idle(self, fleet: BenchFleet | None) -> None:
         """Waits until the processes of every running fleet but `fleet` (None: every one) use at most

@@ -67,3 +67,12 @@ def test_a_run_that_does_not_read_the_host_never_waits(driver):
     assert driver.probe is None
     driver.wait_host()
     assert driver.idle == [] and driver.lines == []
+
+
+def test_before_a_point_the_probe_reads_with_every_fleet_idle_the_measured_one_included(driver):
+    measured = object()
+    driver.ready(measured)  # the host not read: the measured fleet's own background work may go on
+    assert driver.idle == [measured]
+    driver.probe = readings(40.0)
+    driver.ready(measured)
+    assert driver.idle == [measured, None] and driver.host_speed_ms == 40.0
