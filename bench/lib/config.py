@@ -20,7 +20,8 @@ from collections.abc import Mapping, Sequence
 from bench.lib import codec
 from bench.lib.fleets import ABLATIONS
 from services.common.config import env_name, flag_name, grid, listed, load, setting
-from services.launcher.fleet import ROUTINGS
+from services.common.presets import MODEL_PRESET_NAMES
+from services.launcher.config import ROUTINGS
 
 ABLATION_NAMES = tuple(mode.name for mode in ABLATIONS)
 
@@ -181,7 +182,7 @@ class BenchConfig:
         "trigger's placement window; 0: --relay-window-u times u)",
         minimum=0,
     )
-    model_preset: str = setting("cpu-small", "every ranker's model preset")
+    model_preset: str = setting("cpu-small", "every ranker's model preset", choices=MODEL_PRESET_NAMES)
     rankers: int = setting(2, "rankers per fleet", above=0)
     torch_threads: int = setting(1, "intra-op threads per ranker (and of the in-process floor)", above=0)
     pre_infer_chunk_tokens: int = setting(

@@ -41,6 +41,7 @@ from pathlib import Path
 from bench.lib.workload import Universe
 from services.common.config import setting
 from services.common.contract import RECOMMEND_SERVICE
+from services.common.presets import MODEL_PRESET_NAMES
 from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet, FleetConfig
 from services.launcher.procs import Processes, ServiceProcess
 
@@ -90,8 +91,6 @@ ABLATIONS = (
 )
 
 
-# The rankers' model presets a bench command may name (the ranker's registry, which bench may not import).
-MODEL_PRESETS = ("cpu-tiny", "cpu-small", "gpu-dlrmv3")
 RELAY_WINDOW_HELP = "the relay window: the stub's pre-processing time, the trigger's placement window"
 
 
@@ -99,7 +98,7 @@ RELAY_WINDOW_HELP = "the relay window: the stub's pre-processing time, the trigg
 class FleetSettings:
     """The settings of the fleets a bench command starts, each a flag with a `RELAYGR_…` twin."""
 
-    model_preset: str = setting("cpu-small", "every ranker's model preset", choices=MODEL_PRESETS)
+    model_preset: str = setting("cpu-small", "every ranker's model preset", choices=MODEL_PRESET_NAMES)
     rankers: int = setting(2, "rankers per fleet", above=0)
     torch_threads: int = setting(1, "intra-op threads per ranker", above=0)
     relay_window_ms: float = setting(100.0, RELAY_WINDOW_HELP, minimum=0)

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
+from services.common.presets import MODEL_PRESET_NAMES
 from services.ranker.model.hstu import HSTURanker
 from services.ranker.model.prefix_kv import PrefixKV
 from services.ranker.model.presets import PRESETS, get_preset
@@ -376,6 +377,8 @@ def test_presets_have_the_briefs_shapes() -> None:
     }
     assert [p.kv_bytes_per_token for p in PRESETS.values()] == [512, 1024, 10240]
     assert get_preset("cpu-small").max_events >= 8192 + 512
+    # The names the launcher and bench/ accept (and refuse others by) before they start a ranker.
+    assert tuple(PRESETS) == MODEL_PRESET_NAMES
 
 
 def test_kv_bytes_per_token_is_what_a_prefix_occupies(model: HSTURanker) -> None:
