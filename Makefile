@@ -56,8 +56,10 @@ test-gpu: export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 test-gpu: install
 	$(PY) -m pytest -v -rs tests/gpu
 
+# The local fleet with a live demo; RUN_ARGS adds the launcher's flags (docs/configuration.md), e.g. four
+# rankers on one GPU: RUN_ARGS="--rankers 4 --rankers-per-device 4 --devices cuda:0 --model-preset gpu-dlrmv3".
 run: install
-	$(PY) -m services.launcher
+	$(PY) -m services.launcher $(RUN_ARGS)
 
 # The benchmark: baseline, RelayGR and its ablations side by side (quick: about 20 minutes on 2 cores, full: about 2 hours).
 bench: install

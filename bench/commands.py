@@ -77,6 +77,11 @@ COMMANDS = (
         "bench.micro.serving.__main__:main",
     ),
     Command(
+        "shared-device",
+        "K rankers on one simulated accelerator (an H200's pass times): how busy they keep it",
+        "bench.micro.shared_device:main",
+    ),
+    Command(
         "accelerator",
         "the ranker's device path in process: cached-rank error, reload, rank latency, CUDA graphs",
         "bench.micro.accelerator:main",

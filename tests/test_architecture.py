@@ -18,8 +18,9 @@ module named to `importlib.import_module`, in services/, bench/ and tools/):
   internals. Exempt are the in-process harnesses in `IN_PROCESS`, each for the one service it measures in
   process, without gRPC (`bench/lib/floor.py` and `bench/micro/accelerator.py` time the ranker's model,
   engine and device layers as a floor under the fleet's numbers; `bench/micro/serving/in_process.py` times
-  the same passes in process against the ranker's, and `bench/micro/null_model.py` serves the ranker with its
-  model passes made free; `bench/studies/gain_stability.py` fits the trigger's cost
+  the same passes in process against the ranker's, `bench/micro/null_model.py` serves the ranker with its
+  model passes made free, and `bench/micro/simulated_device.py` with passes that hold a shared simulated
+  device; `bench/studies/gain_stability.py` fits the trigger's cost
   model): they may import that service's internals and config, never its handlers.
   `tools/docs.py` renders every command's settings class into docs/configuration.md, which is its job: it
   loads them by name, out of this check's sight;
@@ -55,6 +56,7 @@ IN_PROCESS = {
     "bench/micro/accelerator.py": "ranker",
     "bench/micro/serving/in_process.py": "ranker",
     "bench/micro/null_model.py": "ranker",
+    "bench/micro/simulated_device.py": "ranker",
     "bench/studies/gain_stability.py": "trigger",
 }
 # Modules that hold a service's request handling: only the service itself may import them.

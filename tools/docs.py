@@ -49,6 +49,22 @@ SERVICES = [
     ),
     ("gRPC call floor — `python -m bench grpc-floor`", "bench.micro.grpc_floor", "GrpcFloorConfig"),
     ("Router hop — `python -m bench router-hop`", "bench.micro.router_hop", "RouterHopBench"),
+    (
+        "K rankers on one simulated device — `python -m bench shared-device`",
+        "bench.micro.shared_device",
+        "SharedDeviceConfig",
+    ),
+]
+# Settings classes that extend a service's: (heading, module, class, the service's class it extends), the
+# rows of what each adds.
+EXTENSIONS = [
+    (
+        "Its simulated-device ranker — `python -m bench.micro.simulated_device` (the ranker's settings and "
+        "these)",
+        "bench.micro.simulated_device",
+        "SimulatedDeviceConfig",
+        "services.ranker.config:RankerConfig",
+    ),
 ]
 
 
@@ -57,6 +73,11 @@ def render() -> str:
     for heading, module, name in SERVICES:
         cls = getattr(importlib.import_module(module), name)
         sections += [f"## {heading}", "", markdown_table(cls), ""]
+    for heading, module, name, extended in EXTENSIONS:
+        cls = getattr(importlib.import_module(module), name)
+        base_module, base_name = extended.split(":")
+        base = getattr(importlib.import_module(base_module), base_name)
+        sections += [f"## {heading}", "", markdown_table(cls, beyond=base), ""]
     sections += [profile_defaults(), ""]
     sections.append(END)
     return "\n".join(sections)

@@ -211,10 +211,12 @@ def load(
     return config
 
 
-def markdown_table(cls: type) -> str:
-    """The settings of `cls` as a Markdown table: flag, environment variable, default, meaning."""
+def markdown_table(cls: type, beyond: type | None = None) -> str:
+    """The settings of `cls` as a Markdown table: flag, environment variable, default, meaning; with
+    `beyond`, only those `cls` adds to that settings class of its bases."""
     rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
-    for field in dataclasses.fields(cls):
+    inherited = {field.name for field in dataclasses.fields(beyond)} if beyond is not None else set()
+    for field in (field for field in dataclasses.fields(cls) if field.name not in inherited):
         # None: the setting is unset unless given (see its help for what applies then).
         default = (
             "(unset)" if field.default is None else "(empty)" if field.default == "" else f"`{field.default}`"

@@ -30,117 +30,20 @@ import shlex
 import signal
 from pathlib import Path
 
-from services.common.config import ServiceConfig, check, setting
 from services.common.contract import RANKER_SERVICE, RECOMMEND_SERVICE, TRIGGER_SERVICE
 from services.common.cpus import cpu_budget
 from services.common.server import channel_credentials
+from services.launcher.config import ROUTER, STUB, TRIGGER, FleetConfig
 from services.launcher.procs import Processes, ServiceProcess
 
-# Health-checked service names; the router serves RankerService like a ranker.
+__all__ = ["ROUTER", "STUB", "TRIGGER", "Endpoint", "Fleet", "FleetConfig", "ServiceExited", "ranker_share"]
 
-ROUTER, TRIGGER, STUB = "router", "trigger", "retrieval-stub"
-ROUTINGS = ("direct", "router")
-PORT_OFFSETS = {ROUTER: 0, TRIGGER: 2, STUB: 3}
-RANKER_PORT_OFFSET = 10
 # A free port is picked by the launcher and bound by the child, so another process may take it in
 # between; a child that lost its port that way is started again on new ones, this many times at most.
 PORT_CLASH_MARKERS = ("Address already in use", "Failed to bind to address")
 PORT_CLASH_ATTEMPTS = 3
 # Stateless services that `replace` can swap in place: they are started with --reuse-port.
 SURGE_SERVICES = (ROUTER, TRIGGER)
-
-
-@dataclasses.dataclass(frozen=True)
-class FleetConfig:
-    """What the local fleet runs; each extra-args string is split like a shell command line.
-
-    The fleet passes a service only the flags it sets: a setting left unset (None; `(empty)` in
-    docs/configuration.md) is not passed on, so the service's own default applies, and no service's
-    configuration is imported here to copy it."""
-
-    rankers: int = setting(2, "number of rankers (named ranker-0 … ranker-N-1)")
-    model_preset: str = setting("cpu-small", "every ranker's model preset: cpu-tiny, cpu-small or gpu-dlrmv3")
-    checkpoint: str | None = setting(
-        None,
-        "model every ranker serves: a model directory (e.g. from services.ranker.convert; its architecture "
-        "replaces --model-preset) or a state_dict file (unset: seeded weights)",
-    )
-    hbm_budget_mb: float | None = setting(
-        None,
-        "HBM-tier byte budget of each ranker, MiB (-1: the ranker's auto one; unset: the ranker's default)",
-    )
-    dram_budget_mb: float | None = setting(
-        None,
-        "DRAM-tier byte budget of each ranker, MiB (-1: the ranker's auto one; unset: the ranker's default)",
-    )
-    slo_ms: float | None = setting(
-        None,
-        "the trigger's ranking latency SLO (P99), ms: it never sheds what would miss it (unset: the "
-        "trigger's default)",
-    )
-    relay_window_ms: float | None = setting(
-        None,
-        "the relay window, ms: passed to both the trigger and the retrieval stub, which read it as one "
-        "setting (the stub's pre-processing time, the window the trigger places prefixes against); unset: "
-        "their shared default",
-    )
-    relay: bool = setting(True, "run the relay; false starts the baseline (retrieval stub without Admit)")
-    routing: str = setting(
-        "direct",
-        "how the trigger and the retrieval stub reach the rankers: direct (each routes its own PreInfer and "
-        "Rank with the router's policy, given the rankers: one hop less each way) or router (through the "
-        "router); the router runs either way, for clients that call RankerService",
-        choices=ROUTINGS,
-    )
-    base_port: int = setting(50050, "gRPC port of the router; the others follow it (0: free ports)")
-    metrics_base_port: int = setting(9100, "metrics port of the router; the others follow it (0: free ports)")
-    log_dir: str = setting(".run/logs", "folder of the services' logs, one <service>.log each")
-    startup_timeout_s: float = setting(300.0, "seconds each service gets to become healthy", above=0)
-    ranker_args: str = setting(
-        "--profile-lengths 128,512,2048",
-        "extra flags for every ranker (the default: a quick warm-up). Without --torch-threads among them, "
-        "each ranker gets its share of the launcher's CPUs (its affinity and cgroup quota, divided by "
-        "--rankers, at least one)",
-    )
-    router_args: str = setting("", "extra flags for the router")
-    trigger_args: str = setting("", "extra flags for the trigger")
-    stub_args: str = setting(
-        "--history-max 2048", "extra flags for the retrieval stub (the default keeps a CPU demo on 2 cores)"
-    )
-    tls_cert: str = setting("", "PEM certificate chain of every service; with --tls-key the fleet uses TLS")
-    tls_key: str = setting("", "PEM private key for --tls-cert")
-    tls_ca: str = setting("", "PEM CA bundle every service verifies its peers with; it makes TLS mutual")
-
-    def client_tls(self) -> ServiceConfig:
-        """The TLS settings of the fleet's own clients: the launcher's health checks and demo traffic."""
-        return ServiceConfig(tls_cert=self.tls_cert, tls_key=self.tls_key, tls_ca=self.tls_ca)
-
-    def tls_args(self) -> list[str]:
-        """The TLS flags every service gets."""
-        flags = {"--tls-cert": self.tls_cert, "--tls-key": self.tls_key, "--tls-ca": self.tls_ca}
-        return [part for flag, path in flags.items() if path for part in (flag, path)]
-
-    def validate(self) -> None:
-        check(self)
-        self.client_tls().validate()
-        if self.rankers < 1:
-            raise ValueError("--rankers must be at least 1")
-        for name in ("base_port", "metrics_base_port"):
-            port = getattr(self, name)
-            if port and not 0 < port + RANKER_PORT_OFFSET + self.rankers < 65536:
-                raise ValueError(f"--{name.replace('_', '-')} leaves no room for the fleet's ports")
-        for name in ("ranker_args", "router_args", "trigger_args", "stub_args"):
-            shlex.split(getattr(self, name))
-
-    def ports(self, name: str) -> tuple[int, int]:
-        """(gRPC port, metrics port) of a service; 0 means a free port."""
-        offset = PORT_OFFSETS.get(name)
-        if offset is None:
-            offset = RANKER_PORT_OFFSET + int(name.removeprefix("ranker-"))
-        return (
-            self.base_port + offset if self.base_port else 0,
-            self.metrics_base_port + offset if self.metrics_base_port else 0,
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,6 +141,7 @@ class Fleet:
         c = self.config
         return [
             "--instance-name", name, "--model-preset", c.model_preset,
+            *c.ranker_device_args(int(name.removeprefix("ranker-"))),
             *given({"--hbm-budget-mb": c.hbm_budget_mb, "--dram-budget-mb": c.dram_budget_mb}),
             *given({"--checkpoint": c.checkpoint}),
             *self._torch_threads(), *shlex.split(c.ranker_args),

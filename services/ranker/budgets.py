@@ -2,13 +2,22 @@
 
 A preset made for the CPU (`hbm_share` 0), and any preset on a CPU device, gets its fixed budgets
 (`fixed_hbm_budget_mb`, `fixed_dram_budget_mb`: 256 and 1024 MiB). A preset made for an accelerator gets
-budgets derived from the machine it runs on, by `default_budgets`:
+budgets derived from the machine it runs on, by `default_budgets`, for K rankers that share the device
+(`--device-sharers`, 1 by default), each with its own weights and working set:
 
     reserve = query_tokens x max_positions x num_heads x 4 B   (the largest attention-weight block)
             + max_positions x kv_bytes_per_token               (one prefix held outside the tiers)
             + WORKING_SET_MARGIN_BYTES                         (library workspaces, allocator slack)
-    HBM     = hbm_share x (min(device free, device total - weights) - reserve)
-    DRAM    = min(dram_host_share x host memory, dram_hbm_ratio x HBM)
+    room    = min((device total - K x (weights + reserve)) / K, device free - reserve)
+    HBM     = hbm_share x room
+    DRAM    = min(dram_host_share x host memory / K, dram_hbm_ratio x HBM)
+
+With K = 1 the room is what the device leaves beside the model and the largest request. With K > 1 it is
+each ranker's equal share of what the K models and working sets leave, so the K rankers of one device
+together hold what one ranker alone would (less the others' weights and working sets), whether the others
+had loaded their weights, or filled their tiers, when this one read the free memory or not: a ranker
+restarted among K running ones gets its share again. The free memory still caps it, for memory that
+something else holds. A CPU device's fixed budgets are divided by K alike.
 
 `query_tokens` is the most tokens one attention block puts against a prefix: a pre-inference chunk, or
 the short-term events and one candidate microbatch together (a batched Rank attends with both at once).
@@ -78,22 +87,28 @@ def default_budgets(
     host_total_bytes: int,
     weights_bytes: int,
     query_tokens: int,
+    sharers: int = 1,
 ) -> Budgets:
     """The auto budgets of an accelerator preset on a device with this much memory (free measured with the
-    model loaded) and a host with this much: the formula of the module docstring. Pure, so it is tested
-    with the figures of real machines."""
+    model loaded) and a host with this much, for one of `sharers` rankers on the device: the formula of
+    the module docstring. Pure, so it is tested with the figures of real machines."""
     if preset.hbm_share == 0:
-        return fixed_budgets(preset)
+        return fixed_budgets(preset, sharers)
     reserve = working_set_bytes(preset, query_tokens)
-    left = min(device_free_bytes, device_total_bytes - weights_bytes) - reserve
-    hbm = _whole_mib(preset.hbm_share * left)
-    dram = _whole_mib(min(preset.dram_host_share * host_total_bytes, preset.dram_hbm_ratio * hbm))
+    share = (device_total_bytes - sharers * (weights_bytes + reserve)) / sharers
+    room = min(share, device_free_bytes - reserve)
+    hbm = _whole_mib(preset.hbm_share * room)
+    dram = _whole_mib(min(preset.dram_host_share * host_total_bytes / sharers, preset.dram_hbm_ratio * hbm))
     return Budgets(hbm, dram)
 
 
-def fixed_budgets(preset: ModelPreset) -> Budgets:
-    """The preset's fixed budgets: what auto means on a CPU device or for a CPU preset."""
-    return Budgets(preset.fixed_hbm_budget_mb * MIB, preset.fixed_dram_budget_mb * MIB)
+def fixed_budgets(preset: ModelPreset, sharers: int = 1) -> Budgets:
+    """The preset's fixed budgets, shared by `sharers` rankers: what auto means on a CPU device or for a
+    CPU preset."""
+    return Budgets(
+        _whole_mib(preset.fixed_hbm_budget_mb * MIB / sharers),
+        _whole_mib(preset.fixed_dram_budget_mb * MIB / sharers),
+    )
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:
@@ -145,10 +160,12 @@ def resolve_budgets(
     if AUTO not in explicit:
         auto = None
     elif device.type == "cpu" or preset.hbm_share == 0:
-        auto = fixed_budgets(preset)
+        auto = fixed_budgets(preset, config.device_sharers)
     else:
         free, total = read_device(device)
-        auto = default_budgets(preset, total, free, read_host(), weights_bytes, query_tokens(config))
+        auto = default_budgets(
+            preset, total, free, read_host(), weights_bytes, query_tokens(config), config.device_sharers
+        )
         if auto.hbm_bytes == 0:
             log.warning(
                 "device %s has %.0f of %.0f MiB free: too little for an auto HBM tier beside the model and "
@@ -158,9 +175,10 @@ def resolve_budgets(
     hbm = auto.hbm_bytes if config.hbm_budget_mb == AUTO else int(config.hbm_budget_mb * MIB)
     dram = auto.dram_bytes if config.dram_budget_mb == AUTO else int(config.dram_budget_mb * MIB)
     log.info(
-        "tier budgets: HBM %.0f MiB (%s), DRAM %.0f MiB (%s); model weights %.0f MiB on %s",
+        "tier budgets: HBM %.0f MiB (%s), DRAM %.0f MiB (%s); model weights %.0f MiB on %s, shared by %d "
+        "ranker(s)",
         hbm / MIB, "auto" if config.hbm_budget_mb == AUTO else "--hbm-budget-mb",
         dram / MIB, "auto" if config.dram_budget_mb == AUTO else "--dram-budget-mb",
-        weights_bytes / MIB, device,
+        weights_bytes / MIB, device, config.device_sharers,
     )  # fmt: skip
     return Budgets(hbm, dram)

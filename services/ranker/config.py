@@ -30,6 +30,13 @@ class RankerConfig(RequestLimits, ServiceConfig):
         "seeded weights",
     )
     device: str = setting("auto", "npu, cuda, cpu, or auto (first available in that order); e.g. cuda:1")
+    device_sharers: int = setting(
+        1,
+        "ranker processes that share this ranker's device (K rankers per accelerator, each a ring member): "
+        "its auto HBM and DRAM budgets are 1/K of what the device and the host leave (explicit budgets are "
+        "its own)",
+        above=0,
+    )
     hbm_budget_mb: float = setting(
         -1.0,
         "byte budget of the HBM tier (prefix KV in device memory), MiB (0: no caching); -1: auto, from the "

@@ -15,7 +15,7 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = REPO_ROOT / "deploy"
-OVERLAYS = ("cpu", "nvidia", "ascend")
+OVERLAYS = ("cpu", "nvidia", "nvidia-shared", "ascend")
 NAMESPACE = "relaygr"
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
 

@@ -17,6 +17,7 @@ import sys
 import pytest
 import yaml
 
+from tests.deploy.configs import loaded_configs
 from tests.deploy.manifests import (
     DEPLOY,
     NAMESPACE,
@@ -247,7 +248,13 @@ def test_namespace_enforces_the_restricted_pod_security_standard():
 
 
 @pytest.mark.parametrize(
-    ("overlay", "resource"), [("cpu", None), ("nvidia", "nvidia.com/gpu"), ("ascend", "huawei.com/Ascend910")]
+    ("overlay", "resource"),
+    [
+        ("cpu", None),
+        ("nvidia", "nvidia.com/gpu"),
+        ("nvidia-shared", "nvidia.com/gpu"),  # one time-sliced replica of a GPU
+        ("ascend", "huawei.com/Ascend910"),
+    ],
 )
 def test_accelerator_overlays_give_each_ranker_one_device(overlay, resource):
     manifests = objects(f"overlays/{overlay}")
@@ -258,7 +265,28 @@ def test_accelerator_overlays_give_each_ranker_one_device(overlay, resource):
     spec = pod_spec(ranker)
     if resource:
         assert spec["nodeSelector"] and any(t["key"] == resource for t in spec["tolerations"])
-        assert container["image"].endswith({"nvidia": "-cuda", "ascend": "-ascend"}[overlay])
+        assert container["image"].endswith({"nvidia": "-cuda", "ascend": "-ascend"}[overlay.split("-")[0]])
     for name in FLEET - {"ranker"}:
         others = containers(fleet_workloads(f"overlays/{overlay}")[name])
         assert not any("/" in k for c in others for k in c["resources"]["limits"]), name
+
+
+def test_rankers_sharing_a_gpu_hold_together_what_one_ranker_of_a_gpu_holds():
+    """`nvidia-shared`: K ranker pods to a GPU, as many as the device plugin's time-slicing makes of each
+    GPU and the nodes they are scheduled on advertise; their tiers and memory add up to one `nvidia`
+    ranker's, and the ranker knows K (its auto budgets are 1/K)."""
+    shared, whole = (loaded_configs(overlay)["ranker"] for overlay in ("nvidia-shared", "nvidia"))
+    plugin = yaml.safe_load((DEPLOY / "overlays/nvidia-shared/time-slicing.yaml").read_text())
+    (sliced,) = yaml.safe_load(plugin["data"]["relaygr-rankers"])["sharing"]["timeSlicing"]["resources"]
+    ranker = named(objects("overlays/nvidia-shared"), "StatefulSet", "ranker")
+    k = shared.device_sharers
+    assert k > 1 and sliced == {"name": "nvidia.com/gpu", "replicas": k}
+    assert pod_spec(ranker)["nodeSelector"]["nvidia.com/gpu.replicas"] == str(k)
+    assert ranker["spec"]["replicas"] % k == 0  # whole GPUs' worth of members
+    assert (
+        k * shared.hbm_budget_mb == whole.hbm_budget_mb and k * shared.dram_budget_mb == whole.dram_budget_mb
+    )
+    (one,) = containers(named(objects("overlays/nvidia"), "StatefulSet", "ranker"))
+    (each,) = containers(ranker)
+    for bound in ("requests", "limits"):  # each its own host CPUs: one process per ranker is the point
+        assert k * quantity(each["resources"][bound]["memory"]) == quantity(one["resources"][bound]["memory"])

@@ -17,6 +17,7 @@ NODE_CORES = 64  # a node with more cores than any pod's limit
 EXPECTED_DEVICE = {
     "cpu": ("cpu-small", "cpu"),
     "nvidia": ("gpu-dlrmv3", "cuda"),
+    "nvidia-shared": ("gpu-dlrmv3", "cuda"),
     "ascend": ("gpu-dlrmv3", "npu"),
 }
 

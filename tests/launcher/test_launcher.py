@@ -8,18 +8,20 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from relaygr.v1 import recommend_pb2, recommend_pb2_grpc
+from relaygr.v1 import ranker_pb2, ranker_pb2_grpc, recommend_pb2, recommend_pb2_grpc
 from services.common.config import load
 from services.common.contract import RANKER_SERVICE
 from services.common.cpus import cpu_budget
 from services.launcher.demo import LauncherConfig
-from services.launcher.fleet import STUB, TRIGGER, Fleet, FleetConfig, ServiceExited, ranker_share
+from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet, FleetConfig, ServiceExited, ranker_share
 from services.launcher.procs import REPO_ROOT, health_status
+from services.ranker.config import RankerConfig
 
 TINY_RANKERS = "--profile-lengths 32,128 --profile-repeats 1"
 SMALL_UNIVERSE = "--history-max 256 --num-candidates 16 --rank-timeout-ms 20000"
@@ -75,6 +77,63 @@ def test_each_local_ranker_gets_its_share_of_the_cpus(tmp_path):
     share = str(ranker_share(cpu_budget().cpus, 2))
     for name in fleet.ranker_names:
         assert fleet._ranker_args(name)[4:] == ["--torch-threads", share]
+
+
+def test_k_rankers_per_device_each_get_their_device_and_share_it(tmp_path):
+    config = fleet_config(tmp_path, rankers=4, rankers_per_device=2, devices="cuda:0, cuda:1", ranker_args="")
+    fleet = Fleet(config)
+    args = {name: fleet._ranker_args(name) for name in fleet.ranker_names}
+    assert [a[4:8] for a in args.values()] == [
+        ["--device", device, "--device-sharers", "2"] for device in ("cuda:0", "cuda:0", "cuda:1", "cuda:1")
+    ]
+    ranker = load(RankerConfig, args["ranker-3"], {})
+    assert (ranker.device, ranker.device_sharers, ranker.instance_name) == ("cuda:1", 2, "ranker-3")
+    one_device = fleet_config(tmp_path, rankers=3, rankers_per_device=4, ranker_args="")
+    assert Fleet(one_device)._ranker_args("ranker-2")[4:6] == ["--device-sharers", "4"]
+    assert "--device" not in Fleet(fleet_config(tmp_path))._ranker_args("ranker-0")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"rankers": 3, "rankers_per_device": 2, "devices": "cuda:0,cuda:1"},
+            r"--rankers must be .* = 4\), got 3",
+        ),
+        ({"rankers": 2, "devices": "cuda:0,,cuda:1"}, "--devices lists an empty device name"),
+        ({"rankers": 5, "rankers_per_device": 4}, r"--rankers \(5\) share one device without --devices"),
+    ],
+)
+def test_a_device_layout_that_does_not_add_up_is_refused_naming_the_flags(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        Fleet(fleet_config(tmp_path, **overrides))
+
+
+def test_two_rankers_sharing_the_cpu_serve_as_ring_members_with_half_the_budgets_each(tmp_path):
+    fleet = Fleet(fleet_config(tmp_path, rankers_per_device=2, devices="cpu"))
+    endpoints = fleet.start()
+    try:
+        for name in fleet.ranker_names:
+            text = urllib.request.urlopen(endpoints[name].metrics_url, timeout=10).read().decode()
+            capacity = {
+                tier: float(value)
+                for tier, value in re.findall(r'relaygr_kv_cache_capacity_bytes\{tier="(\w+)"\} (\S+)', text)
+            }
+            assert capacity == {"hbm": 128 * 2**20, "dram": 512 * 2**20}  # cpu-tiny's 256 and 1024 MiB, /2
+        with grpc.insecure_channel(fleet.address(ROUTER)) as channel:
+            profile = ranker_pb2_grpc.RankerServiceStub(channel).GetProfile(
+                ranker_pb2.GetProfileRequest(), timeout=30
+            )
+        assert list(profile.members) == fleet.ranker_names  # each its own member of the ring
+        with grpc.insecure_channel(fleet.address(STUB)) as channel:
+            stub = recommend_pb2_grpc.RecommendServiceStub(channel)
+            answers = [
+                stub.Recommend(recommend_pb2.RecommendRequest(user_id=f"user-{k}", top_k=3), timeout=30)
+                for k in range(4)
+            ]
+        assert all(len(a.item_ids) == 3 and a.instance in fleet.ranker_names for a in answers)
+    finally:
+        fleet.stop()
 
 
 def test_fleet_starts_healthy_restarts_a_ranker_detects_a_crash_and_stops_everything(tmp_path):

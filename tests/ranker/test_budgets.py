@@ -81,6 +81,35 @@ def test_weights_are_subtracted_once_whether_free_was_read_before_or_after_loadi
     assert before.hbm_bytes == int(0.6 * (total - GPU_WEIGHTS - RESERVE)) // MIB * MIB
 
 
+@pytest.mark.parametrize("sharers", [2, 4])
+def test_k_rankers_sharing_an_h200_hold_together_what_one_would_and_each_its_own_weights(sharers):
+    """nvidia-smi's 143771 MiB; the budgets alike whether the others had loaded their weights, or filled
+    their tiers, when this one read the free memory or not (a ranker restarted among K running ones gets its
+    share again), and K budgets, weights and working sets fit the device."""
+    total, host = 143771 * MIB, 2048 * 1024 * MIB
+    alone = default_budgets(GPU, total, total - GPU_WEIGHTS, host, GPU_WEIGHTS, DEFAULT_QUERY_TOKENS)
+    first = default_budgets(GPU, total, total - GPU_WEIGHTS, host, GPU_WEIGHTS, DEFAULT_QUERY_TOKENS, sharers)
+    last = default_budgets(
+        GPU, total, total - sharers * GPU_WEIGHTS, host, GPU_WEIGHTS, DEFAULT_QUERY_TOKENS, sharers
+    )
+    others_full = total - sharers * GPU_WEIGHTS - (sharers - 1) * (first.hbm_bytes + RESERVE)
+    restarted = default_budgets(GPU, total, others_full, host, GPU_WEIGHTS, DEFAULT_QUERY_TOKENS, sharers)
+    assert first == last == restarted
+    assert sharers * (first.hbm_bytes + GPU_WEIGHTS + RESERVE) <= total
+    # What K hold is what one holds less the other K - 1 weights and working sets, to a MiB each.
+    others = (sharers - 1) * (GPU_WEIGHTS + RESERVE)
+    assert alone.hbm_bytes - 0.6 * others - sharers * MIB <= sharers * first.hbm_bytes <= alone.hbm_bytes
+    # DRAM: 4 x each one's HBM here (the host's quarter is larger), so 1/K of one ranker's too, to a MiB.
+    assert first.dram_bytes == 4 * first.hbm_bytes
+    assert sharers * first.dram_bytes <= alone.dram_bytes
+
+
+def test_k_rankers_sharing_a_host_take_its_dram_share_together():
+    total, host = 81559 * MIB, 40 * 1024 * MIB
+    budgets = default_budgets(GPU, total, total - GPU_WEIGHTS, host, GPU_WEIGHTS, DEFAULT_QUERY_TOKENS, 4)
+    assert budgets.dram_bytes == 2560 * MIB  # 0.25 x 40 GiB / 4, under 4 x the HBM share
+
+
 def test_a_device_too_small_for_the_working_set_gets_no_hbm_tier():
     small = default_budgets(GPU, 2048 * MIB, 1800 * MIB, 8192 * MIB, GPU_WEIGHTS, DEFAULT_QUERY_TOKENS)
     assert small == Budgets(139 * MIB, 556 * MIB)  # 0.6 x (1800 - 1568); DRAM 4 x HBM < 2048
@@ -133,6 +162,21 @@ def test_gpu_preset_on_a_cpu_device_gets_the_fixed_budgets_without_reading_memor
 
     config = RankerConfig(model_preset="gpu-dlrmv3")
     assert resolve_budgets(config, torch.device("cpu"), GPU_WEIGHTS, unread) == Budgets(256 * MIB, 1024 * MIB)
+    shared = dataclasses.replace(config, device_sharers=4)
+    assert resolve_budgets(shared, torch.device("cpu"), GPU_WEIGHTS, unread) == Budgets(64 * MIB, 256 * MIB)
+
+
+def test_a_shared_accelerators_auto_budgets_are_the_rankers_share_and_explicit_ones_its_own(caplog):
+    config = RankerConfig(model_preset="gpu-dlrmv3", device_sharers=2)
+    with caplog.at_level(logging.INFO, logger="services.ranker"):
+        auto = resolve_budgets(config, torch.device("cuda"), GPU_WEIGHTS, h100, lambda: 40 * 1024 * MIB)
+    # 0.6 x (81559 - 2 x (126.7 + 1568)) / 2 MiB = 23450.9 -> 23450; DRAM 0.25 x 40 GiB / 2 = 5120 MiB.
+    assert auto == Budgets(23450 * MIB, 5120 * MIB)
+    assert "on cuda, shared by 2 ranker(s)" in caplog.text
+    pinned = dataclasses.replace(config, hbm_budget_mb=1000, dram_budget_mb=3000)
+    assert resolve_budgets(
+        pinned, torch.device("cuda"), GPU_WEIGHTS, h100, lambda: 40 * 1024 * MIB
+    ) == Budgets(1000 * MIB, 3000 * MIB)
 
 
 def built_tiers(**overrides) -> tuple[int, int, float, float]:

@@ -1,0 +1,214 @@
+"""`python -m bench.micro.simulated_device`: a ranker whose model passes take an H200's time on a device
+that several rankers share, while holding no CPU, for `bench.micro.shared_device`.
+
+Everything but the model is the ranker's own, as in `bench.micro.null_model` (whose right-sized,
+unfilled prefixes and zero scores it keeps). Each pass instead holds the *simulated device* for as long as
+the pass took on the H200 the committed results measured (`DeviceTimes`), sleeping, so it takes no CPU:
+
+- the device is a file lock (`--device-lock`): the rankers given the same file share one device, and a
+  pass waits while another ranker's holds it, as kernels of several processes on one GPU queue;
+- a pre-inference of N events holds it for the H200's in-process pre-inference at N events
+  (bench/results/gpu-fleet: eager, 2048-token chunks), one chunk at a time, so a Rank waits at most one
+  chunk as on the device;
+- a cached rank of a prefix of N events holds it for the H200's rank at N events through a CUDA graph
+  (bench/results/gpu-accelerator), and a batch of B users for the graphed batch of 8's time scaled
+  between the single rank's and the batch's: what the device itself does, not the eager path's kernel
+  launches, which are host CPU;
+- with `--simulated-launches eager`, a rank first spends the host CPU its eager kernel launches took on
+  the H200 (its eager time less its graphed time, about 3 ms), in the device thread with the GIL held,
+  as Python launching kernels does; `graphs` (the default) spends none, as a CUDA graph's replay;
+- the seconds a ranker held the device are its `relaygr_simulated_device_seconds_total`, so the share
+  of the device the rankers kept busy is the sum of their counters over the wall time.
+
+Its scores mean nothing: never serve it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+from prometheus_client import Counter
+
+from bench.micro.null_model import NullRunner
+from services.common.config import setting
+from services.common.server import service_main
+from services.ranker.app import RankerApp
+from services.ranker.config import RankerConfig
+from services.ranker.engine.runner import RankItem
+from services.ranker.model.events import Events
+from services.ranker.model.prefix_kv import PrefixKV
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+# The H200's figures: its in-process floor (pre-inference by length) and its CUDA-graph ranks.
+PRE_INFER_SOURCE = RESULTS / "gpu-fleet" / "results.json"
+RANK_SOURCE = RESULTS / "gpu-accelerator" / "results.json"
+
+SIMULATED_DEVICE_SECONDS = Counter(
+    "relaygr_simulated_device_seconds",
+    "Seconds this ranker's passes held the simulated device (bench.micro.simulated_device)",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceTimes:
+    """The device's time of each pass, ms, by long-term events: interpolated between the lengths
+    measured, the nearest measured one's beyond them."""
+
+    lengths: tuple[float, ...]  # pre-inference: events measured, ascending
+    pre_infer_ms: tuple[float, ...]
+    rank_lengths: tuple[float, ...]  # cached ranks: prefix events measured, ascending
+    rank_ms: tuple[float, ...]  # one user
+    batch: int  # the users of the batch measured
+    batch_ms: tuple[float, ...]  # that batch, at each rank length
+    launch_ms: tuple[float, ...]  # one user's eager rank less its graphed one: host CPU, launching
+
+    @classmethod
+    def h200(cls, pre_infer: Path = PRE_INFER_SOURCE, ranks: Path = RANK_SOURCE) -> DeviceTimes:
+        floor = sorted(json.loads(pre_infer.read_text())["floor"], key=lambda p: p["prefix_length"])
+        graphs = sorted(json.loads(ranks.read_text())["graphs"], key=lambda g: g["length"])
+        (batch,) = {g["batch"] for g in graphs}
+        return cls(
+            lengths=tuple(p["prefix_length"] for p in floor),
+            pre_infer_ms=tuple(p["pre_infer_ms"] for p in floor),
+            rank_lengths=tuple(g["length"] for g in graphs),
+            rank_ms=tuple(g["graph_p50_ms"] for g in graphs),
+            batch=batch,
+            batch_ms=tuple(g["graph_batch_p50_ms"] for g in graphs),
+            launch_ms=tuple(g["eager_p50_ms"] - g["graph_p50_ms"] for g in graphs),
+        )
+
+    def pre_infer(self, events: float) -> float:
+        return float(np.interp(events, self.lengths, self.pre_infer_ms))
+
+    def rank(self, events: float, users: int = 1) -> float:
+        """A batch of `users` ranked together: the single rank's time plus each further user's share of
+        what the measured batch added."""
+        one = float(np.interp(events, self.rank_lengths, self.rank_ms))
+        full = float(np.interp(events, self.rank_lengths, self.batch_ms))
+        return one + (users - 1) * (full - one) / (self.batch - 1)
+
+    def launches(self, events: float) -> float:
+        """The host CPU an eager rank's kernel launches take (none for a CUDA graph's replay)."""
+        return float(np.interp(events, self.rank_lengths, self.launch_ms))
+
+
+class SimulatedDevice:
+    """A device several processes share: a pass holds the lock on `path` for its time, sleeping."""
+
+    def __init__(
+        self,
+        path: str,
+        times: DeviceTimes,
+        eager: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.times = times
+        self.eager = eager
+        self.clock = clock
+        self._file = open(path, "a")  # noqa: SIM115 - held for the process's life: it is the device
+
+    def launch(self, ms: float) -> None:
+        """Spends `ms` of this thread's CPU, the GIL held, where launches are eager; nothing otherwise."""
+        if not self.eager:
+            return
+        until = time.thread_time() + ms / 1000
+        while time.thread_time() < until:
+            pass
+
+    def hold(self, ms: float) -> None:
+        fcntl.flock(self._file, fcntl.LOCK_EX)
+        try:
+            started = self.clock()
+            time.sleep(ms / 1000)
+            SIMULATED_DEVICE_SECONDS.inc(self.clock() - started)
+        finally:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+
+
+class SimulatedDeviceRunner(NullRunner):
+    """`NullRunner` whose passes hold the simulated device (`simulated`, attached once the app is built)."""
+
+    simulated: SimulatedDevice
+
+    def build_sync(
+        self,
+        events: Events,
+        background: bool,
+        base: PrefixKV | None = None,
+        *,
+        between_chunks: Callable[[], None] = lambda: None,
+    ) -> PrefixKV:
+        count = len(events)
+        per_event = self.simulated.times.pre_infer(count) / max(count, 1)
+        chunk = max(self.chunk_tokens // self.model.preset.tokens_per_event, 1)
+        for start in range(0, count, chunk):
+            if start:
+                between_chunks()
+            self.simulated.hold(per_event * min(chunk, count - start))
+        return super().build_sync(events, background, base, between_chunks=between_chunks)
+
+    def _events(self, prefix: PrefixKV) -> float:
+        return prefix.length / self.model.preset.tokens_per_event
+
+    def rank_sync(self, prefix: PrefixKV, short: Events, candidates: Sequence[int]) -> list[float]:
+        events = self._events(prefix)
+        self.simulated.launch(self.simulated.times.launches(events))
+        self.simulated.hold(self.simulated.times.rank(events))
+        return super().rank_sync(prefix, short, candidates)
+
+    def rank_batch_sync(self, items: list[RankItem]) -> list[list[float]]:
+        longest = max(self._events(prefix) for prefix, _, _ in items)
+        self.simulated.launch(self.simulated.times.launches(longest) * len(items))
+        self.simulated.hold(self.simulated.times.rank(longest, len(items)))
+        return super().rank_batch_sync(items)
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulatedDeviceConfig(RankerConfig):
+    device_lock: str = setting(
+        "", "the simulated device: a file whose lock the passes hold; rankers given one file share a device"
+    )
+    simulated_launches: str = setting(
+        "graphs",
+        "graphs: a pass spends no host CPU (a CUDA graph's replay); eager: a rank first spends the host CPU "
+        "the H200's eager kernel launches took (its eager rank less its graphed one)",
+        choices=("graphs", "eager"),
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.device_lock:
+            raise ValueError("--device-lock must name the simulated device's file")
+
+
+class SimulatedDeviceRankerApp(RankerApp):
+    runner_class = SimulatedDeviceRunner
+
+    def __init__(self, config: SimulatedDeviceConfig) -> None:
+        super().__init__(config)
+        eager = config.simulated_launches == "eager"
+        device = SimulatedDevice(config.device_lock, DeviceTimes.h200(), eager)
+        self.runner.simulated = device  # type: ignore[attr-defined]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    service_main(
+        SimulatedDeviceConfig,
+        SimulatedDeviceRankerApp,
+        argv,
+        "ranker",
+        "A ranker whose model passes hold a shared simulated device for an H200's time "
+        "(bench.micro.shared_device; its scores mean nothing)",
+        log_name=lambda config: f"simulated-device-ranker[{config.instance_name}]",
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
