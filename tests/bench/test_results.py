@@ -23,12 +23,12 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 CPU_RUNS = (
     "full", "full-febe785", "full-b893f0b", "full-5e3657a", "quick-batched", "quick-relay",
     "headline-954a7e0", "headline-20eabaa", "headline-20eabaa-2", "headline-b52057b", "headline-b7a7274",
-    "headline-e367f97",
+    "headline-e367f97", "headline-e975950",
 )  # fmt: skip
 GPU_RUNS = ("gpu-fleet", "gpu-fleet-graphs", "gpu-fleet-repeat")
 # Runs whose trigger and stubs routed their own calls (every other run went through the router).
 DIRECT_RUNS = ("full-5e3657a", "full", "headline-954a7e0", "headline-20eabaa", "headline-20eabaa-2",
-               "headline-b52057b", "headline-b7a7274", "headline-e367f97")  # fmt: skip
+               "headline-b52057b", "headline-b7a7274", "headline-e367f97", "headline-e975950")  # fmt: skip
 
 
 def run_files() -> list[Path]:
