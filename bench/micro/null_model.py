@@ -50,16 +50,26 @@ class NullModelRankerApp(RankerApp):
     runner_class = NullRunner
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def stand_in_main(
+    config_class: type[RankerConfig],
+    app_class: Callable[..., RankerApp],
+    argv: Sequence[str] | None,
+    label: str,
+    description: str,
+) -> None:
+    """A stand-in ranker's command line: the ranker's own, its log lines named `label[instance]`."""
     service_main(
-        RankerConfig,
-        NullModelRankerApp,
-        argv,
-        "ranker",
+        config_class, app_class, argv, "ranker", description,
+        log_name=lambda config: f"{label}[{config.instance_name}]",
+    )  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    stand_in_main(
+        RankerConfig, NullModelRankerApp, argv, "null-model-ranker",
         "A ranker whose model passes are free (bench.micro.serving's capacity sweep; its scores mean "
         "nothing)",
-        log_name=lambda config: f"null-model-ranker[{config.instance_name}]",
-    )
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

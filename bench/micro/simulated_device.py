@@ -36,9 +36,8 @@ from pathlib import Path
 import numpy as np
 from prometheus_client import Counter
 
-from bench.micro.null_model import NullRunner
+from bench.micro.null_model import NullRunner, stand_in_main
 from services.common.config import setting
-from services.common.server import service_main
 from services.ranker.app import RankerApp
 from services.ranker.config import RankerConfig
 from services.ranker.engine.runner import RankItem
@@ -199,15 +198,11 @@ class SimulatedDeviceRankerApp(RankerApp):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    service_main(
-        SimulatedDeviceConfig,
-        SimulatedDeviceRankerApp,
-        argv,
-        "ranker",
+    stand_in_main(
+        SimulatedDeviceConfig, SimulatedDeviceRankerApp, argv, "simulated-device-ranker",
         "A ranker whose model passes hold a shared simulated device for an H200's time "
         "(bench.micro.shared_device; its scores mean nothing)",
-        log_name=lambda config: f"simulated-device-ranker[{config.instance_name}]",
-    )
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
