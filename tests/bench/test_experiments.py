@@ -738,10 +738,10 @@ def test_a_phase_whose_unit_moved_past_the_limit_flags_the_run_and_is_named():
 
 
 def test_a_phase_starts_on_a_host_as_fast_as_it_has_been_and_times_u_there():
-    """The probe reads the host 50 % slower at the first mix's start, then as fast as before: that phase
-    waits for it and times u afresh (0.98 u), where it would have started from the length sweep's end
-    timing (1.02 u, which counted as the u timed at speed before it: u)."""
-    speed = unit_timings(40.0, 40.0, 60.0, 40.0)  # read at each phase's start and end (and in a wait)
+    """The probe reads the host 50 % slower at the first mix's start, and at once again, then as fast as
+    before: that phase waits for it and times u afresh (0.98 u), where it would have started from the
+    length sweep's end timing (1.02 u, which counted as the u timed at speed before it: u)."""
+    speed = unit_timings(40.0, 40.0, 60.0, 60.0, 40.0)  # read at each phase's start and end (and in a wait)
     units = unit_timings(U_MS, U_MS * 1.02, U_MS * 0.98)
     probes_made: list[FakeProbe] = []
     run = Run.from_json(fake_run(CONFIG, units=units, speed=speed, probes_made=probes_made)[0])
