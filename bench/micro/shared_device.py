@@ -32,7 +32,7 @@ from pathlib import Path
 from bench.lib import probes
 from bench.lib.stats import percentile
 from bench.micro.serving.pairs import Answers, Driver, Pair, make_pairs
-from services.common.config import listed, load, numbers, setting
+from services.common.config import grid, listed, load, numbers, setting
 from services.common.contract import RANKER_SERVICE
 from services.launcher.procs import Processes, ServiceProcess
 
@@ -48,7 +48,7 @@ class SharedDeviceConfig:
         "how the simulated passes launch, each measured for every K (comma list): graphs (no host CPU, as a "
         "CUDA graph's replay) or eager (a rank first spends the H200's eager launch CPU)",
     )
-    rates: str = numbers(
+    rates: str = grid(
         "50,100,150,200,300,400", "pair rates of each K's sweep, ascending, pairs a second (comma list)"
     )
     length: int = setting(2048, "long-term events of each pair's history", above=0)
