@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.micro.serving.config import ServingConfig
-from bench.micro.serving.pairs import Driver, measure_point
+from bench.micro.serving.pairs import LocalLoad, Shape, measure_point
 from bench.micro.serving.run import start_ranker
 from services.common.config import load, setting
 from services.launcher import procs as launcher_procs
@@ -47,14 +47,12 @@ async def compare(before_tree: Path) -> None:
             seen: dict[str, list] = {BEFORE: [], AFTER: []}
             for round_ in range(ROUNDS):
                 for label, ranker in ((BEFORE, before), (AFTER, after)):
-                    driver = Driver(ranker.address)
+                    load = LocalLoad()
+                    shape = Shape(length, candidates, rate, config.pairs, 0.0, "low")
                     try:
-                        point = await measure_point(
-                            driver, ranker, config, f"ab{round_}-{label[:4]}", length, candidates, rate,
-                            config.pairs, 0.0,
-                        )  # fmt: skip
+                        point = await measure_point(load, ranker, config, shape, f"ab{round_}-{label[:4]}")
                     finally:
-                        await driver.close()
+                        await load.close()
                     seen[label].append(point)
                     print(
                         f"# {label} L={length}: not the model {point.non_model_ms:.2f} ms, event loop "

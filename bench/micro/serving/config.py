@@ -20,41 +20,56 @@ class ServingConfig:
         choices=DEVICES,
     )
     torch_threads: int = setting(1, "torch threads of the ranker (and of the in-process passes)", above=0)
-    lengths: str = numbers("256,1024,4096,8192", "long-term lengths of the overhead points (comma list)", int)
-    rate: float = setting(20.0, "PreInfer + Rank pairs a second at the overhead points (open loop)", above=0)
+    lengths: str = numbers("256,1024,4096", "long-term lengths of the points (comma list)", int)
+    candidates: int = setting(512, "candidates of each Rank", above=0)
+    short_term: int = setting(16, "short-term events of each Rank", above=0)
+    relay_window_ms: float = setting(30.0, "from a PreInfer to its Rank (the relay window)", minimum=0)
+    rate: float = setting(20.0, "pairs a second at the low-rate points (open loop)", above=0)
     max_device_share: float = setting(
         0.6,
-        "a length whose model passes alone would keep the device thread busier than this share at --rate is "
-        "driven at the rate that keeps it at this share (the rate used is recorded)",
+        "with real model passes, a low-rate point whose passes alone would keep the device thread busier "
+        "than this share is driven at the rate that keeps it at this share (the rate used is recorded)",
         above=0,
+        maximum=1,
     )
-    pairs: int = setting(300, "measured pairs a point", above=0)
+    capacity_device_share: float = setting(
+        0.9,
+        "with real model passes, the capacity load is at most the rate whose passes alone keep the device "
+        "thread busy this share of the time (and the half load half of it)",
+        above=0,
+        maximum=1,
+    )
+    pairs: int = setting(300, "measured pairs of a low-rate point", above=0)
     max_point_s: float = setting(
-        40.0,
-        "a point driven at a lower rate measures fewer pairs, to last at most this long (50 at least)",
+        40.0, "a point at a rate too low for its pairs measures fewer, to last about this long", above=0
+    )
+    point_seconds: float = setting(8.0, "measured seconds of a half-capacity or capacity point", above=0)
+    warmup_pairs: int = setting(30, "pairs sent at the point's rate before its measured ones", minimum=0)
+    capacity_p99_ms: float = setting(
+        25.0,
+        "the serving floor holds a rate when every Rank is answered, within this P99, at 95 % of the rate; "
+        "its capacity is the highest rate it holds (the ranker's real passes add their own time to it)",
         above=0,
     )
-    warmup_pairs: int = setting(30, "pairs sent before each point's measurement", minimum=0)
-    short_term: int = setting(16, "short-term events of each Rank", above=0)
-    candidates: int = setting(512, "candidates of each Rank at the overhead points", above=0)
-    candidate_counts: str = numbers(
-        "128,1024",
-        "more candidate counts, at the first length, for the slope per candidate (comma list)",
-        int,
-        may_be_empty=True,
+    capacity_start: float = setting(50.0, "pairs a second of the capacity search's first step", above=0)
+    capacity_growth: float = setting(1.5, "each step of the capacity search multiplies the rate by", above=1)
+    capacity_refine: int = setting(
+        2, "halvings of the interval between the last rate held and the first not", minimum=0
     )
-    relay_window_ms: float = setting(30.0, "from a PreInfer to its Rank (the relay window)", minimum=0)
-    capacity_rates: str = numbers(
-        "100,200,300",
-        "pair rates of the capacity sweep, at a near-free model (comma list; empty: none)",
-        may_be_empty=True,
+    capacity_seconds: float = setting(4.0, "measured seconds of a capacity search step", above=0)
+    generator_cpus: str = setting(
+        "",
+        "CPUs of the load generator's process (comma list; empty: the last CPU this process may use); the "
+        "ranker and the floor run on the rest, so each figure is the measured process's own",
     )
-    capacity_length: int = setting(64, "long-term events at the capacity sweep", above=0)
-    capacity_candidates: int = setting(16, "candidates at the capacity sweep", above=0)
-    capacity_seconds: float = setting(10.0, "measured seconds a capacity point", above=0)
     idle_pairs: int = setting(
         100, "sequential pairs on an idle ranker for the cached Rank's latency", minimum=0
     )
     stages: bool = setting(False, "sample the ranker with py-spy (250 Hz) and split its CPU by stage")
     out: str = setting("bench/results/serving", "folder of results.json and summary.md (empty: none)")
     seed: int = setting(0, "seed of the users' histories and candidates", minimum=0)
+
+    def validate(self) -> None:
+        from bench.micro.serving.generator import split_cpus
+
+        split_cpus(self.generator_cpus)  # CPUs this process may not use, or none left for the ranker

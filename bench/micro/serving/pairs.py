@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 import grpc
 import numpy as np
@@ -38,15 +39,22 @@ class Pair:
     rank: bytes
 
 
+# Distinct long-term histories a run of pairs draws from: each pair is a fresh user (the ranker keys its
+# caches and its decoded histories by user), and a few hundred distinct histories keep the requests' bytes
+# from repeating within a point without building thousands of long sequences for a capacity point.
+HISTORIES = 256
+
+
 def make_pairs(
     tag: str, count: int, length: int, short_term: int, candidates: int, instance: str, seed: int
 ) -> list[Pair]:
     """Serialized PreInfer and Rank requests of `count` fresh users (built before the clock starts)."""
     rng = np.random.default_rng(seed)
+    histories = [_sequence(length, rng) for _ in range(min(count, HISTORIES))]
     pairs = []
     for i in range(count):
         user = f"{tag}-{i}"
-        long_term = _sequence(length, rng)
+        long_term = histories[i % len(histories)]
         pre = ranker_pb2.PreInferRequest(user_id=user, long_term=long_term)
         rank = ranker_pb2.RankRequest(
             user_id=user,
@@ -60,6 +68,22 @@ def make_pairs(
     return pairs
 
 
+@dataclasses.dataclass(frozen=True)
+class PairSpec:
+    """What `make_pairs` builds, as a small value a generator process can be sent and build on its side."""
+
+    tag: str
+    count: int
+    length: int
+    short_term: int
+    candidates: int
+    instance: str
+    seed: int
+
+    def build(self) -> list[Pair]:
+        return make_pairs(*dataclasses.astuple(self))
+
+
 # ---- driving ----
 
 
@@ -68,6 +92,7 @@ class Answers:
     latency_ms: list[float] = dataclasses.field(default_factory=list)
     sources: dict[str, int] = dataclasses.field(default_factory=dict)
     errors: dict[str, int] = dataclasses.field(default_factory=dict)
+    wall_s: float = 0.0  # from the first intended send to the last answer (`Driver.run`)
 
     def count(self, table: dict[str, int], key: str) -> None:
         table[key] = table.get(key, 0) + 1
@@ -104,8 +129,10 @@ class Driver:
 
     async def run(self, pairs: Sequence[Pair], rate: float, delay_s: float) -> Answers:
         answers = Answers()
-        start = asyncio.get_running_loop().time() + 0.05
+        loop = asyncio.get_running_loop()
+        start = loop.time() + 0.05
         await asyncio.gather(*(self.pair(p, start + i / rate, delay_s, answers) for i, p in enumerate(pairs)))
+        answers.wall_s = loop.time() - start
         return answers
 
     async def sequential(self, pairs: Sequence[Pair], delay_s: float) -> Answers:
@@ -118,16 +145,71 @@ class Driver:
         await self.channel.close()
 
 
+@dataclasses.dataclass(frozen=True)
+class Driven:
+    """One run of pairs: the answers and the CPU seconds the driver's process took over it."""
+
+    answers: Answers
+    cpu_s: float
+
+
+class Load(Protocol):
+    """What sends a point's pairs: `generator.Generator` (a process of its own) or `LocalLoad`."""
+
+    async def run(self, address: str, spec: PairSpec, rate: float, delay_s: float) -> Driven: ...
+
+
+class LocalLoad:
+    """Pairs sent from this process's event loop (a driver per address), its CPU read as the process's."""
+
+    def __init__(self) -> None:
+        self.drivers: dict[str, Driver] = {}
+
+    async def run(self, address: str, spec: PairSpec, rate: float, delay_s: float) -> Driven:
+        """`spec`'s pairs sent to `address` at `rate` a second (0: one after the other, each Rank `delay_s`
+        after its PreInfer's answer)."""
+        driver = self.drivers.get(address) or self.drivers.setdefault(address, Driver(address))
+        pairs = spec.build()
+        cpu = time.process_time()
+        answers = await (driver.run(pairs, rate, delay_s) if rate else driver.sequential(pairs, delay_s))
+        return Driven(answers, time.process_time() - cpu)
+
+    async def close(self) -> None:
+        for driver in self.drivers.values():
+            await driver.close()
+
+
 # ---- one point ----
 
 
 @dataclasses.dataclass(frozen=True)
-class Point:
-    """One point: its shape, the ranker's CPU per pair by thread, the model's share, the Ranks' latency."""
+class Shape:
+    """What one point drives: its history length, candidates, rate and pairs, the in-process pass time of
+    such a pair, and `load`, which rate it is: `low` (`--rate`), `half` or `capacity` (of the serving
+    floor's capacity at this shape), `search` (a step of that capacity's search)."""
 
     length: int
     candidates: int
     rate: float
+    pairs: int
+    in_process_ms: float
+    load: str
+
+    @property
+    def tag(self) -> str:
+        return f"L{self.length}C{self.candidates}-{self.load}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One point: its shape, the ranker's CPU per pair by thread, the model's share, the Ranks' latency,
+    and what the load generator took."""
+
+    length: int
+    candidates: int
+    load: str  # the shape's: low, half, capacity or search
+    rate: float  # offered, pairs a second
+    achieved_rate: float  # pairs answered a second, from the first send to the last answer
     pairs: int
     wall_s: float
     cpu_ms: dict[str, float]  # per pair, by thread group, and "total"
@@ -140,74 +222,71 @@ class Point:
     rank_p99_ms: float
     sources: dict[str, int]
     errors: dict[str, int]
+    generator_cores: float  # the load generator's CPU over the point's wall time, in cores
     stages: dict[str, float] = dataclasses.field(default_factory=dict)  # share of sampled CPU (py-spy)
     # The busiest GPU's utilization over the measured pairs (`bench.lib.gpu_monitor`); None on a CPU.
     gpu_busy: float | None = None
 
+    def holds(self, p99_ms: float) -> bool:
+        """Whether the point kept up: every Rank answered, within `p99_ms` at P99, at 95 % of the rate."""
+        answered = sum(self.sources.values())
+        return (
+            not self.errors
+            and answered == self.pairs
+            and self.rank_p99_ms <= p99_ms
+            and self.achieved_rate >= 0.95 * self.rate
+        )
+
 
 async def measure_point(
-    driver: Driver,
+    load: Load,
     ranker: ServiceProcess,
     config: ServingConfig,
-    tag: str,
-    length: int,
-    candidates: int,
-    rate: float,
-    pairs: int,
-    in_process_ms: float,
+    shape: Shape,
+    label: str,
     monitor: GpuMonitor | None = None,
 ) -> Point:
+    """`shape`'s warm-up pairs, then its measured pairs, at its rate; the ranker's CPU read around them."""
     metrics_url = f"http://127.0.0.1:{ranker.metrics_port}/metrics"
     delay_s = config.relay_window_ms / 1000
-    build = lambda name, count: make_pairs(  # noqa: E731
-        f"{tag}-{name}", count, length, config.short_term, candidates, ranker.name, config.seed
-    )
-    warmup, measured = build("warm", config.warmup_pairs), build("m", pairs)
+    tag = f"{label}-{shape.tag}"
+
+    def spec(name: str, count: int) -> PairSpec:
+        sizes = (shape.length, config.short_term, shape.candidates)
+        return PairSpec(f"{tag}-{name}", count, *sizes, ranker.name, config.seed)
+
+    warmup = min(config.warmup_pairs, shape.pairs)
     if warmup:
-        await driver.run(warmup, rate, delay_s)
+        await load.run(ranker.address, spec("warm", warmup), shape.rate, delay_s)
     cpu_before, model_before = thread_cpu(ranker.popen.pid), model_cpu_s(metrics_url)
-    started, window_start = time.perf_counter(), time.monotonic()
-    answers = await driver.run(measured, rate, delay_s)
-    wall_s = time.perf_counter() - started
+    window_start = time.monotonic()
+    driven = await load.run(ranker.address, spec("m", shape.pairs), shape.rate, delay_s)
     busy = None if monitor is None else monitor.busy(window_start, time.monotonic())
     cpu_after, model_after = thread_cpu(ranker.popen.pid), model_cpu_s(metrics_url)
+    answers, pairs = driven.answers, shape.pairs
     cpu_ms = {group: (cpu_after[group] - cpu_before[group]) * 1000 / pairs for group in THREAD_GROUPS}
     cpu_ms["total"] = sum(cpu_ms.values())
-    switches = (cpu_after["switches"] - cpu_before["switches"]) / pairs
-    page_faults = (cpu_after["page_faults"] - cpu_before["page_faults"]) / pairs
     model_ms = (model_after - model_before) * 1000 / pairs
+    wall_s = max(answers.wall_s, 1e-9)
+    span_s = max(wall_s - delay_s, 1e-9)  # the last Rank is sent a relay window after its PreInfer
     return Point(
-        length=length,
-        candidates=candidates,
-        rate=rate,
+        length=shape.length,
+        candidates=shape.candidates,
+        load=shape.load,
+        rate=round(shape.rate, 2),
+        achieved_rate=round(len(answers.latency_ms) / span_s, 2),
         pairs=pairs,
         wall_s=round(wall_s, 3),
         cpu_ms={k: round(v, 3) for k, v in cpu_ms.items()},
         model_ms=round(model_ms, 3),
         non_model_ms=round(cpu_ms["total"] - model_ms, 3),
-        switches=round(switches, 1),
-        page_faults=round(page_faults, 1),
-        in_process_model_ms=round(in_process_ms, 3),
+        switches=round((cpu_after["switches"] - cpu_before["switches"]) / pairs, 1),
+        page_faults=round((cpu_after["page_faults"] - cpu_before["page_faults"]) / pairs, 1),
+        in_process_model_ms=round(shape.in_process_ms, 3),
         rank_p50_ms=round(percentile(answers.latency_ms, 50), 3),
         rank_p99_ms=round(percentile(answers.latency_ms, 99), 3),
         sources=answers.sources,
         errors=answers.errors,
+        generator_cores=round(driven.cpu_s / wall_s, 3),
         gpu_busy=None if busy is None or busy["busy"] is None else round(busy["busy"], 3),
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """What one point drives: its history length, candidates, rate and pairs, and the in-process pass
-    time of such a pair; `tag` names it (`cap…`: a capacity point)."""
-
-    length: int
-    candidates: int
-    rate: float
-    pairs: int
-    in_process_ms: float
-    tag: str
-
-    @property
-    def capacity(self) -> bool:
-        return self.tag.startswith("cap")

@@ -1,8 +1,9 @@
-"""The run: the ranker, the serving floor and the null-model ranker up at once, every shape driven."""
+"""The run: the serving floor's capacity, then the floor, the ranker and the null-model ranker in turn."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -12,34 +13,43 @@ from bench.lib.gpu_monitor import GpuMonitor
 from bench.lib.stats import percentile
 from bench.micro.serving.config import RANKER_SERVICE, ServingConfig
 from bench.micro.serving.cpu import THREAD_GROUPS, thread_cpu
+from bench.micro.serving.generator import Generator, born_on, split_cpus
 from bench.micro.serving.in_process import InProcess
-from bench.micro.serving.pairs import Driver, Point, Shape, make_pairs, measure_point
+from bench.micro.serving.pairs import Load, PairSpec, Point, Shape, measure_point
 from bench.micro.serving.stages import sample_stages, stage_shares
 from bench.micro.serving.summary import point_line, result_of
 from services.common.config import listed
 from services.launcher.procs import Processes, ServiceProcess
 
-# ---- the run ----
+LOADS = ("low", "half", "capacity")
+# The capacity search gives up above this rate (a floor that holds it is not what limits anything).
+MAX_SEARCH_RATE = 20_000.0
+
+# ---- the processes ----
 
 
-def start_ranker(procs: Processes, config: ServingConfig, module: str) -> ServiceProcess:
+def start_ranker(
+    procs: Processes, config: ServingConfig, module: str, cpus: frozenset[int] | None = None
+) -> ServiceProcess:
     """A ranker (`services.ranker`, or `bench.micro.null_model`: its model passes free) for every shape."""
-    max_length = max([*listed(config, "lengths"), config.capacity_length])
     args = [
         "--model-preset", config.model_preset, "--torch-threads", str(config.torch_threads),
         "--device", config.device, "--instance-name", "ranker-serving",
-        "--max-long-term-events", str(max(max_length, 1)), "--max-candidates", "1024",
+        "--max-long-term-events", str(max(listed(config, "lengths"))),
+        "--max-candidates", str(max(config.candidates, 1024)),
         "--profile-lengths", "128,1024", "--profile-repeats", "2", "--lease-ttl-ms", "10000",
     ]  # fmt: skip
-    ranker = procs.start("ranker-serving", module, RANKER_SERVICE, args)
+    with born_on(cpus):
+        ranker = procs.start("ranker-serving", module, RANKER_SERVICE, args)
     ranker.wait_healthy(180)
     return ranker
 
 
-def start_null_ranker(procs: Processes) -> ServiceProcess:
-    null = procs.start(
-        "ranker-serving", "bench.micro.null_ranker", RANKER_SERVICE, ["--instance-name", "ranker-serving"]
-    )
+def start_null_ranker(procs: Processes, cpus: frozenset[int] | None = None) -> ServiceProcess:
+    with born_on(cpus):
+        null = procs.start(
+            "ranker-serving", "bench.micro.null_ranker", RANKER_SERVICE, ["--instance-name", "ranker-serving"]
+        )
     null.wait_healthy(60)
     return null
 
@@ -52,117 +62,171 @@ def idle_cpu_ms_per_s(pid: int, seconds: float = 3.0) -> float:
     return sum(after[g] - before[g] for g in THREAD_GROUPS) * 1000 / seconds
 
 
-def shapes(config: ServingConfig, in_process: InProcess) -> list[Shape]:
-    """Every point's shape, with its rate: --rate, or less where the model alone would keep the device
-    thread busier than --max-device-share."""
-    lengths = listed(config, "lengths")
-    overhead = [(length, config.candidates) for length in lengths]
-    overhead += [(lengths[0], c) for c in listed(config, "candidate_counts") if c != config.candidates]
-    result = []
-    for length, candidates in overhead:
-        pair_ms, _ = in_process.pair_ms(length, candidates)
-        rate = min(config.rate, config.max_device_share * 1000 / pair_ms)
-        pairs = min(config.pairs, max(50, round(rate * config.max_point_s)))
-        result.append(Shape(length, candidates, rate, pairs, pair_ms, f"L{length}C{candidates}"))
-    if config.capacity_rates:
-        pair_ms, _ = in_process.pair_ms(config.capacity_length, config.capacity_candidates)
-        for rate in listed(config, "capacity_rates"):
-            pairs = max(1, round(rate * config.capacity_seconds))
-            result.append(
-                Shape(
-                    config.capacity_length, config.capacity_candidates, rate, pairs, pair_ms, f"cap{rate:g}"
-                )
-            )
-    return result
+# ---- the shapes ----
+
+
+def shape_at(config: ServingConfig, length: int, rate: float, load: str, in_process_ms: float) -> Shape:
+    """A point of `length` at `rate`: `--pairs` at the low rate, `--point-seconds` of pairs at the others
+    (`--capacity-seconds` for a search step), never fewer than 50 nor longer than about `--max-point-s`."""
+    seconds = {"low": None, "search": config.capacity_seconds}.get(load, config.point_seconds)
+    wanted = config.pairs if seconds is None else round(rate * seconds)
+    pairs = max(1 if load == "search" else 50, min(wanted, round(rate * config.max_point_s)))
+    return Shape(length, config.candidates, rate, pairs, in_process_ms, load)
+
+
+def loads(config: ServingConfig, capacity: float, pair_ms: float | None) -> dict[str, float]:
+    """The three rates of a length: `--rate`, half the floor's `capacity`, and the capacity. With real model
+    passes (`pair_ms`, a pair's passes alone, which share the ranker's CPUs with its serving code) the
+    capacity is at most the rate whose passes keep the device thread `--capacity-device-share` busy, and
+    the low rate keeps them within `--max-device-share`."""
+    model_cap = float("inf") if pair_ms is None else 1000 / max(pair_ms, 1e-6)
+    top = min(capacity, config.capacity_device_share * model_cap)
+    return {
+        "low": min(config.rate, config.max_device_share * model_cap),
+        "half": top / 2,
+        "capacity": top,
+    }
+
+
+# ---- driving ----
 
 
 async def drive(
     config: ServingConfig,
+    load: Load,
     target: ServiceProcess,
     todo: Sequence[Shape],
     label: str,
-    in_process: InProcess | None = None,
     monitor: GpuMonitor | None = None,
+    in_process: InProcess | None = None,
 ) -> list[Point]:
     """Each shape's point on `target`. With `in_process`, the same passes are timed in this process right
     before each point (the machine's speed drifts over minutes: only passes timed together compare)."""
-    driver = Driver(target.address)
-    try:
-        points = []
-        for shape in todo:
-            if in_process is not None:
-                shape = dataclasses.replace(
-                    shape, in_process_ms=in_process.pair_ms(shape.length, shape.candidates)[0]
-                )
-            spy = None
-            if config.stages and label == "ranker":
-                spy = sample_stages(target.popen.pid, shape.pairs / shape.rate)
-            point = await measure_point(
-                driver, target, config, f"{label}-{shape.tag}", shape.length, shape.candidates, shape.rate,
-                shape.pairs, shape.in_process_ms, monitor,
-            )  # fmt: skip
-            if spy is not None:
-                spy.wait()
-                point = dataclasses.replace(point, stages=stage_shares(spy.out))
-            points.append(point)
-            print(f"{label}: {point_line(point)}", flush=True)
-        return points
-    finally:
-        await driver.close()
+    points = []
+    for shape in todo:
+        if in_process is not None:
+            shape = dataclasses.replace(
+                shape, in_process_ms=in_process.pair_ms(shape.length, shape.candidates)[0]
+            )
+        spy = None
+        if config.stages and label != "floor":
+            spy = sample_stages(target.popen.pid, shape.pairs / shape.rate)
+        point = await measure_point(load, target, config, shape, label, monitor)
+        if spy is not None:
+            spy.wait()
+            point = dataclasses.replace(point, stages=stage_shares(spy.out))
+        points.append(point)
+        print(f"{label}: {point_line(point)}", flush=True)
+    return points
+
+
+async def search_capacity(
+    config: ServingConfig, load: Load, floor: ServiceProcess, length: int
+) -> tuple[float, list[Point]]:
+    """The highest rate the serving floor holds at `length` (`Point.holds`): rates grow by
+    `--capacity-growth` from `--capacity-start` until one is not held (or shrink until one is), then the
+    interval between the last held and the first not is halved `--capacity-refine` times."""
+    steps: list[Point] = []
+
+    async def holds(rate: float) -> bool:
+        point = await measure_point(load, floor, config, shape_at(config, length, rate, "search", 0.0), "cap")
+        steps.append(point)
+        print(
+            f"capacity search: {point_line(point)} {'holds' if point.holds(config.capacity_p99_ms) else ''}"
+        )
+        return point.holds(config.capacity_p99_ms)
+
+    held, failed, rate = 0.0, float("inf"), config.capacity_start
+    if await holds(rate):
+        held = rate
+        while held < MAX_SEARCH_RATE and failed == float("inf"):
+            rate = held * config.capacity_growth
+            if await holds(rate):
+                held = rate
+            else:
+                failed = rate
+    else:
+        failed = rate
+        while held == 0.0 and failed > 1.0:
+            rate = failed / config.capacity_growth
+            if await holds(rate):
+                held = rate
+            else:
+                failed = rate
+    for _ in range(config.capacity_refine if failed != float("inf") and held else 0):
+        middle = (held + failed) / 2
+        if await holds(middle):
+            held = middle
+        else:
+            failed = middle
+    return max(held, 1.0), steps
 
 
 async def run(config: ServingConfig) -> dict:
-    """The floor, then the ranker, then the ranker with free model passes, one process at a time on the same
-    shapes and rates (so no process shares the machine with another under test)."""
+    """The floor's capacity at each length, then the floor, the ranker and the ranker with free model
+    passes, one process at a time, on the same shapes and rates; the load generator on CPUs of its own."""
     lengths = listed(config, "lengths")
+    ranker_cpus, generator_cpus = split_cpus(config.generator_cpus)
+    if generator_cpus is not None:  # this process (the in-process passes, the readings) with the generator
+        os.sched_setaffinity(0, generator_cpus)
     in_process = InProcess(config)
     monitor = GpuMonitor.start() if config.device != "cpu" else None
+    generator = Generator(generator_cpus)
     try:
-        todo = shapes(config, in_process)
-        overhead = [shape for shape in todo if not shape.capacity]
         with tempfile.TemporaryDirectory() as logs, Processes(Path(logs)) as procs:
-            null = start_null_ranker(procs)
+            null = start_null_ranker(procs, ranker_cpus)
             idle_cpu = {"floor": idle_cpu_ms_per_s(null.popen.pid)}
-            floor = await drive(config, null, todo, "floor")
+            capacity, searches, free, real = {}, {}, [], []
+            for length in lengths:
+                capacity[length], searches[length] = await search_capacity(config, generator, null, length)
+                pair_ms = in_process.pair_ms(length, config.candidates)[0]
+                for load, rate in loads(config, capacity[length], None).items():
+                    free.append(shape_at(config, length, rate, load, 0.0))
+                for load, rate in loads(config, capacity[length], pair_ms).items():
+                    real.append(shape_at(config, length, rate, load, pair_ms))
+            at_rates = list({(s.length, s.rate): s for s in free + real}.values())
+            floor = await drive(config, generator, null, at_rates, "floor")
             null.stop()
-            ranker = start_ranker(procs, config, "services.ranker")
+            ranker = start_ranker(procs, config, "services.ranker", ranker_cpus)
             idle_cpu["ranker"] = idle_cpu_ms_per_s(ranker.popen.pid)
-            points = await drive(config, ranker, overhead, "ranker", in_process, monitor)
-            idle = await _idle_latency(config, ranker, in_process, lengths)
+            points = await drive(config, generator, ranker, real, "ranker", monitor, in_process)
+            idle = await _idle_latency(config, generator, ranker, in_process, lengths)
             ranker.stop()
-            free = start_ranker(procs, config, "bench.micro.null_model")
-            idle_cpu["null_model"] = idle_cpu_ms_per_s(free.popen.pid)
-            null_model = await drive(config, free, todo, "null-model", monitor=monitor)
+            nulled = start_ranker(procs, config, "bench.micro.null_model", ranker_cpus)
+            idle_cpu["null_model"] = idle_cpu_ms_per_s(nulled.popen.pid)
+            null_model = await drive(config, generator, nulled, free, "null-model", monitor)
     finally:
+        generator.close()
         in_process.close()
         if monitor is not None:
             monitor.close()
-    return result_of(config, lengths, todo, floor, points, null_model, idle, idle_cpu)
+    placement = {"ranker_cpus": _cpus(ranker_cpus), "generator_cpus": _cpus(generator_cpus)}
+    return result_of(config, placement, capacity, searches, floor, points, null_model, idle, idle_cpu)
 
 
-async def _idle_latency(config, ranker: ServiceProcess, in_process: InProcess, lengths) -> dict:
+def _cpus(cpus: frozenset[int] | None) -> list[int] | None:
+    return None if cpus is None else sorted(cpus)
+
+
+async def _idle_latency(config, load: Load, ranker: ServiceProcess, in_process: InProcess, lengths) -> dict:
     """The cached Rank through the service, one pair at a time (each Rank once its prefix is ready), against
     the cached rank in process."""
     idle = {}
     if not config.idle_pairs:
         return idle
-    driver = Driver(ranker.address)
-    try:
-        for length in lengths:
-            measured = make_pairs(
-                f"idle{length}", config.idle_pairs, length, config.short_term, config.candidates,
-                ranker.name, config.seed,
-            )  # fmt: skip
-            # The Rank waits until its prefix is surely ready: it measures the cached rank, not the prefix.
-            pair_ms, rank_ms = in_process.pair_ms(length, config.candidates, repeats=3)
-            delay_s = max(config.relay_window_ms, 2 * (pair_ms - rank_ms)) / 1000
-            answers = await driver.sequential(measured, delay_s)
-            idle[str(length)] = {
-                "service_p50_ms": round(percentile(answers.latency_ms, 50), 3),
-                "in_process_p50_ms": round(in_process.rank_wall_ms(length, config.candidates), 3),
-                "sources": answers.sources,
-            }
-            print(f"idle L={length}: {idle[str(length)]}", flush=True)
-    finally:
-        await driver.close()
+    for length in lengths:
+        spec = PairSpec(
+            f"idle{length}", config.idle_pairs, length, config.short_term, config.candidates, ranker.name,
+            config.seed,
+        )  # fmt: skip
+        # The Rank waits until its prefix is surely ready: it measures the cached rank, not the prefix.
+        pair_ms, rank_ms = in_process.pair_ms(length, config.candidates, repeats=3)
+        delay_s = max(config.relay_window_ms, 2 * (pair_ms - rank_ms)) / 1000
+        answers = (await load.run(ranker.address, spec, 0.0, delay_s)).answers
+        idle[str(length)] = {
+            "service_p50_ms": round(percentile(answers.latency_ms, 50), 3),
+            "in_process_p50_ms": round(in_process.rank_wall_ms(length, config.candidates), 3),
+            "sources": answers.sources,
+        }
+        print(f"idle L={length}: {idle[str(length)]}", flush=True)
     return idle

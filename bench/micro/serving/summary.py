@@ -13,7 +13,7 @@ import numpy as np
 
 from bench.lib.context import commit
 from bench.micro.serving.config import ServingConfig
-from bench.micro.serving.pairs import Point, Shape
+from bench.micro.serving.pairs import Point
 
 
 def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -25,59 +25,61 @@ def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
 
 def result_of(
     config: ServingConfig,
-    lengths: list[int],
-    todo: list[Shape],
+    placement: dict,
+    capacity: dict[int, float],
+    searches: dict[int, list[Point]],
     floor: list[Point],
     points: list[Point],
     null_model: list[Point],
     idle: dict,
     idle_cpu: dict,
 ) -> dict:
-    """Each shape's rows: the ranker's (overhead shapes) and the null-model ranker's, each with the floor's
-    CPU at that shape and what the ranker spends beyond it."""
+    """Each point's row (the ranker's, with real passes; the null-model ranker's, with free ones) with the
+    serving floor's CPU at the same length and rate, and what the ranker spends beyond it."""
+    floors = {(p.length, p.rate): p for p in floor}
 
-    def row(point: Point, under: Point) -> dict:
-        floor_ms = under.cpu_ms["total"]
+    def row(point: Point) -> dict:
+        floor_ms = floors[(point.length, point.rate)].cpu_ms["total"]
         return {
             **dataclasses.asdict(point),
             "floor_ms": floor_ms,
             "ranker_own_ms": round(point.non_model_ms - floor_ms, 3),
         }
 
-    floors = dict(zip((s.tag for s in todo), floor, strict=True))
-    overhead = [s for s in todo if not s.capacity]
-    rows = [row(p, floors[s.tag]) for s, p in zip(overhead, points, strict=True)]
-    free = [row(p, floors[s.tag]) for s, p in zip(todo, null_model, strict=True)]
-    base = [r for r in rows if r["candidates"] == config.candidates]
-    at_first = [r for r in rows if r["length"] == lengths[0]]
+    rows, free = [row(p) for p in points], [row(p) for p in null_model]
+    lows = [r for r in rows if r["load"] == "low"]
     return {
         "configuration": dataclasses.asdict(config),
-        "provenance": _provenance(),
+        "provenance": {**_provenance(), **placement},
         "idle_cpu_ms_per_s": {k: round(v, 3) for k, v in idle_cpu.items()},
+        "capacity": {
+            str(length): {
+                "pairs_per_s": round(rate, 1),
+                "search": [dataclasses.asdict(p) for p in searches[length]],
+            }
+            for length, rate in capacity.items()
+        },
+        "floor": [dataclasses.asdict(p) for p in floor],
         "points": rows,
-        "null_model": [r for s, r in zip(todo, free, strict=True) if not s.capacity],
-        "capacity": [r for s, r in zip(todo, free, strict=True) if s.capacity],
+        "null_model": free,
         "idle": idle,
         "non_model_ns_per_event": round(
-            slope([r["length"] for r in base], [r["non_model_ms"] for r in base]) * 1e6, 1
+            slope([r["length"] for r in lows], [r["non_model_ms"] for r in lows]) * 1e6, 1
         ),
-        # Beyond the floor: the floor's own cost a pair grows at the long lengths' low rates (wake-ups).
         "beyond_floor_ns_per_event": round(
-            slope([r["length"] for r in base], [r["ranker_own_ms"] for r in base]) * 1e6, 1
-        ),
-        "non_model_ns_per_candidate": round(
-            slope([r["candidates"] for r in at_first], [r["non_model_ms"] for r in at_first]) * 1e6, 1
+            slope([r["length"] for r in lows], [r["ranker_own_ms"] for r in lows]) * 1e6, 1
         ),
     }
 
 
 def point_line(p: Point) -> str:
     return (
-        f"L={p.length} C={p.candidates} rate={p.rate:.1f}/s: CPU/pair {p.cpu_ms['total']:.2f} ms "
-        f"(event loop {p.cpu_ms['event_loop']:.2f}, device {p.cpu_ms['device']:.2f}, "
+        f"L={p.length} {p.load} {p.rate:.1f}/s (answered {p.achieved_rate:.1f}/s): CPU/pair "
+        f"{p.cpu_ms['total']:.2f} ms (event loop {p.cpu_ms['event_loop']:.2f}, "
+        f"device {p.cpu_ms['device']:.2f}, "
         f"other {p.cpu_ms['other']:.2f}); model {p.model_ms:.2f} (in process {p.in_process_model_ms:.2f}); "
         f"not the model {p.non_model_ms:.2f}; Rank P50/P99 {p.rank_p50_ms:.1f}/{p.rank_p99_ms:.1f} ms; "
-        f"{p.sources} {p.errors or ''}"
+        f"generator {p.generator_cores * 100:.0f} % of a core; {p.sources} {p.errors or ''}"
     )
 
 
@@ -95,68 +97,116 @@ def _provenance() -> dict:
 
 
 def _table(rows: list[dict]) -> list[str]:
-    # A GPU's busy share where a point read it (`--device cuda`; runs before it have no such key).
+    # A GPU's busy share where a point read it (`--device cuda`).
     gpu = any(p.get("gpu_busy") is not None for p in rows)
     lines = [
-        "| long-term events | candidates | pairs/s | CPU per pair | model (service) | model (in process) "
-        "| not the model | event loop | device | other | serving floor | beyond the floor | switches "
-        "| page faults | Rank P50 / P99 | answers |" + (" GPU busy |" if gpu else ""),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if gpu else ""),
+        "| long-term events | load | pairs/s (answered) | CPU per pair | model (service) "
+        "| model (in process) | not the model | event loop | device | other | serving floor "
+        "| beyond the floor | switches | page faults | Rank P50 / P99 | generator | answers |"
+        + (" GPU busy |" if gpu else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if gpu else ""),
     ]
     for p in rows:
         c = p["cpu_ms"]
-        answers = ", ".join(f"{k.removeprefix('CACHE_SOURCE_').lower()} {v}" for k, v in p["sources"].items())
-        answers += "".join(f", {k} {v}" for k, v in p["errors"].items())
         lines.append(
-            f"| {p['length']} | {p['candidates']} | {p['rate']:.1f} | {c['total']:.2f} "
+            f"| {p['length']} | {p['load']} | {p['rate']:.1f} ({p['achieved_rate']:.1f}) | {c['total']:.2f} "
             f"| {p['model_ms']:.2f} | {p['in_process_model_ms']:.2f} | {p['non_model_ms']:.2f} "
             f"| {c['event_loop']:.2f} | {c['device']:.2f} | {c['other']:.2f} | {p['floor_ms']:.2f} "
             f"| {p['ranker_own_ms']:.2f} | {p['switches']:.0f} | {p['page_faults']:.0f} "
-            f"| {p['rank_p50_ms']:.1f} / {p['rank_p99_ms']:.1f} | {answers} |"
-            + (f" {_share(p.get('gpu_busy'))} |" if gpu else "")
+            f"| {p['rank_p50_ms']:.1f} / {p['rank_p99_ms']:.1f} | {_share(p['generator_cores'])} "
+            f"| {_answers(p)} |" + (f" {_share(p.get('gpu_busy'))} |" if gpu else "")
         )
     return lines
+
+
+def _answers(p: dict) -> str:
+    answers = ", ".join(f"{k.removeprefix('CACHE_SOURCE_').lower()} {v}" for k, v in p["sources"].items())
+    return answers + "".join(f", {k} {v}" for k, v in p["errors"].items())
 
 
 def _share(fraction: float | None) -> str:
     return "no sample" if fraction is None else f"{fraction * 100:.0f} %"
 
 
+def _beyond(result: dict) -> list[str]:
+    """The ranker's own code beyond the floor, by length and load, with free and with real passes."""
+    real = {(r["length"], r["load"]): r for r in result["points"]}
+    lines = [
+        "| long-term events | load | free passes: pairs/s | beyond the floor | Rank P99 "
+        "| real passes: pairs/s | beyond the floor | Rank P99 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for free in result["null_model"]:
+        r = real[(free["length"], free["load"])]
+        lines.append(
+            f"| {free['length']} | {free['load']} | {free['rate']:.1f} | {free['ranker_own_ms']:.2f} ms "
+            f"| {free['rank_p99_ms']:.1f} ms | {r['rate']:.1f} | {r['ranker_own_ms']:.2f} ms "
+            f"| {r['rank_p99_ms']:.1f} ms |"
+        )
+    return lines
+
+
+def _capacity(result: dict) -> list[str]:
+    lines = ["| long-term events | capacity, pairs/s | the search's steps (pairs/s: Rank P99, held or not) |"]
+    lines.append("|---|---|---|")
+    p99 = result["configuration"]["capacity_p99_ms"]
+    for length, found in result["capacity"].items():
+        steps = ", ".join(
+            f"{s['rate']:.0f}: {s['rank_p99_ms']:.1f} ms {'held' if _held(s, p99) else 'not'}"
+            for s in found["search"]
+        )
+        lines.append(f"| {length} | {found['pairs_per_s']:.1f} | {steps} |")
+    return lines
+
+
+def _held(step: dict, p99_ms: float) -> bool:
+    return Point(**{k: v for k, v in step.items()}).holds(p99_ms)
+
+
 def summary(result: dict) -> str:
     provenance, configuration = result["provenance"], result["configuration"]
     idle_cpu = result["idle_cpu_ms_per_s"]
-    # Runs before the relay window's rename recorded it as `relay_delay_ms`.
-    window = configuration.get("relay_window_ms", configuration.get("relay_delay_ms"))
+    placement = (
+        f"the ranker on CPUs {provenance['ranker_cpus']}, the load generator (a process of its own) on "
+        f"{provenance['generator_cpus']}"
+        if provenance.get("ranker_cpus")
+        else "the ranker and the load generator sharing the one CPU"
+    )
     lines = [
         f"# Serving overhead at {provenance['commit']}{' (dirty)' if provenance['dirty'] else ''}",
         "",
-        f"`python -m bench serving`, {configuration['model_preset']} "
-        f"on {configuration.get('device', 'cpu')}, "
+        f"`python -m bench serving`, {configuration['model_preset']} on {configuration['device']}, "
         f"{configuration['torch_threads']} torch thread, {configuration['short_term']} short-term events, "
-        f"a Rank {window:g} ms after its PreInfer with the relay hint; "
-        f"{provenance['cores']} cores, torch {provenance['torch']}, {provenance['date']}. "
-        "CPU in ms per PreInfer + Rank pair; latency in ms from the Rank's intended send time. The "
-        "serving floor is the same requests at the same rate answered by `bench.micro.null_ranker` "
-        "(the services' server stack, no ranker). Idle, each process spends a second: "
+        f"{configuration['candidates']} candidates, a Rank {configuration['relay_window_ms']:g} ms after its "
+        f"PreInfer with the relay hint; {provenance['cores']} cores ({placement}), torch "
+        f"{provenance['torch']}, {provenance['date']}. CPU in ms per PreInfer + Rank pair; latency in ms "
+        "from the Rank's intended send time. The serving floor is the same requests at the same rate "
+        "answered by `bench.micro.null_ranker` (the services' server stack, no ranker); the loads are "
+        f"`low` ({configuration['rate']:g} pairs/s), `half` and `capacity` (of the floor's capacity at that "
+        "length; with real passes never above what the passes alone allow). The generator column is its "
+        "process's CPU over the point, in share of a core. Idle, each process spends a second: "
         + ", ".join(f"{name} {ms:.1f} ms" for name, ms in idle_cpu.items())
         + ".",
+        "",
+        "## The ranker's own code beyond the serving floor",
+        "",
+        *_beyond(result),
+        "",
+        "## The serving floor's capacity (every Rank answered within "
+        f"{configuration['capacity_p99_ms']:g} ms at P99, at 95 % of the rate)",
+        "",
+        *_capacity(result),
         "",
         "## The ranker",
         "",
         *_table(result["points"]),
         "",
-        f"Slope of the CPU that is not the model: {result['non_model_ns_per_event']} ns per history event, "
-        f"{result['non_model_ns_per_candidate']} ns per candidate; of the CPU beyond the serving floor "
-        f"(whose own per-pair cost grows at the long lengths' lower rates): "
-        f"{result['beyond_floor_ns_per_event']} ns per history event.",
+        f"Slope at the low rate of the CPU that is not the model: {result['non_model_ns_per_event']} ns per "
+        f"history event; of the CPU beyond the serving floor: {result['beyond_floor_ns_per_event']} ns.",
         "",
-        "## The ranker with free model passes (`bench.micro.null_model`), same shapes and rates",
+        "## The ranker with free model passes (`bench.micro.null_model`)",
         "",
         *_table(result["null_model"]),
-        "",
-        "## Capacity: free model passes at production rates",
-        "",
-        *_table(result["capacity"]),
     ]
     if result["idle"]:
         lines += [
@@ -169,9 +219,11 @@ def summary(result: dict) -> str:
         for length, idle in result["idle"].items():
             service, alone = idle["service_p50_ms"], idle["in_process_p50_ms"]
             lines.append(f"| {length} | {service:.2f} ms | {alone:.2f} ms | {service - alone:+.2f} ms |")
-    for p in result["points"]:
+    for p in result["points"] + result["null_model"]:
         if p["stages"]:
-            lines += ["", f"Where the ranker's sampled CPU went at {p['length']} events (py-spy):", ""]
+            passes = "real" if p in result["points"] else "free"
+            where = f"{p['length']} events, {p['load']}, {passes} passes"
+            lines += ["", f"Where the ranker's sampled CPU went at {where} (py-spy):", ""]
             lines += [f"- {stage}: {share * 100:.1f} %" for stage, share in p["stages"].items()]
     return "\n".join(lines) + "\n"
 

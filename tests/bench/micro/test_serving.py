@@ -1,6 +1,6 @@
 """bench.micro.serving end to end: a real ranker, the serving floor and the null-model ranker in child
-processes, driven by relayed pairs; what it reads back adds up (no timing is asserted: figures are the
-benchmark's)."""
+processes, driven by relayed pairs from a load generator of its own; the rates follow the floor's measured
+capacity and what it reads back adds up (no timing is asserted: figures are the benchmark's)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ def result(tmp_path_factory) -> dict:
     main(
         [
             "--lengths", "48,96", "--pairs", "12", "--warmup-pairs", "2", "--rate", "20",
-            "--candidates", "32", "--candidate-counts", "8", "--capacity-rates", "40",
-            "--capacity-seconds", "0.5", "--idle-pairs", "3", "--out", str(out),
+            "--candidates", "32", "--point-seconds", "0.5", "--capacity-seconds", "0.3",
+            "--capacity-start", "40", "--capacity-growth", "4", "--capacity-refine", "1",
+            "--idle-pairs", "3", "--out", str(out),
         ]
     )  # fmt: skip
     written = json.loads((out / "results.json").read_text())
@@ -32,15 +33,55 @@ def result(tmp_path_factory) -> dict:
     return written
 
 
-def test_every_rank_of_every_process_is_answered_and_the_rankers_are_hbm_hits(result):
-    for row in result["points"] + result["null_model"]:
-        assert row["sources"] == {HBM: row["pairs"]} and row["errors"] == {}
-    (capacity,) = result["capacity"]
-    assert capacity["rate"] == 40 and capacity["pairs"] == 20
-    assert sum(capacity["sources"].values()) + sum(capacity["errors"].values()) == 20
-    assert [(r["length"], r["candidates"]) for r in result["points"]] == [(48, 32), (96, 32), (48, 8)]
+def test_each_length_is_driven_at_the_low_rate_half_the_floors_capacity_and_its_capacity(result):
+    for length in (48, 96):
+        capacity = result["capacity"][str(length)]
+        steps = capacity["search"]
+        # The search grew by 4 from 40 until a rate was not held, then halved the interval once.
+        held = [s["rate"] for s in steps if _held(s)]
+        assert steps[0]["rate"] == 40 and capacity["pairs_per_s"] == pytest.approx(max(held), abs=0.1)
+        not_held = [s["rate"] for s in steps if not _held(s)]
+        assert all(rate > capacity["pairs_per_s"] for rate in not_held)
+        free = {r["load"]: r for r in result["null_model"] if r["length"] == length}
+        assert free["low"]["rate"] == 20
+        assert free["capacity"]["rate"] == pytest.approx(capacity["pairs_per_s"], abs=0.1)
+        assert free["half"]["rate"] == pytest.approx(capacity["pairs_per_s"] / 2, abs=0.1)
+        # Real passes never go faster than the passes alone allow, nor than the floor's capacity.
+        real = {r["load"]: r for r in result["points"] if r["length"] == length}
+        assert real["capacity"]["rate"] <= free["capacity"]["rate"] + 0.01
+        assert real["half"]["rate"] == pytest.approx(real["capacity"]["rate"] / 2, abs=0.01)
+        # The floor ran at every rate a ranker did, so each row has its own floor.
+        floor_rates = {(f["length"], f["rate"]) for f in result["floor"]}
+        assert {(r["length"], r["rate"]) for r in result["points"] + result["null_model"]} <= floor_rates
+
+
+def _held(step: dict) -> bool:
+    return (
+        not step["errors"]
+        and sum(step["sources"].values()) == step["pairs"]
+        and step["rank_p99_ms"] <= 25
+        and step["achieved_rate"] >= 0.95 * step["rate"]
+    )
+
+
+def test_every_rank_is_answered_and_the_low_rate_ranks_are_hbm_hits(result):
+    for row in result["points"] + result["null_model"] + result["floor"]:
+        assert sum(row["sources"].values()) + sum(row["errors"].values()) == row["pairs"]
+        if row["load"] == "low":
+            assert row["sources"] == {HBM: row["pairs"]} and row["errors"] == {}
     for idle in result["idle"].values():
         assert idle["sources"] == {HBM: 3}
+
+
+def test_the_load_generator_runs_on_cpus_of_its_own_and_its_cpu_is_reported(result):
+    provenance = result["provenance"]
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:
+        assert provenance["generator_cpus"] == cpus[-1:]
+        assert provenance["ranker_cpus"] == cpus[:-1]
+    for row in result["points"] + result["null_model"]:
+        # The generator sent every pair: it took some CPU, and never more than its CPUs hold.
+        assert 0 < row["generator_cores"] <= len(provenance["generator_cpus"] or cpus) + 0.05
 
 
 def test_the_model_is_subtracted_by_its_own_cpu_time_and_the_parts_add_up(result):
@@ -55,18 +96,26 @@ def test_the_model_is_subtracted_by_its_own_cpu_time_and_the_parts_add_up(result
         assert row["ranker_own_ms"] == pytest.approx(row["non_model_ms"] - row["floor_ms"], abs=0.01)
         # The floor's CPU is read in clock ticks as well: at a dozen pairs of about a millisecond each it
         # may read none, so what it must be is a whole number of ticks over the pairs, never below zero.
+        floor = next(f for f in result["floor"] if (f["length"], f["rate"]) == (row["length"], row["rate"]))
+        assert row["floor_ms"] == floor["cpu_ms"]["total"]
         floor_ticks = row["floor_ms"] * row["pairs"] * os.sysconf("SC_CLK_TCK") / 1000
         assert floor_ticks >= 0 and floor_ticks == pytest.approx(round(floor_ticks), abs=0.05)
     # Free passes: the null-model ranker's model time is a small fraction of the ranker's.
-    for real, free in zip(result["points"], result["null_model"], strict=True):
-        assert free["model_ms"] < real["model_ms"] / 2
+    real = {(r["length"], r["load"]): r for r in result["points"]}
+    for free in result["null_model"]:
+        assert free["model_ms"] < real[(free["length"], free["load"])]["model_ms"] / 2
 
 
 def test_the_summary_tells_each_table_and_the_slopes(result):
     summary = result["summary"]
-    for heading in ("## The ranker", "## The ranker with free model passes", "## Capacity"):
+    for heading in (
+        "## The ranker's own code beyond the serving floor",
+        "## The serving floor's capacity",
+        "## The ranker",
+        "## The ranker with free model passes",
+    ):
         assert heading in summary
-    assert "ns per history event" in summary and "ns per candidate" in summary
+    assert "ns per history event" in summary
     assert result["provenance"]["cores"] == os.cpu_count()
 
 
@@ -80,11 +129,8 @@ def test_a_gpu_busy_share_is_a_column_only_where_a_point_read_one(result):
     on_gpu["null_model"] = [{**row, "gpu_busy": None} for row in result["null_model"]]
     lines = summary(on_gpu).splitlines()
     ranker = lines[lines.index("## The ranker") + 2 :]
-    assert ranker[0].endswith("| GPU busy |") and all(row.endswith("| 42 % |") for row in ranker[2:5])
-    free = lines[
-        lines.index("## The ranker with free model passes (`bench.micro.null_model`), same shapes and rates")
-        + 2
-    ]
+    assert ranker[0].endswith("| GPU busy |") and all(row.endswith("| 42 % |") for row in ranker[2:8])
+    free = lines[lines.index("## The ranker with free model passes (`bench.micro.null_model`)") + 2]
     assert "GPU busy" not in free and "on cuda" in summary(on_gpu)
 
 
@@ -109,10 +155,17 @@ def test_a_sampled_stack_goes_to_the_stage_of_its_innermost_known_frame():
     )
 
 
-@pytest.mark.parametrize(
-    ("flag", "value"), [("--lengths", ""), ("--lengths", "256,x"), ("--capacity-rates", "-5")]
-)
+@pytest.mark.parametrize(("flag", "value"), [("--lengths", ""), ("--lengths", "256,x"), ("--lengths", "-5")])
 def test_a_bad_list_is_refused_naming_its_flag(flag, value, capsys):
     with pytest.raises(SystemExit):
         main([flag, value])
     assert f"{flag}: {value!r} must list" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cpus", ["x", "9999", ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))])
+def test_generator_cpus_the_process_may_not_use_or_that_leave_the_ranker_none_are_refused(cpus, capsys):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: the generator and the ranker share it, nothing is split")
+    with pytest.raises(SystemExit):
+        main(["--generator-cpus", cpus])
+    assert "--generator-cpus" in capsys.readouterr().err
