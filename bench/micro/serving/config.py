@@ -25,17 +25,10 @@ class ServingConfig:
     short_term: int = setting(16, "short-term events of each Rank", above=0)
     relay_window_ms: float = setting(30.0, "from a PreInfer to its Rank (the relay window)", minimum=0)
     rate: float = setting(20.0, "pairs a second at the low-rate points (open loop)", above=0)
-    max_device_share: float = setting(
+    max_low_share: float = setting(
         0.6,
-        "with real model passes, a low-rate point whose passes alone would keep the device thread busier "
-        "than this share is driven at the rate that keeps it at this share (the rate used is recorded)",
-        above=0,
-        maximum=1,
-    )
-    capacity_device_share: float = setting(
-        0.9,
-        "with real model passes, the capacity load is at most the rate whose passes alone keep the device "
-        "thread busy this share of the time (and the half load half of it)",
+        "a process whose capacity is below --rate / this share is driven at this share of its capacity at "
+        "its low-rate point (the rate used is recorded)",
         above=0,
         maximum=1,
     )
@@ -47,11 +40,17 @@ class ServingConfig:
     warmup_pairs: int = setting(30, "pairs sent at the point's rate before its measured ones", minimum=0)
     capacity_p99_ms: float = setting(
         25.0,
-        "the serving floor holds a rate when every Rank is answered, within this P99, at 95 % of the rate; "
-        "its capacity is the highest rate it holds (the ranker's real passes add their own time to it)",
+        "a process holds a rate when every Rank is answered, within this P99 (plus twice a pair's model "
+        "passes with real ones), at 95 % of the rate, and every ranker's Rank finds its prefix; its capacity "
+        "is the highest rate it holds",
         above=0,
     )
-    capacity_start: float = setting(50.0, "pairs a second of the capacity search's first step", above=0)
+    capacity_start: float = setting(
+        50.0,
+        "pairs a second of the capacity search's first step (with real passes at most a quarter of the rate "
+        "the passes alone would fill the device thread at)",
+        above=0,
+    )
     capacity_growth: float = setting(1.5, "each step of the capacity search multiplies the rate by", above=1)
     capacity_refine: int = setting(
         2, "halvings of the interval between the last rate held and the first not", minimum=0

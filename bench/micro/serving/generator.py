@@ -22,8 +22,8 @@ from bench.micro.serving.pairs import Driven, LocalLoad, PairSpec
 
 @contextlib.contextmanager
 def born_on(cpus: frozenset[int] | None) -> Iterator[None]:
-    """Processes started inside are born on `cpus` (their affinity mask is their parent thread's at fork);
-    None: as this thread."""
+    """This thread runs on `cpus` inside, and the processes it starts there are born on them (a child's
+    affinity mask is its parent thread's at fork); None: as this thread. Its own mask is restored after."""
     if cpus is None:
         yield
         return

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -21,9 +20,8 @@ from bench.micro.serving.summary import point_line, result_of
 from services.common.config import listed
 from services.launcher.procs import Processes, ServiceProcess
 
-LOADS = ("low", "half", "capacity")
-# The capacity search gives up above this rate (a floor that holds it is not what limits anything).
-MAX_SEARCH_RATE = 20_000.0
+# The capacity search gives up above and below these rates (pairs a second).
+MAX_SEARCH_RATE, MIN_SEARCH_RATE = 20_000.0, 0.5
 
 # ---- the processes ----
 
@@ -67,24 +65,21 @@ def idle_cpu_ms_per_s(pid: int, seconds: float = 3.0) -> float:
 
 def shape_at(config: ServingConfig, length: int, rate: float, load: str, in_process_ms: float) -> Shape:
     """A point of `length` at `rate`: `--pairs` at the low rate, `--point-seconds` of pairs at the others
-    (`--capacity-seconds` for a search step), never fewer than 50 nor longer than about `--max-point-s`."""
+    (`--capacity-seconds` for a search step, 20 at least), never fewer than 50 (20 for a search step) nor
+    longer than about `--max-point-s`."""
     seconds = {"low": None, "search": config.capacity_seconds}.get(load, config.point_seconds)
     wanted = config.pairs if seconds is None else round(rate * seconds)
-    pairs = max(1 if load == "search" else 50, min(wanted, round(rate * config.max_point_s)))
+    pairs = max(20 if load == "search" else 50, min(wanted, round(rate * config.max_point_s)))
     return Shape(length, config.candidates, rate, pairs, in_process_ms, load)
 
 
-def loads(config: ServingConfig, capacity: float, pair_ms: float | None) -> dict[str, float]:
-    """The three rates of a length: `--rate`, half the floor's `capacity`, and the capacity. With real model
-    passes (`pair_ms`, a pair's passes alone, which share the ranker's CPUs with its serving code) the
-    capacity is at most the rate whose passes keep the device thread `--capacity-device-share` busy, and
-    the low rate keeps them within `--max-device-share`."""
-    model_cap = float("inf") if pair_ms is None else 1000 / max(pair_ms, 1e-6)
-    top = min(capacity, config.capacity_device_share * model_cap)
+def loads(config: ServingConfig, capacity: float) -> dict[str, float]:
+    """The three rates of a process at a length: `--rate` (at most `--max-low-share` of its capacity),
+    half its capacity, and its capacity."""
     return {
-        "low": min(config.rate, config.max_device_share * model_cap),
-        "half": top / 2,
-        "capacity": top,
+        "low": min(config.rate, config.max_low_share * capacity),
+        "half": capacity / 2,
+        "capacity": capacity,
     }
 
 
@@ -121,87 +116,102 @@ async def drive(
 
 
 async def search_capacity(
-    config: ServingConfig, load: Load, floor: ServiceProcess, length: int
+    config: ServingConfig, load: Load, target: ServiceProcess, length: int, pair_ms: float = 0.0
 ) -> tuple[float, list[Point]]:
-    """The highest rate the serving floor holds at `length` (`Point.holds`): rates grow by
-    `--capacity-growth` from `--capacity-start` until one is not held (or shrink until one is), then the
-    interval between the last held and the first not is halved `--capacity-refine` times."""
+    """The highest rate `target` holds at `length` (`Point.holds`, within `--capacity-p99-ms` plus twice
+    `pair_ms`, a pair's real passes): rates grow by `--capacity-growth` from `--capacity-start` (at most a
+    quarter of what the passes alone allow) until one is not held, or shrink until one is; then the interval
+    between the last held and the first not is halved `--capacity-refine` times."""
     steps: list[Point] = []
+    p99_ms = config.capacity_p99_ms + 2 * pair_ms
 
     async def holds(rate: float) -> bool:
-        point = await measure_point(load, floor, config, shape_at(config, length, rate, "search", 0.0), "cap")
+        shape = shape_at(config, length, rate, "search", pair_ms)
+        point = await measure_point(load, target, config, shape, f"cap{len(steps)}")
         steps.append(point)
-        print(
-            f"capacity search: {point_line(point)} {'holds' if point.holds(config.capacity_p99_ms) else ''}"
-        )
-        return point.holds(config.capacity_p99_ms)
+        held = point.holds(p99_ms)
+        print(f"capacity search: {point_line(point)}{' held' if held else ''}", flush=True)
+        return held
 
-    held, failed, rate = 0.0, float("inf"), config.capacity_start
-    if await holds(rate):
-        held = rate
-        while held < MAX_SEARCH_RATE and failed == float("inf"):
-            rate = held * config.capacity_growth
-            if await holds(rate):
-                held = rate
-            else:
-                failed = rate
-    else:
-        failed = rate
-        while held == 0.0 and failed > 1.0:
-            rate = failed / config.capacity_growth
-            if await holds(rate):
-                held = rate
-            else:
-                failed = rate
-    for _ in range(config.capacity_refine if failed != float("inf") and held else 0):
+    start = config.capacity_start if not pair_ms else min(config.capacity_start, 250 / pair_ms)
+    held, failed = 0.0, float("inf")
+    rate = start
+    while failed == float("inf") and rate <= MAX_SEARCH_RATE:  # up from the start while held
+        if not await holds(rate):
+            failed = rate
+            break
+        held, rate = rate, rate * config.capacity_growth
+    while held == 0.0 and failed > MIN_SEARCH_RATE:  # down from a start not held
+        rate = failed / config.capacity_growth
+        if await holds(rate):
+            held = rate
+        else:
+            failed = rate
+    for _ in range(config.capacity_refine if held and failed != float("inf") else 0):
         middle = (held + failed) / 2
         if await holds(middle):
             held = middle
         else:
             failed = middle
-    return max(held, 1.0), steps
+    return max(held, MIN_SEARCH_RATE), steps
 
 
 async def run(config: ServingConfig) -> dict:
-    """The floor's capacity at each length, then the floor, the ranker and the ranker with free model
-    passes, one process at a time, on the same shapes and rates; the load generator on CPUs of its own."""
-    lengths = listed(config, "lengths")
+    """Each process alone on the ranker's CPUs, the load generator on its own: the serving floor's capacity
+    at each length; the ranker with free model passes and the ranker with real ones, each at its capacity,
+    half of it and the low rate; then the floor again at every rate a ranker was driven at."""
     ranker_cpus, generator_cpus = split_cpus(config.generator_cpus)
-    if generator_cpus is not None:  # this process (the in-process passes, the readings) with the generator
-        os.sched_setaffinity(0, generator_cpus)
+    # This thread (the in-process passes, the readings) runs with the generator; as before once done.
+    with born_on(generator_cpus):
+        return await _run(config, ranker_cpus, generator_cpus)
+
+
+async def _run(
+    config: ServingConfig, ranker_cpus: frozenset[int] | None, generator_cpus: frozenset[int] | None
+) -> dict:
+    lengths = listed(config, "lengths")
     in_process = InProcess(config)
     monitor = GpuMonitor.start() if config.device != "cpu" else None
     generator = Generator(generator_cpus)
+    capacity: dict[str, dict[int, float]] = {"floor": {}, "null_model": {}, "ranker": {}}
+    searches: dict[str, dict[int, list[Point]]] = {name: {} for name in capacity}
+
+    async def capacities(name: str, target: ServiceProcess, real: bool) -> list[Shape]:
+        todo = []
+        for length in lengths:
+            pair_ms = in_process.pair_ms(length, config.candidates)[0] if real else 0.0
+            found, steps = await search_capacity(config, generator, target, length, pair_ms)
+            capacity[name][length], searches[name][length] = found, steps
+            todo += [shape_at(config, length, r, load, pair_ms) for load, r in loads(config, found).items()]
+        return todo
+
     try:
         with tempfile.TemporaryDirectory() as logs, Processes(Path(logs)) as procs:
-            null = start_null_ranker(procs, ranker_cpus)
-            idle_cpu = {"floor": idle_cpu_ms_per_s(null.popen.pid)}
-            capacity, searches, free, real = {}, {}, [], []
-            for length in lengths:
-                capacity[length], searches[length] = await search_capacity(config, generator, null, length)
-                pair_ms = in_process.pair_ms(length, config.candidates)[0]
-                for load, rate in loads(config, capacity[length], None).items():
-                    free.append(shape_at(config, length, rate, load, 0.0))
-                for load, rate in loads(config, capacity[length], pair_ms).items():
-                    real.append(shape_at(config, length, rate, load, pair_ms))
-            at_rates = list({(s.length, s.rate): s for s in free + real}.values())
-            floor = await drive(config, generator, null, at_rates, "floor")
-            null.stop()
+            floor = start_null_ranker(procs, ranker_cpus)
+            idle_cpu = {"floor": idle_cpu_ms_per_s(floor.popen.pid)}
+            await capacities("floor", floor, real=False)
+            floor.stop()
+            nulled = start_ranker(procs, config, "bench.micro.null_model", ranker_cpus)
+            idle_cpu["null_model"] = idle_cpu_ms_per_s(nulled.popen.pid)
+            free = await capacities("null_model", nulled, real=False)
+            null_model = await drive(config, generator, nulled, free, "null-model", monitor)
+            nulled.stop()
             ranker = start_ranker(procs, config, "services.ranker", ranker_cpus)
             idle_cpu["ranker"] = idle_cpu_ms_per_s(ranker.popen.pid)
+            real = await capacities("ranker", ranker, real=True)
             points = await drive(config, generator, ranker, real, "ranker", monitor, in_process)
             idle = await _idle_latency(config, generator, ranker, in_process, lengths)
             ranker.stop()
-            nulled = start_ranker(procs, config, "bench.micro.null_model", ranker_cpus)
-            idle_cpu["null_model"] = idle_cpu_ms_per_s(nulled.popen.pid)
-            null_model = await drive(config, generator, nulled, free, "null-model", monitor)
+            floor = start_null_ranker(procs, ranker_cpus)
+            at_rates = list({(s.length, s.rate): s for s in free + real}.values())
+            floors = await drive(config, generator, floor, at_rates, "floor")
     finally:
         generator.close()
         in_process.close()
         if monitor is not None:
             monitor.close()
     placement = {"ranker_cpus": _cpus(ranker_cpus), "generator_cpus": _cpus(generator_cpus)}
-    return result_of(config, placement, capacity, searches, floor, points, null_model, idle, idle_cpu)
+    return result_of(config, placement, capacity, searches, floors, points, null_model, idle, idle_cpu)
 
 
 def _cpus(cpus: frozenset[int] | None) -> list[int] | None:

@@ -26,8 +26,8 @@ def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
 def result_of(
     config: ServingConfig,
     placement: dict,
-    capacity: dict[int, float],
-    searches: dict[int, list[Point]],
+    capacity: dict[str, dict[int, float]],
+    searches: dict[str, dict[int, list[Point]]],
     floor: list[Point],
     points: list[Point],
     null_model: list[Point],
@@ -52,12 +52,16 @@ def result_of(
         "configuration": dataclasses.asdict(config),
         "provenance": {**_provenance(), **placement},
         "idle_cpu_ms_per_s": {k: round(v, 3) for k, v in idle_cpu.items()},
+        # Of each process (floor, null_model, ranker), at each length: the rate found and the search's steps.
         "capacity": {
-            str(length): {
-                "pairs_per_s": round(rate, 1),
-                "search": [dataclasses.asdict(p) for p in searches[length]],
+            name: {
+                str(length): {
+                    "pairs_per_s": round(rate, 2),
+                    "search": [dataclasses.asdict(p) for p in searches[name][length]],
+                }
+                for length, rate in found.items()
             }
-            for length, rate in capacity.items()
+            for name, found in capacity.items()
         },
         "floor": [dataclasses.asdict(p) for p in floor],
         "points": rows,
@@ -147,20 +151,28 @@ def _beyond(result: dict) -> list[str]:
 
 
 def _capacity(result: dict) -> list[str]:
-    lines = ["| long-term events | capacity, pairs/s | the search's steps (pairs/s: Rank P99, held or not) |"]
-    lines.append("|---|---|---|")
+    lines = [
+        "| process | long-term events | capacity, pairs/s "
+        "| the search's steps (pairs/s: Rank P99, held or not) |",
+        "|---|---|---|---|",
+    ]
     p99 = result["configuration"]["capacity_p99_ms"]
-    for length, found in result["capacity"].items():
-        steps = ", ".join(
-            f"{s['rate']:.0f}: {s['rank_p99_ms']:.1f} ms {'held' if _held(s, p99) else 'not'}"
-            for s in found["search"]
-        )
-        lines.append(f"| {length} | {found['pairs_per_s']:.1f} | {steps} |")
+    for name, found in result["capacity"].items():
+        for length, one in found.items():
+            steps = ", ".join(
+                f"{s['rate']:.1f}: {s['rank_p99_ms']:.1f} ms {'held' if _held(s, p99) else 'not'}"
+                for s in one["search"]
+            )
+            lines.append(f"| {PROCESSES[name]} | {length} | {one['pairs_per_s']:.1f} | {steps} |")
     return lines
 
 
+PROCESSES = {"floor": "serving floor", "null_model": "ranker, free passes", "ranker": "ranker, real passes"}
+
+
 def _held(step: dict, p99_ms: float) -> bool:
-    return Point(**{k: v for k, v in step.items()}).holds(p99_ms)
+    """As the search judged the step: its P99 bound has twice a pair's real passes on top."""
+    return Point(**step).holds(p99_ms + 2 * step["in_process_model_ms"])
 
 
 def summary(result: dict) -> str:
@@ -182,8 +194,8 @@ def summary(result: dict) -> str:
         f"{provenance['torch']}, {provenance['date']}. CPU in ms per PreInfer + Rank pair; latency in ms "
         "from the Rank's intended send time. The serving floor is the same requests at the same rate "
         "answered by `bench.micro.null_ranker` (the services' server stack, no ranker); the loads are "
-        f"`low` ({configuration['rate']:g} pairs/s), `half` and `capacity` (of the floor's capacity at that "
-        "length; with real passes never above what the passes alone allow). The generator column is its "
+        f"`low` ({configuration['rate']:g} pairs/s, or less for a process that cannot carry it), `half` and "
+        "`capacity` (of the driven process's capacity at that length). The generator column is its "
         "process's CPU over the point, in share of a core. Idle, each process spends a second: "
         + ", ".join(f"{name} {ms:.1f} ms" for name, ms in idle_cpu.items())
         + ".",
@@ -192,8 +204,9 @@ def summary(result: dict) -> str:
         "",
         *_beyond(result),
         "",
-        "## The serving floor's capacity (every Rank answered within "
-        f"{configuration['capacity_p99_ms']:g} ms at P99, at 95 % of the rate)",
+        "## Capacities (every Rank answered from its prefix in HBM, within "
+        f"{configuration['capacity_p99_ms']:g} ms at P99 plus twice a pair's real passes, at 95 % of the "
+        "rate)",
         "",
         *_capacity(result),
         "",

@@ -1,5 +1,5 @@
 """bench.micro.serving end to end: a real ranker, the serving floor and the null-model ranker in child
-processes, driven by relayed pairs from a load generator of its own; the rates follow the floor's measured
+processes, driven by relayed pairs from a load generator of its own; the rates follow each process's measured
 capacity and what it reads back adds up (no timing is asserted: figures are the benchmark's)."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ HBM = "CACHE_SOURCE_HBM"
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("serving")
+    before = os.sched_getaffinity(0)
     main(
         [
             "--lengths", "48,96", "--pairs", "12", "--warmup-pairs", "2", "--rate", "20",
@@ -29,37 +30,40 @@ def result(tmp_path_factory) -> dict:
         ]
     )  # fmt: skip
     written = json.loads((out / "results.json").read_text())
+    written["affinity"] = (before, os.sched_getaffinity(0))
     written["summary"] = (out / "summary.md").read_text()
     return written
 
 
-def test_each_length_is_driven_at_the_low_rate_half_the_floors_capacity_and_its_capacity(result):
-    for length in (48, 96):
-        capacity = result["capacity"][str(length)]
-        steps = capacity["search"]
-        # The search grew by 4 from 40 until a rate was not held, then halved the interval once.
-        held = [s["rate"] for s in steps if _held(s)]
-        assert steps[0]["rate"] == 40 and capacity["pairs_per_s"] == pytest.approx(max(held), abs=0.1)
-        not_held = [s["rate"] for s in steps if not _held(s)]
-        assert all(rate > capacity["pairs_per_s"] for rate in not_held)
-        free = {r["load"]: r for r in result["null_model"] if r["length"] == length}
-        assert free["low"]["rate"] == 20
-        assert free["capacity"]["rate"] == pytest.approx(capacity["pairs_per_s"], abs=0.1)
-        assert free["half"]["rate"] == pytest.approx(capacity["pairs_per_s"] / 2, abs=0.1)
-        # Real passes never go faster than the passes alone allow, nor than the floor's capacity.
-        real = {r["load"]: r for r in result["points"] if r["length"] == length}
-        assert real["capacity"]["rate"] <= free["capacity"]["rate"] + 0.01
-        assert real["half"]["rate"] == pytest.approx(real["capacity"]["rate"] / 2, abs=0.01)
-        # The floor ran at every rate a ranker did, so each row has its own floor.
-        floor_rates = {(f["length"], f["rate"]) for f in result["floor"]}
-        assert {(r["length"], r["rate"]) for r in result["points"] + result["null_model"]} <= floor_rates
+def test_each_process_is_driven_at_the_low_rate_half_its_capacity_and_its_capacity(result):
+    for name, rows in (("null_model", result["null_model"]), ("ranker", result["points"])):
+        for length in (48, 96):
+            found = result["capacity"][name][str(length)]
+            steps = found["search"]
+            held = [s["rate"] for s in steps if _held(s)]
+            # The search grew by 4 from its start until a rate was not held, then halved the interval once;
+            # real passes start at a quarter of the rate their passes alone would fill the device at.
+            start = 40 if name == "null_model" else min(40, 250 / steps[0]["in_process_model_ms"])
+            assert steps[0]["rate"] == pytest.approx(start, abs=0.01)
+            assert found["pairs_per_s"] == pytest.approx(max(held, default=0.5), abs=0.01)
+            assert all(s["rate"] > found["pairs_per_s"] for s in steps if not _held(s))
+            at = {r["load"]: r for r in rows if r["length"] == length}
+            assert at["low"]["rate"] == pytest.approx(min(20, 0.6 * found["pairs_per_s"]), abs=0.01)
+            assert at["capacity"]["rate"] == pytest.approx(found["pairs_per_s"], abs=0.01)
+            assert at["half"]["rate"] == pytest.approx(found["pairs_per_s"] / 2, abs=0.01)
+    # The floor's own capacity is searched too, and it ran again at every rate a ranker did.
+    assert set(result["capacity"]["floor"]) == {"48", "96"}
+    floor_rates = {(f["length"], f["rate"]) for f in result["floor"]}
+    assert {(r["length"], r["rate"]) for r in result["points"] + result["null_model"]} <= floor_rates
 
 
 def _held(step: dict) -> bool:
+    """The search's rule: every Rank an HBM hit, within 25 ms at P99 (plus twice a pair's real passes), at
+    95 % of the rate."""
     return (
         not step["errors"]
-        and sum(step["sources"].values()) == step["pairs"]
-        and step["rank_p99_ms"] <= 25
+        and step["sources"] == {HBM: step["pairs"]}
+        and step["rank_p99_ms"] <= 25 + 2 * step["in_process_model_ms"]
         and step["achieved_rate"] >= 0.95 * step["rate"]
     )
 
@@ -74,6 +78,8 @@ def test_every_rank_is_answered_and_the_low_rate_ranks_are_hbm_hits(result):
 
 
 def test_the_load_generator_runs_on_cpus_of_its_own_and_its_cpu_is_reported(result):
+    before, after = result["affinity"]
+    assert after == before  # the benchmark ran beside the generator, and gave this thread its CPUs back
     provenance = result["provenance"]
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) > 1:
@@ -110,7 +116,7 @@ def test_the_summary_tells_each_table_and_the_slopes(result):
     summary = result["summary"]
     for heading in (
         "## The ranker's own code beyond the serving floor",
-        "## The serving floor's capacity",
+        "## Capacities",
         "## The ranker",
         "## The ranker with free model passes",
     ):
