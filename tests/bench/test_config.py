@@ -18,7 +18,7 @@ from bench.micro.grpc_floor import GrpcFloorConfig
 from bench.micro.serving.config import ServingConfig
 from bench.mlperf.config import MlperfConfig, parse
 from bench.tracing.config import TracingBench
-from services.common.config import load
+from services.common.config import listed, load
 from services.retrieval_stub.config import RetrievalStubConfig
 
 
@@ -65,7 +65,7 @@ def test_bad_grids_shares_and_mixes_are_refused_naming_the_flag(argv, message, c
 def test_list_settings_read_from_their_flag_or_their_environment_twin_and_refuse_naming_the_flag(capsys):
     assert load(BenchConfig, [], environ={"RELAYGR_LOADS": "2, 4,8"}).load_grid() == [2.0, 4.0, 8.0]
     assert load(BenchConfig, ["--loads", "3"], environ={"RELAYGR_LOADS": "2,4"}).load_grid() == [3.0]
-    assert load(ServingConfig, ["--capacity-rates", ""], environ={}).capacity_rates == ""  # may be empty
+    assert listed(load(ServingConfig, [], environ={"RELAYGR_LENGTHS": "256, 1024"}), "lengths") == [256, 1024]
     assert load(GrpcFloorConfig, ["--rates", "0,50"], environ={}).rates == "0,50"  # 0: the closed loop
     assert load(TracingBench, ["--sample-ratios", "0.5,1"], environ={}).ratios() == [0.5, 1.0]
     with pytest.raises(SystemExit):
