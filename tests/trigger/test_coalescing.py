@@ -52,8 +52,15 @@ def plane(rankers: Rankers, batches: Batches, *flags: str, direct: bool = True) 
     return built
 
 
-def admits(trigger: TriggerPlane, users: list[str], length: int = SHORT):
-    return asyncio.gather(*(trigger.admit(call(user, length, payload=user.encode())) for user in users))
+async def admits(trigger: TriggerPlane, users: list[str], length: int = SHORT) -> list:
+    return await asyncio.gather(*(trigger.admit(call(user, length, payload=user.encode())) for user in users))
+
+
+def users_on(trigger: TriggerPlane, member: str, count: int, prefix: str = "user") -> list[str]:
+    """`count` users that the trigger places on `member` (their ring owner): a window of one member's
+    PreInfers holds them all (a window that closes with one sends it as a single call)."""
+    names = (f"{prefix}-{i}" for i in range(10_000))
+    return [name for name in names if trigger.fleet.target(name) == member][:count]
 
 
 def alone(reason: str) -> float:
@@ -66,7 +73,7 @@ def test_concurrent_admits_go_as_one_batch_per_member_and_each_gets_its_own_answ
     observed = []
     observe = trigger.fleet.observe
     trigger.fleet.observe = lambda report: (observed.append(report.instance), observe(report))
-    users = [f"user-{i}" for i in range(8)]
+    users = users_on(trigger, "ranker-a", 4) + users_on(trigger, "ranker-b", 4)
     sizes = metric("relaygr_trigger_pre_infer_batch_size_count")
 
     decisions = asyncio.run(admits(trigger, users))
@@ -83,12 +90,13 @@ def test_concurrent_admits_go_as_one_batch_per_member_and_each_gets_its_own_answ
     assert metric("relaygr_trigger_pre_infer_batch_size_count") == sizes + len(members)
 
 
-def test_batches_hold_at_most_the_maximum():
-    batches = Batches()
-    trigger = plane(Rankers(), batches, "--pre-infer-batch-window-ms", "20", "--pre-infer-batch-max", "2")
-    asyncio.run(admits(trigger, [f"user-{i}" for i in range(7)]))
-    assert max(len(batch) for batch, _ in batches.calls) == 2
-    assert sum(len(batch) for batch, _ in batches.calls) == 7
+def test_batches_hold_at_most_the_maximum_and_a_lone_pre_infer_goes_as_a_single_call():
+    rankers, batches = Rankers(), Batches()
+    trigger = plane(rankers, batches, "--pre-infer-batch-window-ms", "20", "--pre-infer-batch-max", "2")
+    users = users_on(trigger, "ranker-a", 7)
+    asyncio.run(admits(trigger, users))
+    assert [len(batch) for batch, _ in batches.calls] == [2, 2, 2]
+    assert [user for _, user, _, _ in rankers.calls] == users[-1:]
 
 
 def test_with_the_window_zero_every_pre_infer_goes_alone():
@@ -117,11 +125,10 @@ def test_a_prefix_that_would_miss_its_rank_goes_alone_at_once_while_the_others_g
     rankers, batches = Rankers(), Batches()
     trigger = plane(rankers, batches, "--pre-infer-batch-window-ms", "1000", "--relay-window-ms", "1050")
     before = alone("would_miss_rank")
+    shorts = users_on(trigger, "ranker-a", 2, prefix="short")
 
     async def scenario():
-        short = [
-            asyncio.ensure_future(trigger.admit(call(f"s{i}", SHORT, payload=b"s%d" % i))) for i in (1, 2)
-        ]
+        short = [asyncio.ensure_future(trigger.admit(call(u, SHORT, payload=u.encode()))) for u in shorts]
         long = asyncio.ensure_future(trigger.admit(call("long", LONG, payload=b"long")))
         done, _ = await asyncio.wait([long, *short], return_when=asyncio.FIRST_COMPLETED)
         assert done == {long} and long.result().reason is Reason.ADMITTED
@@ -129,7 +136,7 @@ def test_a_prefix_that_would_miss_its_rank_goes_alone_at_once_while_the_others_g
         await asyncio.gather(*short)
 
     asyncio.run(scenario())
-    assert sorted(user for batch, _ in batches.calls for user in batch) == ["s1", "s2"]
+    assert batches.calls == [(shorts, "ranker-a")]
     assert alone("would_miss_rank") == before + 1
 
 
@@ -137,7 +144,7 @@ def test_a_failed_batch_fails_each_admission_and_refunds_it():
     rankers, batches = Rankers(), Batches(fail="UNAVAILABLE")
     trigger = plane(rankers, batches, "--pre-infer-batch-window-ms", "20")
     failures = metric("relaygr_trigger_pre_infer_failures_total", code="UNAVAILABLE")
-    users = ["u1", "u2", "u3"]
+    users = users_on(trigger, "ranker-a", 3)
     decisions = asyncio.run(admits(trigger, users))
     assert [(d.reason, d.relay_instance) for d in decisions] == [(Reason.RANKER_REFUSED, "")] * 3
     assert metric("relaygr_trigger_pre_infer_failures_total", code="UNAVAILABLE") == failures + 3
@@ -149,9 +156,11 @@ def test_a_failed_batch_fails_each_admission_and_refunds_it():
 
 
 def test_an_entry_the_ranker_refused_fails_its_own_admission_only():
-    batches = Batches(refuse=("u2",))
+    batches = Batches()
     trigger = plane(Rankers(), batches, "--pre-infer-batch-window-ms", "20")
+    users = users_on(trigger, "ranker-a", 3)
+    batches.refuse = (users[1],)
     failures = metric("relaygr_trigger_pre_infer_failures_total", code="INVALID_ARGUMENT")
-    decisions = asyncio.run(admits(trigger, ["u1", "u2", "u3"]))
+    decisions = asyncio.run(admits(trigger, users))
     assert [d.reason for d in decisions] == [Reason.ADMITTED, Reason.RANKER_REFUSED, Reason.ADMITTED]
     assert metric("relaygr_trigger_pre_infer_failures_total", code="INVALID_ARGUMENT") == failures + 1
