@@ -8,7 +8,8 @@ member each admitted prefix goes to, so it gathers them per member:
   `max_size` items (a full batch does not wait);
 - each caller waits for its own item's answer (or its own error), so the caller's latency grows by at most
   the window; a call that fails fails every item of the batch with the call's error;
-- the call gets the time its earliest item has left of its timeout.
+- the call gets the time its earliest item has left of its timeout, and runs in the context of the caller
+  that opened the batch (a traced call has one parent: that caller's).
 
 `Coalescer` knows nothing of PreInfer: `send(key, items, timeout_s)` is given the batch and returns one
 result per item, in order, each a value or the exception that item's caller gets. When a prefix goes alone
@@ -20,6 +21,7 @@ Not thread-safe: the trigger's event loop owns it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import enum
 from collections.abc import Awaitable, Callable, Sequence
@@ -43,10 +45,11 @@ class Alone(enum.StrEnum):
 
 @dataclasses.dataclass(eq=False)
 class _Batch(Generic[T, R]):
-    """The items gathered for one key, each with its caller's future, and the earliest deadline among them
-    (the loop's clock)."""
+    """The items gathered for one key, each with its caller's future, the earliest deadline among them (the
+    loop's clock) and the context of the caller that opened it."""
 
     deadline: float
+    context: contextvars.Context
     items: list[T] = dataclasses.field(default_factory=list)
     futures: list[asyncio.Future[R]] = dataclasses.field(default_factory=list)
     timer: asyncio.TimerHandle | None = None
@@ -70,7 +73,7 @@ class Coalescer(Generic[T, R]):
         loop = asyncio.get_running_loop()
         batch = self._open.get(key)
         if batch is None:
-            batch = self._open[key] = _Batch(deadline=loop.time() + timeout_s)
+            batch = self._open[key] = _Batch(loop.time() + timeout_s, contextvars.copy_context())
             batch.timer = loop.call_later(self.window_s, self._flush, key, batch)
         future: asyncio.Future[R] = loop.create_future()
         batch.items.append(item)
@@ -89,7 +92,8 @@ class Coalescer(Generic[T, R]):
         waiting = [(item, f) for item, f in zip(batch.items, batch.futures, strict=True) if not f.done()]
         if not waiting:
             return
-        task = asyncio.get_running_loop().create_task(self._call(key, waiting, batch.deadline))
+        call = self._call(key, waiting, batch.deadline)
+        task = asyncio.get_running_loop().create_task(call, context=batch.context)
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 

@@ -13,18 +13,18 @@ admission placed it on (routed directly; through the router, by the router's rin
 deadline (`--pre-infer-timeout-ms`); the ranker answers as soon as it accepts or refuses, so Admit never
 waits for the computation, and its answer carries its load report, which the fleet view takes. The
 answer's `instance` becomes `relay_instance`. A refusal or a failed call (`PreInferFailed`) is
-RANKER_REFUSED and the admission's reservation is released.
+RANKER_REFUSED and the admission's reservation is released. A DUPLICATE answers admitted=false with the
+instance remembered from the first admission, so the caller's Rank keeps its hint.
 
 Routing directly, the PreInfers placed on one member within `--pre-infer-batch-window-ms` are coalesced
 (`coalescer.Coalescer`) into one PreInferBatch call of at most `--pre-infer-batch-max` (a window that closes
 with one PreInfer sends it as a single call): each Admit waits for its own entry's answer, as for a single
-call, and the batch's one load report is taken once. A call
-that fails fails each of its entries as a failed single call (each admission refunded). A PreInfer goes
-alone, as a single call at once (`coalescer.Alone`, counted by why), through a router (no member is
-known: the router places it), with the window 0, and when its own predicted pre-inference plus the window
-exceeds the relay window: waiting for the window would then make it miss its Rank (its prediction read as
-0 while the curve is provisional, as the placement reads it). A DUPLICATE answers admitted=false with the
-instance remembered from the first admission, so the caller's Rank keeps its hint.
+call, and the batch's one load report is taken once. A call that fails fails each of its entries as a
+failed single call (each admission refunded). A PreInfer goes alone, as a single call at once
+(`coalescer.Alone`, counted by why), through a router (no member is known: the router places it), with the
+window 0, and when its own predicted pre-inference plus the window exceeds the relay window: waiting for
+the window would then make it miss its Rank (its prediction read as 0 while the curve is provisional, as
+the placement reads it).
 
 An optimisation, stated: the Admit's bytes are reused as its PreInfer. The protos state that AdmitRequest's
 fields 1 (user_id) and 2 (long_term) are PreInferRequest's, so with the Admit-only fields

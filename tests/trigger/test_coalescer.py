@@ -5,6 +5,7 @@ call fails every caller of its batch."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 
 import pytest
 from hypothesis import given, settings
@@ -122,6 +123,34 @@ def test_closing_cancels_the_callers_still_gathering():
         with pytest.raises(asyncio.CancelledError):
             await waiting
         assert sends.batches == []
+
+    asyncio.run(scenario())
+
+
+CALLER = contextvars.ContextVar("caller", default="none")
+
+
+@pytest.mark.parametrize("max_size", [2, 8], ids=["filled", "timed-out"])
+def test_the_call_runs_in_the_context_of_the_caller_that_opened_the_batch(max_size):
+    """A traced call has one parent: the opener's trace, whether the window or the last caller closed it."""
+
+    async def scenario():
+        seen = []
+
+        async def send(key, items, timeout_s):
+            seen.append(CALLER.get())
+            return items
+
+        coalescer = Coalescer(send, window_s=0.01, max_size=max_size)
+
+        async def caller(name: str) -> str:
+            CALLER.set(name)
+            return await coalescer.submit("m", name, 5.0)
+
+        first = asyncio.ensure_future(caller("opener"))
+        await asyncio.sleep(0)
+        assert await asyncio.gather(first, caller("closer")) == ["opener", "closer"]
+        assert seen == ["opener"]
 
     asyncio.run(scenario())
 
