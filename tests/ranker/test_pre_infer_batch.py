@@ -122,7 +122,7 @@ def test_each_entry_is_answered_as_the_same_pre_infer_alone_on_an_identical_rank
                     gate.set()
             for r in (batched, single):
                 await r.settle()
-                assert set(r.cache.entries) == set(single.cache.entries)
+            assert set(batched.cache.entries) == set(single.cache.entries)
 
     asyncio.run(scenario())
 
