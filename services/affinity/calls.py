@@ -7,6 +7,9 @@
   this process, straight to the chosen ranker.
 
 `ranker_calls` picks one from the settings. Requests are wire bytes; the caller serialised them once.
+PreInferBatch (`AffinityClient.pre_infer_batch`) is direct routing's only: it needs the member the caller
+placed its PreInfers on, and through a target the router places each PreInfer itself, so a caller that goes
+through the router sends single PreInfers (the router serves no PreInferBatch).
 Errors: `grpc.aio.AioRpcError` with the downstream status code; direct routing also raises `Unavailable`
 (no routable member) and `DeadlineExceeded` (none became routable in time at start-up), both
 `RequestError`s that carry their status code.

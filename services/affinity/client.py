@@ -10,6 +10,10 @@ Contract:
   ring); every attempt counts one routing decision and is counted in flight on its member in the same
   event-loop step as the decision, so the next placement sees it (concurrent requests of one user read
   the loads after one another and cannot together pass the bound).
+- `pre_infer_batch` sends PreInfers the caller placed on one member (the trigger's coalesced ones) as one
+  PreInferBatch call to it, each entry counted as one PreInfer routing decision. When that member is not
+  routable, the batch goes whole where the policy places its first user (a batch is not split): every
+  entry's relay hint is the instance that answered, so its Rank follows the batch. Never retried.
 - A call made while the membership starts, before any member is healthy and while some member's first
   health check is still out, waits for start-up to settle (within its timeout) instead of failing. Once
   settled, no call waits: with no member routable it raises `Unavailable` at once.
@@ -37,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 
 import grpc
 
@@ -65,7 +70,10 @@ NO_ANSWER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDE
 DROPPED_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 # (ROUTER_INFLIGHT's series are not kept: the membership removes a departed member's.)
 _DECISIONS = Children(ROUTER_DECISIONS)
-_PATHS = {method: method_path(RANKER_SERVICE, method) for method in ("PreInfer", "Rank", "GetProfile")}
+_PATHS = {
+    method: method_path(RANKER_SERVICE, method)
+    for method in ("PreInfer", "PreInferBatch", "Rank", "GetProfile")
+}
 
 
 class AffinityClient:
@@ -98,6 +106,17 @@ class AffinityClient:
         timeout = await self._started(timeout)
         route = self.policy.place(user_id, member) if member else self.policy.choose(user_id)
         return await self._send(route, "PreInfer", request, timeout)
+
+    async def pre_infer_batch(
+        self, request: bytes, user_ids: Sequence[str], timeout: float, member: str
+    ) -> bytes:
+        """A PreInferBatch of `user_ids`' PreInfers, placed by the caller on `member`: to it while it is
+        routable, else where the policy places the first user."""
+        timeout = await self._started(timeout)
+        routes = [self.policy.place(user_id, member) for user_id in user_ids]
+        for route in routes:
+            _DECISIONS("PreInfer", route.decision.value).inc()
+        return await self._forward(routes[0].member, "PreInferBatch", request, timeout)
 
     async def rank(self, request: bytes, user_id: str, hint: str, timeout: float) -> bytes:
         timeout = await self._started(timeout)

@@ -25,6 +25,12 @@ class InvalidArgument(RequestError):
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")
         self.field = field
+        self.problem = problem
+
+    def within(self, parent: str) -> InvalidArgument:
+        """The same problem with its field named inside `parent`: `long_term` within `requests[2]` is
+        `requests[2].long_term`."""
+        return InvalidArgument(f"{parent}.{self.field}", self.problem)
 
 
 class ResourceExhausted(RequestError):

@@ -104,6 +104,12 @@ class RankerConfig(RequestLimits, ServiceConfig):
         "pre-infer productions queued beyond this are shed (REJECTED_OVERLOAD)",
         above=0,
     )
+    max_pre_infer_batch: int = setting(
+        64,
+        "most entries one PreInferBatch call may carry; a larger (or an empty) batch is refused whole with "
+        "INVALID_ARGUMENT naming requests",
+        above=0,
+    )
     max_pre_infer_backlog_ms: float = setting(
         1000.0,
         "a PreInfer is refused (REJECTED_BACKLOG) when the pre-inference already queued on this ranker takes "

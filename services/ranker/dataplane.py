@@ -8,6 +8,8 @@ happens here, each step once:
               -> runner.rank / runner.uncached (the scores)
               -> cache.release, metrics
     PreInfer: cache.pre_infer (start, join, renew or refuse a production), metrics, load report
+    PreInferBatch: cache.pre_infer_many (each entry as a PreInfer, in order; their device jobs handed over
+              together), metrics per entry and the batch's size, one load report
     GetProfile: the model, the latency curve, the tiers' budgets
 
 The latency curve that shedding, the load book and GetProfile read is the data plane's own: `warm_up`
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 
 import numpy as np
 from opentelemetry.trace import Span
@@ -153,6 +156,21 @@ class DataPlane:
                 }
             )
         return PreInferResult(outcome, nbytes)
+
+    async def pre_infer_batch(self, entries: Sequence[tuple[str, Events]]) -> list[PreInferResult]:
+        """The entries of a PreInferBatch (user id, long-term events), each answered as `pre_infer` alone
+        in the same order would be; their productions are scheduled as one."""
+        answers = await self.cache.pre_infer_many(entries)
+        for outcome, _ in answers:
+            self._outcomes(_OUTCOMES[outcome]).inc()
+        if entries:
+            metrics.PRE_INFER_BATCH_SIZE.observe(len(entries))
+        span = tracing.current()
+        if span.is_recording():
+            span.set_attributes(
+                {"relaygr.instance": self.config.instance_name, "relaygr.pre_infer_batch_size": len(entries)}
+            )
+        return [PreInferResult(outcome, nbytes) for outcome, nbytes in answers]
 
     async def rank(
         self,

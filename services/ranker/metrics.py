@@ -25,7 +25,17 @@ RANK_LOSSY = Counter(
     "recomputation only within the copy's epsilon.",
     ["cache_source"],
 )
-PRE_INFER_OUTCOMES = Counter("relaygr_pre_infer_total", "PreInfer signals by outcome.", ["outcome"])
+PRE_INFER_OUTCOMES = Counter(
+    "relaygr_pre_infer_total",
+    "PreInfer signals by outcome, each entry of a PreInferBatch counted as one (entries refused as bad input "
+    "are not).",
+    ["outcome"],
+)
+PRE_INFER_BATCH_SIZE = Histogram(
+    "relaygr_pre_infer_batch_size",
+    "Entries per PreInferBatch call that the ranker scheduled together (entries refused as bad input aside).",
+    buckets=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128),
+)
 MODEL_SECONDS = Histogram(
     "relaygr_model_seconds",
     "Time on the ranker's device and copy threads per job, by op: pre_infer, extend, rank, uncached "

@@ -1,12 +1,14 @@
 """RankerService over gRPC: protobuf in, data-plane calls, protobuf out.
 
 It validates each request into `Events` and arrays, in one place per request (`_pre_infer_input`,
-`_rank_input`), calls `DataPlane` once, and writes the answer; it decides nothing. Errors are raised as
-`services.common.errors` exceptions and mapped to status codes by the shared interceptor.
+`_batch_input`, `_rank_input`), calls `DataPlane` once, and writes the answer; it decides nothing. Errors are
+raised as `services.common.errors` exceptions and mapped to status codes by the shared interceptor; a
+PreInferBatch's bad entry is answered with its own error instead (its field named within the batch,
+`requests[i].long_term`), and the other entries go on.
 
-PreInfer and Rank are parsed with the wire views of `services.ranker.wire` (`add_to_server`): the long-term
-history arrives as bytes, and a history whose bytes the ranker has already decoded (the Rank of a relayed
-PreInfer) is taken from the cache instead of being decoded again.
+PreInfer, PreInferBatch and Rank are parsed with the wire views of `services.ranker.wire` (`add_to_server`):
+the long-term history arrives as bytes, and a history whose bytes the ranker has already decoded (the Rank of
+a relayed PreInfer) is taken from the cache instead of being decoded again.
 """
 
 from __future__ import annotations
@@ -27,13 +29,19 @@ from services.ranker.model.events import Events
 
 
 def add_to_server(servicer: RankerServicer, server) -> None:
-    """Registers `servicer` as the generated `add_RankerServiceServicer_to_server` does, with PreInfer and
-    Rank parsed by their wire views (same wire format, the long-term history left as bytes)."""
+    """Registers `servicer` as the generated `add_RankerServiceServicer_to_server` does, with PreInfer,
+    PreInferBatch and Rank parsed by their wire views (same wire format, the long-term history left as
+    bytes)."""
     handlers = {
         "PreInfer": grpc.unary_unary_rpc_method_handler(
             servicer.PreInfer,
             request_deserializer=wire.PreInferView.FromString,
             response_serializer=ranker_pb2.PreInferResponse.SerializeToString,
+        ),
+        "PreInferBatch": grpc.unary_unary_rpc_method_handler(
+            servicer.PreInferBatch,
+            request_deserializer=wire.PreInferBatchView.FromString,
+            response_serializer=ranker_pb2.PreInferBatchResponse.SerializeToString,
         ),
         "Rank": grpc.unary_unary_rpc_method_handler(
             servicer.Rank,
@@ -89,6 +97,19 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
         result = await self.plane.pre_infer(*self._pre_infer_input(request))
         return self._pre_infer_response(result, self.plane.load_report())
 
+    async def PreInferBatch(self, request, context) -> ranker_pb2.PreInferBatchResponse:
+        inputs = self._batch_input(request)
+        valid = [entry for entry in inputs if not isinstance(entry, InvalidArgument)]
+        results = iter(await self.plane.pre_infer_batch(valid))
+        answers = [
+            _refused(entry) if isinstance(entry, InvalidArgument) else _answer(next(results))
+            for entry in inputs
+        ]
+        load = ranker_pb2.LoadReport(**vars(self.plane.load_report()))
+        return ranker_pb2.PreInferBatchResponse(
+            answers=answers, instance=self.config.instance_name, load=load
+        )
+
     async def Rank(self, request, context: grpc.aio.ServicerContext) -> ranker_pb2.RankResponse:
         received_at = time.perf_counter()
         result = await self.plane.rank(*self._rank_input(request), context.time_remaining(), received_at)
@@ -98,6 +119,23 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
         """Every check of a PreInfer, in one place: the plane's (user_id, long-term events)."""
         validation.user_id(request.user_id)
         return request.user_id, self._long_term(request.user_id, wire.history(request))
+
+    def _batch_input(self, request) -> list[tuple[str, Events] | InvalidArgument]:
+        """Every check of a PreInferBatch: its size (a batch empty or over --max-pre-infer-batch is refused
+        whole), then each entry's as `_pre_infer_input`'s, in order: the entry's input, or its error with the
+        field named within the batch."""
+        count, limit = len(request.requests), self.config.max_pre_infer_batch
+        if not count:
+            raise InvalidArgument("requests", "is empty")
+        if count > limit:
+            raise InvalidArgument("requests", f"holds {count} entries, more than the limit of {limit}")
+        inputs: list[tuple[str, Events] | InvalidArgument] = []
+        for i, entry in enumerate(request.requests):
+            try:
+                inputs.append(self._pre_infer_input(entry))
+            except InvalidArgument as exc:
+                inputs.append(exc.within(f"requests[{i}]"))
+        return inputs
 
     def _rank_input(self, request) -> tuple[str, Events, Events, np.ndarray, str]:
         """Every check of a Rank, in one place, in the order of its fields: the plane's (user_id, long-term
@@ -158,3 +196,13 @@ class RankerServicer(ranker_pb2_grpc.RankerServiceServicer):
             members=[self.config.instance_name],
             provisional=curve.provisional,
         )
+
+
+def _answer(result: PreInferResult) -> ranker_pb2.PreInferAnswer:
+    return ranker_pb2.PreInferAnswer(outcome=result.outcome, cache_bytes=result.cache_bytes)
+
+
+def _refused(error: InvalidArgument) -> ranker_pb2.PreInferAnswer:
+    return ranker_pb2.PreInferAnswer(
+        error=ranker_pb2.PreInferError(code=error.code.value[0], message=error.message)
+    )

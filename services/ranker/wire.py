@@ -1,4 +1,5 @@
-"""How the ranker reads PreInfer and Rank off the wire: the long-term history stays bytes until it is needed.
+"""How the ranker reads PreInfer, PreInferBatch and Rank off the wire: the long-term history stays bytes until
+it is needed.
 
 A Rank's long-term history is the same bytes its PreInfer carried a few milliseconds earlier: the ranker
 decoded, validated and keyed them then. So the ranker parses both requests with a *view* of their message
@@ -13,6 +14,10 @@ in two pieces (two concatenated messages, [1, 2] then [3]) holds [1, 2, 3] throu
 singular bytes field would keep the last piece alone, silently another history. As a repeated field the
 view keeps every piece in order, and their concatenation (`history`) is the encoding of the merged
 message, which is what the contract reads.
+
+A PreInferBatch's `requests` are PreInferRequests, read through the PreInfer view: each entry's history
+stays bytes, its pieces merged within the entry as above (an entry is one occurrence of the repeated field
+`requests`, so entries are never merged with each other, through the contract or the view).
 
 The views are built here from the generated descriptors, in a pool of their own, so they can never drift
 from the contract: every other field keeps its number, name and type.
@@ -33,19 +38,22 @@ _VIEW_PACKAGE = "relaygr.v1.wireview"
 
 def _views(*messages: type) -> dict[str, type]:
     """Message classes equal to `messages` but with their `long_term` field read as repeated bytes (each
-    occurrence on the wire, in order)."""
+    occurrence on the wire, in order), and a field of another of `messages` read as that one's view."""
     common = descriptor_pb2.FileDescriptorProto()
     common_pb2.DESCRIPTOR.CopyToProto(common)
     view = descriptor_pb2.FileDescriptorProto(
         name="relaygr/v1/wireview.proto", package=_VIEW_PACKAGE, syntax="proto3", dependency=[common.name]
     )
+    viewed = {f".{m.DESCRIPTOR.full_name}": f".{_VIEW_PACKAGE}.{m.__name__}" for m in messages}
     for message in messages:
         proto = descriptor_pb2.DescriptorProto()
         message.DESCRIPTOR.CopyToProto(proto)
-        (long_term,) = (field for field in proto.field if field.name == "long_term")
-        long_term.type = long_term.TYPE_BYTES
-        long_term.label = long_term.LABEL_REPEATED
-        long_term.ClearField("type_name")
+        for field in proto.field:
+            if field.name == "long_term":
+                field.type, field.label = field.TYPE_BYTES, field.LABEL_REPEATED
+                field.ClearField("type_name")
+            elif field.type_name in viewed:
+                field.type_name = viewed[field.type_name]
         view.message_type.append(proto)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(common)
@@ -55,9 +63,10 @@ def _views(*messages: type) -> dict[str, type]:
     return {name: message_factory.GetMessageClass(find(full)) for name, full in named.items()}
 
 
-_VIEWS = _views(ranker_pb2.PreInferRequest, ranker_pb2.RankRequest)
+_VIEWS = _views(ranker_pb2.PreInferRequest, ranker_pb2.RankRequest, ranker_pb2.PreInferBatchRequest)
 PreInferView = _VIEWS["PreInferRequest"]
 RankView = _VIEWS["RankRequest"]
+PreInferBatchView = _VIEWS["PreInferBatchRequest"]
 
 
 def history(view) -> bytes:

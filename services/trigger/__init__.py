@@ -6,6 +6,10 @@ afford it.
 - `fleet_profile`: what the trigger takes from a GetProfile answer (cost models, KV size, ring members).
 - `fleet_load`: each ranker's load from the reports on PreInfer answers, aged between them.
 - `admission`: `AdmissionPolicy`, the decision, its brakes and reasons; pure logic with an injectable clock.
-- `servicer`: `TriggerService.Admit`, the gRPC adapter that fires PreInfer (`pre_infer_call`).
+- `coalescer`: `Coalescer`, which gathers the PreInfers bound for one ranker within a short window into one
+  PreInferBatch call, and `Alone`, why one goes alone instead.
+- `dataplane`: `TriggerPlane.admit`, everything an Admit does, each step once.
+- `servicer`: `TriggerService.Admit`, the gRPC adapter that fires PreInfer (`pre_infer_call`) and
+  PreInferBatch (`pre_infer_batch_call`).
 - `app`: the process's wiring (server, the way to the rankers, profile refresh).
 """

@@ -24,7 +24,7 @@ from services.common.server import GrpcServer
 from services.trigger.config import TriggerConfig
 from services.trigger.dataplane import TriggerPlane
 from services.trigger.fleet_profile import FleetProfile
-from services.trigger.servicer import TriggerService, pre_infer_call
+from services.trigger.servicer import TriggerService, pre_infer_batch_call, pre_infer_call
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,9 @@ class TriggerApp:
     def __init__(self, config: TriggerConfig) -> None:
         self.config = config
         self.rankers = ranker_calls(config, config, config.router)
-        self.plane = TriggerPlane(config, pre_infer_call(self.rankers), self.rankers.routable_members)
+        # Routing directly, the PreInfers placed on one ranker are coalesced into PreInferBatch calls.
+        batch = pre_infer_batch_call(self.rankers) if config.routes_directly else None
+        self.plane = TriggerPlane(config, pre_infer_call(self.rankers), self.rankers.routable_members, batch)
         self.service = TriggerService(self.plane)
         self.grpc = GrpcServer(config, TRIGGER_SERVICE, self._register)
         self._profile_task: asyncio.Task | None = None
@@ -55,6 +57,7 @@ class TriggerApp:
         """Stops refreshing the profile and closes the way to the rankers (after the drain)."""
         if self._profile_task is not None:
             self._profile_task.cancel()
+        await self.plane.close()
         await self.rankers.close()
 
     async def stop(self) -> None:

@@ -83,6 +83,19 @@ class TriggerConfig(RequestLimits, RelaySettings, AffinitySettings, ServiceConfi
     pre_infer_timeout_ms: float = setting(
         50.0, "ms the ranker has to accept or refuse a PreInfer signal", above=0
     )
+    pre_infer_batch_window_ms: float = setting(
+        2.0,
+        "routing directly, the PreInfers bound for one ranker within this many ms go as one PreInferBatch "
+        "call (each Admit waits at most this long more for its answer); 0 sends each alone. A prefix whose "
+        "predicted pre-inference plus this window exceeds --relay-window-ms goes alone at once",
+        minimum=0,
+    )
+    pre_infer_batch_max: int = setting(
+        32,
+        "most PreInfers in one PreInferBatch call: a full batch is sent at once (at most the rankers' "
+        "--max-pre-infer-batch)",
+        above=0,
+    )
     profile_refresh_s: float = setting(
         10.0, "seconds between GetProfile refreshes of the latency curve and the ring's members", above=0
     )
@@ -107,5 +120,8 @@ class TriggerConfig(RequestLimits, RelaySettings, AffinitySettings, ServiceConfi
         # A refused PreInfer refunds its admission; the admission must still be in the window to be refunded.
         if self.pre_infer_timeout_ms >= self.lease_window_ms:
             raise ValueError("--pre-infer-timeout-ms must be shorter than --lease-window-ms")
+        # A PreInfer waits the window before it is sent, within its own timeout.
+        if self.pre_infer_batch_window_ms >= self.pre_infer_timeout_ms:
+            raise ValueError("--pre-infer-batch-window-ms must be shorter than --pre-infer-timeout-ms")
         if self.shed_low_water >= self.shed_high_water:
             raise ValueError("--shed-low-water must be below --shed-high-water")

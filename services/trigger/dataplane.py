@@ -16,6 +16,16 @@ answer's `instance` becomes `relay_instance`. A refusal or a failed call (`PreIn
 RANKER_REFUSED and the admission's reservation is released. A DUPLICATE answers admitted=false with the
 instance remembered from the first admission, so the caller's Rank keeps its hint.
 
+Routing directly, the PreInfers placed on one member within `--pre-infer-batch-window-ms` are coalesced
+(`coalescer.Coalescer`) into one PreInferBatch call of at most `--pre-infer-batch-max` (a window that closes
+with one PreInfer sends it as a single call): each Admit waits for its own entry's answer, as for a single
+call, and the batch's one load report is taken once. A call that fails fails each of its entries as a
+failed single call (each admission refunded). A PreInfer goes alone, as a single call at once
+(`coalescer.Alone`, counted by why), through a router (no member is known: the router places it), with the
+window 0, and when its own predicted pre-inference plus the window exceeds the relay window: waiting for
+the window would then make it miss its Rank (its prediction read as 0 while the curve is provisional, as
+the placement reads it).
+
 An optimisation, stated: the Admit's bytes are reused as its PreInfer. The protos state that AdmitRequest's
 fields 1 (user_id) and 2 (long_term) are PreInferRequest's, so with the Admit-only fields
 (the servicer's `ADMIT_ONLY_FIELDS`) cleared an AdmitRequest's encoding is a valid PreInferRequest's
@@ -41,6 +51,7 @@ from services.common import tracing, validation
 from services.common.errors import InvalidArgument, Unavailable
 from services.common.metrics import Children, precreate
 from services.trigger.admission import AdmissionPolicy, Brake, Decision, Limits, Prefix, Reason
+from services.trigger.coalescer import Alone, Coalescer
 from services.trigger.config import TriggerConfig
 from services.trigger.fleet_load import FleetLoad
 from services.trigger.fleet_profile import FleetProfile
@@ -48,6 +59,8 @@ from services.trigger.metrics import (
     TRIGGER_BRAKE_PRESSURE,
     TRIGGER_DECISIONS,
     TRIGGER_MUST_RELAY,
+    TRIGGER_PRE_INFER_ALONE,
+    TRIGGER_PRE_INFER_BATCH_SIZE,
     TRIGGER_PRE_INFER_FAILURES,
     TRIGGER_PREDICTED_SECONDS,
     TRIGGER_SHED_THRESHOLD,
@@ -70,6 +83,7 @@ _HELD_OUTCOMES = frozenset(
 _DECISIONS = Children(TRIGGER_DECISIONS)
 _MUST_RELAY = Children(TRIGGER_MUST_RELAY)
 _BRAKE_PRESSURE = Children(TRIGGER_BRAKE_PRESSURE)
+_ALONE = Children(TRIGGER_PRE_INFER_ALONE)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -100,6 +114,15 @@ class PreInferFailed(Exception):
 # Sends a serialised PreInferRequest of a user, with a timeout in seconds, to the member the admission
 # placed it on (routed there when it is routable); raises PreInferFailed.
 PreInferCall = Callable[[bytes, str, float, str], Awaitable[ranker_pb2.PreInferResponse]]
+# One answer of a batch: the entry's answer as a single PreInfer's, without a load report, or its own error.
+BatchEntry = ranker_pb2.PreInferResponse | PreInferFailed
+# Sends serialised PreInferRequests of these users, all placed on one member, as one PreInferBatch with a
+# timeout in seconds: the batch's load report and one entry per request, in order; raises PreInferFailed
+# when the call itself fails.
+PreInferBatchCall = Callable[
+    [Sequence[bytes], Sequence[str], float, str],
+    Awaitable[tuple[ranker_pb2.LoadReport, list[BatchEntry]]],
+]
 
 
 def limits(config: TriggerConfig) -> Limits:
@@ -130,13 +153,20 @@ class TriggerPlane:
         config: TriggerConfig,
         pre_infer: PreInferCall,
         members: Callable[[], tuple[str, ...] | None] = lambda: None,
+        pre_infer_batch: PreInferBatchCall | None = None,
     ) -> None:
         """`members`: the rankers the PreInfer calls can go to now (routing directly), or None (through a
-        router: the profile's members, refreshed with it)."""
+        router: the profile's members, refreshed with it). `pre_infer_batch`: the PreInferBatch transport,
+        which routing directly coalesces with (None: coalescing off)."""
         self.config = config
         self.fleet = FleetLoad(config.waste_window_s)
         self.policy = AdmissionPolicy(limits(config), self.fleet)
         self._pre_infer = pre_infer
+        self._pre_infer_batch = pre_infer_batch
+        self._coalescer: Coalescer[tuple[bytes, str], ranker_pb2.PreInferResponse] | None = None
+        window_ms = config.pre_infer_batch_window_ms
+        if pre_infer_batch is not None and config.routes_directly and window_ms > 0:
+            self._coalescer = Coalescer(self._send_batch, window_ms / 1000.0, config.pre_infer_batch_max)
         self._members = members
         self._profile: FleetProfile | None = None
         precreate(
@@ -145,6 +175,12 @@ class TriggerPlane:
         )
         precreate(TRIGGER_MUST_RELAY, ("admit",), ("reject",))
         precreate(TRIGGER_BRAKE_PRESSURE, *[(brake.value,) for brake in Brake])
+        precreate(TRIGGER_PRE_INFER_ALONE, *[(why.value,) for why in Alone])
+
+    async def close(self) -> None:
+        """Cancels the PreInfers still gathering or in flight in a batch."""
+        if self._coalescer is not None:
+            await self._coalescer.close()
 
     def use_profile(self, profile: FleetProfile) -> None:
         """Calibrates predictions from a fresh fleet profile, places users on its members' ring and brakes
@@ -178,7 +214,8 @@ class TriggerPlane:
         )
         decision = self.policy.decide(prefix)
         if decision.admitted:
-            decision = await self._fire(key, call.pre_infer, call.user_id, decision)
+            pre_infer_ms = prefix.pre_infer_ms if prefix.curve_known else 0.0
+            decision = await self._fire(key, call.pre_infer, call.user_id, decision, pre_infer_ms)
         self._record(decision)
         span = tracing.current()
         if span.is_recording():
@@ -219,22 +256,59 @@ class TriggerPlane:
             )
         return length
 
-    async def _fire(self, key: bytes, payload: bytes, user_id: str, decision: Decision) -> Decision:
+    async def _fire(
+        self, key: bytes, payload: bytes, user_id: str, decision: Decision, pre_infer_ms: float
+    ) -> Decision:
         try:
-            answer = await self._pre_infer(
-                payload, user_id, self.config.pre_infer_timeout_ms / 1000.0, decision.target
-            )
+            answer = await self._send(payload, user_id, decision.target, pre_infer_ms)
         except PreInferFailed as exc:
             log.warning("PreInfer for user %s failed: %s %s", user_id, exc.code, exc.details)
             TRIGGER_PRE_INFER_FAILURES.labels(exc.code).inc()
             self.policy.answered(key, "", held=False)
             return dataclasses.replace(decision, reason=Reason.RANKER_REFUSED)
-        self.fleet.observe(answer.load)
+        self.fleet.observe(answer.load)  # a batch entry carries none: the batch's was taken once
         held = answer.outcome in _HELD_OUTCOMES
         self.policy.answered(key, answer.instance, held=held)
         if not held:
             return dataclasses.replace(decision, reason=Reason.RANKER_REFUSED)
         return dataclasses.replace(decision, relay_instance=answer.instance)
+
+    async def _send(
+        self, payload: bytes, user_id: str, member: str, pre_infer_ms: float
+    ) -> ranker_pb2.PreInferResponse:
+        """The PreInfer's answer: coalesced with the others bound for `member`, or sent alone (counted by
+        why, `_alone`)."""
+        timeout_s = self.config.pre_infer_timeout_ms / 1000.0
+        alone = self._alone(pre_infer_ms)
+        if alone is None:
+            return await self._coalescer.submit(member, (payload, user_id), timeout_s)
+        _ALONE(alone.value).inc()
+        return await self._pre_infer(payload, user_id, timeout_s, member)
+
+    def _alone(self, pre_infer_ms: float) -> Alone | None:
+        """Why a PreInfer of `pre_infer_ms` (predicted) goes alone at once; None: it is coalesced."""
+        config = self.config
+        if not config.routes_directly:
+            return Alone.THROUGH_ROUTER
+        if self._coalescer is None:
+            return Alone.WINDOW_OFF
+        if pre_infer_ms + config.pre_infer_batch_window_ms > config.placement_window_ms:
+            return Alone.WOULD_MISS_RANK
+        return None
+
+    async def _send_batch(
+        self, member: str, entries: list[tuple[bytes, str]], timeout_s: float
+    ) -> list[BatchEntry]:
+        """The coalesced PreInfers (payload, user id) of `member`: one PreInferBatch call, whose load report
+        is taken once; a window that closed with one PreInfer sends it as the single call it is."""
+        TRIGGER_PRE_INFER_BATCH_SIZE.observe(len(entries))
+        if len(entries) == 1:
+            ((payload, user_id),) = entries
+            return [await self._pre_infer(payload, user_id, timeout_s, member)]
+        payloads, users = [payload for payload, _ in entries], [user for _, user in entries]
+        load, answers = await self._pre_infer_batch(payloads, users, timeout_s, member)
+        self.fleet.observe(load)
+        return answers
 
     def _record(self, decision: Decision) -> None:
         verdict = "admit" if decision.admitted else "reject"

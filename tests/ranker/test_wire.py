@@ -214,3 +214,57 @@ def test_long_term_bytes_that_are_no_sequence_are_invalid_argument_naming_long_t
             assert caught.value.details().startswith("long_term")
 
     asyncio.run(scenario())
+
+
+@settings(max_examples=100, deadline=None)
+@given(entries=st.lists(st.tuples(st.text(max_size=20), sequences), max_size=6))
+def test_the_batch_view_reads_each_entry_as_the_pre_infer_view_does(entries):
+    batch = ranker_pb2.PreInferBatchRequest(
+        requests=[ranker_pb2.PreInferRequest(user_id=user, long_term=seq) for user, seq in entries]
+    )
+    view = wire.PreInferBatchView.FromString(batch.SerializeToString())
+    assert [entry.user_id for entry in view.requests] == [user for user, _ in entries]
+    for entry, (_, seq) in zip(view.requests, entries, strict=True):
+        assert isinstance(entry, wire.PreInferView)
+        assert wire.history(entry) == seq.SerializeToString()
+        assert wire.sequence(wire.history(entry), "long_term") == seq
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    entries=st.lists(st.tuples(sequences, st.lists(st.integers(0, 40), max_size=3)), min_size=1, max_size=4)
+)
+def test_a_batch_whose_entries_carry_their_history_in_pieces_reads_as_the_contract_merges_them(entries):
+    """Within an entry, a history sent in pieces (the entry's bytes are several PreInferRequests, each with a
+    piece) merges, as a message field does; entries, occurrences of a repeated field, never merge."""
+    requests = []
+    for long_term, cuts in entries:
+        bounds = [0, *sorted(min(cut, len(long_term.item_ids)) for cut in cuts), len(long_term.item_ids)]
+        pieces = [
+            ranker_pb2.PreInferRequest(
+                user_id="u",
+                long_term=common_pb2.BehaviorSequence(
+                    item_ids=long_term.item_ids[start:end],
+                    action_types=long_term.action_types[start:end],
+                    timestamps_ms=long_term.timestamps_ms[start:end],
+                ),
+            ).SerializeToString()
+            for start, end in itertools.pairwise(bounds)
+        ]
+        requests.append(b"".join(pieces))
+    payload = b"".join(_entry_bytes(raw) for raw in requests)
+    through_contract = ranker_pb2.PreInferBatchRequest.FromString(payload).requests
+    through_view = wire.PreInferBatchView.FromString(payload).requests
+    assert len(through_view) == len(through_contract) == len(entries)
+    for viewed, contract, (long_term, _) in zip(through_view, through_contract, entries, strict=True):
+        read = wire.sequence(wire.history(viewed), "long_term")
+        assert read == contract.long_term
+        assert list(read.item_ids) == list(long_term.item_ids)
+
+
+def _entry_bytes(raw: bytes) -> bytes:
+    """One occurrence of PreInferBatchRequest.requests (field 1, length-delimited) holding `raw` as is: the
+    pieces of an entry's history stay pieces on the wire."""
+    from google.protobuf.internal import encoder
+
+    return encoder.TagBytes(1, 2) + encoder._VarintBytes(len(raw)) + raw

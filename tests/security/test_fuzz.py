@@ -66,6 +66,12 @@ def message(cls, **fields):
 
 
 PRE_INFER = message(ranker_pb2.PreInferRequest, user_id=optional(TEXT), long_term=optional(sequences()))
+# A batch of such PreInfers, empty or over the limit at times.
+PRE_INFER_BATCH = st.lists(PRE_INFER, max_size=5).map(
+    lambda entries: ranker_pb2.PreInferBatchRequest(
+        requests=[ranker_pb2.PreInferRequest.FromString(entry) for entry in entries]
+    ).SerializeToString()
+)
 RANK = message(
     ranker_pb2.RankRequest,
     user_id=optional(TEXT),
@@ -85,6 +91,7 @@ ADMIT = message(
 RECOMMEND = message(recommend_pb2.RecommendRequest, user_id=optional(TEXT), top_k=optional(INT32))
 
 PRE_INFER_METHOD = f"/{RANKER_SERVICE}/PreInfer"
+PRE_INFER_BATCH_METHOD = f"/{RANKER_SERVICE}/PreInferBatch"
 RANK_METHOD = f"/{RANKER_SERVICE}/Rank"
 GET_PROFILE_METHOD = f"/{RANKER_SERVICE}/GetProfile"
 ADMIT_METHOD = f"/{TRIGGER_SERVICE}/Admit"
@@ -93,6 +100,7 @@ RECOMMEND_METHOD = f"/{RECOMMEND_SERVICE}/Recommend"
 # (target service, full method, strategy of well-formed requests)
 RPCS = [
     ("ranker-0", PRE_INFER_METHOD, PRE_INFER),
+    ("ranker-0", PRE_INFER_BATCH_METHOD, PRE_INFER_BATCH),
     ("ranker-0", RANK_METHOD, RANK),
     ("ranker-0", GET_PROFILE_METHOD, st.just(b"")),
     (ROUTER, PRE_INFER_METHOD, PRE_INFER),
@@ -105,7 +113,7 @@ RPC_IDS = [f"{target}:{method.rsplit('/', 1)[1]}" for target, method, _ in RPCS]
 KEYED = [
     pytest.param(*rpc, id=name)
     for rpc, name in zip(RPCS, RPC_IDS, strict=True)
-    if rpc[1] != GET_PROFILE_METHOD
+    if rpc[1] not in (GET_PROFILE_METHOD, PRE_INFER_BATCH_METHOD)  # their field 1 is no user_id
 ]
 HEALTH_NAMES = {
     "ranker-0": RANKER_SERVICE,
@@ -143,7 +151,8 @@ def caller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Caller]:
     config = fleet_config(
         tmp_path_factory.mktemp("logs"),
         rankers=1,
-        ranker_args=f"--profile-lengths 32,128 --profile-repeats 1 --drain-min-s 0 {LIMITS} {limit}",
+        ranker_args=f"--profile-lengths 32,128 --profile-repeats 1 --drain-min-s 0 --max-pre-infer-batch 4 "
+        f"{LIMITS} {limit}",
         router_args=f"--health-interval-s 0.2 {limit}",
         trigger_args=f"--profile-retry-s 0.2 {LIMITS} {limit}",
         stub_args=f"--history-min 20 --history-median 64 --history-max 256 --num-candidates 16 "
@@ -230,6 +239,13 @@ def rank(**fields) -> ranker_pb2.RankRequest:
     ("target", "method", "request_", "field"),
     [
         pytest.param("ranker-0", PRE_INFER_METHOD, ranker_pb2.PreInferRequest(), "user_id", id="no-user"),
+        pytest.param(
+            "ranker-0",
+            PRE_INFER_BATCH_METHOD,
+            ranker_pb2.PreInferBatchRequest(),
+            "requests",
+            id="empty-batch",
+        ),
         pytest.param(ROUTER, RANK_METHOD, ranker_pb2.RankRequest(), "user_id", id="empty-rank"),
         pytest.param(TRIGGER, ADMIT_METHOD, trigger_pb2.AdmitRequest(), "user_id", id="empty-admit"),
         pytest.param(STUB, RECOMMEND_METHOD, recommend_pb2.RecommendRequest(), "user_id", id="empty-stub"),

@@ -15,6 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from services.ranker.cache.acquired import Acquired
     from services.ranker.engine.load import LoadBook
     from services.ranker.model.events import Events
@@ -26,7 +28,8 @@ class PrefixLifecycle(Protocol):
 
     1. `pre_infer` (a PreInfer): produce the prefix in HBM, or join the production already running, or renew
        the lease of the entry already there; or refuse (HBM full, backlog too long, too many pending). The
-       entry stays leased in HBM until a Rank consumes it or the lease expires.
+       entry stays leased in HBM until a Rank consumes it or the lease expires. `pre_infer_many` does it
+       for the entries of a PreInfer batch, in order, handing their device jobs over together.
     2. `acquire` (a Rank): the prefix from HBM (the lease consumed), by joining its production, by a reload
        from DRAM, by extending an older prefix of the same user with the appended events, or by computing
        it (a miss, whose reason is recorded); pinned for the Rank. When nothing can be held, no entry: the
@@ -41,6 +44,9 @@ class PrefixLifecycle(Protocol):
 
     async def pre_infer(self, user_id: str, events: Events) -> tuple[int, int]:
         """(PreInferOutcome, HBM bytes the prefix occupies)."""
+
+    async def pre_infer_many(self, requests: Sequence[tuple[str, Events]]) -> list[tuple[int, int]]:
+        """`pre_infer` of each (user id, events) in order, each answered as alone (a PreInfer batch)."""
 
     def decoded(self, user_id: str, wire_digest: bytes) -> Events | None:
         """The user's events decoded from wire bytes with this digest, while the cache holds or produces

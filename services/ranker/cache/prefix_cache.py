@@ -15,8 +15,9 @@ cancels the shared work. HBM bytes are reserved before a production starts, so n
 exceeded: when HBM cannot hold a prefix, PreInfer is refused and Rank computes without caching. A
 PreInfer is refused too when the pre-inference already queued ahead of it takes `max_pre_infer_backlog_ms`
 of device time (`backlog_full`): it would not even start before its Rank, so it could save that Rank
-nothing. Every
-production's cost goes into the load book, which the load report reads.
+nothing. Every production's cost goes into the load book, which the load report reads. The PreInfers of a
+batch (`pre_infer_many`) are decided one by one, in order, as single ones; only the hand-off of their
+device jobs is one.
 
 The roles each have their file: the index and pins (`index.py`), leases (`leases.py`),
 single-flight productions (`productions.py`), moves between the tiers (`moves.py`), the tiers'
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from relaygr.v1 import ranker_pb2
 from services.common import tracing
@@ -130,6 +131,16 @@ class PrefixCache:
 
     async def pre_infer(self, user_id: str, events: Events) -> tuple[int, int]:
         """Starts (or joins, or renews) the production of `events`' prefix KV: (outcome, HBM bytes)."""
+        (answer,) = await self.pre_infer_many([(user_id, events)])
+        return answer
+
+    async def pre_infer_many(self, requests: Sequence[tuple[str, Events]]) -> list[tuple[int, int]]:
+        """`pre_infer` of each (user id, events), in order, each answered as it would be alone; the device
+        jobs they start are handed to the device thread together, with one wake-up."""
+        with self.runner.worker.together():
+            return [self._pre_infer(user_id, events) for user_id, events in requests]
+
+    def _pre_infer(self, user_id: str, events: Events) -> tuple[int, int]:
         self.sweep()
         key = self.key(user_id, events)
         nbytes = len(events) * self.bytes_per_token
@@ -252,14 +263,6 @@ class PrefixCache:
 
     # ---- productions ----
 
-    @staticmethod
-    def _source_of(production: Production) -> Source:
-        if production.kind is Kind.RELOAD:
-            return Source.DRAM
-        if production.kind is Kind.EXTEND:
-            return Source.EXTENDED
-        return Source.MISS if production.for_rank else Source.HBM
-
     def _start(
         self,
         key: PrefixKey,
@@ -347,7 +350,7 @@ class PrefixCache:
     async def _join(self, production: Production, joined: bool) -> Acquired:
         """Waits for a production, one this Rank started or (`joined`) one already running; when it fails,
         this Rank computes on its own."""
-        source = self._source_of(production)
+        source = production.source
         miss_reason = production.miss_reason if source is Source.MISS else Miss.MISS_REASON_UNSPECIFIED
         try:
             entry, pin = await self.productions.join(

@@ -27,6 +27,7 @@ from opentelemetry.trace import SpanContext
 from relaygr.v1 import common_pb2
 from services.common import tracing
 from services.common.tasks import cancel_and_wait
+from services.ranker.cache.acquired import Source
 from services.ranker.cache.index import CacheEntry, Pin, PrefixKey
 from services.ranker.device.copier import TierCopier
 from services.ranker.engine.device_time import trace_device
@@ -72,6 +73,15 @@ class Production:
     def base(self) -> CacheEntry | None:
         """The entry it reloads or extends (held by `base_pin` until the cache releases it)."""
         return None if self.base_pin is None else self.base_pin.entry
+
+    @property
+    def source(self) -> Source:
+        """Where a Rank served by it says its prefix came from."""
+        if self.kind is Kind.RELOAD:
+            return Source.DRAM
+        if self.kind is Kind.EXTEND:
+            return Source.EXTENDED
+        return Source.MISS if self.for_rank else Source.HBM
 
     def hand_out(self, entry: CacheEntry) -> None:
         """Pins `entry` once for every waiter, before any of them resumes."""
@@ -119,11 +129,16 @@ class Productions(Mapping[PrefixKey, Production]):
     ) -> Production:
         """Starts producing `key`'s KV from `events` (and `base`, pinned until the cache releases
         `base_pin`, for a reload or an extension). `deadline` (`time.monotonic()`) is the starting Rank's:
-        past it, the device drops the work unstarted."""
+        past it, the device drops the work unstarted. A production whose first step is the device's (a
+        compute, or an extension of a base in HBM) submits its job here and now, so that the jobs of several
+        started together (`Scheduler.together`) are handed over together; one that copies from DRAM first
+        submits it once the copy is done."""
         base_pin = None if base is None else base.pin(f"{kind.value} of {key.user_id}")
         production = Production(key, events, kind, for_rank, priority, base_pin=base_pin, lease=not for_rank)
         if not for_rank:
             production.pre_infer = tracing.current_context()
+        if kind is not Kind.RELOAD and (base is None or base.hbm is not None):
+            production.job = self._compute(production, None if base is None else base.hbm, deadline)
         work = self._run(production, deadline, finish, fail)
         production.task = asyncio.get_running_loop().create_task(work)
         # Its waiters may all be gone (cancelled) when it fails: mark the failure seen, or asyncio logs it.
@@ -158,11 +173,9 @@ class Productions(Mapping[PrefixKey, Production]):
 
     async def _make(self, production: Production, deadline: float | None) -> tuple[PrefixKV, bool]:
         """The KV, and whether the base had to be reloaded from DRAM first."""
-        base, events = production.base, production.events
-        base_kv, reloaded = None, False
-        if base is not None:
-            base_kv = base.hbm
-            reloaded = base_kv is None
+        base, reloaded = production.base, False
+        if production.job is None:  # a reload, or an extension of a base in DRAM: the copy first
+            base_kv, reloaded = base.hbm, base.hbm is None
             if reloaded:
                 # Returns once the copies are queued: the KV's per-layer ready markers complete with them,
                 # so the consumer (this production's extension, or the Ranks it hands the entry to) waits
@@ -176,16 +189,21 @@ class Productions(Mapping[PrefixKey, Production]):
                     )
                     base_kv = await copy
                     trace_device(copy, "reload", bytes=dram_copy.nbytes())
-        if production.kind is Kind.RELOAD:
-            return base_kv, reloaded
-        if production.kind is Kind.EXTEND:
-            suffix = events.suffix(base.length)
-            production.job = self.runner.extend(base_kv, suffix, production.priority, deadline)
-        else:
-            production.job = self.runner.pre_infer(events, production.priority, deadline)
+            if production.kind is Kind.RELOAD:
+                return base_kv, reloaded
+            production.job = self._compute(production, base_kv, deadline)
         kv = await production.job
         trace_device(production.job, "compute", tokens=production.tokens)
         return kv, reloaded
+
+    def _compute(
+        self, production: Production, base_kv: PrefixKV | None, deadline: float | None
+    ) -> asyncio.Future[PrefixKV]:
+        """Submits the device job of a compute, or of an extension of `base_kv`."""
+        if production.kind is Kind.EXTEND:
+            suffix = production.events.suffix(production.base.length)
+            return self.runner.extend(base_kv, suffix, production.priority, deadline)
+        return self.runner.pre_infer(production.events, production.priority, deadline)
 
     def promote(self, production: Production) -> None:
         """A Rank waits on this production now: it must not wait behind later pre-inferences or misses."""
@@ -211,4 +229,7 @@ class Productions(Mapping[PrefixKey, Production]):
         return entry, production.handed.pop()
 
     async def close(self) -> None:
+        for production in self._running.values():
+            if production.job is not None:  # submitted before its task ran: its task may never await it
+                production.job.cancel()
         await cancel_and_wait([production.task for production in self._running.values()])

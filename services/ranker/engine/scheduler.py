@@ -23,12 +23,14 @@ Jobs submitted with a `Batch` (cached ranks) are run together: when one reaches 
 same batch queued right behind it at its priority join it, up to `Batch.max_size`, and `Batch.run` does
 them in one pass. Batching never waits for jobs to arrive: it takes what is queued, so it adds no latency
 and turns a queue of small ranks into fewer, larger device passes. A batch that fails is run again one job
-at a time, so each caller gets its own result or its own error.
+at a time, so each caller gets its own result or its own error. Jobs submitted inside `together` (a PreInfer
+batch's productions) are handed over at once, with one wake-up of the thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -37,16 +39,15 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from prometheus_client import Gauge
 
 from services.common.errors import DeadlineExceeded
-from services.common.metrics import Children
 from services.common.threads import name_os_thread
 from services.ranker import metrics
-from services.ranker.engine.device_time import DeviceTime
+from services.ranker.engine.device_time import DeviceTime, JobClock
 
 log = logging.getLogger(__name__)
 
@@ -157,20 +158,22 @@ class Scheduler:
         self._depth = {p: 0 for p in Priority}
         # The job on the thread, then each job run nested in it at a `Yield`, innermost last.
         self._running: list[_Running] = []
-        # Seconds the thread has spent running jobs (nested ones are inside their outer job's time).
-        self.busy_s = 0.0
-        self._cpu_seconds = Children(metrics.MODEL_CPU_SECONDS)
-        # Of each job on the thread, innermost last: [thread CPU at its start, CPU of the jobs nested in it,
-        # wall time at its start, wall time of the jobs nested in it].
-        self._frames: list[list[float]] = []
+        self._clock = JobClock()
+        # Jobs submitted inside `together`, by the thread that holds them, until it hands them over.
+        self._held: list[Job] | None = None
+        self._holder: int | None = None
         self.observer = observer
-        self._model_seconds = Children(metrics.MODEL_SECONDS)
         if depth_gauge is not None:
             for priority in Priority:
                 depth = functools.partial(self.queued, priority)
                 depth_gauge.labels(priority.name.lower()).set_function(depth)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds the thread has spent running jobs (nested ones are inside their outer job's time)."""
+        return self._clock.busy_s
 
     def queued(self, *priorities: Priority) -> int:
         """Jobs waiting at these priorities."""
@@ -213,15 +216,37 @@ class Scheduler:
 
     def _push(self, fn, priority, op, deadline, batch, item, yields=False, work=0) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
+        job = Job(priority, next(self._counter), deadline, fn, future, op, batch, item, yields, work)
+        future.device_time = job.time  # read back by `device_time(future)`
+        if self._holder == threading.get_ident():
+            self._held.append(job)
+        else:
+            self._queue([job])
+        return future
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """Hands the jobs this thread submits inside over on exit, all at once: one lock, one wake-up of the
+        device thread, which does not start the first while the others are being submitted (a PreInfer
+        batch's productions). They queue as if submitted one by one; nested, the outermost hands over."""
+        if self._holder is not None:
+            yield
+            return
+        self._held, self._holder = [], threading.get_ident()
+        try:
+            yield
+        finally:
+            held, self._held, self._holder = self._held, None, None
+            self._queue(held)
+
+    def _queue(self, jobs: list[Job]) -> None:
         with self._cond:
             if self._closed:
                 raise RuntimeError("device worker is closed")
-            job = Job(priority, next(self._counter), deadline, fn, future, op, batch, item, yields, work)
-            future.device_time = job.time  # read back by `device_time(future)`
-            heapq.heappush(self._heap, job)
-            self._count(priority, +1)
+            for job in jobs:
+                heapq.heappush(self._heap, job)
+                self._count(job.priority, +1)
             self._cond.notify()
-        return future
 
     def promote(self, future: asyncio.Future, priority: Priority) -> None:
         """Makes the job that resolves `future` at least as urgent as `priority`: a queued job moves up
@@ -317,23 +342,6 @@ class Scheduler:
             return False
         return True
 
-    def _frame_start(self) -> None:
-        self._frames.append([time.thread_time(), 0.0, time.perf_counter(), 0.0])
-
-    def _frame_stop(self, op: Op) -> float:
-        """Counts the job's own thread CPU time and returns its own wall time: the jobs run nested at its
-        `Yield` count theirs, so the per-op sums add up to the thread's time in jobs. The outermost job's
-        whole wall time goes to `busy_s`, before any caller is handed an outcome."""
-        cpu_started, cpu_nested, wall_started, wall_nested = self._frames.pop()
-        cpu, wall = time.thread_time() - cpu_started, time.perf_counter() - wall_started
-        if self._frames:
-            self._frames[-1][1] += cpu
-            self._frames[-1][3] += wall
-        else:
-            self.busy_s += wall
-        self._cpu_seconds(op).inc(cpu - cpu_nested)
-        return wall - wall_nested
-
     def _observe(self, op: Op, works: Sequence[int], seconds: float) -> None:
         if self.observer is not None and any(works):
             try:
@@ -346,8 +354,7 @@ class Scheduler:
         whoever sees a job's result sees it counted."""
         fn, future, op = job.fn, job.future, job.op
         job.time.started_ns = time.time_ns()
-        started = time.perf_counter()
-        self._frame_start()
+        self._clock.start()
         try:
             outcome = fn(Yield(self, running)) if job.yields else fn()
             deliver = _set_result
@@ -355,8 +362,7 @@ class Scheduler:
             log.debug("device job %s failed", op, exc_info=True)
             outcome, deliver = exc, _set_exception
         job.time.ended_ns = time.time_ns()
-        self._model_seconds(op).observe(time.perf_counter() - started)
-        own_s = self._frame_stop(op)
+        own_s = self._clock.stop(op, served=1)
         if deliver is _set_result:
             self._observe(op, (job.work,), own_s)
         future.get_loop().call_soon_threadsafe(deliver, future, outcome)
@@ -365,23 +371,16 @@ class Scheduler:
         """One pass for every job of a batch; if it fails, each job alone (its own result or error). Batched
         jobs never yield."""
         started_ns = time.time_ns()
-        started = time.perf_counter()
-        self._frame_start()
+        self._clock.start()
         try:
             results = jobs[0].batch.run([job.item for job in jobs])
         except Exception:
-            self._frame_stop(jobs[0].op)
+            self._clock.stop(jobs[0].op, served=0)
             log.debug("device batch of %d %s jobs failed; running them one by one", len(jobs), jobs[0].op)
             for job in jobs:
                 self._execute(job, running)
             return
-        self._observe(jobs[0].op, [job.work for job in jobs], self._frame_stop(jobs[0].op))
-        # Each job is counted with its share of the pass: the count stays the jobs served, the sum the
-        # device time.
-        share = (time.perf_counter() - started) / len(jobs)
-        seconds = self._model_seconds(jobs[0].op)
-        for _ in jobs:
-            seconds.observe(share)
+        self._observe(jobs[0].op, [job.work for job in jobs], self._clock.stop(jobs[0].op, served=len(jobs)))
         metrics.DEVICE_BATCH_SIZE.labels(jobs[0].op).observe(len(jobs))
         ended_ns = time.time_ns()
         for job in jobs:

@@ -21,7 +21,9 @@ queue, so that the order is decided by the scheduler alone:
   `--max-queued-ranks`, is RANK and AWAITED), and the queue-depth gauge follows it;
 - metrics: each job served counts once in relaygr_model_seconds under its op (a batch's jobs with equal
   shares of the pass), each batch pass once in relaygr_device_batch_size; a dropped job counts nowhere;
-- `close` runs what is queued and stops the thread; nothing can be submitted after.
+- `close` runs what is queued and stops the thread; nothing can be submitted after;
+- jobs submitted inside `together` are handed over on its exit, all at once, with one wake-up of the
+  thread, and then run as if submitted one by one.
 
 The runner's side of the bounded wait (it calls its `Yield` between two chunks of a prefix, on the CPU and
 with asynchronous streams) is in test_streams.py.
@@ -531,5 +533,34 @@ def test_each_job_counts_its_own_cpu_time_and_not_the_jobs_run_at_its_yield():
             pre_infer_s, rank_s = cpu(Op.PRE_INFER) - before[0], cpu(Op.RANK) - before[1]
         assert 0.05 <= rank_s < 0.07
         assert 0.06 <= pre_infer_s < 0.08  # its own two steps, without the rank's 0.05
+
+    asyncio.run(scenario())
+
+
+@settings(max_examples=30, deadline=None)
+@given(priorities=st.lists(PRIORITIES, min_size=1, max_size=12))
+def test_jobs_submitted_together_are_handed_over_at_once(priorities):
+    """Inside `together`, nothing reaches the queue; on exit the jobs are queued at once with one wake-up of
+    the thread, and run in the order they would have run submitted one by one."""
+
+    async def scenario():
+        log: list[int] = []
+        async with scheduler() as worker:
+            before = blocked(worker)  # so that the order below is the scheduler's alone
+            wakes = []
+            notify = worker._cond.notify
+            worker._cond.notify = lambda *args: (wakes.append(1), notify(*args))
+            with worker.together():
+                futures = [worker.submit(recorder(log, i), p, Op.PROFILE) for i, p in enumerate(priorities)]
+                with worker.together():  # nested: the outermost hands over
+                    futures.append(
+                        worker.submit(recorder(log, len(priorities)), Priority.PRE_INFER, Op.PROFILE)
+                    )
+                assert worker.queued(*Priority) == 0 and wakes == []
+            assert worker.queued(*Priority) == len(futures) and wakes == [1]
+            before.set()
+            assert await asyncio.gather(*futures) == list(range(len(futures)))
+        order = [*priorities, Priority.PRE_INFER]
+        assert log == sorted(range(len(order)), key=lambda i: (order[i], i))
 
     asyncio.run(scenario())
