@@ -34,6 +34,15 @@ class NullServicer(ranker_pb2_grpc.RankerServiceServicer):
             outcome=ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED, instance=self.instance
         )
 
+    async def PreInferBatch(
+        self, request: ranker_pb2.PreInferBatchRequest, context
+    ) -> ranker_pb2.PreInferBatchResponse:
+        accepted = ranker_pb2.PRE_INFER_OUTCOME_ACCEPTED
+        return ranker_pb2.PreInferBatchResponse(
+            answers=[ranker_pb2.PreInferAnswer(outcome=accepted) for _ in request.requests],
+            instance=self.instance,
+        )
+
     async def Rank(self, request: ranker_pb2.RankRequest, context) -> ranker_pb2.RankResponse:
         return ranker_pb2.RankResponse(
             scores=[0.5] * len(request.candidate_item_ids),

@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
-from bench.micro.serving.pairs import Driven, LocalLoad, PairSpec
+from bench.micro.serving.pairs import SINGLE, Driven, LocalLoad, PairSpec, Via
 
 
 @contextlib.contextmanager
@@ -65,11 +65,12 @@ class Generator:
         child.close()
         self.pid = self._process.pid
 
-    async def run(self, address: str, spec: PairSpec, rate: float, delay_s: float) -> Driven:
-        """`spec`'s pairs sent to `address` at `rate` a second (`rate` 0: one after the other, each Rank
-        `delay_s` after its PreInfer's answer)."""
+    async def run(
+        self, address: str, spec: PairSpec, rate: float, delay_s: float, via: Via = SINGLE
+    ) -> Driven:
+        """As `pairs.LocalLoad.run`, in the generator's process."""
         return await asyncio.get_running_loop().run_in_executor(
-            None, self._call, (address, spec, rate, delay_s)
+            None, self._call, (address, spec, rate, delay_s, via)
         )
 
     def _call(self, job: tuple) -> Driven:

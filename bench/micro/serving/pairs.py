@@ -90,13 +90,30 @@ class PairSpec:
 
 @dataclasses.dataclass
 class Answers:
-    latency_ms: list[float] = dataclasses.field(default_factory=list)
-    sources: dict[str, int] = dataclasses.field(default_factory=dict)
+    latency_ms: list[float] = dataclasses.field(default_factory=list)  # the Ranks' (PreInfers' alone)
+    sources: dict[str, int] = dataclasses.field(default_factory=dict)  # the Ranks' (PreInfers': outcomes)
     errors: dict[str, int] = dataclasses.field(default_factory=dict)
     wall_s: float = 0.0  # from the first intended send to the last answer (`Driver.run`)
+    admit_ms: list[float] = dataclasses.field(default_factory=list)  # through a trigger: each Admit's
+    ready: int = 0  # through a trigger: Ranks whose prefix was ready in HBM (no wait for a production)
+    calls: int = 0  # PreInfer or PreInferBatch calls sent (alone or batched)
 
     def count(self, table: dict[str, int], key: str) -> None:
         table[key] = table.get(key, 0) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Via:
+    """How a run's PreInfers travel: alone to the ranker (the default); with `window_s`, PreInfers only,
+    those sent within each window as one PreInferBatch; with `trigger`, pairs whose PreInfer is an Admit
+    to that trigger, which fires it (`bench.micro.serving.coalesced`)."""
+
+    window_s: float = 0.0
+    trigger: str = ""
+    pre_infers_only: bool = False
+
+
+SINGLE = Via()  # PreInfer + Rank pairs, each PreInfer alone
 
 
 class Driver:
@@ -157,19 +174,31 @@ class Driven:
 class Load(Protocol):
     """What sends a point's pairs: `generator.Generator` (a process of its own) or `LocalLoad`."""
 
-    async def run(self, address: str, spec: PairSpec, rate: float, delay_s: float) -> Driven: ...
+    async def run(
+        self, address: str, spec: PairSpec, rate: float, delay_s: float, via: Via = SINGLE
+    ) -> Driven: ...
 
 
 class LocalLoad:
     """Pairs sent from this process's event loop (a driver per address), its CPU read as the process's."""
 
     def __init__(self) -> None:
-        self.drivers: dict[str, Driver] = {}
+        self.drivers: dict[tuple[str, Via], Driver] = {}
 
-    async def run(self, address: str, spec: PairSpec, rate: float, delay_s: float) -> Driven:
+    async def run(
+        self, address: str, spec: PairSpec, rate: float, delay_s: float, via: Via = SINGLE
+    ) -> Driven:
         """`spec`'s pairs sent to `address` at `rate` a second (0: one after the other, each Rank `delay_s`
-        after its PreInfer's answer)."""
-        driver = self.drivers.get(address) or self.drivers.setdefault(address, Driver(address))
+        after its PreInfer's answer), their PreInfers as `via` says."""
+        driver = self.drivers.get((address, via))
+        if driver is None:
+            if via == SINGLE:
+                driver = Driver(address)
+            else:
+                from bench.micro.serving.coalesced import CoalescedDriver
+
+                driver = CoalescedDriver(address, via)
+            self.drivers[(address, via)] = driver
         pairs = spec.build()
         cpu = time.process_time()
         answers = await (driver.run(pairs, rate, delay_s) if rate else driver.sequential(pairs, delay_s))
@@ -224,6 +253,11 @@ class Point:
     sources: dict[str, int]
     errors: dict[str, int]
     generator_cores: float  # the load generator's CPU over the point's wall time, in cores
+    # Through a trigger: the Admits' latency and the Ranks whose prefix was ready in HBM (None, 0: not).
+    admit_p50_ms: float | None = None
+    admit_p99_ms: float | None = None
+    ready: int = 0
+    calls: int = 0  # PreInfer and PreInferBatch calls the driver sent (0: not counted)
     stages: dict[str, float] = dataclasses.field(default_factory=dict)  # share of sampled CPU (py-spy)
     # The busiest GPU's utilization over the measured pairs (`bench.lib.gpu_monitor`); None on a CPU.
     gpu_busy: float | None = None
@@ -246,6 +280,7 @@ async def measure_point(
     shape: Shape,
     label: str,
     monitor: GpuMonitor | None = None,
+    via: Via = SINGLE,
 ) -> Point:
     """`shape`'s warm-up pairs, then its measured pairs, at its rate; the ranker's CPU read around them."""
     metrics_url = f"http://127.0.0.1:{ranker.metrics_port}/metrics"
@@ -258,10 +293,10 @@ async def measure_point(
 
     warmup = min(config.warmup_pairs, shape.pairs)
     if warmup:
-        await load.run(ranker.address, spec("warm", warmup), shape.rate, delay_s)
+        await load.run(ranker.address, spec("warm", warmup), shape.rate, delay_s, via)
     cpu_before, model_before = thread_cpu(ranker.popen.pid), model_cpu_s(metrics_url)
     window_start = time.monotonic()
-    driven = await load.run(ranker.address, spec("m", shape.pairs), shape.rate, delay_s)
+    driven = await load.run(ranker.address, spec("m", shape.pairs), shape.rate, delay_s, via)
     busy = None if monitor is None else monitor.busy(window_start, time.monotonic())
     cpu_after, model_after = thread_cpu(ranker.popen.pid), model_cpu_s(metrics_url)
     answers, pairs = driven.answers, shape.pairs
@@ -289,5 +324,9 @@ async def measure_point(
         sources=answers.sources,
         errors=answers.errors,
         generator_cores=round(driven.cpu_s / wall_s, 3),
+        admit_p50_ms=round(percentile(answers.admit_ms, 50), 3) if answers.admit_ms else None,
+        admit_p99_ms=round(percentile(answers.admit_ms, 99), 3) if answers.admit_ms else None,
+        ready=answers.ready,
+        calls=answers.calls,
         gpu_busy=None if busy is None or busy["busy"] is None else round(busy["busy"], 3),
     )

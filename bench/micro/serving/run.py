@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bench.lib.gpu_monitor import GpuMonitor
 from bench.lib.stats import percentile
+from bench.micro.serving.coalesced import coalescing
 from bench.micro.serving.config import RANKER_SERVICE, ServingConfig
 from bench.micro.serving.cpu import THREAD_GROUPS, thread_cpu
 from bench.micro.serving.generator import Generator, born_on, split_cpus
@@ -195,23 +196,48 @@ async def _run(
             idle_cpu["null_model"] = idle_cpu_ms_per_s(nulled.popen.pid)
             free = await capacities("null_model", nulled, real=False)
             null_model = await drive(config, generator, nulled, free, "null-model", monitor)
+            coalescing = {
+                "null_model": await _coalescing(config, generator, procs, nulled, free, generator_cpus)
+            }
             nulled.stop()
             ranker = start_ranker(procs, config, "services.ranker", ranker_cpus)
             idle_cpu["ranker"] = idle_cpu_ms_per_s(ranker.popen.pid)
             real = await capacities("ranker", ranker, real=True)
             points = await drive(config, generator, ranker, real, "ranker", monitor, in_process)
             idle = await _idle_latency(config, generator, ranker, in_process, lengths)
+            coalescing["ranker"] = await _coalescing(config, generator, procs, ranker, real, generator_cpus)
             ranker.stop()
             floor = start_null_ranker(procs, ranker_cpus)
             at_rates = list({(s.length, s.rate): s for s in free + real}.values())
             floors = await drive(config, generator, floor, at_rates, "floor")
+            coalescing["floor"] = await _coalescing(
+                config, generator, procs, floor, free, None, trigger=False
+            )
     finally:
         generator.close()
         in_process.close()
         if monitor is not None:
             monitor.close()
     placement = {"ranker_cpus": _cpus(ranker_cpus), "generator_cpus": _cpus(generator_cpus)}
-    return result_of(config, placement, capacity, searches, floors, points, null_model, idle, idle_cpu)
+    return result_of(
+        config, placement, capacity, searches, floors, points, null_model, idle, idle_cpu, coalescing
+    )
+
+
+async def _coalescing(
+    config: ServingConfig,
+    load: Load,
+    procs: Processes,
+    target: ServiceProcess,
+    shapes: list[Shape],
+    trigger_cpus: frozenset[int] | None,
+    trigger: bool = True,
+) -> list[dict]:
+    """Coalesced PreInfers against single ones at the capacity point of the first length (`coalesced`)."""
+    if not config.windows_ms:
+        return []
+    at = next(s for s in shapes if s.load == "capacity" and s.length == shapes[0].length)
+    return await coalescing(config, load, procs, target, at, target.name, trigger_cpus, trigger)
 
 
 def _cpus(cpus: frozenset[int] | None) -> list[int] | None:

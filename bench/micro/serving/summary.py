@@ -33,6 +33,7 @@ def result_of(
     null_model: list[Point],
     idle: dict,
     idle_cpu: dict,
+    coalescing: dict[str, list[dict]],
 ) -> dict:
     """Each point's row (the ranker's, with real passes; the null-model ranker's, with free ones) with the
     serving floor's CPU at the same length and rate, and what the ranker spends beyond it."""
@@ -67,6 +68,7 @@ def result_of(
         "points": rows,
         "null_model": free,
         "idle": idle,
+        "coalescing": coalescing,
         "non_model_ns_per_event": round(
             slope([r["length"] for r in lows], [r["non_model_ms"] for r in lows]) * 1e6, 1
         ),
@@ -175,6 +177,36 @@ def _held(step: dict, p99_ms: float) -> bool:
     return Point(**step).holds(p99_ms + 2 * step["in_process_model_ms"])
 
 
+def _coalescing(result: dict) -> list[str]:
+    """Per process: PreInfers alone and coalesced, and pairs through a trigger, by window."""
+    lines = [
+        "## Coalesced PreInfers, at each process's capacity rate (first length)",
+        "",
+        "PreInfers alone: straight to the process, the ones within a window as one PreInferBatch; CPU not "
+        "the model per PreInfer, and against single calls. Through a trigger (admitting all, its "
+        "coalescing window as given): CPU not the model per pair, the Admit's latency from the client, the "
+        "Ranks whose prefix was ready in HBM on arrival.",
+        "",
+        "| process | how | window | pairs/s | PreInfers a call | CPU not the model | against single calls "
+        "| Admit P50 / P99 | ready | Rank P99 | answers |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, rows in result["coalescing"].items():
+        single = {row["how"]: row["non_model_ms"] for row in rows if row["window_ms"] == 0}
+        for row in rows:
+            through = row["how"] == "through_trigger"
+            admit = f"{row['admit_p50_ms']:.1f} / {row['admit_p99_ms']:.1f} ms" if through else ""
+            ready = f"{row['ready'] / max(1, sum(row['sources'].values())) * 100:.1f} %" if through else ""
+            ratio = row["non_model_ms"] / single[row["how"]] if single.get(row["how"]) else float("nan")
+            lines.append(
+                f"| {PROCESSES[name]} | {'through a trigger' if through else 'PreInfers alone'} "
+                f"| {row['window_ms']:g} ms | {row['rate']:.0f} | {row['per_call'] or ''} "
+                f"| {row['non_model_ms']:.3f} ms | x{ratio:.2f} | {admit} | {ready} "
+                f"| {row['rank_p99_ms']:.1f} ms | {_answers(row)} |"
+            )
+    return lines
+
+
 def summary(result: dict) -> str:
     provenance, configuration = result["provenance"], result["configuration"]
     idle_cpu = result["idle_cpu_ms_per_s"]
@@ -221,6 +253,8 @@ def summary(result: dict) -> str:
         "",
         *_table(result["null_model"]),
     ]
+    if any(result.get("coalescing", {}).values()):
+        lines += ["", *_coalescing(result)]
     if result["idle"]:
         lines += [
             "",

@@ -10,9 +10,12 @@ import os
 import pytest
 
 from bench.micro.serving.__main__ import main
+from bench.micro.serving.coalesced import admit_bytes, batch_bytes, windows
 from bench.micro.serving.cpu import THREAD_GROUPS
+from bench.micro.serving.pairs import Pair, Via
 from bench.micro.serving.stages import classify
 from bench.micro.serving.summary import summary
+from relaygr.v1 import common_pb2, ranker_pb2, trigger_pb2
 
 HBM = "CACHE_SOURCE_HBM"
 
@@ -26,7 +29,7 @@ def result(tmp_path_factory) -> dict:
             "--lengths", "48,96", "--pairs", "12", "--warmup-pairs", "2", "--rate", "20",
             "--candidates", "32", "--point-seconds", "0.5", "--capacity-seconds", "0.3",
             "--capacity-start", "40", "--capacity-growth", "4", "--capacity-refine", "1",
-            "--idle-pairs", "3", "--out", str(out),
+            "--idle-pairs", "3", "--windows-ms", "20", "--lease-expiry-s", "0.2", "--out", str(out),
         ]
     )  # fmt: skip
     written = json.loads((out / "results.json").read_text())
@@ -175,3 +178,55 @@ def test_generator_cpus_the_process_may_not_use_or_that_leave_the_ranker_none_ar
     with pytest.raises(SystemExit):
         main(["--generator-cpus", cpus])
     assert "--generator-cpus" in capsys.readouterr().err
+
+
+def test_coalesced_prefers_are_measured_alone_and_through_a_trigger_against_single_calls(result):
+    coalescing = result["coalescing"]
+    for name in ("null_model", "ranker"):
+        rows = coalescing[name]
+        assert [(r["how"], r["window_ms"]) for r in rows] == [
+            ("pre_infers", 0), ("through_trigger", 0), ("pre_infers", 20), ("through_trigger", 20),
+        ]  # fmt: skip
+        capacity = next(r for r in result["points" if name == "ranker" else name] if r["load"] == "capacity")
+        for row in rows:
+            assert row["rate"] == capacity["rate"] and row["length"] == 48 and not row["errors"]
+            assert sum(row["sources"].values()) == row["pairs"]
+        alone = [r for r in rows if r["how"] == "pre_infers"]
+        # Alone, a call carries one PreInfer; in 20 ms windows, the PreInfers sent within each.
+        expected = len(windows([None] * alone[1]["pairs"], alone[1]["rate"], Via(window_s=0.02)))
+        assert alone[0]["per_call"] == 1.0
+        assert alone[1]["per_call"] == pytest.approx(alone[1]["pairs"] / expected, abs=0.01)
+        assert all(set(r["sources"]) <= {"PRE_INFER_OUTCOME_ACCEPTED"} for r in alone)
+        for row in (r for r in rows if r["how"] == "through_trigger"):
+            # Every Admit answered (the trigger admits all), and every Rank found its prefix in HBM.
+            assert row["admit_p99_ms"] is not None and row["sources"] == {HBM: row["pairs"]}
+            assert 0 <= row["ready"] <= row["pairs"]
+    # The floor answers PreInferBatch too: alone and coalesced, no trigger.
+    assert [(r["how"], r["window_ms"]) for r in coalescing["floor"]] == [
+        ("pre_infers", 0),
+        ("pre_infers", 20),
+    ]
+    assert "## Coalesced PreInfers" in result["summary"]
+
+
+def test_a_window_holds_the_prefers_sent_within_it_of_its_first_and_is_sent_that_long_after():
+    pairs = [Pair(bytes([i]), b"") for i in range(10)]
+    # 1000 a second, 3.5 ms windows: 0-3 ms, 4-7 ms, 8-9 ms.
+    sent = windows(pairs, 1000.0, Via(window_s=0.0035, pre_infers_only=True))
+    assert [[p.pre_infer[0] for p in group] for _, group in sent] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert [at for at, _ in sent] == pytest.approx([0.0035, 0.0075, 0.0115])
+    # No window: each alone, at its own time.
+    alone = windows(pairs, 1000.0, Via(pre_infers_only=True))
+    assert [len(group) for _, group in alone] == [1] * 10 and alone[3][0] == pytest.approx(0.003)
+
+
+def test_a_batch_and_an_admit_are_built_from_serialized_prefers_as_the_contract_reads_them():
+    one = ranker_pb2.PreInferRequest(user_id="u1", long_term=common_pb2.BehaviorSequence(item_ids=[1, 2]))
+    two = ranker_pb2.PreInferRequest(user_id="u2", long_term=common_pb2.BehaviorSequence(item_ids=[3] * 300))
+    batch = ranker_pb2.PreInferBatchRequest.FromString(
+        batch_bytes([one.SerializeToString(), two.SerializeToString()])
+    )
+    assert list(batch.requests) == [one, two]
+    admit = trigger_pb2.AdmitRequest.FromString(admit_bytes(two.SerializeToString(), 16, 512))
+    assert (admit.user_id, list(admit.long_term.item_ids)) == ("u2", [3] * 300)
+    assert (admit.short_term_length, admit.num_candidates) == (16, 512)

@@ -1,0 +1,250 @@
+"""Coalesced PreInfers: what a PreInfer costs a ranker alone and in a PreInferBatch, and what the trigger's
+coalescing window does to the Admit and to the Ranks.
+
+At a ranker's capacity rate (`run`), for each window W of `--windows-ms` and for single calls (W = 0):
+
+- **PreInfers alone**, straight to the process: those whose intended send times fall within W of the
+  first one go as one PreInferBatch, sent W after it (as the trigger's coalescer sends a window), the rest
+  of the run's PreInfers alone. The process's CPU per PreInfer (its model passes subtracted) against single
+  calls' is what a coalesced PreInfer costs. The leases they leave are let expire before the next point.
+- **Through a trigger** (`services.trigger`, routing directly to the ranker, `--admit-all`, its
+  `--pre-infer-batch-window-ms` W): each pair's PreInfer is an Admit, its Rank `--relay-window-ms` after
+  it. The ranker's CPU per pair, the Admits' P50 and P99 from the client, and the share of Ranks whose
+  prefix was ready in HBM when they arrived (their `prefix_wait_ms` under a millisecond).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+
+import grpc
+
+from bench.micro.serving.config import RANKER_SERVICE, ServingConfig
+from bench.micro.serving.generator import born_on
+from bench.micro.serving.pairs import (
+    HBM,
+    RPC_TIMEOUT_S,
+    Answers,
+    Load,
+    Pair,
+    Point,
+    Shape,
+    Via,
+    measure_point,
+)
+from relaygr.v1 import common_pb2, ranker_pb2, trigger_pb2
+from services.common.config import listed
+from services.launcher.procs import Processes, ServiceProcess
+
+TRIGGER_SERVICE = "relaygr.v1.TriggerService"
+# The most PreInfers a window holds: the trigger's default `--pre-infer-batch-max`.
+BATCH_MAX = 32
+# A Rank found its prefix ready when it waited less than this for it (no production to wait for).
+READY_MS = 1.0
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """One length-delimited field's encoding."""
+    tag, size, out = (number << 3) | 2, len(payload), bytearray()
+    for value in (tag, size):
+        while value > 0x7F:
+            out.append(value & 0x7F | 0x80)
+            value >>= 7
+        out.append(value)
+    return bytes(out) + payload
+
+
+def batch_bytes(pre_infers: Sequence[bytes]) -> bytes:
+    """A PreInferBatchRequest of already serialized PreInferRequests, without parsing them."""
+    return b"".join(_field(1, request) for request in pre_infers)
+
+
+def admit_bytes(pre_infer: bytes, short_term: int, candidates: int) -> bytes:
+    """The Admit of a serialized PreInferRequest: the contract's fields 1 and 2 are the same, and the
+    Admit-only ones are appended (protobuf merges concatenated messages)."""
+    extra = trigger_pb2.AdmitRequest(num_candidates=candidates, short_term_length=short_term)
+    return pre_infer + extra.SerializeToString()
+
+
+class CoalescedDriver:
+    """The `Via` driver: PreInfers alone or in windows to a ranker, or pairs through a trigger."""
+
+    def __init__(self, address: str, via: Via) -> None:
+        self.via = via
+        self.channel = grpc.aio.insecure_channel(address)
+        self._pre_infer = self.channel.unary_unary(f"/{RANKER_SERVICE}/PreInfer")
+        self._batch = self.channel.unary_unary(
+            f"/{RANKER_SERVICE}/PreInferBatch",
+            response_deserializer=ranker_pb2.PreInferBatchResponse.FromString,
+        )
+        self._rank = self.channel.unary_unary(
+            f"/{RANKER_SERVICE}/Rank", response_deserializer=ranker_pb2.RankResponse.FromString
+        )
+        self.trigger = grpc.aio.insecure_channel(via.trigger) if via.trigger else None
+        if self.trigger is not None:
+            self._admit = self.trigger.unary_unary(
+                f"/{TRIGGER_SERVICE}/Admit", response_deserializer=trigger_pb2.AdmitResponse.FromString
+            )
+
+    async def run(self, pairs: Sequence[Pair], rate: float, delay_s: float) -> Answers:
+        answers = Answers()
+        loop = asyncio.get_running_loop()
+        start = loop.time() + 0.05
+        if self.via.pre_infers_only:
+            sends = [self._window(group, start + at, answers) for at, group in windows(pairs, rate, self.via)]
+        else:
+            # Every pair of a run has the same sizes: the Admits are built from the first Rank's, up front.
+            rank = ranker_pb2.RankRequest.FromString(pairs[0].rank)
+            sizes = (len(rank.short_term.item_ids), len(rank.candidate_item_ids))
+            admits = [admit_bytes(p.pre_infer, *sizes) for p in pairs]
+            sends = [
+                self._admitted(admit, p.rank, start + i / rate, delay_s, answers)
+                for i, (admit, p) in enumerate(zip(admits, pairs, strict=True))
+            ]
+        await asyncio.gather(*sends)
+        answers.wall_s = loop.time() - start
+        return answers
+
+    async def sequential(self, pairs: Sequence[Pair], delay_s: float) -> Answers:
+        raise NotImplementedError("coalesced PreInfers are driven at a rate")
+
+    async def _window(self, group: list[Pair], send_at: float, answers: Answers) -> None:
+        """A window's PreInfers: one alone, or one PreInferBatch."""
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, send_at - loop.time()))
+        answers.calls += 1
+        try:
+            if len(group) == 1:
+                raw = await self._pre_infer(group[0].pre_infer, timeout=RPC_TIMEOUT_S)
+                outcomes = [ranker_pb2.PreInferResponse.FromString(raw).outcome]
+            else:
+                batch = await self._batch(batch_bytes([p.pre_infer for p in group]), timeout=RPC_TIMEOUT_S)
+                outcomes = [answer.outcome for answer in batch.answers]
+        except grpc.aio.AioRpcError as error:
+            answers.count(answers.errors, f"PreInfer {error.code().name}")
+            return
+        took_ms = (loop.time() - send_at) * 1000
+        for outcome in outcomes:
+            answers.latency_ms.append(took_ms)
+            answers.count(answers.sources, ranker_pb2.PreInferOutcome.Name(outcome))
+
+    async def _admitted(
+        self, admit: bytes, rank: bytes, send_at: float, delay_s: float, answers: Answers
+    ) -> None:
+        """A pair through the trigger: the Admit (which fires the PreInfer), then the Rank."""
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, send_at - loop.time()))
+        try:
+            await self._admit(admit, timeout=RPC_TIMEOUT_S)
+            answers.admit_ms.append((loop.time() - send_at) * 1000)
+        except grpc.aio.AioRpcError as error:
+            answers.count(answers.errors, f"Admit {error.code().name}")
+        rank_at = send_at + delay_s
+        await asyncio.sleep(max(0.0, rank_at - loop.time()))
+        try:
+            answer = await self._rank(rank, timeout=RPC_TIMEOUT_S)
+        except grpc.aio.AioRpcError as error:
+            answers.count(answers.errors, f"Rank {error.code().name}")
+            return
+        answers.latency_ms.append((loop.time() - rank_at) * 1000)
+        source = common_pb2.CacheSource.Name(answer.cache_source)
+        answers.count(answers.sources, source)
+        answers.ready += source == HBM and answer.prefix_wait_ms < READY_MS
+
+    async def close(self) -> None:
+        await self.channel.close()
+        if self.trigger is not None:
+            await self.trigger.close()
+
+
+def windows(pairs: Sequence[Pair], rate: float, via: Via) -> list[tuple[float, list[Pair]]]:
+    """(send time from the start, PreInfers) of each window: the PreInfers within `via.window_s` of the
+    window's first, sent that long after it (alone, at once, with no window); a window that fills to
+    `BATCH_MAX` is sent when its last one arrives, as the trigger's coalescer sends a full batch."""
+    sent: list[tuple[float, list[Pair]]] = []
+    first = None
+    for i, pair in enumerate(pairs):
+        at = i / rate
+        if first is None or at >= first + via.window_s or not via.window_s or len(sent[-1][1]) == BATCH_MAX:
+            first = at
+            sent.append((at + via.window_s, []))
+        sent[-1][1].append(pair)
+        if len(sent[-1][1]) == BATCH_MAX:
+            sent[-1] = (at, sent[-1][1])
+    return sent
+
+
+# ---- the measurement ----
+
+
+def start_trigger(
+    procs: Processes, config: ServingConfig, ranker: ServiceProcess, window_ms: float, cpus
+) -> ServiceProcess:
+    """A trigger that routes directly to `ranker`, admits every request and coalesces its PreInfers in
+    `window_ms` (0: single calls), born on `cpus` (the load's side: it is not the process measured)."""
+    args = [
+        "--rankers", f"{ranker.name}={ranker.address}", "--admit-all", "true",
+        "--pre-infer-batch-window-ms", f"{window_ms:g}",
+        "--max-long-term-events", str(max(listed(config, "lengths"))),
+        "--max-candidates", str(max(config.candidates, 1024)),
+    ]  # fmt: skip
+    with born_on(cpus):
+        trigger = procs.start("trigger-serving", "services.trigger", TRIGGER_SERVICE, args)
+    trigger.wait_healthy(120)
+    return trigger
+
+
+async def coalescing(
+    config: ServingConfig,
+    load: Load,
+    procs: Processes,
+    target: ServiceProcess,
+    shape: Shape,
+    label: str,
+    trigger_cpus=None,
+    through_trigger: bool = True,
+) -> list[dict]:
+    """At `shape` (a capacity point): PreInfers alone and in each window, and (`through_trigger`) pairs
+    through a trigger with each window; a row each, with the window and the PreInfers a call carried."""
+    rows = []
+    for window_ms in [0.0, *listed(config, "windows_ms")]:
+        alone = Via(window_s=window_ms / 1000, pre_infers_only=True)
+        point = await measure_point(load, target, config, shape, f"{label}-pi{window_ms:g}", via=alone)
+        rows.append(_row(point, "pre_infers", window_ms))
+        print(f"{label} PreInfers, window {window_ms:g} ms: {_line(rows[-1])}", flush=True)
+        await asyncio.sleep(config.lease_expiry_s)  # their leases expire and go, before the next point
+        if not through_trigger:
+            continue
+        trigger = start_trigger(procs, config, target, window_ms, trigger_cpus)
+        try:
+            via = Via(trigger=trigger.address)
+            point = await measure_point(load, target, config, shape, f"{label}-tr{window_ms:g}", via=via)
+        finally:
+            trigger.stop()
+        rows.append(_row(point, "through_trigger", window_ms))
+        print(f"{label} through a trigger, window {window_ms:g} ms: {_line(rows[-1])}", flush=True)
+    return rows
+
+
+def _row(point: Point, how: str, window_ms: float) -> dict:
+    return {
+        "how": how,
+        "window_ms": window_ms,
+        "per_call": round(point.pairs / point.calls, 2) if point.calls else None,
+        **dataclasses.asdict(point),
+    }
+
+
+def _line(row: dict) -> str:
+    admit = (
+        f"; Admit P50/P99 {row['admit_p50_ms']:.1f}/{row['admit_p99_ms']:.1f} ms, ready {row['ready']}"
+        if row["admit_p99_ms"] is not None
+        else f"; {row['per_call']} a call"
+    )
+    return (
+        f"{row['rate']:.0f}/s, not the model {row['non_model_ms']:.3f} ms a "
+        f"{'PreInfer' if row['how'] == 'pre_infers' else 'pair'}{admit}; "
+        f"{row['sources']} {row['errors'] or ''}"
+    )
