@@ -1,16 +1,21 @@
 """Coalesced PreInfers: what a PreInfer costs a ranker alone and in a PreInferBatch, and what the trigger's
 coalescing window does to the Admit and to the Ranks.
 
-At a ranker's capacity rate (`run`), for each window W of `--windows-ms` and for single calls (W = 0):
+At a process's capacity rate at the first length (`run`):
 
-- **PreInfers alone**, straight to the process: those whose intended send times fall within W of the
-  first one go as one PreInferBatch, sent W after it (as the trigger's coalescer sends a window), the rest
-  of the run's PreInfers alone. The process's CPU per PreInfer (its model passes subtracted) against single
-  calls' is what a coalesced PreInfer costs. The leases they leave are let expire before the next point.
-- **Through a trigger** (`services.trigger`, routing directly to the ranker, `--admit-all`, its
+- **The Ranks alone**: the pairs' PreInfers are sent first, before the clock, then their Ranks alone at
+  the same rate, each on its prefix ready in HBM. Their CPU per Rank is what a pair costs besides its
+  PreInfer.
+- **Pairs, straight to the process**, for single calls (W = 0) and each window W of `--windows-ms`: the
+  PreInfers whose intended send times fall within W of a window's first go as one PreInferBatch, sent W
+  after it (as the trigger's coalescer sends a window; a window of one is a single PreInfer), each Rank
+  `--relay-window-ms` after its own PreInfer's intended time. A PreInfer's own CPU is the pair's less the
+  Rank's alone; a coalesced one's against a single one's is what coalescing saves.
+- **Pairs through a trigger** (`services.trigger`, routing directly to the ranker, `--admit-all`, its
   `--pre-infer-batch-window-ms` W): each pair's PreInfer is an Admit, its Rank `--relay-window-ms` after
-  it. The ranker's CPU per pair, the Admits' P50 and P99 from the client, and the share of Ranks whose
-  prefix was ready in HBM when they arrived (their `prefix_wait_ms` under a millisecond).
+  it. The ranker's CPU per pair, the Admits' P50 and P99 from the client, and the Ranks whose prefix was
+  ready in HBM when they arrived (their `prefix_wait_ms` under a millisecond) against those that joined a
+  production still running.
 """
 
 from __future__ import annotations
@@ -92,9 +97,8 @@ class CoalescedDriver:
         answers = Answers()
         loop = asyncio.get_running_loop()
         start = loop.time() + 0.05
-        if self.via.pre_infers_only:
-            sends = [self._window(group, start + at, answers) for at, group in windows(pairs, rate, self.via)]
-        else:
+        via = self.via
+        if via.trigger:
             # Every pair of a run has the same sizes: the Admits are built from the first Rank's, up front.
             rank = ranker_pb2.RankRequest.FromString(pairs[0].rank)
             sizes = (len(rank.short_term.item_ids), len(rank.candidate_item_ids))
@@ -103,6 +107,14 @@ class CoalescedDriver:
                 self._admitted(admit, p.rank, start + i / rate, delay_s, answers)
                 for i, (admit, p) in enumerate(zip(admits, pairs, strict=True))
             ]
+        else:
+            sends = []
+            if not via.ranks_only:
+                sends += [self._window(group, start + at, answers) for at, group in windows(pairs, rate, via)]
+            if not via.pre_infers_only:
+                sends += [
+                    self._ranked(p.rank, start + i / rate + delay_s, answers) for i, p in enumerate(pairs)
+                ]
         await asyncio.gather(*sends)
         answers.wall_s = loop.time() - start
         return answers
@@ -125,10 +137,11 @@ class CoalescedDriver:
         except grpc.aio.AioRpcError as error:
             answers.count(answers.errors, f"PreInfer {error.code().name}")
             return
-        took_ms = (loop.time() - send_at) * 1000
-        for outcome in outcomes:
-            answers.latency_ms.append(took_ms)
-            answers.count(answers.sources, ranker_pb2.PreInferOutcome.Name(outcome))
+        if self.via.pre_infers_only:  # their latency and outcomes are the run's answers
+            took_ms = (loop.time() - send_at) * 1000
+            for outcome in outcomes:
+                answers.latency_ms.append(took_ms)
+                answers.count(answers.sources, ranker_pb2.PreInferOutcome.Name(outcome))
 
     async def _admitted(
         self, admit: bytes, rank: bytes, send_at: float, delay_s: float, answers: Answers
@@ -141,7 +154,11 @@ class CoalescedDriver:
             answers.admit_ms.append((loop.time() - send_at) * 1000)
         except grpc.aio.AioRpcError as error:
             answers.count(answers.errors, f"Admit {error.code().name}")
-        rank_at = send_at + delay_s
+        await self._ranked(rank, send_at + delay_s, answers)
+
+    async def _ranked(self, rank: bytes, rank_at: float, answers: Answers) -> None:
+        """A Rank sent at `rank_at`: its latency from then, its prefix's source, whether it was ready."""
+        loop = asyncio.get_running_loop()
         await asyncio.sleep(max(0.0, rank_at - loop.time()))
         try:
             answer = await self._rank(rank, timeout=RPC_TIMEOUT_S)
@@ -206,15 +223,20 @@ async def coalescing(
     trigger_cpus=None,
     through_trigger: bool = True,
 ) -> list[dict]:
-    """At `shape` (a capacity point): PreInfers alone and in each window, and (`through_trigger`) pairs
-    through a trigger with each window; a row each, with the window and the PreInfers a call carried."""
-    rows = []
+    """At `shape` (a capacity point): the Ranks alone, on prefixes pre-inferred before the clock; then for
+    single calls and each window, pairs straight to `target` with their PreInfers in PreInferBatch windows,
+    and (`through_trigger`) pairs through a trigger with that window. A row each (see the module)."""
+    ranks = await measure_point(
+        load, target, config, shape, f"{label}-ranks", via=Via(ranks_only=True),
+        prepare=Via(pre_infers_only=True),
+    )  # fmt: skip
+    rows = [_row(point=ranks, how="ranks_alone", window_ms=0.0)]
+    print(f"{label} Ranks alone: {_line(rows[-1])}", flush=True)
     for window_ms in [0.0, *listed(config, "windows_ms")]:
-        alone = Via(window_s=window_ms / 1000, pre_infers_only=True)
-        point = await measure_point(load, target, config, shape, f"{label}-pi{window_ms:g}", via=alone)
-        rows.append(_row(point, "pre_infers", window_ms))
-        print(f"{label} PreInfers, window {window_ms:g} ms: {_line(rows[-1])}", flush=True)
-        await asyncio.sleep(config.lease_expiry_s)  # their leases expire and go, before the next point
+        direct = Via(window_s=window_ms / 1000)
+        point = await measure_point(load, target, config, shape, f"{label}-pi{window_ms:g}", via=direct)
+        rows.append(_row(point, "direct", window_ms, ranks))
+        print(f"{label} pairs, window {window_ms:g} ms: {_line(rows[-1])}", flush=True)
         if not through_trigger:
             continue
         trigger = start_trigger(procs, config, target, window_ms, trigger_cpus)
@@ -228,23 +250,23 @@ async def coalescing(
     return rows
 
 
-def _row(point: Point, how: str, window_ms: float) -> dict:
+def _row(point: Point, how: str, window_ms: float, ranks: Point | None = None) -> dict:
+    """A point's row: with `ranks` (the Ranks alone at the same rate), its PreInfer's own CPU, the pair's
+    less the Rank's."""
+    pre_infer_ms = None if ranks is None else round(point.non_model_ms - ranks.non_model_ms, 3)
     return {
         "how": how,
         "window_ms": window_ms,
         "per_call": round(point.pairs / point.calls, 2) if point.calls else None,
+        "pre_infer_ms": pre_infer_ms,
         **dataclasses.asdict(point),
     }
 
 
 def _line(row: dict) -> str:
-    admit = (
-        f"; Admit P50/P99 {row['admit_p50_ms']:.1f}/{row['admit_p99_ms']:.1f} ms, ready {row['ready']}"
-        if row["admit_p99_ms"] is not None
-        else f"; {row['per_call']} a call"
-    )
-    return (
-        f"{row['rate']:.0f}/s, not the model {row['non_model_ms']:.3f} ms a "
-        f"{'PreInfer' if row['how'] == 'pre_infers' else 'pair'}{admit}; "
-        f"{row['sources']} {row['errors'] or ''}"
-    )
+    line = f"{row['rate']:.0f}/s, not the model {row['non_model_ms']:.3f} ms a pair"
+    if row["pre_infer_ms"] is not None:
+        line += f" (the PreInfer {row['pre_infer_ms']:.3f}, {row['per_call']} a call)"
+    if row["admit_p99_ms"] is not None:
+        line += f"; Admit P50/P99 {row['admit_p50_ms']:.1f}/{row['admit_p99_ms']:.1f} ms"
+    return line + f"; ready {row['ready']}; {row['sources']} {row['errors'] or ''}"

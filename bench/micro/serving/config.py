@@ -63,17 +63,11 @@ class ServingConfig:
     )
     windows_ms: str = numbers(
         "2,5,10",
-        "coalescing windows measured against single PreInfers at each ranker's capacity, at the first "
-        "length: PreInfers alone in PreInferBatch calls, and pairs through a trigger with that window "
-        "(comma list; empty: no coalescing points)",
+        "coalescing windows measured against single PreInfers at each process's capacity, at the first "
+        "length: pairs whose PreInfers go in PreInferBatch windows, and pairs through a trigger with that "
+        "window (comma list; empty: no coalescing points)",
         increasing=True,
         may_be_empty=True,
-    )
-    lease_expiry_s: float = setting(
-        11.0,
-        "seconds waited after a point of PreInfers alone, for the leases no Rank consumes to expire (the "
-        "rankers' lease TTL is 10 s)",
-        minimum=0,
     )
     idle_pairs: int = setting(
         100, "sequential pairs on an idle ranker for the cached Rank's latency", minimum=0

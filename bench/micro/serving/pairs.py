@@ -104,13 +104,15 @@ class Answers:
 
 @dataclasses.dataclass(frozen=True)
 class Via:
-    """How a run's PreInfers travel: alone to the ranker (the default); with `window_s`, PreInfers only,
-    those sent within each window as one PreInferBatch; with `trigger`, pairs whose PreInfer is an Admit
-    to that trigger, which fires it (`bench.micro.serving.coalesced`)."""
+    """How a run's pairs travel (`bench.micro.serving.coalesced`): each PreInfer alone to the ranker, then
+    its Rank (the default); with `window_s`, the PreInfers sent within each window as one PreInferBatch;
+    with `trigger`, each PreInfer an Admit to that trigger, which fires it. `pre_infers_only` and
+    `ranks_only` send one half of the pairs: their PreInfers, or their Ranks."""
 
     window_s: float = 0.0
     trigger: str = ""
     pre_infers_only: bool = False
+    ranks_only: bool = False
 
 
 SINGLE = Via()  # PreInfer + Rank pairs, each PreInfer alone
@@ -131,6 +133,7 @@ class Driver:
     async def pair(self, pair: Pair, send_at: float, delay_s: float, answers: Answers) -> None:
         loop = asyncio.get_running_loop()
         await asyncio.sleep(max(0.0, send_at - loop.time()))
+        answers.calls += 1
         try:
             await self._pre_infer(pair.pre_infer, timeout=RPC_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
@@ -281,8 +284,11 @@ async def measure_point(
     label: str,
     monitor: GpuMonitor | None = None,
     via: Via = SINGLE,
+    prepare: Via | None = None,
 ) -> Point:
-    """`shape`'s warm-up pairs, then its measured pairs, at its rate; the ranker's CPU read around them."""
+    """`shape`'s warm-up pairs, then its measured pairs, at its rate, as `via` sends them; the ranker's CPU
+    read around them. `prepare`: the measured pairs are first sent so (before the clock), instead of the
+    warm-up's."""
     metrics_url = f"http://127.0.0.1:{ranker.metrics_port}/metrics"
     delay_s = config.relay_window_ms / 1000
     tag = f"{label}-{shape.tag}"
@@ -292,7 +298,9 @@ async def measure_point(
         return PairSpec(f"{tag}-{name}", count, *sizes, ranker.name, config.seed)
 
     warmup = min(config.warmup_pairs, shape.pairs)
-    if warmup:
+    if prepare is not None:
+        await load.run(ranker.address, spec("m", shape.pairs), shape.rate, delay_s, prepare)
+    elif warmup:
         await load.run(ranker.address, spec("warm", warmup), shape.rate, delay_s, via)
     cpu_before, model_before = thread_cpu(ranker.popen.pid), model_cpu_s(metrics_url)
     window_start = time.monotonic()

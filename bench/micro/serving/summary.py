@@ -177,32 +177,39 @@ def _held(step: dict, p99_ms: float) -> bool:
     return Point(**step).holds(p99_ms + 2 * step["in_process_model_ms"])
 
 
+HOW = {
+    "ranks_alone": "Ranks alone",
+    "direct": "pairs, straight",
+    "through_trigger": "pairs, through a trigger",
+}
+
+
 def _coalescing(result: dict) -> list[str]:
-    """Per process: PreInfers alone and coalesced, and pairs through a trigger, by window."""
+    """Per process: the Ranks alone, then by window pairs straight to it and through a trigger."""
     lines = [
         "## Coalesced PreInfers, at each process's capacity rate (first length)",
         "",
-        "PreInfers alone: straight to the process, the ones within a window as one PreInferBatch; CPU not "
-        "the model per PreInfer, and against single calls. Through a trigger (admitting all, its "
-        "coalescing window as given): CPU not the model per pair, the Admit's latency from the client, the "
-        "Ranks whose prefix was ready in HBM on arrival.",
+        "The Ranks alone run on prefixes pre-inferred before the clock. Pairs straight to the process send "
+        "the PreInfers within each window as one PreInferBatch; a PreInfer's own CPU is the pair's less the "
+        "Rank's alone, and against a single call's. Through a trigger (admitting all, its coalescing window "
+        "as given): the Admit's latency from the client, the Ranks whose prefix was ready in HBM on arrival.",
         "",
-        "| process | how | window | pairs/s | PreInfers a call | CPU not the model | against single calls "
-        "| Admit P50 / P99 | ready | Rank P99 | answers |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| process | how | window | pairs/s | PreInfers a call | CPU not the model, a pair | the PreInfer "
+        "| against a single one | Admit P50 / P99 | ready | Rank P99 | answers |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, rows in result["coalescing"].items():
-        single = {row["how"]: row["non_model_ms"] for row in rows if row["window_ms"] == 0}
+        single = next((r["pre_infer_ms"] for r in rows if r["how"] == "direct" and not r["window_ms"]), None)
         for row in rows:
-            through = row["how"] == "through_trigger"
+            own, through = row["pre_infer_ms"], row["how"] == "through_trigger"
+            ratio = f"x{own / single:.2f}" if own is not None and single else ""
             admit = f"{row['admit_p50_ms']:.1f} / {row['admit_p99_ms']:.1f} ms" if through else ""
-            ready = f"{row['ready'] / max(1, sum(row['sources'].values())) * 100:.1f} %" if through else ""
-            ratio = row["non_model_ms"] / single[row["how"]] if single.get(row["how"]) else float("nan")
+            answered = max(1, sum(row["sources"].values()))
             lines.append(
-                f"| {PROCESSES[name]} | {'through a trigger' if through else 'PreInfers alone'} "
-                f"| {row['window_ms']:g} ms | {row['rate']:.0f} | {row['per_call'] or ''} "
-                f"| {row['non_model_ms']:.3f} ms | x{ratio:.2f} | {admit} | {ready} "
-                f"| {row['rank_p99_ms']:.1f} ms | {_answers(row)} |"
+                f"| {PROCESSES[name]} | {HOW[row['how']]} | {row['window_ms']:g} ms | {row['rate']:.0f} "
+                f"| {row['per_call'] or ''} | {row['non_model_ms']:.3f} ms "
+                f"| {'' if own is None else f'{own:.3f} ms'} | {ratio} | {admit} "
+                f"| {row['ready'] / answered * 100:.1f} % | {row['rank_p99_ms']:.1f} ms | {_answers(row)} |"
             )
     return lines
 

@@ -29,7 +29,7 @@ def result(tmp_path_factory) -> dict:
             "--lengths", "48,96", "--pairs", "12", "--warmup-pairs", "2", "--rate", "20",
             "--candidates", "32", "--point-seconds", "0.5", "--capacity-seconds", "0.3",
             "--capacity-start", "40", "--capacity-growth", "4", "--capacity-refine", "1",
-            "--idle-pairs", "3", "--windows-ms", "20", "--lease-expiry-s", "0.2", "--out", str(out),
+            "--idle-pairs", "3", "--windows-ms", "20", "--out", str(out),
         ]
     )  # fmt: skip
     written = json.loads((out / "results.json").read_text())
@@ -180,32 +180,36 @@ def test_generator_cpus_the_process_may_not_use_or_that_leave_the_ranker_none_ar
     assert "--generator-cpus" in capsys.readouterr().err
 
 
-def test_coalesced_prefers_are_measured_alone_and_through_a_trigger_against_single_calls(result):
+def test_coalesced_pre_infers_are_measured_straight_and_through_a_trigger_against_single_calls(result):
     coalescing = result["coalescing"]
-    for name in ("null_model", "ranker"):
+    for name in ("null_model", "ranker", "floor"):
         rows = coalescing[name]
-        assert [(r["how"], r["window_ms"]) for r in rows] == [
-            ("pre_infers", 0), ("through_trigger", 0), ("pre_infers", 20), ("through_trigger", 20),
-        ]  # fmt: skip
-        capacity = next(r for r in result["points" if name == "ranker" else name] if r["load"] == "capacity")
+        expected_rows = [("ranks_alone", 0), ("direct", 0), ("through_trigger", 0), ("direct", 20)]
+        expected_rows += [("through_trigger", 20)]
+        if name == "floor":  # the floor has no latency curve for a trigger to admit by
+            expected_rows = [row for row in expected_rows if row[0] != "through_trigger"]
+        assert [(r["how"], r["window_ms"]) for r in rows] == expected_rows
+        capacity = next(
+            r for r in result["points" if name == "ranker" else "null_model"] if r["load"] == "capacity"
+        )
+        ranks = rows[0]
         for row in rows:
             assert row["rate"] == capacity["rate"] and row["length"] == 48 and not row["errors"]
-            assert sum(row["sources"].values()) == row["pairs"]
-        alone = [r for r in rows if r["how"] == "pre_infers"]
-        # Alone, a call carries one PreInfer; in 20 ms windows, the PreInfers sent within each.
-        expected = len(windows([None] * alone[1]["pairs"], alone[1]["rate"], Via(window_s=0.02)))
-        assert alone[0]["per_call"] == 1.0
-        assert alone[1]["per_call"] == pytest.approx(alone[1]["pairs"] / expected, abs=0.01)
-        assert all(set(r["sources"]) <= {"PRE_INFER_OUTCOME_ACCEPTED"} for r in alone)
+            assert sum(row["sources"].values()) == row["pairs"]  # every Rank answered
+        # The Ranks alone found every prefix in HBM, pre-inferred before the clock; no PreInfer within it.
+        assert ranks["sources"] == {HBM: ranks["pairs"]} and ranks["pre_infer_ms"] is None
+        assert ranks["calls"] == 0
+        direct = [r for r in rows if r["how"] == "direct"]
+        # Single calls carry one PreInfer each; in 20 ms windows, the PreInfers sent within each.
+        windows_sent = windows([None] * direct[1]["pairs"], direct[1]["rate"], Via(window_s=0.02))
+        assert direct[0]["per_call"] == 1.0
+        assert direct[1]["per_call"] == pytest.approx(direct[1]["pairs"] / len(windows_sent), abs=0.01)
+        for row in direct:  # a PreInfer's own CPU: the pair's less the Ranks' alone
+            assert row["pre_infer_ms"] == pytest.approx(
+                row["non_model_ms"] - ranks["non_model_ms"], abs=0.002
+            )
         for row in (r for r in rows if r["how"] == "through_trigger"):
-            # Every Admit answered (the trigger admits all), and every Rank found its prefix in HBM.
-            assert row["admit_p99_ms"] is not None and row["sources"] == {HBM: row["pairs"]}
-            assert 0 <= row["ready"] <= row["pairs"]
-    # The floor answers PreInferBatch too: alone and coalesced, no trigger.
-    assert [(r["how"], r["window_ms"]) for r in coalescing["floor"]] == [
-        ("pre_infers", 0),
-        ("pre_infers", 20),
-    ]
+            assert row["admit_p99_ms"] is not None and 0 <= row["ready"] <= row["pairs"]
     assert "## Coalesced PreInfers" in result["summary"]
 
 
