@@ -69,7 +69,7 @@ def stage_shares(raw_path: str) -> dict[str, float]:
     counts: dict[str, int] = {}
     for line in Path(raw_path).read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack:
+        if not stack or not count.isdigit():  # not a sample line (py-spy's own notes)
             continue
         stage = classify(stack)
         counts[stage] = counts.get(stage, 0) + int(count)
