@@ -234,3 +234,18 @@ def test_a_batch_and_an_admit_are_built_from_serialized_prefers_as_the_contract_
     admit = trigger_pb2.AdmitRequest.FromString(admit_bytes(two.SerializeToString(), 16, 512))
     assert (admit.user_id, list(admit.long_term.item_ids)) == ("u2", [3] * 300)
     assert (admit.short_term_length, admit.num_candidates) == (16, 512)
+
+
+def test_stage_shares_count_the_sampled_stacks_and_skip_lines_that_are_not_one(tmp_path):
+    from bench.micro.serving.stages import stage_shares
+
+    raw = tmp_path / "raw.txt"
+    device = "thread (2): device;Scheduler._loop (services/ranker/engine/scheduler.py:1)"
+    raw.write_text(
+        f"{device};silu (torch/nn/functional.py:2) 3\n"
+        "thread (1): MainThread;run (uvloop/__init__.py:92) 1\n"
+        f"{device};Condition.wait (threading.py:327) 5\n"
+        "a note py-spy wrote 0.0\n"
+    )
+    assert stage_shares(str(raw)) == {"model": 0.75, "gRPC server and event loop": 0.25}
+    assert not raw.exists()
