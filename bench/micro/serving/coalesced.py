@@ -3,8 +3,9 @@ coalescing window does to the Admit and to the Ranks.
 
 At a process's capacity rate at the first length (`run`):
 
-- **The Ranks alone**: the pairs' PreInfers are sent first, before the clock, then their Ranks alone at
-  the same rate, each on its prefix ready in HBM. Their CPU per Rank is what a pair costs besides its
+- **The Ranks alone**: two seconds of pairs' PreInfers are sent first, before the clock, then their Ranks
+  alone at the same rate, each on its prefix ready in HBM (a whole point's prefixes, all held at once until
+  their Ranks, would not fit in HBM). Their CPU per Rank is what a pair costs besides its
   PreInfer.
 - **Pairs, straight to the process**, for single calls (W = 0) and each window W of `--windows-ms`: the
   PreInfers whose intended send times fall within W of a window's first go as one PreInferBatch, sent W
@@ -46,6 +47,8 @@ from services.launcher.procs import Processes, ServiceProcess
 TRIGGER_SERVICE = "relaygr.v1.TriggerService"
 # The most PreInfers a window holds: the trigger's default `--pre-infer-batch-max`.
 BATCH_MAX = 32
+# Seconds of pairs the Ranks alone are measured on (their prefixes pre-inferred first, all held at once).
+RANKS_ALONE_S = 2.0
 # A Rank found its prefix ready when it waited less than this for it (no production to wait for).
 READY_MS = 1.0
 
@@ -226,8 +229,11 @@ async def coalescing(
     """At `shape` (a capacity point): the Ranks alone, on prefixes pre-inferred before the clock; then for
     single calls and each window, pairs straight to `target` with their PreInfers in PreInferBatch windows,
     and (`through_trigger`) pairs through a trigger with that window. A row each (see the module)."""
+    # Their prefixes are all held at once, leased, until their Ranks come: RANKS_ALONE_S of them fit in
+    # HBM, where a whole point's would not (the rest would be refused, or reloaded from DRAM).
+    alone = dataclasses.replace(shape, pairs=max(20, round(shape.rate * RANKS_ALONE_S)))
     ranks = await measure_point(
-        load, target, config, shape, f"{label}-ranks", via=Via(ranks_only=True),
+        load, target, config, alone, f"{label}-ranks", via=Via(ranks_only=True),
         prepare=Via(pre_infers_only=True),
     )  # fmt: skip
     rows = [_row(point=ranks, how="ranks_alone", window_ms=0.0)]

@@ -205,11 +205,12 @@ def _coalescing(result: dict) -> list[str]:
             ratio = f"x{own / single:.2f}" if own is not None and single else ""
             admit = f"{row['admit_p50_ms']:.1f} / {row['admit_p99_ms']:.1f} ms" if through else ""
             answered = max(1, sum(row["sources"].values()))
+            ready = f"{row['ready'] / answered * 100:.1f} %" if through else ""
             lines.append(
                 f"| {PROCESSES[name]} | {HOW[row['how']]} | {row['window_ms']:g} ms | {row['rate']:.0f} "
                 f"| {row['per_call'] or ''} | {row['non_model_ms']:.3f} ms "
                 f"| {'' if own is None else f'{own:.3f} ms'} | {ratio} | {admit} "
-                f"| {row['ready'] / answered * 100:.1f} % | {row['rank_p99_ms']:.1f} ms | {_answers(row)} |"
+                f"| {ready} | {row['rank_p99_ms']:.1f} ms | {_answers(row)} |"
             )
     return lines
 
