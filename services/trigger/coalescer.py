@@ -6,6 +6,10 @@ member each admitted prefix goes to, so it gathers them per member:
 
 - the first item for a member opens a batch that is sent `window_s` later, or at once when it holds
   `max_size` items (a full batch does not wait);
+- a window is opened only where another item is due within it: once a member's items have come further
+  apart than the window (their gaps' moving average, `GAP_WEIGHT`), an item that finds no batch open goes
+  at once, alone, so a quiet member's PreInfers wait for nothing; a member's first items, with no gaps
+  measured yet, open windows;
 - each caller waits for its own item's answer (or its own error), so the caller's latency grows by at most
   the window; a call that fails fails every item of the batch with the call's error;
 - the call gets the time its earliest item has left of its timeout, and runs in the context of the caller
@@ -35,6 +39,10 @@ R = TypeVar("R")
 Send = Callable[[str, list[T], float], Awaitable[Sequence[R | Exception]]]
 
 
+# The weight of the newest gap in a key's moving average of the gaps between its items.
+GAP_WEIGHT = 0.25
+
+
 class Alone(enum.StrEnum):
     """Why a PreInfer went alone, as a single call at once: the `reason` label of the trigger's metric."""
 
@@ -58,7 +66,10 @@ class _Batch(Generic[T, R]):
 class Coalescer(Generic[T, R]):
     """Gathers the items submitted for one key within `window_s` (at most `max_size`) into one `send`."""
 
-    def __init__(self, send: Send, window_s: float, max_size: int) -> None:
+    def __init__(
+        self, send: Send, window_s: float, max_size: int, clock: Callable[[], float] | None = None
+    ) -> None:
+        """`clock`: what the gaps between a key's items are measured by (seconds; the loop's time)."""
         if window_s <= 0 or max_size < 1:
             raise ValueError("a coalescer needs a positive window and room for one item")
         self._send = send
@@ -66,11 +77,16 @@ class Coalescer(Generic[T, R]):
         self.max_size = max_size
         self._open: dict[str, _Batch[T, R]] = {}
         self._sending: set[asyncio.Task] = set()
+        self._clock = clock
+        # Of each key: when its last item came, and the moving average of the gaps between its items.
+        self._last: dict[str, float] = {}
+        self._gap: dict[str, float] = {}
 
     async def submit(self, key: str, item: T, timeout_s: float) -> R:
         """`item`'s own result, once the batch it joined for `key` was sent and answered; raises its own
         error, or the failed call's."""
         loop = asyncio.get_running_loop()
+        quiet = self._quiet(key)
         batch = self._open.get(key)
         if batch is None:
             batch = self._open[key] = _Batch(loop.time() + timeout_s, contextvars.copy_context())
@@ -79,9 +95,20 @@ class Coalescer(Generic[T, R]):
         batch.items.append(item)
         batch.futures.append(future)
         batch.deadline = min(batch.deadline, loop.time() + timeout_s)
-        if len(batch.items) >= self.max_size:
+        if len(batch.items) >= self.max_size or (quiet and len(batch.items) == 1):
             self._flush(key, batch)
         return await future
+
+    def _quiet(self, key: str) -> bool:
+        """Whether `key`'s items come further apart than the window (an item now is one more gap)."""
+        now = (self._clock or asyncio.get_running_loop().time)()
+        last = self._last.get(key)
+        self._last[key] = now
+        if last is None:
+            return False
+        gap = self._gap.get(key)
+        self._gap[key] = now - last if gap is None else gap + GAP_WEIGHT * (now - last - gap)
+        return self._gap[key] > self.window_s
 
     def _flush(self, key: str, batch: _Batch[T, R]) -> None:
         """Closes `batch` and sends the items whose callers still wait (a cancelled caller's item is left

@@ -84,10 +84,11 @@ class TriggerConfig(RequestLimits, RelaySettings, AffinitySettings, ServiceConfi
         50.0, "ms the ranker has to accept or refuse a PreInfer signal", above=0
     )
     pre_infer_batch_window_ms: float = setting(
-        2.0,
+        10.0,
         "routing directly, the PreInfers bound for one ranker within this many ms go as one PreInferBatch "
         "call (each Admit waits at most this long more for its answer); 0 sends each alone. A prefix whose "
-        "predicted pre-inference plus this window exceeds --relay-window-ms goes alone at once",
+        "predicted pre-inference plus this window exceeds --relay-window-ms goes alone at once, and so does "
+        "one for a ranker whose PreInfers come further apart than the window",
         minimum=0,
     )
     pre_infer_batch_max: int = setting(

@@ -159,3 +159,25 @@ def test_the_call_runs_in_the_context_of_the_caller_that_opened_the_batch(max_si
 def test_a_coalescer_needs_a_window_and_room(window_s, max_size):
     with pytest.raises(ValueError):
         Coalescer(Sends(), window_s, max_size)
+
+
+def test_a_quiet_members_item_goes_at_once_and_windows_open_again_once_its_items_come_closer():
+    """Gaps measured by an injected clock; the 600 s window never elapses here, so an item that waited for
+    one would never be answered."""
+
+    async def scenario():
+        sends, now = Sends(), [0.0]
+        coalescer = Coalescer(sends, window_s=600.0, max_size=2, clock=lambda: now[0])
+
+        async def submit(*items):
+            return await asyncio.wait_for(asyncio.gather(*(coalescer.submit("m", i, 5.0) for i in items)), 60)
+
+        assert await submit("a", "b") == [("m", "a"), ("m", "b")]  # no gap measured yet: a (full) window
+        now[0] = 3000.0
+        assert await submit("c") == [("m", "c")]  # the gaps' average: 0 + (3000 - 0) / 4 > 600 s, at once
+        now[0] = 3001.0
+        assert await submit("d", "e") == [("m", "d"), ("m", "e")]  # 750 + (1 - 750) / 4 < 600 s: a window
+        assert [items for _, items, _, _ in sends.batches] == [["a", "b"], ["c"], ["d", "e"]]
+        await coalescer.close()
+
+    asyncio.run(scenario())
