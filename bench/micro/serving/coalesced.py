@@ -1,7 +1,7 @@
 """Coalesced PreInfers: what a PreInfer costs a ranker alone and in a PreInferBatch, and what the trigger's
 coalescing window does to the Admit and to the Ranks.
 
-At a process's capacity rate at the first length (`run`):
+At a ranker's capacity rate at the first length (`run`; the floor at the free-pass ranker's):
 
 - **The Ranks alone**: two seconds of pairs' PreInfers are sent first, before the clock, then their Ranks
   alone at the same rate, each on its prefix ready in HBM (a whole point's prefixes, all held at once until
@@ -123,7 +123,7 @@ class CoalescedDriver:
         return answers
 
     async def sequential(self, pairs: Sequence[Pair], delay_s: float) -> Answers:
-        raise NotImplementedError("coalesced PreInfers are driven at a rate")
+        raise ValueError("coalesced PreInfers and trigger pairs are driven at a rate, not one at a time")
 
     async def _window(self, group: list[Pair], send_at: float, answers: Answers) -> None:
         """A window's PreInfers: one alone, or one PreInferBatch."""

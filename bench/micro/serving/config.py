@@ -63,9 +63,9 @@ class ServingConfig:
     )
     windows_ms: str = numbers(
         "2,5,10",
-        "coalescing windows measured against single PreInfers at each process's capacity, at the first "
-        "length: pairs whose PreInfers go in PreInferBatch windows, and pairs through a trigger with that "
-        "window (comma list; empty: no coalescing points)",
+        "coalescing windows measured against single PreInfers at each ranker's capacity (the floor at the "
+        "free-pass ranker's), at the first length: pairs whose PreInfers go in PreInferBatch windows, and "
+        "pairs through a trigger with that window (comma list; empty: no coalescing points)",
         increasing=True,
         may_be_empty=True,
     )

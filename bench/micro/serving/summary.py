@@ -187,7 +187,8 @@ HOW = {
 def _coalescing(result: dict) -> list[str]:
     """Per process: the Ranks alone, then by window pairs straight to it and through a trigger."""
     lines = [
-        "## Coalesced PreInfers, at each process's capacity rate (first length)",
+        "## Coalesced PreInfers, at each ranker's capacity rate (the floor at the free-pass ranker's; first "
+        "length)",
         "",
         "The Ranks alone run on prefixes pre-inferred before the clock. Pairs straight to the process send "
         "the PreInfers within each window as one PreInferBatch; a PreInfer's own CPU is the pair's less the "
