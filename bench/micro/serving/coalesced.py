@@ -30,9 +30,9 @@ import grpc
 from bench.micro.serving.config import RANKER_SERVICE, ServingConfig
 from bench.micro.serving.generator import born_on
 from bench.micro.serving.pairs import (
-    HBM,
     RPC_TIMEOUT_S,
     Answers,
+    Driver,
     Load,
     Pair,
     Point,
@@ -40,7 +40,7 @@ from bench.micro.serving.pairs import (
     Via,
     measure_point,
 )
-from relaygr.v1 import common_pb2, ranker_pb2, trigger_pb2
+from relaygr.v1 import ranker_pb2, trigger_pb2
 from services.common.config import listed
 from services.launcher.procs import Processes, ServiceProcess
 
@@ -49,8 +49,6 @@ TRIGGER_SERVICE = "relaygr.v1.TriggerService"
 BATCH_MAX = 32
 # Seconds of pairs the Ranks alone are measured on (their prefixes pre-inferred first, all held at once).
 RANKS_ALONE_S = 2.0
-# A Rank found its prefix ready when it waited less than this for it (no production to wait for).
-READY_MS = 1.0
 
 
 def _field(number: int, payload: bytes) -> bytes:
@@ -76,19 +74,15 @@ def admit_bytes(pre_infer: bytes, short_term: int, candidates: int) -> bytes:
     return pre_infer + extra.SerializeToString()
 
 
-class CoalescedDriver:
+class CoalescedDriver(Driver):
     """The `Via` driver: PreInfers alone or in windows to a ranker, or pairs through a trigger."""
 
     def __init__(self, address: str, via: Via) -> None:
+        super().__init__(address)
         self.via = via
-        self.channel = grpc.aio.insecure_channel(address)
-        self._pre_infer = self.channel.unary_unary(f"/{RANKER_SERVICE}/PreInfer")
         self._batch = self.channel.unary_unary(
             f"/{RANKER_SERVICE}/PreInferBatch",
             response_deserializer=ranker_pb2.PreInferBatchResponse.FromString,
-        )
-        self._rank = self.channel.unary_unary(
-            f"/{RANKER_SERVICE}/Rank", response_deserializer=ranker_pb2.RankResponse.FromString
         )
         self.trigger = grpc.aio.insecure_channel(via.trigger) if via.trigger else None
         if self.trigger is not None:
@@ -115,9 +109,7 @@ class CoalescedDriver:
             if not via.ranks_only:
                 sends += [self._window(group, start + at, answers) for at, group in windows(pairs, rate, via)]
             if not via.pre_infers_only:
-                sends += [
-                    self._ranked(p.rank, start + i / rate + delay_s, answers) for i, p in enumerate(pairs)
-                ]
+                sends += [self.rank(p.rank, start + i / rate + delay_s, answers) for i, p in enumerate(pairs)]
         await asyncio.gather(*sends)
         answers.wall_s = loop.time() - start
         return answers
@@ -132,8 +124,8 @@ class CoalescedDriver:
         answers.calls += 1
         try:
             if len(group) == 1:
-                raw = await self._pre_infer(group[0].pre_infer, timeout=RPC_TIMEOUT_S)
-                outcomes = [ranker_pb2.PreInferResponse.FromString(raw).outcome]
+                single = await self._pre_infer(group[0].pre_infer, timeout=RPC_TIMEOUT_S)
+                outcomes = [single.outcome]
             else:
                 batch = await self._batch(batch_bytes([p.pre_infer for p in group]), timeout=RPC_TIMEOUT_S)
                 outcomes = [answer.outcome for answer in batch.answers]
@@ -157,24 +149,10 @@ class CoalescedDriver:
             answers.admit_ms.append((loop.time() - send_at) * 1000)
         except grpc.aio.AioRpcError as error:
             answers.count(answers.errors, f"Admit {error.code().name}")
-        await self._ranked(rank, send_at + delay_s, answers)
-
-    async def _ranked(self, rank: bytes, rank_at: float, answers: Answers) -> None:
-        """A Rank sent at `rank_at`: its latency from then, its prefix's source, whether it was ready."""
-        loop = asyncio.get_running_loop()
-        await asyncio.sleep(max(0.0, rank_at - loop.time()))
-        try:
-            answer = await self._rank(rank, timeout=RPC_TIMEOUT_S)
-        except grpc.aio.AioRpcError as error:
-            answers.count(answers.errors, f"Rank {error.code().name}")
-            return
-        answers.latency_ms.append((loop.time() - rank_at) * 1000)
-        source = common_pb2.CacheSource.Name(answer.cache_source)
-        answers.count(answers.sources, source)
-        answers.ready += source == HBM and answer.prefix_wait_ms < READY_MS
+        await self.rank(rank, send_at + delay_s, answers)
 
     async def close(self) -> None:
-        await self.channel.close()
+        await super().close()
         if self.trigger is not None:
             await self.trigger.close()
 

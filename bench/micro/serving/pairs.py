@@ -20,6 +20,8 @@ from services.launcher.procs import ServiceProcess
 
 RPC_TIMEOUT_S = 30.0
 HBM = common_pb2.CacheSource.Name(common_pb2.CACHE_SOURCE_HBM)
+# A Rank found its prefix ready when it waited less than this for it (no production to wait for).
+READY_MS = 1.0
 
 
 # ---- requests ----
@@ -95,7 +97,7 @@ class Answers:
     errors: dict[str, int] = dataclasses.field(default_factory=dict)
     wall_s: float = 0.0  # from the first intended send to the last answer (`Driver.run`)
     admit_ms: list[float] = dataclasses.field(default_factory=list)  # through a trigger: each Admit's
-    ready: int = 0  # through a trigger: Ranks whose prefix was ready in HBM (no wait for a production)
+    ready: int = 0  # Ranks whose prefix was ready in HBM (no wait for a production)
     calls: int = 0  # PreInfer or PreInferBatch calls sent (alone or batched)
 
     def count(self, table: dict[str, int], key: str) -> None:
@@ -138,15 +140,21 @@ class Driver:
             await self._pre_infer(pair.pre_infer, timeout=RPC_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
             answers.count(answers.errors, f"PreInfer {error.code().name}")
-        rank_at = send_at + delay_s
+        await self.rank(pair.rank, send_at + delay_s, answers)
+
+    async def rank(self, rank: bytes, rank_at: float, answers: Answers) -> None:
+        """A Rank sent at `rank_at`: its latency from then, its prefix's source, whether it was ready."""
+        loop = asyncio.get_running_loop()
         await asyncio.sleep(max(0.0, rank_at - loop.time()))
         try:
-            answer = await self._rank(pair.rank, timeout=RPC_TIMEOUT_S)
+            answer = await self._rank(rank, timeout=RPC_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
             answers.count(answers.errors, f"Rank {error.code().name}")
             return
         answers.latency_ms.append((loop.time() - rank_at) * 1000)
-        answers.count(answers.sources, common_pb2.CacheSource.Name(answer.cache_source))
+        source = common_pb2.CacheSource.Name(answer.cache_source)
+        answers.count(answers.sources, source)
+        answers.ready += source == HBM and answer.prefix_wait_ms < READY_MS
 
     async def run(self, pairs: Sequence[Pair], rate: float, delay_s: float) -> Answers:
         answers = Answers()
