@@ -7,7 +7,9 @@ module named to `importlib.import_module`, in services/, bench/ and tools/):
   service-neutral: they import no service. They are layers too: `services/common` imports no other
   package under services/, and `services/affinity` and `services/workload` stand on it, not on each other;
 - `services/affinity` is imported only by what routes to the rankers (the router, the trigger, the
-  retrieval stub): a ranker, the launcher, the load generator, bench/ and tools/ never place a user;
+  retrieval stub): the launcher, the load generator, bench/ and tools/ never place a user. A ranker takes
+  its membership, ring and settings (`RANKER_AFFINITY`: the ring its cache handoff follows), never its
+  routing: it places no request;
 - `services/workload` is imported only by the retrieval stub, which serves the synthetic universe, and by
   the clients that draw requests from it (`CLIENTS`): the router, the trigger and the ranker serve any
   users, never assuming the synthetic ones;
@@ -50,6 +52,8 @@ NEUTRAL = tuple(NEUTRAL_BELOW)
 ROUTES = ("router", "trigger", "retrieval_stub")
 DRAWS_USERS = ("retrieval_stub", "launcher", "loadgen", "bench", "tools")
 CLIENTS = ("launcher", "loadgen", "bench", "tools")
+# The modules of services/affinity a ranker may import: it knows the ring, it places no request.
+RANKER_AFFINITY = ("membership", "ring", "settings")
 # In-process harnesses, by path, and the one service whose internals each measures (see the docstring).
 IN_PROCESS = {
     "bench/lib/floor.py": "ranker",
@@ -89,6 +93,11 @@ def owner(path: Path) -> str:
     return parts[1] if parts[0] == "services" else parts[0]
 
 
+def ranker_ring(here: str, parts: list[str]) -> bool:
+    """A ranker's import of the affinity modules that describe the ring (not its routing)."""
+    return here == "ranker" and len(parts) > 2 and parts[2] in RANKER_AFFINITY
+
+
 def violations() -> list[str]:
     found = []
     files = [p for top in ("services", "bench", "tools") for p in (ROOT / top).rglob("*.py")]
@@ -105,7 +114,7 @@ def violations() -> list[str]:
                 rule = "a service-neutral package (services/common, affinity, workload) imports no service"
             elif here in NEUTRAL and target in NEUTRAL and target not in (here, *NEUTRAL_BELOW[here]):
                 rule = "services/common imports no other package; affinity and workload only services/common"
-            elif target == "affinity" and here not in (*ROUTES, "affinity"):
+            elif target == "affinity" and here not in (*ROUTES, "affinity") and not ranker_ring(here, parts):
                 rule = "only the router, the trigger and the retrieval stub import services/affinity"
             elif target == "workload" and here not in (*DRAWS_USERS, "workload"):
                 rule = "only the retrieval stub and the clients import services/workload"
@@ -197,6 +206,7 @@ def throwaway_tree(tmp_path: Path, monkeypatch, where: str, source: str) -> None
         ("from services.workload import universe", "services/affinity/x.py", "only services/common"),
         ("import services.affinity.ring", "services/workload/x.py", "only services/common"),
         ("from services.affinity import routing", "services/ranker/x.py", "import services/affinity"),
+        ("import services.affinity.client", "services/ranker/x.py", "import services/affinity"),
         ("from services.affinity.ring import AffinityRing", "tools/x.py", "import services/affinity"),
         ("from services.workload import universe", "services/trigger/x.py", "services/workload"),
         ("importlib.import_module('services.workload')", "services/router/x.py", "services/workload"),

@@ -4,7 +4,9 @@ The router declares them (it routes for its clients); the trigger and the retrie
 and route their own PreInfer and Rank calls with them when `--rankers` or `--rankers-srv` is given (direct
 routing: the router's policy in process, one gRPC hop less each way). Every process that routes for one
 fleet must agree on the ring (`--virtual-nodes`) and the member names, so a user lands on the same ranker
-whoever placed it; the relay hint keeps a Rank with its PreInfer's ranker either way.
+whoever placed it; the relay hint keeps a Rank with its PreInfer's ranker either way. A ranker declares them
+as well: it knows the same ring, to hand its prefixes to their next owners and to read misses through from
+them (`services.ranker.handoff`).
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ _DNS_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?")
 class AffinitySettings:
     rankers: str = setting(
         "",
-        "the rankers as name=host:port,... (each name that ranker's --instance-name): given, this service "
-        "routes its own PreInfer and Rank calls to them with the router's policy (direct routing) instead "
-        "of calling --router",
+        "the rankers as name=host:port,... (each name that ranker's --instance-name): given, a trigger or "
+        "retrieval stub routes its own PreInfer and Rank calls to them with the router's policy (direct "
+        "routing) instead of calling --router, and a ranker hands its prefixes off to them and reads misses "
+        "through from them on the same ring",
     )
     rankers_srv: str = setting(
         "",

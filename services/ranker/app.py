@@ -12,6 +12,7 @@ import logging
 import torch
 
 from relaygr.v1 import common_pb2, ranker_pb2
+from services.affinity.membership import Membership
 from services.common.contract import RANKER_SERVICE
 from services.common.cpus import cpu_budget
 from services.common.metrics import enum_labels, precreate
@@ -19,6 +20,7 @@ from services.common.server import GrpcServer
 from services.ranker import metrics
 from services.ranker.budgets import parameter_bytes, resolve_budgets
 from services.ranker.cache.acquired import Source
+from services.ranker.cache.admission import Admission
 from services.ranker.cache.prefix_cache import Kind, PrefixCache
 from services.ranker.cache.tiers import POLICIES, Tier
 from services.ranker.config import RankerConfig
@@ -33,6 +35,10 @@ from services.ranker.engine.load import LoadBook
 from services.ranker.engine.recheck import Recheck
 from services.ranker.engine.runner import ModelRunner
 from services.ranker.engine.scheduler import Op, Scheduler
+from services.ranker.handoff import servicer as handoff
+from services.ranker.handoff.peers import Peers
+from services.ranker.handoff.push import HandoffSummary, Pusher
+from services.ranker.handoff.read_through import ReadThrough
 from services.ranker.model.hstu import HSTURanker
 from services.ranker.model.presets import get_preset
 from services.ranker.model.store import is_model_dir, load_model_dir
@@ -132,6 +138,17 @@ class RankerApp:
         )
         self.plane = DataPlane(config, self.runner, self.cache, self.worker)
         self.servicer = RankerServicer(config, self.plane, str(self.device))
+        # Prefixes that outlive this ranker's membership: taken from peers, handed to them on a drain.
+        self.admission = Admission(self.cache, config.max_long_term_events, model.preset.num_action_types)
+        self.handoff = handoff.HandoffServicer(self.admission, config.instance_name)
+        self.peers: Peers | None = None
+        self.read_through: ReadThrough | None = None
+        if config.routes_directly:  # the ring is known (--rankers or --rankers-srv)
+            self.peers = Peers(Membership.from_config(config, config), config.instance_name)
+            if config.reads_through:
+                self.read_through = ReadThrough(self.admission, self.peers, config, self.cache.load)
+                self.cache.read_through = self.read_through
+        self.handed_off: HandoffSummary | None = None
         self.grpc = self._server()
         self._sweeper: asyncio.Task | None = None
         self.recheck: Recheck | None = None
@@ -141,6 +158,8 @@ class RankerApp:
     async def start(self) -> None:
         """Binds the ports (health NOT_SERVING), warms up, then turns SERVING."""
         await self.grpc.start()
+        if self.peers is not None:
+            await self.peers.membership.start()
         preset, version = self.runner.model.preset.name, self.runner.model_version
         log.info("warming up %s on %s (model %s)", preset, self.device, version)
         await self.warm_up()
@@ -201,8 +220,9 @@ class RankerApp:
 
     async def drain(self) -> None:
         """Refuses new pre-inference and keeps serving Ranks for `drain_min_s` (until routers have seen
-        NOT_SERVING), and on while leased entries await their Ranks, up to half the grace; the server's
-        stop then gives in-flight RPCs the grace."""
+        NOT_SERVING), and on while leased entries await their Ranks, up to half the grace; then, knowing its
+        peers, hands its cached prefixes to their next owners (`--handoff-budget-s`); the server's stop then
+        gives in-flight RPCs the grace."""
         self.cache.accepting = False
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -210,12 +230,14 @@ class RankerApp:
         at_most = started + max(self.config.drain_min_s, self.config.drain_grace_s / 2)
         while loop.time() < at_least or (self.cache.leased() and loop.time() < at_most):
             await asyncio.sleep(self.config.sweep_interval_ms / 1000)
+        if self.peers is not None and self.config.hands_off:
+            self.handed_off = await Pusher(self.admission, self.peers, self.config).push()
 
     def _server(self) -> GrpcServer:
         return GrpcServer(
             self.config,
             RANKER_SERVICE,
-            lambda s: add_to_server(self.servicer, s),
+            lambda s: (add_to_server(self.servicer, s), handoff.add_to_server(self.handoff, s)),
             self.drain,
         )
 
@@ -223,6 +245,10 @@ class RankerApp:
         for task in (self._sweeper, self._recheck_task):
             if task is not None:
                 task.cancel()
+        if self.read_through is not None:
+            await self.read_through.close()
+        if self.peers is not None:
+            await self.peers.membership.close()
         await self.cache.close()
         self.worker.close()
         self.copy_worker.close()

@@ -5,18 +5,20 @@ from __future__ import annotations
 import dataclasses
 import socket
 
+from services.affinity.settings import AffinitySettings
 from services.common import validation
 from services.common.config import ServiceConfig, setting
 from services.common.errors import InvalidArgument
 from services.common.settings import RequestLimits
 from services.ranker.cache.tiers import POLICIES
+from services.ranker.handoff.settings import HandoffSettings
 from services.ranker.model.family import ModelConfig
 from services.ranker.model.presets import PRESETS, get_preset
 from services.ranker.model.store import is_model_dir, read_config
 
 
 @dataclasses.dataclass(frozen=True)
-class RankerConfig(RequestLimits, ServiceConfig):
+class RankerConfig(HandoffSettings, AffinitySettings, RequestLimits, ServiceConfig):
     port: int = setting(50051, "gRPC port (0 picks a free port)")
     metrics_port: int = setting(9101, "Prometheus metrics port (0 picks a free port; -1 disables)")
     instance_name: str = setting(
@@ -176,6 +178,7 @@ class RankerConfig(RequestLimits, ServiceConfig):
 
     def validate(self) -> None:
         super().validate()
+        self.validate_affinity()
         budgets = (("--hbm-budget-mb", self.hbm_budget_mb), ("--dram-budget-mb", self.dram_budget_mb))
         for flag, value in budgets:
             if value != -1 and not value >= 0:  # `not >=`: NaN is refused too

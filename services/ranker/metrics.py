@@ -124,3 +124,32 @@ RANK_BACKLOG_SECONDS = Gauge(
     "Device seconds of the Ranks in flight, their misses' prefix computations included: the queue wait a "
     "new Rank sees (the per-ranker queue metric to scale on).",
 )
+HANDOFF_SENT_ENTRIES = Counter(
+    "relaygr_handoff_sent_entries",
+    "Entries a draining ranker handed off, by outcome: sent (streamed whole to the user's next owner), "
+    "skipped_ttl (its DRAM TTL would run out before it arrived), skipped_time (the handoff's time budget "
+    "ran out first), failed (its stream broke), no_owner (no other ranker was routable).",
+    ["outcome"],
+)
+HANDOFF_SENT_BYTES = Counter("relaygr_handoff_sent_bytes", "KV bytes of the entries handed off whole.")
+HANDOFF_RECEIVED_ENTRIES = Counter(
+    "relaygr_handoff_received_entries",
+    "Entries received from other rankers (pushed by a drain, or fetched by a read-through), by outcome: "
+    "admitted (into DRAM), held (already here: acknowledged), model_version, layout, checksum, budget, "
+    "invalid (refused for that), torn (the stream ended before the entry's last chunk).",
+    ["outcome"],
+)
+HANDOFF_RECEIVED_BYTES = Counter(
+    "relaygr_handoff_received_bytes", "KV bytes received from other rankers, whatever became of them."
+)
+HANDOFF_DURATION = Gauge(
+    "relaygr_handoff_duration_seconds", "How long the last drain's handoff took (its budget: the next)."
+)
+HANDOFF_BUDGET = Gauge("relaygr_handoff_budget_seconds", "The time budget of a drain's handoff.")
+READ_THROUGH = Counter(
+    "relaygr_read_through",
+    "Misses that asked a peer for the prefix after a ring change, by outcome: hit (a peer's entry admitted), "
+    "miss (no peer had it), timeout, error, skipped (a Rank's transfer was predicted slower than computing).",
+    ["outcome"],
+)
+READ_THROUGH_BYTES = Counter("relaygr_read_through_bytes", "KV bytes fetched from peers and admitted.")

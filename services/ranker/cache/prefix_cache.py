@@ -19,9 +19,9 @@ nothing. Every production's cost goes into the load book, which the load report 
 batch (`pre_infer_many`) are decided one by one, in order, as single ones; only the hand-off of their
 device jobs is one.
 
-The roles each have their file: the index and pins (`index.py`), leases (`leases.py`),
-single-flight productions (`productions.py`), moves between the tiers (`moves.py`), the tiers'
-byte budgets (`tiers.py`); this class decides, for a PreInfer or a Rank, which of them to use.
+The roles each have their file (see the package's docstring); this class decides, for a PreInfer or a
+Rank, which of them to use. After a ring change, a miss may first read the prefix through from a peer
+(`read_through`, `services.ranker.handoff`).
 
 Not thread-safe by design: every method runs on the ranker's event loop; only model work and copies
 run on their own threads.
@@ -38,6 +38,7 @@ from services.common import tracing
 from services.common.errors import DeadlineExceeded
 from services.ranker import metrics
 from services.ranker.cache.acquired import Acquired, Miss, Source
+from services.ranker.cache.admission import ReadsThrough
 from services.ranker.cache.index import CacheEntry, Index, Pin, PrefixKey
 from services.ranker.cache.leases import Leases
 from services.ranker.cache.moves import TierMoves
@@ -100,14 +101,13 @@ class PrefixCache:
             bytes_per_token=self.bytes_per_token, clock=clock,
         )  # fmt: skip
         self.accepting = True
+        self.read_through: ReadsThrough | None = None  # set by the app when peers are known
         metrics.KV_CACHE_CAPACITY_BYTES.labels("hbm").set(hbm.budget_bytes)
         metrics.KV_CACHE_CAPACITY_BYTES.labels("dram").set(dram.budget_bytes)
 
     # ---- public API ----
 
-    @property
-    def entries(self) -> dict[PrefixKey, CacheEntry]:
-        return self.index.entries
+    entries = property(lambda self: self.index.entries)
 
     def pins(self) -> list[Pin]:
         """Every pin held now, with its owner and age: after traffic has settled, none (a leak if any)."""
@@ -117,9 +117,8 @@ class PrefixCache:
         return PrefixKey(user_id, events.fingerprint, self.runner.model_version)
 
     def decoded(self, user_id: str, wire_digest: bytes) -> Events | None:
-        """The events of this user decoded from the wire bytes with this digest, while an entry or a
-        production made from them is here: a Rank carrying its PreInfer's history does not decode it again
-        (`services.ranker.wire`). None when no such events are held."""
+        """This user's events decoded from wire bytes of this digest, while an entry or production made from
+        them is here (a Rank carrying its PreInfer's history is not decoded again); None otherwise."""
         key = self.index.wire_key(user_id, wire_digest)
         if key is None:
             return None
@@ -161,6 +160,9 @@ class PrefixCache:
             started = self._start(key, events, Kind.RELOAD, Priority.RELOAD, for_rank=False, base=entry)
             outcome = Outcome.PRE_INFER_OUTCOME_RELOADED
         else:
+            again = lambda: self._pre_infer(user_id, events)  # noqa: E731
+            if self.read_through is not None and self.read_through.prefetch(user_id, events, again):
+                return Outcome.PRE_INFER_OUTCOME_ACCEPTED, nbytes  # produced once a peer has answered
             base = self._extension_base(user_id, events)
             kind = Kind.COMPUTE if base is None else Kind.EXTEND
             if self.backlog_full():
@@ -173,11 +175,9 @@ class PrefixCache:
         return outcome, nbytes
 
     def backlog_full(self) -> bool:
-        """Whether a new pre-inference could save its Rank nothing: the pre-inference queued ahead of it
-        alone takes `max_pre_infer_backlog_ms` of device time, so it would not start before a Rank within a
-        Rank deadline computed its prefix itself. One that starts in time saves what it finishes even when
-        its Rank arrives first (the Rank joins it), so its own length does not count; nor is any refused on a
-        provisional curve's predictions, which may be far too slow."""
+        """Whether a new pre-inference could save its Rank nothing: the pre-inference queued ahead of it takes
+        `max_pre_infer_backlog_ms` of device time, so it would not start before its Rank computed the prefix
+        itself (its own length does not count: a Rank joins what it started). Never on a provisional curve."""
         load = self.load
         return not load.calibration.provisional and load.pre_infer_backlog_ms >= self.max_pre_infer_backlog_ms
 
@@ -201,6 +201,9 @@ class PrefixCache:
             metrics.PRODUCTION_JOINS.inc()
             self.productions.promote(production)
             return await self._join(production, joined=True)
+        read_through = self.read_through
+        if entry is None and read_through and await read_through.before_compute(user_id, events, deadline):
+            return await self.acquire(user_id, events, relay_instance, deadline)  # a peer's entry admitted
         miss_reason = self._miss_reason(user_id, events, relay_instance)
         if entry is not None:
             production = self._start(
@@ -238,9 +241,8 @@ class PrefixCache:
 
     def next_sweep_in(self) -> float:
         """Seconds until a sweep could release something: the soonest lease deadline, or DRAM TTL expiry
-        give or take `DRAM_SWEEP_SLACK_S` (DRAM entries that expire one after another, as a stream of users
-        makes them, are swept together, not with one wake-up each); with nothing held, the shorter of the
-        two TTLs (nothing made later can expire sooner)."""
+        give or take `DRAM_SWEEP_SLACK_S` (expiries close together share a wake-up); with nothing held, the
+        shorter of the two TTLs."""
         now, soonest = self.clock(), min(self.leases.ttl_s, self.dram_ttl_s + DRAM_SWEEP_SLACK_S)
         deadline, oldest = self.leases.next_deadline(), self.dram.oldest_use()
         if deadline is not None:

@@ -127,6 +127,9 @@ class Tier:
         self.policy.remove(key)
         return nbytes
 
+    def last_used(self, key: K) -> float:
+        return self._last_used[key]
+
     def oldest_use(self) -> float | None:
         """When the least recently used key was last used (None: the tier is empty)."""
         for last_used in self._last_used.values():

@@ -97,6 +97,34 @@ class TierCopier:
         if slab is not None and self.pool is not None:
             self.pool.free(slab)
 
+    def new_dram(self, shape: tuple[int, ...]) -> PrefixKV | None:
+        """An empty DRAM copy of `shape` in the DRAM dtype, for bytes that arrive from elsewhere (a peer's
+        handoff): a slab of the pool, released as any DRAM copy is; None when the pool cannot hold it."""
+        if self.pool is None:
+            return PrefixKV(torch.empty(shape, dtype=self.dram_dtype))
+        nbytes = torch.Size(shape).numel() * self.dram_dtype.itemsize
+        slab = self.pool.allocate(nbytes)
+        if slab is None:
+            return None
+        host = self.pool.view(slab, shape, self.dram_dtype)
+        with self._lock:
+            self._slabs[host.data_ptr()] = slab
+        return PrefixKV(host)
+
+    def to_host(self, kv: PrefixKV) -> torch.Tensor:
+        """`kv`'s buffer in host memory and the DRAM dtype, complete on return (its own buffer when it is
+        there already): what a handoff sends. Call on the copy thread."""
+        kv = kv.wait()
+        if kv.device.type == "cpu" and kv.dtype == self.dram_dtype:
+            return kv.buffer
+        acc = self.accelerator
+        with acc.on(acc.copy_stream):
+            for stream in (acc.rank_stream, acc.pre_infer_stream, acc.default_stream()):
+                acc.copy_stream.wait_stream(stream)
+            host = kv.buffer.to(dtype=self.dram_dtype).to("cpu")
+            acc.record(acc.copy_stream).synchronize()
+        return host
+
     def to_dram(self, kv: PrefixKV, slab: Slab | None = None) -> PrefixKV:
         """The DRAM copy of `kv`, complete on return. With a pool it lands in `slab` (taken by `reserve`;
         allocated here when None); raises `PoolExhausted` when the pool cannot hold it, the slab freed."""

@@ -80,6 +80,7 @@ class Op(enum.StrEnum):
     UNCACHED = "uncached"  # a prefix computed, ranked against and dropped (no room to cache it)
     RELOAD = "reload"  # a copy DRAM -> HBM (copy thread)
     DEMOTE = "demote"  # a copy HBM -> DRAM (copy thread)
+    HANDOFF = "handoff"  # a copy HBM -> host of a prefix handed to another ranker (copy thread)
     PROFILE = "profile"  # the warm-up latency curve
 
 

@@ -1,0 +1,52 @@
+"""The other rankers, as a ranker sees them: the ring the routers use, who owns a user without this ranker,
+and when the routable members last changed.
+
+A ranker takes the fleet's membership with the same flags and discovery as the trigger and the router
+(`--rankers` or `--rankers-srv`, `services.affinity`), itself included, and checks every member's health
+as they do. A user's **next owner** is the first routable member other than this one on the user's walk
+of the ring: where the routers send the user while this ranker is away, so where a drain pushes the
+user's entries; and, for a user of this ranker's own arcs, who served the user while it was away or
+before it joined, so where its miss reads through. A member that leaves and comes back gets exactly its
+arcs back (`AffinityRing`), and arcs depend only on names, so the two directions of a rolling restart, a
+scale-out and a scale-in all meet the same peer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from services.affinity.membership import Member, Membership
+
+
+class Peers:
+    def __init__(self, membership: Membership, instance: str, clock: Callable[[], float] = time.monotonic):
+        self.membership = membership
+        self.instance = instance
+        self.clock = clock
+        self.changed_at = clock()  # start-up counts as a change: a new member reads its users through
+        self._routable: frozenset[str] = frozenset()
+
+    def next_owner(self, user_id: str) -> Member | None:
+        """The first routable member other than this one on `user_id`'s walk of the ring."""
+        members = self.membership.members
+        for name in self.membership.ring.walk(user_id):
+            member = members.get(name)
+            if name != self.instance and member is not None and member.routable:
+                return member
+        return None
+
+    def source(self, user_id: str) -> Member | None:
+        """Whom a miss of `user_id` asks: its next owner, when the user is on this ranker's own arcs (for
+        a user of another member's arcs that this one serves meanwhile, its owner pushes on its drain)."""
+        if self.membership.ring.owner(user_id) != self.instance:
+            return None
+        return self.next_owner(user_id)
+
+    def since_change_s(self) -> float:
+        """Seconds since start-up or the last change of the routable members (as this ranker saw it)."""
+        routable = frozenset(m.name for m in self.membership.routable())
+        if routable != self._routable:
+            self._routable = routable
+            self.changed_at = self.clock()
+        return self.clock() - self.changed_at

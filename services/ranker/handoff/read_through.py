@@ -1,0 +1,171 @@
+"""Read-through: a miss asks the peer that has the user's prefix before computing it.
+
+For `--read-through-grace-s` after start-up or a change of the routable rankers, a ranker that finds no
+prefix of a user of its own arcs asks the user's next owner (`Peers.source`: who served the user while
+this ranker was away, or before it joined) with `CacheHandoffService.Fetch`, and admits the answer into
+DRAM; the request then reloads it like any DRAM entry, or extends it when the peer's entry is a strict
+prefix of the request's events.
+
+- A PreInfer's read-through is a prefetch: the PreInfer is answered at once, and its production starts
+  once the peer answered (or `--read-through-timeout-ms` passed), from what was fetched or from scratch.
+- A Rank's is made only when the transfer is predicted to beat the recomputation (the transfer's cost
+  measured from earlier fetches: a fixed cost a call and a cost a byte; the recomputation's from the
+  latency curve), and it waits no longer than that recomputation, within the Rank's deadline.
+- One fetch per (user, events) at a time: a Rank that arrives during its PreInfer's prefetch joins it. A
+  user is asked for at most once per events, so a peer's miss is never asked again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+
+import grpc
+
+from relaygr.v1 import handoff_pb2, handoff_pb2_grpc
+from services.affinity.membership import Member
+from services.ranker import metrics
+from services.ranker.cache import kv_wire as codec
+from services.ranker.cache.admission import Admission
+from services.ranker.engine.load import LoadBook
+from services.ranker.handoff.peers import Peers
+from services.ranker.handoff.receive import receive
+from services.ranker.handoff.settings import HandoffSettings
+from services.ranker.model.events import Events
+
+log = logging.getLogger(__name__)
+
+ASKED_MAX = 100_000  # (user, events) remembered as asked
+EWMA_WEIGHT = 0.2
+
+
+class TransferModel:
+    """A fetch's predicted seconds: a fixed cost a call plus a cost a byte, each the moving average of what
+    fetches measured (a miss measures the fixed cost). Until measured: 2 ms and 200 MB/s, a loopback
+    gRPC stream's order of magnitude, which the first fetches correct."""
+
+    def __init__(self, call_s: float = 0.002, byte_s: float = 1 / 200e6) -> None:
+        self.call_s = call_s
+        self.byte_s = byte_s
+
+    def predict(self, nbytes: int) -> float:
+        return self.call_s + nbytes * self.byte_s
+
+    def observe(self, nbytes: int, seconds: float) -> None:
+        if nbytes <= 0:
+            self.call_s += EWMA_WEIGHT * (seconds - self.call_s)
+        else:
+            per_byte = max(0.0, seconds - self.call_s) / nbytes
+            self.byte_s += EWMA_WEIGHT * (per_byte - self.byte_s)
+
+
+class ReadThrough:
+    def __init__(
+        self,
+        admission: Admission,
+        peers: Peers,
+        settings: HandoffSettings,
+        load: LoadBook,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.admission = admission
+        self.peers = peers
+        self.grace_s = settings.read_through_grace_s
+        self.timeout_s = settings.read_through_timeout_ms / 1000
+        self.load = load
+        self.clock = clock
+        self.transfer = TransferModel()
+        self._fetches: dict[tuple[str, str], asyncio.Future[bool]] = {}
+        self._asked: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
+        self._tasks: set[asyncio.Task] = set()
+
+    def _source(self, user_id: str, events: Events) -> Member | None:
+        """The peer to ask for this prefix, if any: within the grace window, never asked for these events,
+        and no local strict prefix to extend."""
+        key = (user_id, events.fingerprint)
+        if key in self._asked or self.peers.since_change_s() >= self.grace_s:
+            return None
+        cache = self.admission.cache
+        if cache.index.extension_base(user_id, events, busy=lambda e: e.key in cache.productions):
+            return None
+        return self.peers.source(user_id)
+
+    def prefetch(self, user_id: str, events: Events, then: Callable[[], object]) -> bool:
+        """For a PreInfer that found nothing: starts fetching the prefix and calls `then` (the PreInfer's
+        decision, made again) once it is answered; False when there is nothing to ask."""
+        fetch = self._fetches.get((user_id, events.fingerprint))
+        if fetch is None:
+            member = self._source(user_id, events)
+            if member is None:
+                return False
+            fetch = self._fetch(member, user_id, events, self.timeout_s)
+        task = asyncio.get_running_loop().create_task(_then(fetch, then))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    async def before_compute(self, user_id: str, events: Events, deadline: float | None) -> bool:
+        """For a Rank about to compute its prefix: fetches it when that is predicted to be faster, or joins
+        the fetch under way; True when an entry was admitted (the Rank looks again)."""
+        running = self._fetches.get((user_id, events.fingerprint))
+        if running is not None:
+            return await asyncio.shield(running)
+        member = self._source(user_id, events)
+        if member is None:
+            return False
+        recompute_s = self.load.cost_ms("pre_infer_ms", len(events)) / 1000
+        budget_s = recompute_s if deadline is None else min(recompute_s, deadline - time.monotonic())
+        if self.transfer.predict(len(events) * self.admission.cache.moves.dram_bytes_per_token) >= budget_s:
+            metrics.READ_THROUGH.labels("skipped").inc()
+            return False
+        return await asyncio.shield(self._fetch(member, user_id, events, budget_s))
+
+    def _fetch(self, member: Member, user_id: str, events: Events, timeout_s: float) -> asyncio.Future[bool]:
+        key = (user_id, events.fingerprint)
+        self._asked[key] = None
+        while len(self._asked) > ASKED_MAX:
+            self._asked.popitem(last=False)
+        future = asyncio.ensure_future(self._ask(member, user_id, events, timeout_s))
+        self._fetches[key] = future
+        future.add_done_callback(lambda _: self._fetches.pop(key, None))
+        return future
+
+    async def _ask(self, member: Member, user_id: str, events: Events, timeout_s: float) -> bool:
+        cache = self.admission.cache
+        request = handoff_pb2.FetchRequest(
+            user_id=user_id, model_version=cache.runner.model_version, layout=self.admission.layout,
+            long_term=codec.sequence(events),
+        )  # fmt: skip
+        started = self.clock()
+        stub = handoff_pb2_grpc.CacheHandoffServiceStub(member.channel)
+        try:
+            tally = await receive(stub.Fetch(request, timeout=timeout_s), self.admission, wanted=events)
+        except grpc.aio.AioRpcError as exc:
+            timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            metrics.READ_THROUGH.labels("timeout" if timed_out else "error").inc()
+            if not timed_out:
+                log.warning("read-through of %s from %s failed: %s", user_id, member.name, exc.code().name)
+            return False
+        self.transfer.observe(tally.received_bytes, self.clock() - started)
+        hit = tally.admitted > 0 or tally.held > 0
+        metrics.READ_THROUGH.labels("hit" if hit else "miss").inc()
+        metrics.READ_THROUGH_BYTES.inc(tally.admitted_bytes)
+        return hit
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _then(fetch: asyncio.Future[bool], then: Callable[[], object]) -> None:
+    """`then()` once `fetch` is done, whatever it found; not when cancelled (the ranker is closing)."""
+    try:
+        await asyncio.shield(fetch)
+    except Exception:
+        log.warning("read-through failed", exc_info=True)
+    then()

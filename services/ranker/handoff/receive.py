@@ -1,0 +1,103 @@
+"""Receiving entries from another ranker: a stream of `HandoffChunk`s, each entry admitted into DRAM at its
+last chunk (`services.ranker.cache.admission`). The same loop serves a drain's Push and a read-through's
+Fetch. An entry whose stream ends, breaks or starts another entry before its last chunk is torn: its
+reservation and DRAM copy are given back, and nothing of it is indexed."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import AsyncIterable
+
+from relaygr.v1 import handoff_pb2
+from services.ranker import metrics
+from services.ranker.cache.admission import ADMITTED, HELD, Admission, Incoming
+from services.ranker.model.events import Events
+
+Refusal = handoff_pb2.HandoffRefusal
+
+
+def outcome_label(outcome: int) -> str:
+    """The metric label of an admission's outcome: admitted is counted apart; held, or the refusal's name."""
+    return "held" if outcome == HELD else Refusal.Name(outcome).removeprefix("HANDOFF_REFUSAL_").lower()
+
+
+@dataclasses.dataclass
+class Tally:
+    admitted: int = 0
+    admitted_bytes: int = 0
+    held: int = 0
+    torn: int = 0
+    received_bytes: int = 0
+    refused: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def count(self, label: str) -> None:
+        metrics.HANDOFF_RECEIVED_ENTRIES.labels(label).inc()
+
+    def receipt(self, instance: str) -> handoff_pb2.PushReceipt:
+        return handoff_pb2.PushReceipt(
+            instance=instance, admitted=self.admitted, admitted_bytes=self.admitted_bytes, held=self.held,
+            received_bytes=self.received_bytes,
+            refused=[handoff_pb2.RefusalCount(reason=r, entries=n) for r, n in sorted(self.refused.items())],
+        )  # fmt: skip
+
+
+async def receive(
+    chunks: AsyncIterable[handoff_pb2.HandoffChunk], admission: Admission, wanted: Events | None = None
+) -> Tally:
+    """Admits the entries of `chunks`; their tally. An exception of the stream (the sender died) is raised
+    after the entry it tore has been given back."""
+    tally = Tally()
+    current: Incoming | None = None
+    started = False  # an entry's header was read and its last chunk not yet
+    try:
+        async for chunk in chunks:
+            tally.received_bytes += len(chunk.data)
+            metrics.HANDOFF_RECEIVED_BYTES.inc(len(chunk.data))
+            if chunk.HasField("entry"):
+                if started:
+                    _tear(admission, current, tally)
+                current, started = _begin(admission, chunk.entry, wanted, tally), True
+            if current is not None:
+                current.assembly.write(chunk.data)
+            if chunk.last and started:
+                if current is not None:
+                    _finish(admission, current, tally)
+                current, started = None, False
+    finally:
+        if started:
+            _tear(admission, current, tally)
+    return tally
+
+
+def _begin(admission: Admission, entry, wanted: Events | None, tally: Tally) -> Incoming | None:
+    incoming = admission.begin(entry, wanted)
+    if isinstance(incoming, Incoming):
+        return incoming
+    _refused(incoming, tally)
+    return None
+
+
+def _finish(admission: Admission, incoming: Incoming, tally: Tally) -> None:
+    outcome = admission.finish(incoming)
+    if outcome != ADMITTED:
+        _refused(outcome, tally)
+        return
+    tally.admitted += 1
+    tally.admitted_bytes += incoming.kv.nbytes()
+    tally.count("admitted")
+
+
+def _refused(outcome: int, tally: Tally) -> None:
+    if outcome == HELD:
+        tally.held += 1
+    else:
+        tally.refused[outcome] += 1
+    tally.count(outcome_label(outcome))
+
+
+def _tear(admission: Admission, incoming: Incoming | None, tally: Tally) -> None:
+    if incoming is not None:
+        admission.abort(incoming)
+    tally.torn += 1
+    tally.count("torn")

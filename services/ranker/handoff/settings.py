@@ -1,0 +1,47 @@
+"""Settings of the cache handoff (`services.ranker.handoff`): how long and how fast a draining ranker hands
+its prefixes off, and for how long a ranker reads misses through from its peers after the ring changed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from services.common.config import setting
+
+
+@dataclasses.dataclass(frozen=True)
+class HandoffSettings:
+    handoff_budget_s: float = setting(
+        10.0,
+        "after SIGTERM and the drain, seconds a ranker spends pushing its cached prefixes (DRAM entries and "
+        "HBM entries still resident, most recently used first) to each user's next owner on the ring "
+        "(--rankers or --rankers-srv); what does not fit is dropped (0: no handoff). The pod's "
+        "terminationGracePeriodSeconds must cover it",
+        minimum=0,
+    )
+    handoff_rate_mb_s: float = setting(
+        200.0,
+        "MiB a second a drain pushes at most, to all peers together, so that the receivers keep serving",
+        above=0,
+    )
+    read_through_grace_s: float = setting(
+        120.0,
+        "seconds after start-up or a change of the routable rankers during which a ranker that misses a "
+        "user's prefix asks the user's next owner without itself (where a drain pushed it, or who served "
+        "the user meanwhile) before computing; a PreInfer's ask is a prefetch off the critical path, a "
+        "Rank's is made only when the transfer is predicted to beat the recomputation (0: never)",
+        minimum=0,
+    )
+    read_through_timeout_ms: float = setting(
+        100.0,
+        "longest wait of a PreInfer's read-through for a peer's answer before it computes the prefix itself "
+        "(a Rank waits at most its predicted recomputation, within its deadline)",
+        above=0,
+    )
+
+    @property
+    def hands_off(self) -> bool:
+        return self.handoff_budget_s > 0
+
+    @property
+    def reads_through(self) -> bool:
+        return self.read_through_grace_s > 0

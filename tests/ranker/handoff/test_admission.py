@@ -1,0 +1,172 @@
+"""Admission of entries that come from another ranker, by mechanism: the bytes that arrive are the bytes
+sent, into DRAM only, and only whole, matching and within budget (real bytes measured, not the tier's
+counter); a Rank from an admitted entry equals a full recomputation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relaygr.v1 import handoff_pb2, ranker_pb2
+from services.ranker.cache.acquired import Source
+from tests.exact import assert_scores_equal
+from tests.ranker.handoff.support import cached, deliver, history, ranked, reference, run, wire
+from tests.ranker.harness import cache_app, events, held_bytes, settle
+
+Refusal = handoff_pb2.HandoffRefusal
+Outcome = ranker_pb2.PreInferOutcome
+
+
+@run
+async def test_entries_arrive_byte_for_byte_into_dram_and_rank_exactly() -> None:
+    async with cache_app(instance_name="a") as sender, cache_app(instance_name="b") as receiver:
+        entries = await cached(sender, range(3))
+        chunks = await wire(sender, entries)
+        sent = sum(len(c.data) for c in chunks)
+        tally = await deliver(receiver, chunks)
+        assert (tally.admitted, tally.held, tally.torn, dict(tally.refused)) == (3, 0, 0, {})
+        assert tally.received_bytes == sent == tally.admitted_bytes
+        assert held_bytes(receiver.cache) == {"hbm": 0, "dram": sent}
+        for entry in entries:
+            (got,) = receiver.cache.index.of_user(entry.key.user_id)
+            assert got.key == entry.key and got.hbm is None
+            assert torch.equal(got.dram.buffer, entry.dram.buffer)
+        for user in range(3):
+            scores, source = await ranked(receiver, user)
+            assert source is Source.DRAM
+            assert_scores_equal(scores, reference(receiver, user))
+
+
+@run
+async def test_a_key_already_held_is_acknowledged_and_stored_once() -> None:
+    async with cache_app(instance_name="a") as sender, cache_app(instance_name="b") as receiver:
+        chunks = await wire(sender, await cached(sender, [1]))
+        assert (await deliver(receiver, chunks)).admitted == 1
+        before = held_bytes(receiver.cache)
+        again = await deliver(receiver, chunks)
+        assert (again.admitted, again.held) == (0, 1)
+        assert held_bytes(receiver.cache) == before and receiver.cache.dram.used_bytes == before["dram"]
+
+
+def _with(chunks, **changes):
+    first = handoff_pb2.HandoffChunk()
+    first.CopyFrom(chunks[0])
+    for field, value in changes.items():
+        if field == "layout":
+            first.entry.layout.CopyFrom(value)
+        else:
+            setattr(first.entry, field, value)
+    return [first, *chunks[1:]]
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (lambda c, e: _with(c, model_version="other"), Refusal.HANDOFF_REFUSAL_MODEL_VERSION),
+        (
+            lambda c, e: _with(c, layout=handoff_pb2.KvLayout(dtype="float32", layers=e.layers + 1,
+                                                                heads=e.heads, head_dim=e.head_dim)),
+            Refusal.HANDOFF_REFUSAL_LAYOUT,
+        ),
+        (
+            lambda c, e: _with(c, layout=handoff_pb2.KvLayout(dtype="bfloat16", layers=e.layers,
+                                                                heads=e.heads, head_dim=e.head_dim)),
+            Refusal.HANDOFF_REFUSAL_LAYOUT,
+        ),
+        (lambda c, e: _with(c, crc32=c[0].entry.crc32 ^ 1), Refusal.HANDOFF_REFUSAL_CHECKSUM),
+        (lambda c, e: [*c[:-1], _flipped(c[-1])], Refusal.HANDOFF_REFUSAL_CHECKSUM),
+        (lambda c, e: _with(c, nbytes=c[0].entry.nbytes * 2), Refusal.HANDOFF_REFUSAL_INVALID),
+    ],
+    ids=["model-version", "layers", "dtype", "header-crc", "flipped-byte", "size"],
+)  # fmt: skip
+@run
+async def test_a_mismatched_entry_is_refused_and_leaves_nothing(change, reason) -> None:
+    async with cache_app(instance_name="a") as sender, cache_app(instance_name="b") as receiver:
+        chunks = change(await wire(sender, await cached(sender, [7])), receiver.admission.layout)
+        tally = await deliver(receiver, chunks)
+        assert (tally.admitted, dict(tally.refused)) == (0, {reason: 1})
+        assert not receiver.cache.index.entries and receiver.cache.dram.used_bytes == 0
+        assert held_bytes(receiver.cache) == {"hbm": 0, "dram": 0}
+
+
+def _flipped(chunk: handoff_pb2.HandoffChunk) -> handoff_pb2.HandoffChunk:
+    data = bytearray(chunk.data)
+    data[len(data) // 2] ^= 0x40
+    return handoff_pb2.HandoffChunk(entry=chunk.entry if chunk.HasField("entry") else None, data=bytes(data),
+                                    last=chunk.last)  # fmt: skip
+
+
+@run
+async def test_a_torn_stream_admits_nothing_of_its_last_entry() -> None:
+    async with cache_app(instance_name="a") as sender, cache_app(instance_name="b") as receiver:
+        entries = await cached(sender, [1, 2])
+        chunks = await wire(sender, entries)
+        torn = [*chunks[:-1], _cut(chunks[-1])]
+        tally = await deliver(receiver, torn)
+        assert (tally.admitted, tally.torn) == (1, 1)
+        assert [e.key for e in receiver.cache.index] == [entries[0].key]
+        assert receiver.cache.dram.used_bytes == held_bytes(receiver.cache)["dram"] == tally.admitted_bytes
+
+
+def _cut(chunk: handoff_pb2.HandoffChunk) -> handoff_pb2.HandoffChunk:
+    """The chunk with half its bytes and no `last`: the sender died while sending it."""
+    return handoff_pb2.HandoffChunk(entry=chunk.entry if chunk.HasField("entry") else None,
+                                    data=chunk.data[: len(chunk.data) // 2])  # fmt: skip
+
+
+@run
+async def test_the_dram_budget_holds_in_real_bytes_and_recent_entries_are_not_evicted() -> None:
+    entry_bytes = 40 * 512  # cpu-tiny: 512 bytes of KV a token, 40 events a history
+    # Room for four entries and a half. The receiver's own two are used after the sender's six were: an
+    # incoming entry may evict only entries used before it was, so they stay and two of six fit.
+    budget_mb = 4.5 * entry_bytes / 2**20
+    async with (
+        cache_app(instance_name="a") as sender,
+        cache_app(instance_name="b", dram_budget_mb=budget_mb) as receiver,
+    ):
+        entries = await cached(sender, range(6))
+        assert entries[0].dram.nbytes() == entry_bytes
+        own = await cached(receiver, [100, 101])
+        tally = await deliver(receiver, await wire(sender, entries))
+        assert tally.admitted == 2 and dict(tally.refused) == {Refusal.HANDOFF_REFUSAL_BUDGET: 4}
+        assert [e.key for e in receiver.cache.index][-2:] == [e.key for e in entries[:2]]  # most recent first
+        held = held_bytes(receiver.cache)["dram"]
+        assert held == 4 * entry_bytes <= receiver.cache.dram.budget_bytes
+        assert all(receiver.cache.index.get(entry.key) is entry for entry in own)
+
+
+@run
+async def test_an_incoming_entry_evicts_what_was_used_before_it_never_a_leased_one() -> None:
+    entry_bytes = 40 * 512
+    budget_mb = 2.5 * entry_bytes / 2**20
+    async with (
+        cache_app(instance_name="b", dram_budget_mb=budget_mb) as receiver,
+        cache_app(instance_name="a") as sender,
+    ):
+        old = await cached(receiver, [100, 101])  # used first: evictable
+        incoming = await cached(sender, [1, 2])
+        tally = await deliver(receiver, await wire(sender, incoming))
+        assert tally.admitted == 2 and not tally.refused
+        assert all(receiver.cache.index.get(entry.key) is None for entry in old)
+        assert held_bytes(receiver.cache)["dram"] == 2 * entry_bytes
+
+
+@run
+async def test_a_leased_entry_is_never_a_victim_however_old() -> None:
+    entry_bytes = 40 * 512
+    budget_mb = 2.5 * entry_bytes / 2**20
+    async with (
+        cache_app(instance_name="b", dram_budget_mb=budget_mb) as receiver,
+        cache_app(instance_name="a") as sender,
+    ):
+        (old,) = await cached(receiver, [200])  # in DRAM, used before anything the sender has
+        outcome, _ = await receiver.cache.pre_infer("user-200", events(history(200)))
+        await settle(receiver)
+        # Reloaded for its Rank and leased: its DRAM copy is kept (unchanged), and it is the oldest.
+        assert (
+            outcome == Outcome.PRE_INFER_OUTCOME_RELOADED and old.lease is not None and old.dram is not None
+        )
+        tally = await deliver(receiver, await wire(sender, await cached(sender, [1, 2, 3])))
+        assert tally.admitted == 1 and dict(tally.refused) == {Refusal.HANDOFF_REFUSAL_BUDGET: 2}
+        assert receiver.cache.index.get(old.key) is old and old.dram is not None and old.lease is not None
+        assert held_bytes(receiver.cache)["dram"] == 2 * entry_bytes
