@@ -4,7 +4,10 @@ carries them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import functools
+import socket
 from collections.abc import AsyncIterator, Callable, Iterable
 
 import torch
@@ -14,7 +17,7 @@ from services.ranker.app import RankerApp
 from services.ranker.cache import kv_wire
 from services.ranker.cache.index import CacheEntry
 from services.ranker.handoff.receive import Tally, receive
-from tests.ranker.harness import CANDIDATES, SHORT, events, rank, settle
+from tests.ranker.harness import BASE, CANDIDATES, SHORT, events, rank, settle
 
 
 def run(test: Callable) -> Callable:
@@ -68,3 +71,70 @@ def reference(app: RankerApp, user: int, length: int = 40) -> torch.Tensor:
 async def ranked(app: RankerApp, user: int, length: int = 40) -> tuple[torch.Tensor, object]:
     scores, source = await rank(app, f"user-{user}", history(user, length))
     return torch.tensor(scores, dtype=torch.float32), source
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free loopback ports (each socket held until all are picked)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+@dataclasses.dataclass
+class Fleet:
+    """In-process rankers on loopback that know each other (`--rankers`), by name."""
+
+    names: list[str]
+    ports: dict[str, int]
+    overrides: dict
+    apps: dict[str, RankerApp] = dataclasses.field(default_factory=dict)
+
+    @property
+    def members(self) -> str:
+        return ",".join(f"{name}=127.0.0.1:{self.ports[name]}" for name in self.names)
+
+    async def start(self, name: str) -> RankerApp:
+        config = dataclasses.replace(
+            BASE, instance_name=name, port=self.ports[name], rankers=self.members, health_interval_s=0.1,
+            drain_min_s=0.0, **self.overrides,
+        )  # fmt: skip
+        app = RankerApp(config)
+        await app.start()
+        self.apps[name] = app
+        return app
+
+    async def routable(self, timeout_s: float = 20.0) -> None:
+        """Waits until every running ranker sees every other running one routable."""
+        running = set(self.apps)
+        for _ in range(int(timeout_s / 0.05)):
+            seen = [
+                {m.name for m in app.peers.membership.routable()} >= running for app in self.apps.values()
+            ]
+            if all(seen):
+                return
+            await asyncio.sleep(0.05)
+        raise TimeoutError("the rankers did not see each other routable")
+
+    async def stop(self, name: str, drain: bool = True) -> None:
+        app = self.apps.pop(name)
+        if drain:
+            await app.grpc.drain()
+        else:
+            await app.grpc.server.stop(None)
+        await app.close()
+
+    async def close(self) -> None:
+        for name in list(self.apps):
+            await self.stop(name, drain=False)
+
+
+@contextlib.asynccontextmanager
+async def fleet(names: list[str], **overrides) -> AsyncIterator[Fleet]:
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
+    rankers = Fleet(names, ports, overrides)
+    try:
+        yield rankers
+    finally:
+        await rankers.close()

@@ -1,0 +1,100 @@
+"""The cache handoff between real rankers on loopback gRPC: a drain hands every entry to its user's next
+owner byte for byte, a returning ranker reads its users' prefixes back, and Ranks from either equal a full
+recomputation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import torch
+from prometheus_client import REGISTRY
+
+from relaygr.v1 import common_pb2, ranker_pb2_grpc
+from services.ranker.cache.acquired import Source
+from services.ranker.handoff.read_through import TransferModel
+from tests.exact import assert_scores_equal
+from tests.ranker.handoff.support import cached, fleet, history, ranked, reference, run
+from tests.ranker.harness import CANDIDATES, SHORT, events, settle
+from tests.support.requests import rank_request
+
+USERS = range(12)
+ENTRY_BYTES = 40 * 512  # cpu-tiny: 512 bytes of KV a token, 40 events a history
+
+
+def read_throughs(outcome: str) -> float:
+    return REGISTRY.get_sample_value("relaygr_read_through_total", {"outcome": outcome}) or 0.0
+
+
+@run
+async def test_a_drain_hands_each_entry_to_its_next_owner_byte_for_byte_and_ranks_stay_exact() -> None:
+    async with fleet(["a", "b", "c"]) as rankers:
+        for name in rankers.names:
+            await rankers.start(name)
+        await rankers.routable()
+        a = rankers.apps["a"]
+        entries = await cached(a, USERS)
+        owners = {e.key: a.peers.next_owner(e.key.user_id).name for e in entries}
+        sent = {e.key: e.dram.buffer.clone() for e in entries}
+        assert set(owners.values()) == {"b", "c"}
+        await rankers.stop("a")  # SIGTERM's path: NOT_SERVING, drain, handoff, stop
+        summary = a.handed_off
+        assert (summary.sent, summary.failed, summary.skipped_ttl, summary.skipped_time) == (12, 0, 0, 0)
+        receipts = {r.instance: r for r in summary.receipts}
+        assert sum(r.admitted for r in receipts.values()) == 12
+        assert sum(r.received_bytes for r in receipts.values()) == summary.sent_bytes == 12 * ENTRY_BYTES
+        for key, owner in owners.items():
+            got = rankers.apps[owner].cache.index.get(key)
+            assert got is not None and got.hbm is None and torch.equal(got.dram.buffer, sent[key])
+        for user in (0, 1):
+            owner = rankers.apps[owners[entries[user].key]]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{owner.grpc.port}") as channel:
+                request = rank_request(f"user-{user}", history(user), SHORT, CANDIDATES.tolist())
+                answer = await ranker_pb2_grpc.RankerServiceStub(channel).Rank(request, timeout=10)
+            assert answer.cache_source == common_pb2.CACHE_SOURCE_DRAM
+            assert_scores_equal(answer.scores, reference(owner, user))
+
+
+@run
+async def test_a_returning_ranker_reads_its_users_back_from_who_served_them_meanwhile() -> None:
+    async with fleet(["a", "b", "c"]) as rankers:
+        for name in ("b", "c"):  # "a" is away: its users are with their next owners
+            await rankers.start(name)
+        ring = rankers.apps["b"].peers.membership.ring
+        ours = [u for u in range(60) if ring.owner(f"user-{u}") == "a"][:6]
+        for user in ours:  # served by the member the routers send them to while "a" is away
+            serving = next(name for name in ring.walk(f"user-{user}") if name != "a")
+            await cached(rankers.apps[serving], [user])
+        a = await rankers.start("a")
+        await rankers.routable()
+        hits, skipped = read_throughs("hit"), read_throughs("skipped")
+        # A PreInfer's read-through is a prefetch: the prefix arrives, is reloaded and leased; its Rank
+        # consumes it from HBM and computes nothing.
+        first, second, third = ours[:3]
+        await a.cache.pre_infer(f"user-{first}", events(history(first)))
+        await _fetched(a)
+        scores, source = await ranked(a, first)
+        assert source is Source.HBM and read_throughs("hit") == hits + 1
+        assert_scores_equal(scores, reference(a, first))
+        # A Rank reads through when the transfer is predicted to beat computing ...
+        a.read_through.transfer = TransferModel(call_s=0.0, byte_s=0.0)
+        scores, source = await ranked(a, second)
+        assert source is Source.DRAM and read_throughs("hit") == hits + 2
+        assert_scores_equal(scores, reference(a, second))
+        # ... and computes when it is not.
+        a.read_through.transfer = TransferModel(call_s=10.0, byte_s=0.0)
+        scores, source = await ranked(a, third)
+        assert source is Source.MISS and read_throughs("skipped") == skipped + 1
+        assert_scores_equal(scores, reference(a, third))
+        # A user of another member's arcs is never read through: its owner pushes on its drain.
+        theirs = next(u for u in range(60) if ring.owner(f"user-{u}") != "a")
+        assert a.peers.source(f"user-{theirs}") is None
+
+
+async def _fetched(app) -> None:
+    """Waits until the ranker's prefetches have been answered and their productions have settled."""
+    for _ in range(200):
+        if not app.read_through._tasks:
+            break
+        await asyncio.sleep(0.01)
+    await settle(app)
