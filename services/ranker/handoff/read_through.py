@@ -13,6 +13,8 @@ prefix of the request's events.
   latency curve), and it waits no longer than that recomputation, within the Rank's deadline.
 - One fetch per (user, events) at a time: a Rank that arrives during its PreInfer's prefetch joins it. A
   user is asked for at most once per events, so a peer's miss is never asked again.
+- `GIVE_UP_AFTER` answers in a row without an entry (a fleet started together, whose peers hold nothing)
+  end the asking until the routable members change again.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from services.ranker.model.events import Events
 log = logging.getLogger(__name__)
 
 ASKED_MAX = 100_000  # (user, events) remembered as asked
+GIVE_UP_AFTER = 16
 EWMA_WEIGHT = 0.2
 
 
@@ -81,12 +84,16 @@ class ReadThrough:
         self._fetches: dict[tuple[str, str], asyncio.Future[bool]] = {}
         self._asked: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
         self._tasks: set[asyncio.Task] = set()
+        self._empty_in_a_row = 0
+        self._gave_up_at: float | None = None  # the change whose window the asking ended in
 
     def _source(self, user_id: str, events: Events) -> Member | None:
         """The peer to ask for this prefix, if any: within the grace window, never asked for these events,
         and no local strict prefix to extend."""
         key = (user_id, events.fingerprint)
         if key in self._asked or self.peers.since_change_s() >= self.grace_s:
+            return None
+        if self._gave_up_at == self.peers.changed_at:
             return None
         cache = self.admission.cache
         if cache.index.extension_base(user_id, events, busy=lambda e: e.key in cache.productions):
@@ -148,11 +155,20 @@ class ReadThrough:
             metrics.READ_THROUGH.labels("timeout" if timed_out else "error").inc()
             if not timed_out:
                 log.warning("read-through of %s from %s failed: %s", user_id, member.name, exc.code().name)
-            return False
+            return self._answered(False)
         self.transfer.observe(tally.received_bytes, self.clock() - started)
         hit = tally.admitted > 0 or tally.held > 0
         metrics.READ_THROUGH.labels("hit" if hit else "miss").inc()
         metrics.READ_THROUGH_BYTES.inc(tally.admitted_bytes)
+        return self._answered(hit)
+
+    def _answered(self, hit: bool) -> bool:
+        self._empty_in_a_row = 0 if hit else self._empty_in_a_row + 1
+        if self._empty_in_a_row >= GIVE_UP_AFTER:
+            self._empty_in_a_row = 0
+            self._gave_up_at = self.peers.changed_at
+            log.info("read-through: %d answers in a row held nothing; asking again after a ring change",
+                     GIVE_UP_AFTER)  # fmt: skip
         return hit
 
     async def close(self) -> None:

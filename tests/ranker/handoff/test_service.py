@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 
 from relaygr.v1 import common_pb2, ranker_pb2_grpc
 from services.ranker.cache.acquired import Source
-from services.ranker.handoff.read_through import TransferModel
+from services.ranker.handoff.read_through import GIVE_UP_AFTER, TransferModel
 from tests.exact import assert_scores_equal
 from tests.ranker.handoff.support import cached, fleet, history, ranked, reference, run
 from tests.ranker.harness import CANDIDATES, SHORT, events, settle
@@ -98,3 +98,33 @@ async def _fetched(app) -> None:
             break
         await asyncio.sleep(0.01)
     await settle(app)
+
+
+@run
+async def test_peers_that_hold_nothing_are_asked_no_more_until_the_ring_changes() -> None:
+    async with fleet(["a", "b", "c"]) as rankers:
+        for name in rankers.names:  # started together: nobody holds anything
+            await rankers.start(name)
+        await rankers.routable()
+        a = rankers.apps["a"]
+        ring = a.peers.membership.ring
+        ours = [u for u in range(400) if ring.owner(f"user-{u}") == "a"]
+        misses = read_throughs("miss")
+        for user in ours[: GIVE_UP_AFTER + 4]:
+            await a.cache.pre_infer(f"user-{user}", events(history(user)))
+            await _fetched(a)
+        assert read_throughs("miss") == misses + GIVE_UP_AFTER
+        await rankers.stop("c", drain=False)  # the routable members change: a new window
+        await _until_unroutable(a, "c")
+        user = ours[GIVE_UP_AFTER + 4]
+        await a.cache.pre_infer(f"user-{user}", events(history(user)))
+        await _fetched(a)
+        assert read_throughs("miss") == misses + GIVE_UP_AFTER + 1
+
+
+async def _until_unroutable(app, name: str) -> None:
+    for _ in range(400):
+        if not app.peers.membership.members[name].routable:
+            return
+        await asyncio.sleep(0.025)
+    raise TimeoutError(f"{name} stayed routable")
