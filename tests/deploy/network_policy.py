@@ -9,6 +9,7 @@ the source's egress and the destination's ingress to allow it. Peers are pod and
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -16,12 +17,14 @@ from tests.deploy.manifests import Manifest
 from tests.deploy.pods import selects
 
 # Every process that routes to the rankers (PreInfer, GetProfile, Rank and its gRPC health checks of each
-# ranker) reaches them on 50051: the trigger and the retrieval stub directly, the router for its callers.
+# ranker) reaches them on 50051: the trigger and the retrieval stub directly, the router for its callers;
+# and the rankers reach each other there for the cache handoff (Push, Fetch, and the ring's health checks).
 FLEET_PATHS = {
     ("retrieval-stub", "trigger", 50052),
     ("retrieval-stub", "ranker", 50051),
     ("trigger", "ranker", 50051),
     ("router", "ranker", 50051),
+    ("ranker", "ranker", 50051),
 }
 
 
@@ -93,3 +96,14 @@ def allowed(
     return _allows(policies, "Egress", source, destination, port, protocol) and _allows(
         policies, "Ingress", destination, source, port, protocol
     )
+
+
+def open_paths(policies: list[dict], pods: dict[str, Pod], ports: dict[str, dict[str, int]]) -> set:
+    """(source, destination, port) for every pair of fleet pods (two pods of one workload too) and every
+    port the destination exposes that the policies let the source connect to."""
+    return {
+        (source, destination, port)
+        for source, destination in itertools.product(pods, repeat=2)
+        for port in ports[destination].values()
+        if allowed(policies, pods[source], pods[destination], port)
+    }

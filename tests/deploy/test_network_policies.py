@@ -5,14 +5,12 @@ rankers directly, and no fleet pod calls the router, which serves callers from o
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 from tests.deploy.compose import composed
 from tests.deploy.configs import loaded_configs
 from tests.deploy.manifests import NAMESPACE, OVERLAYS, Manifest, named, objects, of_kind, workloads
-from tests.deploy.network_policy import FLEET_PATHS, Pod, allowed
+from tests.deploy.network_policy import FLEET_PATHS, Pod, allowed, open_paths
 from tests.deploy.pods import container_ports, containers, pod_labels, selects
 
 COMPONENTS = ("tls", "tracing", "autoscaling", "keda")
@@ -36,17 +34,6 @@ def fleet_of(manifests: list[Manifest]) -> tuple[list[dict], dict[str, Pod], dic
     return of_kind(manifests, "NetworkPolicy"), pods, ports
 
 
-def open_paths(policies: list[dict], pods: dict[str, Pod], ports: dict[str, dict[str, int]]) -> set:
-    """(source, destination, port) for every pair of fleet pods and every port the destination exposes
-    that the policies let the source connect to."""
-    return {
-        (source, destination, port)
-        for source, destination in itertools.permutations(pods, 2)
-        for port in ports[destination].values()
-        if allowed(policies, pods[source], pods[destination], port)
-    }
-
-
 def serving(manifests: list[Manifest], host: str) -> tuple[str, Manifest]:
     """The workload behind a Service name `<service>.<namespace>.svc.cluster.local`, and the Service."""
     service = named(manifests, "Service", host.removesuffix(f".{NAMESPACE}.svc.cluster.local"))
@@ -58,14 +45,16 @@ def serving(manifests: list[Manifest], host: str) -> tuple[str, Manifest]:
 def dialled_paths(overlay: str) -> set[tuple[str, str, int]]:
     """(caller, callee, port) for every connection the fleet's services are configured to open, from the
     settings each one's own config loader parses out of its rendered environment: a service that routes
-    to the rankers (the router; the trigger and the stub when given RELAYGR_RANKERS_SRV) dials each SRV
-    target on the port of the headless Service's `grpc` records; otherwise the stub and the trigger dial
-    their `router` target. The stub also dials its `trigger` target (relay on)."""
+    to the rankers (the router; the trigger and the stub when given RELAYGR_RANKERS_SRV; the rankers
+    themselves, for the cache handoff) dials each SRV target on the port of the headless Service's `grpc`
+    records; otherwise the stub and the trigger dial their `router` target. The stub also dials its
+    `trigger` target (relay on)."""
     manifests = objects(f"overlays/{overlay}")
     configs = loaded_configs(overlay)
     assert configs["router"].routes_directly and configs["router"].rankers_srv
     paths = set()
-    for caller in ("router", "trigger", "retrieval-stub"):
+    assert configs["ranker"].routes_directly, "the rankers know their ring (RELAYGR_RANKERS_SRV)"
+    for caller in ("router", "trigger", "retrieval-stub", "ranker"):
         config = configs[caller]
         if config.routes_directly:
             # _grpc._tcp.<service>.<namespace>.svc.cluster.local lists <service>'s port named grpc.

@@ -8,7 +8,6 @@ collector's OTLP/gRPC port wherever the endpoint points, while opening nothing e
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import re
 import urllib.parse
 
@@ -19,7 +18,7 @@ from services.common.config import ENV_PREFIX, env_name, load
 from tests.deploy.compose import composed
 from tests.deploy.configs import config_class
 from tests.deploy.manifests import DEPLOY, NAMESPACE, OVERLAYS, objects, of_kind, render, workloads
-from tests.deploy.network_policy import FLEET_PATHS, Pod, allowed
+from tests.deploy.network_policy import FLEET_PATHS, Pod, allowed, open_paths
 from tests.deploy.pods import container_ports, containers, environment, pod_labels
 from tests.deploy.validate import (
     unvalidated_kinds,
@@ -183,13 +182,7 @@ def test_every_fleet_pod_reaches_the_collector_and_nothing_more_opens(overlay, e
             assert not allowed(policies, collector, pod, own_port), name
     # Between the fleet's pods, the same paths as without tracing.
     ports = {name: container_ports(containers(named_workload(manifests, name))[0]) for name in pods}
-    open_paths = {
-        (source, destination, p)
-        for source, destination in itertools.permutations(pods, 2)
-        for p in ports[destination].values()
-        if allowed(policies, pods[source], pods[destination], p)
-    }
-    assert open_paths == FLEET_PATHS
+    assert open_paths(policies, pods, ports) == FLEET_PATHS
     # Other pods of the namespace (the ghz Job, a neighbour) gain nothing.
     assert not allowed(policies, NEIGHBOUR, collector, port)
     assert not allowed(policies + of_kind(objects("loadtest"), "NetworkPolicy"), GHZ, collector, port)
