@@ -37,8 +37,9 @@ from services.ranker.engine.runner import ModelRunner
 from services.ranker.engine.scheduler import Op, Scheduler
 from services.ranker.handoff import servicer as handoff
 from services.ranker.handoff.peers import Peers
-from services.ranker.handoff.push import HandoffSummary, Pusher
-from services.ranker.handoff.read_through import ReadThrough
+from services.ranker.handoff.push import SENT_OUTCOMES, HandoffSummary, Pusher
+from services.ranker.handoff.read_through import READ_THROUGH_OUTCOMES, ReadThrough
+from services.ranker.handoff.receive import RECEIVED
 from services.ranker.model.hstu import HSTURanker
 from services.ranker.model.presets import get_preset
 from services.ranker.model.store import is_model_dir, load_model_dir
@@ -89,6 +90,9 @@ def precreate_metrics() -> None:
     precreate(metrics.PRE_INFER_TOKENS, ("consumed",), ("wasted",))
     precreate(metrics.PRODUCTIONS, *[(kind.value,) for kind in Kind])
     precreate(metrics.MODEL_SECONDS, *[(op.value,) for op in Op])
+    precreate(metrics.HANDOFF_SENT_ENTRIES, *[(outcome,) for outcome in SENT_OUTCOMES])
+    precreate(metrics.HANDOFF_RECEIVED_ENTRIES, ("admitted",), ("torn",), *[(label,) for label in RECEIVED])
+    precreate(metrics.READ_THROUGH, *[(outcome,) for outcome in READ_THROUGH_OUTCOMES])
 
 
 class RankerApp:
@@ -149,6 +153,7 @@ class RankerApp:
                 self.read_through = ReadThrough(self.admission, self.peers, config, self.cache.load)
                 self.cache.read_through = self.read_through
         self.handed_off: HandoffSummary | None = None
+        metrics.HANDOFF_BUDGET.set(config.handoff_budget_s if self.peers is not None else 0.0)
         self.grpc = self._server()
         self._sweeper: asyncio.Task | None = None
         self.recheck: Recheck | None = None

@@ -162,7 +162,77 @@ def build() -> dashboard.Dashboard:
         UID,
         "RelayGR / Prefix cache",
         "The rankers' prefix KV cache: HBM and DRAM tiers against their budgets, evictions, miss reasons, "
-        "leases and productions.",
+        "leases and productions, and its handoff between rankers through rollouts and scaling.",
         "ranker",
-        [tiers, churn, production],
+        [tiers, churn, production, handoff()],
+    )
+
+
+HIT_SHARE = ratio(
+    summed_rate("relaygr_rank_requests_total", RANKER, by="cache_source"),
+    summed_rate("relaygr_rank_requests_total", RANKER),
+    matching="ignoring (cache_source) group_left",
+)
+
+
+def handoff() -> Row:
+    """Caches through rollouts: where Ranks found their prefix, and what drains and read-throughs moved."""
+    return Row(
+        "Handoff through rollouts",
+        [
+            timeseries_panel(
+                "Hit rate by tier",
+                "Share of Ranks by where their prefix came from (HBM, DRAM, extended, or a miss). Through a "
+                "rolling restart or a scale step, the handoff keeps the DRAM and HBM shares up: a drained "
+                "ranker's users find their prefixes on their next owner, and a ranker back or new reads its "
+                "users' prefixes through from it.",
+                "percentunit",
+                [Target(HIT_SHARE, "{{cache_source}}")],
+                width=24,
+                stacked=True,
+            ),
+            timeseries_panel(
+                "Handoff entries",
+                "Entries per second a draining ranker sent (or skipped: TTL, time budget; failed; no owner), "
+                "and entries its peers received, by outcome (admitted, held, refused by reason, torn). A "
+                "drained ranker's own series end when it exits: the receivers' are the lasting record.",
+                "ops",
+                [
+                    Target(
+                        summed_rate("relaygr_handoff_sent_entries_total", RANKER, by="outcome"),
+                        "sent {{outcome}}",
+                    ),
+                    Target(
+                        summed_rate("relaygr_handoff_received_entries_total", RANKER, by="outcome"),
+                        "received {{outcome}}",
+                    ),
+                ],
+                width=8,
+            ),
+            timeseries_panel(
+                "Read-through",
+                "Misses that asked a peer for the prefix after a ring change, per second by outcome (hit, "
+                "miss, timeout, error, skipped: predicted slower than computing), and the KV bytes fetched.",
+                "ops",
+                [
+                    Target(summed_rate("relaygr_read_through_total", RANKER, by="outcome"), "{{outcome}}"),
+                    Target(summed_rate("relaygr_read_through_bytes_total", RANKER), "bytes/s fetched"),
+                ],
+                width=8,
+            ),
+            timeseries_panel(
+                "Handoff bytes and duration",
+                "KV bytes per second handed off whole and received; the last drain's handoff duration of "
+                "each ranker against its budget (dashed).",
+                "short",
+                [
+                    Target(summed_rate("relaygr_handoff_sent_bytes_total", RANKER), "bytes/s sent"),
+                    Target(summed_rate("relaygr_handoff_received_bytes_total", RANKER), "bytes/s received"),
+                    Target(f"max by (pod) (relaygr_handoff_duration_seconds{RANKER})", "{{pod}} duration s"),
+                    Target(f"max (relaygr_handoff_budget_seconds{RANKER})", "budget s"),
+                ],
+                width=8,
+                dashed="budget",
+            ),
+        ],
     )

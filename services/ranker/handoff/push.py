@@ -30,6 +30,7 @@ from services.ranker.handoff.settings import HandoffSettings
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
+SENT_OUTCOMES = ("sent", "skipped_ttl", "skipped_time", "failed", "no_owner")
 
 
 class Pacer:
@@ -83,7 +84,6 @@ class Pusher:
         self.budget_s = settings.handoff_budget_s
         self.bytes_per_s = settings.handoff_rate_mb_s * MIB
         self.clock = clock
-        metrics.HANDOFF_BUDGET.set(self.budget_s)
 
     async def push(self) -> HandoffSummary:
         """Hands the resident entries off within the time budget; what it did."""

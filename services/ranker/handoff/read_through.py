@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 ASKED_MAX = 100_000  # (user, events) remembered as asked
 GIVE_UP_AFTER = 16
+READ_THROUGH_OUTCOMES = ("hit", "miss", "timeout", "error", "skipped")
 EWMA_WEIGHT = 0.2
 
 

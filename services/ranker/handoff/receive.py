@@ -22,6 +22,10 @@ def outcome_label(outcome: int) -> str:
     return "held" if outcome == HELD else Refusal.Name(outcome).removeprefix("HANDOFF_REFUSAL_").lower()
 
 
+# The labels of what a receiver did with an entry besides admitting it or finding it torn.
+RECEIVED = ("held", *(outcome_label(value) for value in Refusal.values() if value != HELD))
+
+
 @dataclasses.dataclass
 class Tally:
     admitted: int = 0

@@ -5,6 +5,7 @@ recomputation."""
 from __future__ import annotations
 
 import asyncio
+import types
 
 import grpc
 import torch
@@ -57,7 +58,8 @@ async def test_a_drain_hands_each_entry_to_its_next_owner_byte_for_byte_and_rank
 
 @run
 async def test_a_returning_ranker_reads_its_users_back_from_who_served_them_meanwhile() -> None:
-    async with fleet(["a", "b", "c"]) as rankers:
+    # A peer's answer takes milliseconds over loopback, more on a busy machine: the waits are generous.
+    async with fleet(["a", "b", "c"], read_through_timeout_ms=10_000) as rankers:
         for name in ("b", "c"):  # "a" is away: its users are with their next owners
             await rankers.start(name)
         ring = rankers.apps["b"].peers.membership.ring
@@ -76,8 +78,10 @@ async def test_a_returning_ranker_reads_its_users_back_from_who_served_them_mean
         scores, source = await ranked(a, first)
         assert source is Source.HBM and read_throughs("hit") == hits + 1
         assert_scores_equal(scores, reference(a, first))
-        # A Rank reads through when the transfer is predicted to beat computing ...
+        # A Rank reads through when the transfer is predicted to beat computing (here: free, against a
+        # recomputation predicted to take 10 s, which is also how long it may wait) ...
         a.read_through.transfer = TransferModel(call_s=0.0, byte_s=0.0)
+        a.read_through.load = types.SimpleNamespace(cost_ms=lambda path, tokens: 10_000.0)
         scores, source = await ranked(a, second)
         assert source is Source.DRAM and read_throughs("hit") == hits + 2
         assert_scores_equal(scores, reference(a, second))
@@ -102,7 +106,7 @@ async def _fetched(app) -> None:
 
 @run
 async def test_peers_that_hold_nothing_are_asked_no_more_until_the_ring_changes() -> None:
-    async with fleet(["a", "b", "c"]) as rankers:
+    async with fleet(["a", "b", "c"], read_through_timeout_ms=10_000) as rankers:
         for name in rankers.names:  # started together: nobody holds anything
             await rankers.start(name)
         await rankers.routable()
