@@ -225,18 +225,24 @@ class RankerApp:
 
     async def drain(self) -> None:
         """Refuses new pre-inference and keeps serving Ranks for `drain_min_s` (until routers have seen
-        NOT_SERVING), and on while leased entries await their Ranks, up to half the grace; then, knowing its
-        peers, hands its cached prefixes to their next owners (`--handoff-budget-s`); the server's stop then
-        gives in-flight RPCs the grace."""
+        NOT_SERVING), and on while leased entries await their Ranks, up to half the grace; knowing its peers,
+        it hands its cached prefixes to their next owners meanwhile, and what the drain made once it is over
+        (within `--handoff-budget-s` from its start); the server's stop then gives in-flight RPCs the
+        grace."""
         self.cache.accepting = False
+        pusher = None
+        if self.peers is not None and self.config.hands_off:
+            pusher = Pusher(self.admission, self.peers, self.config)
+            pushing = asyncio.create_task(pusher.push())  # under way while the routers move the users
         loop = asyncio.get_running_loop()
         started = loop.time()
         at_least = started + self.config.drain_min_s
         at_most = started + max(self.config.drain_min_s, self.config.drain_grace_s / 2)
         while loop.time() < at_least or (self.cache.leased() and loop.time() < at_most):
             await asyncio.sleep(self.config.sweep_interval_ms / 1000)
-        if self.peers is not None and self.config.hands_off:
-            self.handed_off = await Pusher(self.admission, self.peers, self.config).push()
+        if pusher is not None:
+            await pushing
+            self.handed_off = await pusher.push()  # and what the drain's last Ranks made
 
     def _server(self) -> GrpcServer:
         return GrpcServer(

@@ -1,9 +1,13 @@
 """A draining ranker's handoff: its cached prefixes pushed to each user's next owner.
 
-`Pusher.push` runs once the ranker is NOT_SERVING and has drained (`RankerApp.drain`). It plans every
-resident entry most recently used first (`Admission.resident`): an entry goes to its user's next owner
-(`Peers.next_owner`, where the routers now send that user); one whose DRAM TTL would run out before it
-could arrive at the handoff's rate, or that would arrive after the time budget, is skipped. Each peer gets
+A drain (`RankerApp.drain`) starts it as soon as the ranker is NOT_SERVING, so that the entries are on
+their way while the routers move the users, and calls `Pusher.push` once more when it has drained, for the
+entries its last Ranks made. Each round plans the resident entries not planned yet, most recently used
+first (`Admission.resident`): an entry goes to its user's next owner (`Peers.next_owner`, where the routers
+now send that user); one whose DRAM TTL would run out before it could arrive at the handoff's rate, or
+that would arrive after the time budget (counted from the drain's start), is skipped. An entry the drain's
+Ranks extend afterwards is a new key, sent in the second round; the first copy is its strict prefix, which
+the receiver extends. Each peer gets
 one client stream (`CacheHandoffService.Push`), all streams together paced to `--handoff-rate-mb-s`, and
 none runs past `--handoff-budget-s`: what has not been sent by then is dropped, as any cache is on exit.
 A receiver admits what is whole, fits and matches; it answers with its tally.
@@ -24,7 +28,7 @@ from services.affinity.membership import Member
 from services.ranker import metrics
 from services.ranker.cache import kv_wire as codec
 from services.ranker.cache.admission import Admission
-from services.ranker.cache.index import CacheEntry
+from services.ranker.cache.index import CacheEntry, PrefixKey
 from services.ranker.handoff.peers import Peers
 from services.ranker.handoff.settings import HandoffSettings
 
@@ -84,47 +88,50 @@ class Pusher:
         self.budget_s = settings.handoff_budget_s
         self.bytes_per_s = settings.handoff_rate_mb_s * MIB
         self.clock = clock
+        self.started = clock()
+        self.deadline = self.started + self.budget_s
+        self.pacer = Pacer(self.bytes_per_s, clock)
+        self.summary = HandoffSummary()
+        self._planned: set[PrefixKey] = set()
+        self._peers: set[str] = set()
 
     async def push(self) -> HandoffSummary:
-        """Hands the resident entries off within the time budget; what it did."""
-        started = self.clock()
-        deadline = started + self.budget_s
-        summary = HandoffSummary()
+        """Hands off the resident entries not planned yet, within what is left of the time budget; what the
+        handoff has done so far. A drain calls it as it begins and once more when it has drained, for the
+        entries its last Ranks made."""
+        summary = self.summary
         plan: dict[Member, list[CacheEntry]] = {}
         queued = 0
         for entry in self.admission.resident():
+            if entry.key in self._planned:
+                continue
+            self._planned.add(entry.key)
             owner = self.peers.next_owner(entry.key.user_id)
             nbytes = self.admission.nbytes(entry)
-            arrival = started + (queued + nbytes) / self.bytes_per_s
+            arrival = self.pacer.done_at(queued + nbytes)
             if owner is None:
                 summary.count("no_owner")
             elif arrival > self.admission.expires_at(entry):
                 summary.count("skipped_ttl")
-            elif arrival > deadline:
+            elif arrival > self.deadline:
                 summary.count("skipped_time")
             else:
                 queued += nbytes
                 plan.setdefault(owner, []).append(entry)
-        pacer = Pacer(self.bytes_per_s, self.clock)
-        await asyncio.gather(*(self._stream(m, e, pacer, deadline, summary) for m, e in plan.items()))
-        summary.duration_s = self.clock() - started
+        self._peers.update(member.name for member in plan)
+        await asyncio.gather(*(self._stream(m, e, summary) for m, e in plan.items()))
+        summary.duration_s = self.clock() - self.started
         metrics.HANDOFF_DURATION.set(summary.duration_s)
         log.info(
             "handoff: %d entries (%d bytes) sent to %d peers in %.2fs of %.1fs; skipped %d (ttl) %d (time), "
             "%d failed, %d without an owner",
-            summary.sent, summary.sent_bytes, len(plan), summary.duration_s, self.budget_s,
+            summary.sent, summary.sent_bytes, len(self._peers), summary.duration_s, self.budget_s,
             summary.skipped_ttl, summary.skipped_time, summary.failed, summary.no_owner,
         )  # fmt: skip
         return summary
 
-    async def _stream(
-        self,
-        member: Member,
-        entries: list[CacheEntry],
-        pacer: Pacer,
-        deadline: float,
-        summary: HandoffSummary,
-    ) -> None:
+    async def _stream(self, member: Member, entries: list[CacheEntry], summary: HandoffSummary) -> None:
+        pacer, deadline = self.pacer, self.deadline
         streamed: list[int] = []  # bytes of each entry streamed whole
         gone = 0  # entries evicted (by their TTL) before their turn
 

@@ -12,10 +12,10 @@ from services.common.config import setting
 class HandoffSettings:
     handoff_budget_s: float = setting(
         10.0,
-        "after SIGTERM and the drain, seconds a ranker spends pushing its cached prefixes (DRAM entries and "
-        "HBM entries still resident, most recently used first) to each user's next owner on the ring "
-        "(--rankers or --rankers-srv); what does not fit is dropped (0: no handoff). The pod's "
-        "terminationGracePeriodSeconds must cover it",
+        "from SIGTERM, seconds a ranker spends pushing its cached prefixes (DRAM entries and HBM entries "
+        "still resident, most recently used first) to each user's next owner on the ring (--rankers or "
+        "--rankers-srv), while it drains and once more after, for what the drain made; what does not fit "
+        "is dropped (0: no handoff). The pod's terminationGracePeriodSeconds must cover it",
         minimum=0,
     )
     handoff_rate_mb_s: float = setting(

@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 
 from relaygr.v1 import common_pb2, ranker_pb2_grpc
 from services.ranker.cache.acquired import Source
+from services.ranker.handoff.push import Pusher
 from services.ranker.handoff.read_through import GIVE_UP_AFTER, TransferModel
 from tests.exact import assert_scores_equal
 from tests.ranker.handoff.support import cached, fleet, history, ranked, reference, run
@@ -132,3 +133,21 @@ async def _until_unroutable(app, name: str) -> None:
             return
         await asyncio.sleep(0.025)
     raise TimeoutError(f"{name} stayed routable")
+
+
+@run
+async def test_a_drains_second_round_sends_only_what_its_last_ranks_made() -> None:
+    async with fleet(["a", "b"]) as rankers:
+        for name in rankers.names:
+            await rankers.start(name)
+        await rankers.routable()
+        a, b = rankers.apps["a"], rankers.apps["b"]
+        await cached(a, [0, 1])
+        pusher = Pusher(a.admission, a.peers, a.config)
+        first = await pusher.push()  # as the drain begins
+        assert (first.sent, first.sent_bytes) == (2, 2 * ENTRY_BYTES)
+        await cached(a, [2])  # a Rank the drain still served
+        second = await pusher.push()  # once it has drained
+        assert (second.sent, second.sent_bytes) == (3, 3 * ENTRY_BYTES)
+        assert sum(r.received_bytes for r in second.receipts) == 3 * ENTRY_BYTES
+        assert sorted(e.key.user_id for e in b.cache.index) == ["user-0", "user-1", "user-2"]
