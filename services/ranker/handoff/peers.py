@@ -8,7 +8,8 @@ of the ring: where the routers send the user while this ranker is away, so where
 user's entries; and, for a user of this ranker's own arcs, who served the user while it was away or
 before it joined, so where its miss reads through. A member that leaves and comes back gets exactly its
 arcs back (`AffinityRing`), and arcs depend only on names, so the two directions of a rolling restart, a
-scale-out and a scale-in all meet the same peer.
+scale-out and a scale-in all meet the same peer. A ranker counts itself on the ring even before discovery
+lists it (DNS lists a pod once it is Ready, and a ranker reads through from its start).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from services.affinity.membership import Member, Membership
+from services.affinity.ring import AffinityRing
 
 
 class Peers:
@@ -26,11 +28,23 @@ class Peers:
         self.clock = clock
         self.changed_at = clock()  # start-up counts as a change: a new member reads its users through
         self._routable: frozenset[str] = frozenset()
+        self._with_self: AffinityRing | None = None
+
+    @property
+    def ring(self) -> AffinityRing:
+        """The members' ring, with this ranker on it."""
+        ring = self.membership.ring
+        if self.instance in ring:
+            return ring
+        members = ring.members | {self.instance}
+        if self._with_self is None or self._with_self.members != members:
+            self._with_self = AffinityRing(members, virtual_nodes=ring.virtual_nodes)
+        return self._with_self
 
     def next_owner(self, user_id: str) -> Member | None:
         """The first routable member other than this one on `user_id`'s walk of the ring."""
         members = self.membership.members
-        for name in self.membership.ring.walk(user_id):
+        for name in self.ring.walk(user_id):
             member = members.get(name)
             if name != self.instance and member is not None and member.routable:
                 return member
@@ -39,7 +53,7 @@ class Peers:
     def source(self, user_id: str) -> Member | None:
         """Whom a miss of `user_id` asks: its next owner, when the user is on this ranker's own arcs (for
         a user of another member's arcs that this one serves meanwhile, its owner pushes on its drain)."""
-        if self.membership.ring.owner(user_id) != self.instance:
+        if self.ring.owner(user_id) != self.instance:
             return None
         return self.next_owner(user_id)
 

@@ -53,6 +53,23 @@ def test_a_returning_member_reads_back_its_own_arcs_from_who_served_them(users, 
             assert source is None and without.owner(user) == ring.owner(user)
 
 
+@settings(max_examples=20, deadline=None)
+@given(users=users)
+def test_a_ranker_not_yet_listed_by_discovery_counts_itself_on_the_ring(users):
+    """DNS lists a pod once it is Ready: a ranker reads its arcs through from its start all the same."""
+    listed = membership(set(NAMES) - {"ranker-3"})
+    listed.ring = AffinityRing(set(NAMES) - {"ranker-3"})
+    listed.members.pop("ranker-3")
+    peers, full = Peers(listed, instance="ranker-3"), Peers(membership(set(NAMES)), instance="ranker-3")
+    for user in users:
+        assert name(peers.source(user)) == name(full.source(user))
+    assert any(peers.source(f"user-{i}") is not None for i in range(100))  # it has arcs of its own
+
+
+def name(member) -> str | None:
+    return None if member is None else member.name
+
+
 def test_with_no_other_member_routable_there_is_no_owner():
     peers = Peers(membership({"ranker-0"}), instance="ranker-0")
     assert peers.next_owner("anyone") is None
