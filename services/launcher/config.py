@@ -26,6 +26,12 @@ class FleetConfig:
     configuration is imported here to copy it."""
 
     rankers: int = setting(2, "number of rankers (named ranker-0 … ranker-N-1)")
+    spare_rankers: int = setting(
+        0,
+        "rankers declared as ring members after --rankers (ranker-N …) but not started: every --rankers list "
+        "names them, so until one is started (a scale-out) its users go to their next member",
+        minimum=0,
+    )
     rankers_per_device: int = setting(
         1,
         "rankers that share each accelerator (K): ranker i runs on --devices' (i // K)th device, and each "
@@ -112,6 +118,11 @@ class FleetConfig:
                 f"({self.rankers_per_device} x {len(devices)} = {self.rankers_per_device * len(devices)}), "
                 f"got {self.rankers}"
             )
+        if devices and self.spare_rankers:
+            raise ValueError(
+                "--spare-rankers has no device to run on with --devices (each device's rankers split its "
+                "budgets): declare spares only for rankers on their own --device"
+            )
         if not devices and self.rankers > self.rankers_per_device > 1:
             raise ValueError(
                 f"--rankers ({self.rankers}) share one device without --devices: at most "
@@ -119,10 +130,15 @@ class FleetConfig:
             )
         for name in ("base_port", "metrics_base_port"):
             port = getattr(self, name)
-            if port and not 0 < port + RANKER_PORT_OFFSET + self.rankers < 65536:
+            if port and not 0 < port + RANKER_PORT_OFFSET + self.members < 65536:
                 raise ValueError(f"--{name.replace('_', '-')} leaves no room for the fleet's ports")
         for name in ("ranker_args", "router_args", "trigger_args", "stub_args"):
             shlex.split(getattr(self, name))
+
+    @property
+    def members(self) -> int:
+        """The rankers declared as ring members: the started ones and the spares."""
+        return self.rankers + self.spare_rankers
 
     def device_list(self) -> list[str]:
         """`--devices` as a list (empty: none named); a blank entry is refused naming the flag."""

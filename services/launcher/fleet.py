@@ -3,12 +3,18 @@
 `Fleet` starts the services tier by tier (rankers, router, trigger, retrieval stub), each once the tier
 it calls is healthy (with `--routing direct`, the default, the trigger and the stub are given the rankers
 and route their own calls; the router serves the clients that call RankerService, such as ghz), and
-stops them front door first. Every child runs in its own process group under
-`services.launcher.procs.Processes`, so `stop()` (and leaving the `with` block, however it is left) ends
-them all. `check()` raises `ServiceExited` for a child that died on its own, naming it with its log tail;
-`kill` / `restart` (and `kill_ranker` / `restart_ranker`) take one service down and bring it back on the
-same name and ports; `replace` swaps a router or trigger for a new process without a gap, as a rolling
-update with surge does.
+stops them front door first. Every ranker is given the ring's members too (`--rankers`, itself among
+them), to hand its cached prefixes off when it drains and to read misses through from its peers, so the
+rankers' ports are picked before any ranker starts. The members are the rankers started and any spares
+(`--spare-rankers`): declared to every process but not started, a spare is on the ring but unroutable, so
+its users go to their next member until `start_ranker` starts it (a scale-out with a static member list).
+
+Every child runs in its own process group under `services.launcher.procs.Processes`, so `stop()` (and
+leaving the `with` block, however it is left) ends them all. `check()` raises `ServiceExited` for a child
+that died on its own, naming it with its log tail; `kill` / `restart` (and `kill_ranker` /
+`restart_ranker`) take one service down and bring it back on the same name and ports (SIGTERM drains a
+ranker, which hands its prefixes off); `replace` swaps a router or trigger for a new process without a
+gap, as a rolling update with surge does.
 
 Ports, from `base_port` B and `metrics_base_port` M (0: free ports, as tests use):
 
@@ -18,6 +24,8 @@ Ports, from `base_port` B and `metrics_base_port` M (0: free ports, as tests use
 | trigger        | B + 2      | M + 2      |
 | retrieval-stub | B + 3      | M + 3      |
 | ranker-i       | B + 10 + i | M + 10 + i |
+
+(spares included: ranker-i for i up to rankers + spares - 1).
 
 With the defaults: router 50050, trigger 50052, retrieval stub 50053, rankers 50060…; metrics 9100, 9102,
 9103, 9110….
@@ -34,7 +42,7 @@ from services.common.contract import RANKER_SERVICE, RECOMMEND_SERVICE, TRIGGER_
 from services.common.cpus import cpu_budget
 from services.common.server import channel_credentials
 from services.launcher.config import ROUTER, STUB, TRIGGER, FleetConfig
-from services.launcher.procs import Processes, ServiceProcess
+from services.launcher.procs import Processes, ServiceProcess, free_ports
 
 __all__ = ["ROUTER", "STUB", "TRIGGER", "Endpoint", "Fleet", "FleetConfig", "ServiceExited", "ranker_share"]
 
@@ -79,6 +87,14 @@ class ServiceExited(RuntimeError):
         self.returncode = returncode
 
 
+class _PortLost(Exception):
+    """A child exited because another process took a free port picked for it before it bound it."""
+
+    def __init__(self, exited: ServiceExited) -> None:
+        super().__init__(str(exited))
+        self.exited = exited
+
+
 def given(flags: dict[str, object]) -> list[str]:
     """`flag value` for each flag whose value is set; an unset one (None) is left to the service's default."""
     return [part for flag, value in flags.items() if value is not None for part in (flag, str(value))]
@@ -106,10 +122,18 @@ class Fleet:
         self.children: dict[str, ServiceProcess] = {}
         self._launches: dict[str, _Launch] = {}
         self._stopped_on_purpose: set[str] = set()
+        # Every member's (gRPC, metrics) ports, picked before any starts: each ranker's list names them all.
+        self._member_ports = dict(zip(self.member_names, self._pick_ports(self.member_names), strict=True))
 
     @property
     def ranker_names(self) -> list[str]:
+        """The rankers the fleet starts."""
         return [ranker_name(i) for i in range(self.config.rankers)]
+
+    @property
+    def member_names(self) -> list[str]:
+        """Every ring member: the rankers the fleet starts, then the spares."""
+        return [ranker_name(i) for i in range(self.config.members)]
 
     def start(self) -> dict[str, Endpoint]:
         """Starts every service and waits until each is healthy; returns their endpoints by name."""
@@ -122,12 +146,9 @@ class Fleet:
 
     def _start_all(self) -> None:
         c = self.config
-        for name in [*self.ranker_names, ROUTER, TRIGGER, STUB]:
+        for name in [*self.member_names, ROUTER, TRIGGER, STUB]:
             (self.log_dir / f"{name}.log").unlink(missing_ok=True)
-        for name in self.ranker_names:
-            self._spawn(name, "services.ranker", RANKER_SERVICE, self._ranker_args(name))
-        for name in self.ranker_names:
-            self._wait_healthy(name)
+        self._start_rankers()
         router_args = ["--rankers", self.members(), "--reuse-port", "true", *shlex.split(c.router_args)]
         self._spawn(ROUTER, "services.router", RANKER_SERVICE, router_args)
         self._wait_healthy(ROUTER)
@@ -137,13 +158,37 @@ class Fleet:
         self._wait_healthy(STUB)
         self.check()  # none of the earlier tiers died meanwhile
 
+    def _start_rankers(self) -> None:
+        """Starts the rankers, each given every member's address (`--rankers`), and waits until they are
+        healthy. A ranker that lost a free port picked for it to another process gets new ones, and the
+        rankers start again together, so that every member list stays the same."""
+        for attempt in range(1, PORT_CLASH_ATTEMPTS + 1):
+            for name in self.ranker_names:
+                self._spawn(name, "services.ranker", RANKER_SERVICE, self._ranker_args(name))
+            try:
+                for name in self.ranker_names:
+                    self._healthy(name)
+                return
+            except _PortLost as lost:
+                if attempt == PORT_CLASH_ATTEMPTS:
+                    raise lost.exited from lost
+                for name in self.ranker_names:
+                    self.children[name].stop()
+                (self._member_ports[lost.exited.name],) = self._pick_ports([lost.exited.name])
+
+    def _pick_ports(self, names: list[str]) -> list[tuple[int, int]]:
+        """Each service's (gRPC, metrics) ports: its configured ones, or distinct free ones where 0."""
+        wanted = [self.config.ports(name) for name in names]
+        free = iter(free_ports(sum(port == 0 for pair in wanted for port in pair)))
+        return [(port or next(free), metrics_port or next(free)) for port, metrics_port in wanted]
+
     def _ranker_args(self, name: str) -> list[str]:
         c = self.config
         return [
             "--instance-name", name, "--model-preset", c.model_preset,
             *c.ranker_device_args(int(name.removeprefix("ranker-"))),
             *given({"--hbm-budget-mb": c.hbm_budget_mb, "--dram-budget-mb": c.dram_budget_mb}),
-            *given({"--checkpoint": c.checkpoint}),
+            *given({"--checkpoint": c.checkpoint}), "--rankers", self.members(),
             *self._torch_threads(), *shlex.split(c.ranker_args),
         ]  # fmt: skip
 
@@ -156,8 +201,8 @@ class Fleet:
         return ["--torch-threads", str(ranker_share(cpu_budget().cpus, self.config.rankers))]
 
     def members(self) -> str:
-        """The rankers as `--rankers` lists them: name=host:port,..."""
-        return ",".join(f"{name}={self.children[name].address}" for name in self.ranker_names)
+        """The ring's members, spares included, as `--rankers` lists them: name=host:port,..."""
+        return ",".join(f"{name}=127.0.0.1:{self._member_ports[name][0]}" for name in self.member_names)
 
     def ranker_route_args(self) -> list[str]:
         """The flags that give a trigger or retrieval stub its way to the rankers (`--routing`)."""
@@ -182,7 +227,8 @@ class Fleet:
 
     def _spawn(self, name: str, module: str, service: str, args: list[str]) -> None:
         args = [*args, *self.config.tls_args()]
-        self._launches[name] = _Launch(module, service, tuple(args), self.config.ports(name))
+        ports = self._member_ports.get(name, self.config.ports(name))
+        self._launches[name] = _Launch(module, service, tuple(args), ports)
         self._respawn(name)
 
     def _respawn(self, name: str) -> None:
@@ -193,18 +239,29 @@ class Fleet:
         )
 
     def _wait_healthy(self, name: str) -> None:
+        """Waits until `name` is healthy; one that lost a free port is started again on new ones."""
         for attempt in range(1, PORT_CLASH_ATTEMPTS + 1):
-            child = self.children[name]
             try:
-                child.wait_healthy(self.config.startup_timeout_s)
-                break
-            except RuntimeError as exc:  # it exited while starting
-                tail = child.log_tail()
-                free_ports = self._launches[name].ports == (0, 0)
-                lost_port = free_ports and any(marker in tail for marker in PORT_CLASH_MARKERS)
-                if not lost_port or attempt == PORT_CLASH_ATTEMPTS:
-                    raise ServiceExited(name, child.popen.returncode, tail) from exc
+                self._healthy(name)
+                return
+            except _PortLost as lost:
+                if attempt == PORT_CLASH_ATTEMPTS:
+                    raise lost.exited from lost
                 self._respawn(name)
+
+    def _healthy(self, name: str) -> None:
+        """Waits until `name` is healthy; raises `_PortLost` when it exited because a free port picked for
+        it was taken meanwhile, ServiceExited when it exited otherwise."""
+        child = self.children[name]
+        try:
+            child.wait_healthy(self.config.startup_timeout_s)
+        except RuntimeError as exc:  # it exited while starting
+            tail = child.log_tail()
+            exited = ServiceExited(name, child.popen.returncode, tail)
+            free = self.config.ports(name) == (0, 0)
+            if free and any(marker in tail for marker in PORT_CLASH_MARKERS):
+                raise _PortLost(exited) from exc
+            raise exited from exc
 
     def address(self, name: str) -> str:
         return self.children[name].address
@@ -228,6 +285,19 @@ class Fleet:
     def restart_ranker(self, name: str) -> Endpoint:
         """Starts a stopped ranker again under its name and ports, and waits until it is healthy."""
         return self.restart(name)
+
+    def start_ranker(self, name: str) -> Endpoint:
+        """Starts a spare ranker (a declared member never started: a scale-out) on the ports every member
+        list gives it, and waits until it is healthy. Its ports were free when the fleet started; should
+        another process have taken one since, it fails (ServiceExited): the members know no other."""
+        if name not in self.member_names or name in self.children:
+            raise ValueError(f"{name} is not a spare ranker that was never started")
+        self._spawn(name, "services.ranker", RANKER_SERVICE, self._ranker_args(name))
+        try:
+            self._healthy(name)
+        except _PortLost as lost:
+            raise lost.exited from lost
+        return self.endpoints()[name]
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Takes one service down (SIGKILL by default: a crash, no drain) and waits until it is gone."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,7 +52,8 @@ def test_the_fleet_passes_only_the_flags_it_sets(tmp_path):
     fleet = Fleet(fleet_config(tmp_path, ranker_args="--torch-threads 3"))
     fleet.ranker_route_args = lambda: ["--rankers", "ranker-0=127.0.0.1:1"]
     assert fleet._ranker_args("ranker-0") == [
-        "--instance-name", "ranker-0", "--model-preset", "cpu-tiny", "--torch-threads", "3"
+        "--instance-name", "ranker-0", "--model-preset", "cpu-tiny", "--rankers", fleet.members(),
+        "--torch-threads", "3",
     ]  # fmt: skip
     assert fleet._trigger_args() == ["--rankers", "ranker-0=127.0.0.1:1", "--reuse-port", "true"]
     fleet = Fleet(fleet_config(tmp_path, hbm_budget_mb=64.0, dram_budget_mb=-1.0, slo_ms=80.0))
@@ -76,7 +78,33 @@ def test_each_local_ranker_gets_its_share_of_the_cpus(tmp_path):
     fleet = Fleet(fleet_config(tmp_path, rankers=2, ranker_args=""))
     share = str(ranker_share(cpu_budget().cpus, 2))
     for name in fleet.ranker_names:
-        assert fleet._ranker_args(name)[4:] == ["--torch-threads", share]
+        assert fleet._ranker_args(name)[-2:] == ["--torch-threads", share]
+
+
+def test_every_ranker_is_given_every_member_spares_included_on_ports_picked_before_any_starts(tmp_path):
+    """A ranker hands its prefixes off to, and reads misses through from, the members its --rankers lists:
+    each must know them all when it starts, so their ports are picked before any ranker starts."""
+    fleet = Fleet(fleet_config(tmp_path, rankers=2, spare_rankers=1))
+    assert (fleet.ranker_names, fleet.member_names) == (
+        ["ranker-0", "ranker-1"],
+        ["ranker-0", "ranker-1", "ranker-2"],
+    )
+    members = dict(entry.split("=") for entry in fleet.members().split(","))
+    assert list(members) == fleet.member_names
+    ports = [int(address.removeprefix("127.0.0.1:")) for address in members.values()]
+    assert all(ports) and len(set(ports)) == 3
+    for name in fleet.member_names:
+        args = fleet._ranker_args(name)
+        assert args[args.index("--rankers") + 1] == fleet.members()
+        assert load(RankerConfig, args, {}).static_members() == members
+    fixed = Fleet(fleet_config(tmp_path, base_port=40000, metrics_base_port=41000, spare_rankers=1))
+    assert fixed.members() == "ranker-0=127.0.0.1:40010,ranker-1=127.0.0.1:40011,ranker-2=127.0.0.1:40012"
+    assert fixed._member_ports["ranker-2"] == (40012, 41012)
+    with pytest.raises(ValueError, match="--spare-rankers has no device"):
+        Fleet(fleet_config(tmp_path, devices="cuda:0,cuda:1", rankers=2, spare_rankers=1))
+    fleet_config(tmp_path, base_port=65523).validate()  # the spares' ports must fit too
+    with pytest.raises(ValueError, match="--base-port leaves no room"):
+        Fleet(fleet_config(tmp_path, base_port=65523, spare_rankers=1))
 
 
 def test_k_rankers_per_device_each_get_their_device_and_share_it(tmp_path):
@@ -167,6 +195,68 @@ def test_fleet_starts_healthy_restarts_a_ranker_detects_a_crash_and_stops_everyt
     finally:
         fleet.stop()
     assert all(gone(pid) for pid in [restarted.pid, *(e.pid for e in endpoints.values())])
+
+
+def routable_members(fleet: Fleet) -> list[str]:
+    """The members the router routes to now (its GetProfile's)."""
+    with grpc.insecure_channel(fleet.address(ROUTER)) as channel:
+        stub = ranker_pb2_grpc.RankerServiceStub(channel)
+        return list(stub.GetProfile(ranker_pb2.GetProfileRequest(), timeout=30).members)
+
+
+def test_a_spare_is_on_the_ring_unroutable_until_started_on_its_declared_address(tmp_path):
+    """With a static member list a declared ranker that is down is on every ring but unroutable, so its
+    users are with their next member; once started (a scale-out) it is routable at the address each
+    member list gave it."""
+    fleet = Fleet(fleet_config(tmp_path, rankers=1, spare_rankers=1))
+    endpoints = fleet.start()
+    try:
+        assert list(endpoints) == ["ranker-0", "router", "trigger", "retrieval-stub"]
+        assert routable_members(fleet) == ["ranker-0"]
+        with grpc.insecure_channel(fleet.address(STUB)) as channel:
+            stub = recommend_pb2_grpc.RecommendServiceStub(channel)
+            request = recommend_pb2.RecommendRequest
+            assert {
+                stub.Recommend(request(user_id=f"u{k}", top_k=1), timeout=30).instance for k in range(8)
+            } == {"ranker-0"}
+            with pytest.raises(ValueError, match="not a spare"):
+                fleet.start_ranker("ranker-0")
+            spare = fleet.start_ranker("ranker-1")
+            assert f"ranker-1={spare.address}" in fleet.members().split(",")
+            deadline = time.monotonic() + 30  # the routing processes health-check members every second
+            while routable_members(fleet) != fleet.member_names and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert routable_members(fleet) == ["ranker-0", "ranker-1"]
+            instances = {
+                stub.Recommend(request(user_id=f"u{k}", top_k=1), timeout=30).instance for k in range(40)
+            }
+            assert instances == {"ranker-0", "ranker-1"}
+        fleet.check()
+    finally:
+        fleet.stop()
+    assert all(gone(pid) for pid in [spare.pid, *(e.pid for e in endpoints.values())])
+
+
+def test_a_ranker_that_lost_its_port_gets_new_ones_in_every_member_list(tmp_path):
+    """A free port is picked before the ranker binds it; another process may take it meanwhile (here: a
+    listening socket). The rankers then start again together with new ports for that one, so every
+    member list names the same addresses."""
+    fleet = Fleet(fleet_config(tmp_path, rankers=2))
+    taken = int(fleet.members().split(",")[0].rsplit(":", 1)[1])
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        endpoints = fleet.start()
+    try:
+        assert endpoints["ranker-0"].address != f"127.0.0.1:{taken}"
+        members = fleet.members().split(",")
+        assert members == [f"{name}={endpoints[name].address}" for name in fleet.ranker_names]
+        for name in fleet.ranker_names:  # what each ranker was started with
+            args = fleet._launches[name].args
+            assert args[args.index("--rankers") + 1] == ",".join(members)
+        assert routable_members(fleet) == fleet.ranker_names
+    finally:
+        fleet.stop()
 
 
 def launch(tmp_path, *flags: str) -> subprocess.Popen:
