@@ -72,6 +72,11 @@ COMMANDS = (
         "bench.mlperf.__main__:main",
     ),
     Command(
+        "rollout",
+        "the rankers' cache handoff through a rolling restart and a scale-out and in, off against on",
+        "bench.rollout.__main__:main",
+    ),
+    Command(
         "serving",
         "what one ranker's serving path costs the host beyond its model",
         "bench.micro.serving.__main__:main",

@@ -36,6 +36,7 @@ SERVICES = [
     ("Fixed-load A/B — `python -m bench ab`", "bench.ab.config", "AbConfig"),
     ("Two headline runs compared — `python -m bench reproduce`", "bench.reproduce", "ReproduceConfig"),
     ("Tracing-overhead benchmark — `python -m bench tracing`", "bench.tracing.config", "TracingBench"),
+    ("Cache handoff through a rollout — `python -m bench rollout`", "bench.rollout.config", "RolloutConfig"),
     ("MLCommons LoadGen — `python -m bench mlperf`", "bench.mlperf.config", "MlperfConfig"),
     (
         "Serving-overhead benchmark — `python -m bench serving`",

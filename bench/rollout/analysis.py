@@ -1,0 +1,258 @@
+"""The rollout benchmark's arithmetic, pure functions over one run's records (`bench.rollout.run`).
+
+- A call *hits* when it was answered from a cached prefix: HBM, DRAM or extended (`HITS`); a failed call
+  does not hit. It is *returning* when its user's previous call was made within the DRAM TTL before it.
+- Phases split calls by their intended send time (`bench.rollout.plan`), the same in every mode of a seed.
+- A drained ranker's *resident users* (`drain_outcome`): the users whose last call answered before its
+  SIGTERM was answered by it, within the DRAM TTL of the SIGTERM: their prefix was in its DRAM (or HBM)
+  when it began to drain. Their *next call* is their first one sent at or after the SIGTERM. The ranker
+  itself may answer it while it drains (*draining*: it serves Ranks until the routing processes have seen
+  it go NOT_SERVING); otherwise it went elsewhere (*moved*: the ranker was down, its users with their next
+  owner, where a handoff pushed the prefix) or back to the ranker (*back*: restarted, it reads a miss
+  through from whoever served the user meanwhile). Users with no call after the SIGTERM are not counted.
+- After the scale-out (`scale_out`): the spare's returning users' first calls it answered, and all its
+  returning calls, against the steady phase's returning calls.
+- Device seconds recomputing: the rankers' model seconds of whole prefixes computed (`RECOMPUTE_OPS`: a
+  pre-inference, for a PreInfer or a Rank that missed, and an uncached rank), from their metrics.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+from bench.lib.stats import percentile
+from bench.rollout.plan import Phase
+from bench.rollout.run import Call, Change
+from bench.rollout.scrape import Sample, increase, last_before
+
+HITS = frozenset(("hbm", "dram", "extended"))
+SOURCES = ("hbm", "dram", "extended", "miss")
+RECOMPUTE_OPS = ("pre_infer", "uncached")
+HANDOFF_SETTLE_S = 1.0  # after a drained ranker exits, what its peers received by then is its handoff's
+
+
+def hit(call: Call) -> bool:
+    return call.ok and call.source in HITS
+
+
+def returning(calls: Sequence[Call], ttl_s: float) -> set[int]:
+    """The indices of the returning calls: their user's previous call was sent within `ttl_s` before."""
+    last: dict[str, float] = {}
+    found = set()
+    for call in sorted(calls, key=lambda c: c.intended_s):
+        previous = last.get(call.user)
+        if previous is not None and call.intended_s - previous <= ttl_s:
+            found.add(call.index)
+        last[call.user] = call.intended_s
+    return found
+
+
+def within(calls: Iterable[Call], start_s: float, end_s: float) -> list[Call]:
+    return [call for call in calls if start_s <= call.intended_s < end_s]
+
+
+def latency(values: Sequence[float]) -> dict[str, float | None]:
+    """P50 and P99 (nearest rank; a failed call is infinitely slow: an infinite P99 is None)."""
+
+    def clean(q: float) -> float | None:
+        value = percentile(list(values), q) if values else float("nan")
+        return round(value, 3) if value == value and value != float("inf") else None
+
+    return {"p50": clean(50), "p99": clean(99)}
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseStats:
+    """One phase of one run: where the calls' prefixes came from, what failed, latencies, device time."""
+
+    phase: str
+    calls: int
+    failed: int
+    failure_codes: dict[str, int]
+    sources: dict[str, int]  # hbm, dram, extended, miss
+    miss_reasons: dict[str, int]
+    returning: int
+    returning_hits: int
+    recommend_ms: dict[str, float | None]
+    rank_ms: dict[str, float | None]
+    computed_events: int  # long-term events computed on the Ranks' critical path
+    device_s: dict[str, float]  # the rankers' model seconds by op
+    recompute_s: float
+    rankers: dict[str, float]  # the handoff's and read-through's counters (metrics), summed over rankers
+
+
+def phase_stats(calls: Sequence[Call], phase: Phase, samples: Sequence[Sample], back: set[int]) -> PhaseStats:
+    """`phase` of a run from its calls, its metrics samples and its returning calls' indices (`back`)."""
+    inside = within(calls, phase.start_s, phase.end_s)
+    answered = [call for call in inside if call.ok]
+    counters = increase(samples, phase.start_s, phase.end_s)
+    device = {key.split("/")[1]: value for key, value in counters.items() if key.startswith("device_s/")}
+    again = [call for call in inside if call.index in back]
+    return PhaseStats(
+        phase=phase.name,
+        calls=len(inside),
+        failed=len(inside) - len(answered),
+        failure_codes=dict(collections.Counter(call.code for call in inside if not call.ok)),
+        sources={source: sum(call.source == source for call in answered) for source in SOURCES},
+        miss_reasons=dict(
+            collections.Counter(call.miss_reason for call in answered if call.source == "miss")
+        ),
+        returning=len(again),
+        returning_hits=sum(hit(call) for call in again),
+        recommend_ms=latency([call.recommend_ms for call in inside]),
+        rank_ms=latency([call.rank_ms for call in inside]),
+        computed_events=sum(call.computed_events for call in answered),
+        device_s={op: round(seconds, 3) for op, seconds in sorted(device.items()) if op != "profile"},
+        recompute_s=round(sum(device.get(op, 0.0) for op in RECOMPUTE_OPS), 3),
+        rankers={key: value for key, value in counters.items() if not key.startswith("device_s/")},
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class DrainOutcome:
+    """A drained ranker's resident users and what their next call found (see the module docstring)."""
+
+    action: str
+    ranker: str
+    signalled_s: float
+    resident: int  # resident users with a call after the SIGTERM
+    hits: int
+    failed: int
+    draining: int
+    draining_hits: int
+    moved: int
+    moved_hits: int
+    back: int
+    back_hits: int
+    next_hit: dict[str, bool]  # by resident user: whether the next call hit
+    resident_bytes: dict[str, float]  # what the ranker held by tier just before its SIGTERM (metrics)
+    sent: dict[str, float]  # its handoff's counters as last scraped before it exited
+    received_bytes: float  # what its peers received from the SIGTERM to just after its exit
+
+
+def resident_users(calls: Sequence[Call], ranker: str, at_s: float, ttl_s: float) -> list[str]:
+    """Users whose last call answered before `at_s` was answered by `ranker`, at most `ttl_s` before."""
+    last: dict[str, Call] = {}
+    for call in sorted(calls, key=lambda c: c.answered_s):
+        if call.ok and call.answered_s < at_s:
+            last[call.user] = call
+    return sorted(
+        user for user, call in last.items() if call.instance == ranker and at_s - call.answered_s <= ttl_s
+    )
+
+
+def next_calls(calls: Sequence[Call], users: Iterable[str], at_s: float) -> dict[str, Call]:
+    """Each user's first call sent at or after `at_s` (users without one are left out)."""
+    wanted, found = set(users), {}
+    for call in sorted(calls, key=lambda c: c.intended_s):
+        if call.user in wanted and call.user not in found and call.intended_s >= at_s:
+            found[call.user] = call
+    return found
+
+
+def drain_outcome(
+    calls: Sequence[Call], change: Change, samples: Sequence[Sample], ttl_s: float
+) -> DrainOutcome:
+    at_s = change.signalled_s
+    assert at_s is not None and change.exited_s is not None, "a drain has a SIGTERM and an exit"
+    following = next_calls(calls, resident_users(calls, change.ranker, at_s, ttl_s), at_s)
+    answered = [call for call in following.values() if call.ok]
+    moved = [call for call in answered if call.instance != change.ranker]
+    draining = [c for c in answered if c.instance == change.ranker and c.answered_s <= change.exited_s]
+    back = [c for c in answered if c.instance == change.ranker and c.answered_s > change.exited_s]
+    peers = {sample.ranker for sample in samples} - {change.ranker}
+    received = increase(samples, at_s, change.exited_s + HANDOFF_SETTLE_S, peers).get(
+        "handoff_received_bytes", 0.0
+    )
+    last = last_before(samples, change.ranker, change.exited_s)
+    handoff = {
+        k: v
+        for k, v in (last.values if last else {}).items()
+        if k.startswith(("handoff_sent", "handoff_dur"))
+    }
+    return DrainOutcome(
+        action=change.action,
+        ranker=change.ranker,
+        signalled_s=at_s,
+        resident=len(following),
+        hits=sum(hit(call) for call in following.values()),
+        failed=sum(not call.ok for call in following.values()),
+        draining=len(draining),
+        draining_hits=sum(hit(call) for call in draining),
+        moved=len(moved),
+        moved_hits=sum(hit(call) for call in moved),
+        back=len(back),
+        back_hits=sum(hit(call) for call in back),
+        next_hit={user: hit(call) for user, call in sorted(following.items())},
+        resident_bytes=change.resident_bytes,
+        sent=handoff,
+        received_bytes=received,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleOut:
+    """The spare's returning users once it served, against the steady phase's."""
+
+    ranker: str
+    ready_s: float
+    end_s: float
+    first_visits: int  # users whose first call the spare answered was a returning one
+    first_hits: int
+    calls: int  # every returning call the spare answered in the window
+    hits: int
+
+
+def scale_out(calls: Sequence[Call], ranker: str, ready_s: float, end_s: float, back: set[int]) -> ScaleOut:
+    served = [call for call in within(calls, ready_s, end_s) if call.ok and call.instance == ranker]
+    first = [
+        call for call in next_calls(served, {c.user for c in served}, ready_s).values() if call.index in back
+    ]
+    again = [call for call in served if call.index in back]
+    return ScaleOut(
+        ranker=ranker,
+        ready_s=ready_s,
+        end_s=end_s,
+        first_visits=len(first),
+        first_hits=sum(hit(call) for call in first),
+        calls=len(again),
+        hits=sum(hit(call) for call in again),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """One timeline bucket of one run: calls sent in [start_s, start_s + width)."""
+
+    start_s: float
+    calls: int
+    sources: dict[str, int]
+    failed: int
+    recommend_p99_ms: float | None
+    recompute_s: float
+
+
+def timeline(
+    calls: Sequence[Call], samples: Sequence[Sample], width_s: float, duration_s: float
+) -> list[Bucket]:
+    buckets = []
+    count = int(duration_s / width_s + 0.5)
+    by_bucket: dict[int, list[Call]] = collections.defaultdict(list)
+    for call in calls:
+        by_bucket[int(call.intended_s // width_s)].append(call)
+    for k in range(count):
+        inside = by_bucket.get(k, [])
+        device = increase(samples, k * width_s, (k + 1) * width_s)
+        buckets.append(
+            Bucket(
+                start_s=round(k * width_s, 3),
+                calls=len(inside),
+                sources={s: sum(c.ok and c.source == s for c in inside) for s in SOURCES},
+                failed=sum(not c.ok for c in inside),
+                recommend_p99_ms=latency([c.recommend_ms for c in inside])["p99"],
+                recompute_s=round(sum(device.get(f"device_s/{op}", 0.0) for op in RECOMPUTE_OPS), 4),
+            )
+        )
+    return buckets
