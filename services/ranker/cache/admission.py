@@ -46,7 +46,7 @@ class ReadsThrough(Protocol):
         """A PreInfer's: fetch, then call `then`; False when there is nothing to ask."""
 
     async def before_compute(self, user_id: str, events: Events, deadline: float | None) -> bool:
-        """A Rank's: True when a peer's entry was admitted (the Rank looks again)."""
+        """A Rank's: True when it waited for a peer (the Rank looks again: the cache may have changed)."""
 
 
 @dataclasses.dataclass(eq=False)

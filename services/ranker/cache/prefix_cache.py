@@ -203,7 +203,7 @@ class PrefixCache:
             return await self._join(production, joined=True)
         read_through = self.read_through
         if entry is None and read_through and await read_through.before_compute(user_id, events, deadline):
-            return await self.acquire(user_id, events, relay_instance, deadline)  # a peer's entry admitted
+            return await self.acquire(user_id, events, relay_instance, deadline)  # it waited: look again
         miss_reason = self._miss_reason(user_id, events, relay_instance)
         if entry is not None:
             production = self._start(

@@ -104,7 +104,7 @@ class ReadThrough:
     def prefetch(self, user_id: str, events: Events, then: Callable[[], object]) -> bool:
         """For a PreInfer that found nothing: starts fetching the prefix and calls `then` (the PreInfer's
         decision, made again) once it is answered; False when there is nothing to ask."""
-        fetch = self._fetches.get((user_id, events.fingerprint))
+        fetch = self._running(user_id, events)
         if fetch is None:
             member = self._source(user_id, events)
             if member is None:
@@ -117,10 +117,13 @@ class ReadThrough:
 
     async def before_compute(self, user_id: str, events: Events, deadline: float | None) -> bool:
         """For a Rank about to compute its prefix: fetches it when that is predicted to be faster, or joins
-        the fetch under way; True when an entry was admitted (the Rank looks again)."""
-        running = self._fetches.get((user_id, events.fingerprint))
+        the fetch under way. True when it waited for a fetch, whatever the fetch found: the cache may hold
+        the prefix now, or another request may have started producing it, so the Rank looks again (it is
+        never asked twice for the same events, so it looks again once)."""
+        running = self._running(user_id, events)
         if running is not None:
-            return await asyncio.shield(running)
+            await asyncio.shield(running)
+            return True
         member = self._source(user_id, events)
         if member is None:
             return False
@@ -129,7 +132,14 @@ class ReadThrough:
         if self.transfer.predict(len(events) * self.admission.cache.moves.dram_bytes_per_token) >= budget_s:
             metrics.READ_THROUGH.labels("skipped").inc()
             return False
-        return await asyncio.shield(self._fetch(member, user_id, events, budget_s))
+        await asyncio.shield(self._fetch(member, user_id, events, budget_s))
+        return True
+
+    def _running(self, user_id: str, events: Events) -> asyncio.Future[bool] | None:
+        """The fetch of these events under way; not one that has finished (until its done callback has
+        forgotten it, awaiting it would not yield, and a Rank would look again and again without end)."""
+        fetch = self._fetches.get((user_id, events.fingerprint))
+        return None if fetch is None or fetch.done() else fetch
 
     def _fetch(self, member: Member, user_id: str, events: Events, timeout_s: float) -> asyncio.Future[bool]:
         key = (user_id, events.fingerprint)

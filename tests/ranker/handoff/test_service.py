@@ -151,3 +151,45 @@ async def test_a_drains_second_round_sends_only_what_its_last_ranks_made() -> No
         assert (second.sent, second.sent_bytes) == (3, 3 * ENTRY_BYTES)
         assert sum(r.received_bytes for r in second.receipts) == 3 * ENTRY_BYTES
         assert sorted(e.key.user_id for e in b.cache.index) == ["user-0", "user-1", "user-2"]
+
+
+@run
+async def test_a_rank_that_waited_on_a_fetch_finding_nothing_joins_the_production_started_meanwhile() -> None:
+    async with fleet(["a", "b"], read_through_timeout_ms=10_000) as rankers:
+        for name in rankers.names:  # b holds nothing: every fetch finds nothing
+            await rankers.start(name)
+        await rankers.routable()
+        a = rankers.apps["a"]
+        ring = a.peers.ring
+        users = [u for u in range(200) if ring.owner(f"user-{u}") == "a"][:4]
+        misses = read_throughs("miss")
+        for user in users:
+            # The PreInfer's prefetch is in flight when its Rank arrives: the Rank waits on the same fetch,
+            # which finds nothing; meanwhile the PreInfer may start the production. Either way the Rank
+            # looks again, and joins it or starts it: never a second reservation of the same key.
+            await a.cache.pre_infer(f"user-{user}", events(history(user)))
+            scores, _ = await ranked(a, user)
+            assert_scores_equal(scores, reference(a, user))
+        assert read_throughs("miss") == misses + len(users)  # each waited on a fetch that found nothing
+        await settle(a)
+        assert a.cache.pins() == [] and len(a.cache.productions) == 0
+
+
+@run
+async def test_a_fetch_just_finished_is_not_waited_on_again() -> None:
+    """A fetch that has finished stays listed until its done callback runs; a Rank scheduled before that
+    callback must not take it for one under way (awaiting it would not yield: it would look again forever)."""
+    async with fleet(["a", "b"]) as rankers:
+        for name in rankers.names:
+            await rankers.start(name)
+        await rankers.routable()
+        a = rankers.apps["a"]
+        user = next(u for u in range(200) if a.peers.ring.owner(f"user-{u}") == "a")
+        key = (f"user-{user}", events(history(user)).fingerprint)
+        finished = asyncio.get_running_loop().create_future()
+        finished.set_result(False)
+        a.read_through._fetches[key] = finished
+        a.read_through._asked[key] = None
+        scores, source = await ranked(a, user)
+        assert source is Source.MISS
+        assert_scores_equal(scores, reference(a, user))
