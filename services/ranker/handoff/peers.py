@@ -5,8 +5,9 @@ A ranker takes the fleet's membership with the same flags and discovery as the t
 (`--rankers` or `--rankers-srv`, `services.affinity`), itself included, and checks every member's health
 as they do. A user's **next owner** is the first routable member other than this one on the user's walk
 of the ring: where the routers send the user while this ranker is away, so where a drain pushes the
-user's entries; and, for a user of this ranker's own arcs, who served the user while it was away or
-before it joined, so where its miss reads through. A member that leaves and comes back gets exactly its
+user's entries; and, for a user the routers send to this ranker (its own arcs, and those of members
+before it that are away), who served the user while it was away or before it joined, so where its miss
+reads through. A member that leaves and comes back gets exactly its
 arcs back (`AffinityRing`), and arcs depend only on names, so the two directions of a rolling restart, a
 scale-out and a scale-in all meet the same peer. A ranker counts itself on the ring even before discovery
 lists it (DNS lists a pod once it is Ready, and a ranker reads through from its start).
@@ -51,11 +52,18 @@ class Peers:
         return None
 
     def source(self, user_id: str) -> Member | None:
-        """Whom a miss of `user_id` asks: its next owner, when the user is on this ranker's own arcs (for
-        a user of another member's arcs that this one serves meanwhile, its owner pushes on its drain)."""
-        if self.ring.owner(user_id) != self.instance:
-            return None
-        return self.next_owner(user_id)
+        """Whom a miss of `user_id` asks: its next owner, when this ranker is where the routers send the user
+        (the first member on its walk that is routable, or this one): a user of its own arcs, or of a member
+        before it that is away. For a user that a routable member before it serves, nobody: that member
+        pushes on its drain."""
+        members = self.membership.members
+        for name in self.ring.walk(user_id):
+            if name == self.instance:
+                return self.next_owner(user_id)
+            member = members.get(name)
+            if member is not None and member.routable:
+                return None
+        return None
 
     def since_change_s(self) -> float:
         """Seconds since start-up or the last change of the routable members (as this ranker saw it)."""

@@ -13,8 +13,10 @@ prefix of the request's events.
   latency curve), and it waits no longer than that recomputation, within the Rank's deadline.
 - One fetch per (user, events) at a time: a Rank that arrives during its PreInfer's prefetch joins it. A
   user is asked for at most once per events, so a peer's miss is never asked again.
-- `GIVE_UP_AFTER` answers in a row without an entry (a fleet started together, whose peers hold nothing)
-  end the asking until the routable members change again.
+- `GIVE_UP_AFTER` answers in a row without an entry, and none with one since the routable members last
+  changed (a fleet started together, whose peers hold nothing of its users), end the asking until they
+  change again. Once a peer has had an entry, the asking goes on for the whole window: a ranker back from
+  a restart asks for each user as it returns, and new users' empty answers come between.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class ReadThrough:
         self._tasks: set[asyncio.Task] = set()
         self._empty_in_a_row = 0
         self._gave_up_at: float | None = None  # the change whose window the asking ended in
+        self._hit_at: float | None = None  # the change whose window had an entry from a peer
 
     def _source(self, user_id: str, events: Events) -> Member | None:
         """The peer to ask for this prefix, if any: within the grace window, never asked for these events,
@@ -174,12 +177,14 @@ class ReadThrough:
         return self._answered(hit)
 
     def _answered(self, hit: bool) -> bool:
+        if hit:
+            self._hit_at = self.peers.changed_at
         self._empty_in_a_row = 0 if hit else self._empty_in_a_row + 1
-        if self._empty_in_a_row >= GIVE_UP_AFTER:
+        if self._empty_in_a_row >= GIVE_UP_AFTER and self._hit_at != self.peers.changed_at:
             self._empty_in_a_row = 0
             self._gave_up_at = self.peers.changed_at
-            log.info("read-through: %d answers in a row held nothing; asking again after a ring change",
-                     GIVE_UP_AFTER)  # fmt: skip
+            log.info("read-through: %d answers in a row and none since the ring changed held an entry; "
+                     "asking again after its next change", GIVE_UP_AFTER)  # fmt: skip
         return hit
 
     async def close(self) -> None:

@@ -70,6 +70,23 @@ def name(member) -> str | None:
     return None if member is None else member.name
 
 
+@settings(max_examples=50, deadline=None)
+@given(users=users, returning=st.sampled_from(NAMES), away=st.sampled_from(NAMES))
+def test_a_returning_member_reads_back_the_users_of_a_member_before_it_that_is_away(users, returning, away):
+    """A declared member that is down (a spare not started, a ranker restarting) leaves its users with the
+    next routable member: a ranker coming back reads those through too, from where the routers sent them."""
+    if away == returning:
+        return
+    up = set(NAMES) - {away}
+    peers = Peers(membership(up), instance=returning)
+    router = AffinityRing(NAMES)
+    for user in users:
+        routed = router.place(user, dict.fromkeys(up, 0)).member  # where the routers send it now
+        meanwhile = router.place(user, dict.fromkeys(up - {returning}, 0)).member  # while it was away
+        source = peers.source(user)
+        assert name(source) == (meanwhile if routed == returning else None)
+
+
 def test_with_no_other_member_routable_there_is_no_owner():
     peers = Peers(membership({"ranker-0"}), instance="ranker-0")
     assert peers.next_owner("anyone") is None

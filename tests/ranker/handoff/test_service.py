@@ -193,3 +193,22 @@ async def test_a_fetch_just_finished_is_not_waited_on_again() -> None:
         scores, source = await ranked(a, user)
         assert source is Source.MISS
         assert_scores_equal(scores, reference(a, user))
+
+
+@run
+async def test_once_a_peer_had_an_entry_empty_answers_do_not_end_the_asking() -> None:
+    """A ranker back from a restart asks for each user as it returns; new users' empty answers come between
+    and must not end it."""
+    async with fleet(["a", "b"], read_through_timeout_ms=10_000) as rankers:
+        for name in rankers.names:
+            await rankers.start(name)
+        await rankers.routable()
+        a, b = rankers.apps["a"], rankers.apps["b"]
+        ours = [u for u in range(400) if a.peers.source(f"user-{u}") is not None]
+        await cached(b, ours[:1])  # b served this user of a's while a was away
+        hits, misses = read_throughs("hit"), read_throughs("miss")
+        for user in ours[: GIVE_UP_AFTER + 5]:
+            await a.cache.pre_infer(f"user-{user}", events(history(user)))
+            await _fetched(a)
+        assert read_throughs("hit") == hits + 1
+        assert read_throughs("miss") == misses + GIVE_UP_AFTER + 4  # every one asked
