@@ -6,8 +6,9 @@ a miss. A ranker knows the ring the routers use (`peers`, from `--rankers` or `-
 - on its drain, pushes its resident prefixes to each user's next owner (`push`), most recently used
   first, within a time budget and a rate;
 - receives what peers push, into DRAM only, safely (`services.ranker.cache.admission`, `receive`);
-- for a grace window after start-up or a ring change, reads a miss of a user of its own arcs through from
-  the peer that served the user meanwhile (`read_through`), and answers such reads (`servicer`).
+- for a grace window after start-up or a ring change, reads a miss of a user the routers send to it
+  through from the peer that served the user meanwhile (`read_through`), and answers such reads
+  (`servicer`).
 
 The KV's wire format is `services.ranker.cache.kv_wire`; the contract is `relaygr/v1/handoff.proto`. A
 SIGKILL hands nothing off (it loses only caches, as without a handoff); a model rollout carries nothing

@@ -1,9 +1,9 @@
 """Read-through: a miss asks the peer that has the user's prefix before computing it.
 
 For `--read-through-grace-s` after start-up or a change of the routable rankers, a ranker that finds no
-prefix of a user of its own arcs asks the user's next owner (`Peers.source`: who served the user while
-this ranker was away, or before it joined) with `CacheHandoffService.Fetch`, and admits the answer into
-DRAM; the request then reloads it like any DRAM entry, or extends it when the peer's entry is a strict
+prefix of a user the routers send to it asks the user's next owner (`Peers.source`: who served the user
+while this ranker was away, or before it joined) with `CacheHandoffService.Fetch`, and admits the answer
+into DRAM; the request then reloads it like any DRAM entry, or extends it when the peer's entry is a strict
 prefix of the request's events.
 
 - A PreInfer's read-through is a prefetch: the PreInfer is answered at once, and its production starts
