@@ -53,6 +53,27 @@ class RevisitSampler:
         return f"{self.namespace}-{self._new_users}"
 
 
+class Population:
+    """A closed population of `size` users: requests 0 … size-1 are each user's first visit, in turn, and
+    every later request is a user drawn uniformly, a return. Deterministic in (seed, namespace); the same
+    `user(index)` interface as `RevisitSampler`."""
+
+    def __init__(self, namespace: str, size: int, seed: int) -> None:
+        if size < 1:
+            raise ValueError("a population needs at least one user")
+        self.namespace = namespace
+        self.size = size
+        self._rng = np.random.default_rng([seed, *namespace.encode()])
+        self._users: list[str] = []
+
+    def user(self, index: int) -> str:
+        while len(self._users) <= index:
+            n = len(self._users)
+            member = n if n < self.size else int(self._rng.integers(self.size))
+            self._users.append(f"{self.namespace}-{member}")
+        return self._users[index]
+
+
 @dataclasses.dataclass(frozen=True)
 class Universe:
     """A retrieval-stub user universe: its label, its stub flags, and its longest long-term history."""

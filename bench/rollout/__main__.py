@@ -91,8 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{load_average()}.",
         "",
         f"`{c.model_preset}`, {c.rankers} rankers and spare {made.spare}, {c.rate:g} Recommend/s open loop, "
-        f"{c.revisit_probability:g} of them from a user of the last {c.revisit_window_s:g} s, {c.long_term} "
-        f"long-term events a user, DRAM TTL {c.dram_ttl_s:g} s, relay {'on' if c.relay else 'off'}; handoff "
+        f"{users(c)}, {c.long_term} long-term events a user, DRAM TTL {c.dram_ttl_s:g} s, relay "
+        f"{'on' if c.relay else 'off'}; handoff "
         f"off: `{c.handoff_off_flags}`, on: the rankers' defaults; seeds {c.seed_list()}.",
         "",
         describe(made, len(summaries), FLEET_OVERHEAD_S).splitlines()[0] + ".",
@@ -116,3 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def users(c: RolloutConfig) -> str:
+    """Who the calls come from, in words."""
+    if c.population:
+        return f"a closed population of {c.population} users (every one first seen in the warm-up)"
+    return f"{c.revisit_probability:g} of them from a user of the last {c.revisit_window_s:g} s"

@@ -56,6 +56,13 @@ class RolloutConfig(FleetSettings):
     revisit_probability: float = setting(
         0.9, "share of requests from a user seen within --revisit-window-s", minimum=0, below=1
     )
+    population: int = setting(
+        0,
+        "a closed population of this many users instead of the revisits: each user's first visit in turn "
+        "(all within the warm-up), then every call a return of a user drawn uniformly (0: the revisits of "
+        "--revisit-probability, whose new users are cold in every mode)",
+        minimum=0,
+    )
     revisit_window_s: float = setting(
         30.0,
         "a revisit repeats the user of a request of the last this many s (keep it under the TTL)",
@@ -95,6 +102,12 @@ class RolloutConfig(FleetSettings):
         shlex.split(self.handoff_off_flags)
         if self.revisit_window_s >= self.dram_ttl_s:
             raise ValueError("--revisit-window-s must be under --dram-ttl-s: returning users come back in it")
+        if self.population > self.rate * self.warmup_s:
+            raise ValueError("--population: every user's first visit must fall in the warm-up (at most "
+                             f"--rate x --warmup-s = {self.rate * self.warmup_s:g} users)")  # fmt: skip
+        if self.population and self.population / self.rate >= self.dram_ttl_s:
+            raise ValueError("--population: a user returns every population / rate s on average, which must "
+                             "be under --dram-ttl-s")  # fmt: skip
 
     def mode_names(self) -> list[str]:
         return listed(self, "modes")

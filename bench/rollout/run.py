@@ -25,7 +25,7 @@ import grpc
 
 from bench.lib.points import miss_label
 from bench.lib.probes import machine_busy_s
-from bench.lib.workload import RevisitSampler, fixed_length_universe
+from bench.lib.workload import Population, RevisitSampler, fixed_length_universe
 from bench.rollout.config import GROWTH_HEADROOM, NUM_CANDIDATES, SHORT_TERM, RolloutConfig
 from bench.rollout.plan import RESTART, START, Plan
 from bench.rollout.plan import Change as Planned
@@ -141,7 +141,12 @@ class Load(threading.Thread):
     """The plan's open-loop Recommend load against one stub, on a thread with its own event loop."""
 
     def __init__(
-        self, address: str, sampler: RevisitSampler, config: RolloutConfig, duration_s: float, seed: int
+        self,
+        address: str,
+        sampler: RevisitSampler | Population,
+        config: RolloutConfig,
+        duration_s: float,
+        seed: int,
     ):
         super().__init__(name="rollout-load", daemon=True)
         self.address, self.sampler, self.config = address, sampler, config
@@ -247,7 +252,11 @@ def run_once(
     """One run of `plan` in handoff `mode` with load seed `seed` on a fresh fleet."""
     c = config
     started = time.monotonic()
-    sampler = RevisitSampler(f"rollout-s{seed}", c.rate, c.revisit_probability, c.revisit_window_s, seed)
+    sampler: RevisitSampler | Population = (
+        Population(f"rollout-s{seed}", c.population, seed)
+        if c.population
+        else RevisitSampler(f"rollout-s{seed}", c.rate, c.revisit_probability, c.revisit_window_s, seed)
+    )
     with Fleet(fleet_config(c, mode, log_dir)) as fleet:
         up_s = time.monotonic() - started
         log(f"{mode} seed {seed}: fleet up in {up_s:.0f} s; {plan.duration_s:g} s of load")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.lib.workload import Population
 from bench.rollout.config import RolloutConfig
 from bench.rollout.plan import RESTART, START, STOP, Change, describe, plan, restart_order
 from services.common.config import load
@@ -55,3 +56,20 @@ def test_the_settings_refuse_returning_users_that_would_come_back_after_the_dram
         RolloutConfig, ["--modes", "on", "--seeds", "2", "--load-seed", "5", "--rate", "20"], environ={}
     )
     assert (config.mode_names(), config.seed_list(), config.block()) == (["on"], [5, 6], 20)
+
+
+def test_a_closed_population_visits_every_user_first_then_only_returns():
+    population = Population("p", 50, seed=3)
+    first = [population.user(i) for i in range(50)]
+    assert first == [f"p-{i}" for i in range(50)]
+    later = {population.user(i) for i in range(50, 2000)}
+    assert later <= set(first) and len(later) == 50  # only returns, and every user returns
+    assert Population("p", 50, seed=3).user(1234) == population.user(1234)  # deterministic
+
+
+def test_a_population_must_be_seen_within_the_warm_up_and_return_within_the_ttl():
+    with pytest.raises(ValueError, match="--population: every user's first visit"):
+        RolloutConfig(population=400, rate=16, warmup_s=20).validate()
+    with pytest.raises(ValueError, match="under --dram-ttl-s"):
+        RolloutConfig(population=300, rate=16, warmup_s=20, dram_ttl_s=15, revisit_window_s=10).validate()
+    RolloutConfig(population=300, rate=16, warmup_s=20).validate()
