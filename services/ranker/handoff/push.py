@@ -67,7 +67,7 @@ class HandoffSummary:
     skipped_time: int = 0
     failed: int = 0
     no_owner: int = 0
-    receipts: list[handoff_pb2.PushReceipt] = dataclasses.field(default_factory=list)
+    receipts: list[handoff_pb2.PushResponse] = dataclasses.field(default_factory=list)
     duration_s: float = 0.0
 
     def count(self, outcome: str, entries: int = 1) -> None:
@@ -135,7 +135,7 @@ class Pusher:
         streamed: list[int] = []  # bytes of each entry streamed whole
         gone = 0  # entries evicted (by their TTL) before their turn
 
-        async def chunks() -> AsyncIterator[handoff_pb2.HandoffChunk]:
+        async def chunks() -> AsyncIterator[handoff_pb2.PushRequest]:
             nonlocal gone
             for entry in entries:
                 payload = await self.admission.payload(entry)
@@ -147,7 +147,7 @@ class Pusher:
                     return
                 for chunk in codec.chunks(header, data):
                     await pacer.take(len(chunk.data))
-                    yield chunk
+                    yield handoff_pb2.PushRequest(chunk=chunk)
                 streamed.append(len(data))
 
         stub = handoff_pb2_grpc.CacheHandoffServiceStub(member.channel)

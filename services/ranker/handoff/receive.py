@@ -1,6 +1,6 @@
-"""Receiving entries from another ranker: a stream of `HandoffChunk`s, each entry admitted into DRAM at its
-last chunk (`services.ranker.cache.admission`). The same loop serves a drain's Push and a read-through's
-Fetch. An entry whose stream ends, breaks or starts another entry before its last chunk is torn: its
+"""Receiving entries from another ranker: a stream of `HandoffChunk`s (a drain's `PushRequest`s or a
+Fetch's `FetchResponse`s, each carrying one), each entry admitted into DRAM at its last chunk
+(`services.ranker.cache.admission`). The same loop serves a drain's Push and a read-through's Fetch. An entry whose stream ends, breaks or starts another entry before its last chunk is torn: its
 reservation and DRAM copy are given back, and nothing of it is indexed."""
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ class Tally:
     def count(self, label: str) -> None:
         metrics.HANDOFF_RECEIVED_ENTRIES.labels(label).inc()
 
-    def receipt(self, instance: str) -> handoff_pb2.PushReceipt:
-        return handoff_pb2.PushReceipt(
+    def receipt(self, instance: str) -> handoff_pb2.PushResponse:
+        return handoff_pb2.PushResponse(
             instance=instance, admitted=self.admitted, admitted_bytes=self.admitted_bytes, held=self.held,
             received_bytes=self.received_bytes,
             refused=[handoff_pb2.RefusalCount(reason=r, entries=n) for r, n in sorted(self.refused.items())],
@@ -47,15 +47,18 @@ class Tally:
 
 
 async def receive(
-    chunks: AsyncIterable[handoff_pb2.HandoffChunk], admission: Admission, wanted: Events | None = None
+    messages: AsyncIterable[handoff_pb2.PushRequest | handoff_pb2.FetchResponse],
+    admission: Admission,
+    wanted: Events | None = None,
 ) -> Tally:
-    """Admits the entries of `chunks`; their tally. An exception of the stream (the sender died) is raised
-    after the entry it tore has been given back."""
+    """Admits the entries of the chunks `messages` carry; their tally. An exception of the stream (the
+    sender died) is raised after the entry it tore has been given back."""
     tally = Tally()
     current: Incoming | None = None
     started = False  # an entry's header was read and its last chunk not yet
     try:
-        async for chunk in chunks:
+        async for message in messages:
+            chunk = message.chunk
             tally.received_bytes += len(chunk.data)
             metrics.HANDOFF_RECEIVED_BYTES.inc(len(chunk.data))
             if chunk.HasField("entry"):

@@ -18,7 +18,7 @@ class HandoffServicer(handoff_pb2_grpc.CacheHandoffServiceServicer):
         self.admission = admission
         self.instance = instance
 
-    async def Push(self, request_iterator, context: grpc.aio.ServicerContext) -> handoff_pb2.PushReceipt:
+    async def Push(self, request_iterator, context: grpc.aio.ServicerContext) -> handoff_pb2.PushResponse:
         tally = await receive(request_iterator, self.admission)
         return tally.receipt(self.instance)
 
@@ -38,7 +38,7 @@ class HandoffServicer(handoff_pb2_grpc.CacheHandoffServiceServicer):
         payload = None if entry is None else await admission.payload(entry)
         if payload is not None:
             for chunk in codec.chunks(*payload):
-                yield chunk
+                yield handoff_pb2.FetchResponse(chunk=chunk)
 
 
 def add_to_server(servicer: HandoffServicer, server) -> None:

@@ -54,9 +54,9 @@ async def wire(app: RankerApp, entries: Iterable[CacheEntry]) -> list[handoff_pb
     return chunks
 
 
-async def stream(chunks: Iterable[handoff_pb2.HandoffChunk]) -> AsyncIterator[handoff_pb2.HandoffChunk]:
+async def stream(chunks: Iterable[handoff_pb2.HandoffChunk]) -> AsyncIterator[handoff_pb2.PushRequest]:
     for chunk in chunks:
-        yield chunk
+        yield handoff_pb2.PushRequest(chunk=chunk)
 
 
 async def deliver(app: RankerApp, chunks: Iterable[handoff_pb2.HandoffChunk]) -> Tally:
