@@ -1,7 +1,8 @@
 """Receiving entries from another ranker: a stream of `HandoffChunk`s (a drain's `PushRequest`s or a
 Fetch's `FetchResponse`s, each carrying one), each entry admitted into DRAM at its last chunk
-(`services.ranker.cache.admission`). The same loop serves a drain's Push and a read-through's Fetch. An entry whose stream ends, breaks or starts another entry before its last chunk is torn: its
-reservation and DRAM copy are given back, and nothing of it is indexed."""
+(`services.ranker.cache.admission`). The same loop serves a drain's Push and a read-through's Fetch. An
+entry whose stream ends, breaks or starts another entry before its last chunk is torn: its reservation
+and DRAM copy are given back, and nothing of it is indexed."""
 
 from __future__ import annotations
 
