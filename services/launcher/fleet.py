@@ -136,7 +136,10 @@ class Fleet:
         return [ranker_name(i) for i in range(self.config.members)]
 
     def start(self) -> dict[str, Endpoint]:
-        """Starts every service and waits until each is healthy; returns their endpoints by name."""
+        """Starts every service and waits until each is healthy; returns their endpoints by name (`with
+        Fleet(...)` starts it: a second start would clash with the first's picked ports, so it is refused)."""
+        if self.children:
+            raise RuntimeError("the fleet is already started (entering its `with` block starts it)")
         try:
             self._start_all()
         except BaseException:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -30,15 +31,43 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
+# Ports are picked below the kernel's ephemeral range: a port picked there and bound later by a child can
+# meanwhile become the source port of any outgoing connection (the rankers dial each other and retry while
+# their peers warm up), and the child then fails to bind, or a client connects to itself.
+PICK_FROM = 10_000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct free ports: each socket stays bound until all are picked, so none is picked twice."""
+    """`count` distinct free ports below the ephemeral range, in random order: each socket stays bound until
+    all are picked, so none is picked twice."""
+    if count <= 0:
+        return []
+    low = _ephemeral_low()
+    candidates = random.SystemRandom().sample(range(PICK_FROM, low), low - PICK_FROM)
     with contextlib.ExitStack() as stack:
-        sockets = [
-            stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)
-        ]
-        for sock in sockets:
-            sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in sockets]
+        picked = []
+        for port in candidates:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                sock.close()
+                continue
+            stack.enter_context(sock)
+            picked.append(port)
+            if len(picked) == count:
+                return picked
+    raise OSError(f"no {count} free ports between {PICK_FROM} and {low} on {host}")
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+    return low if low > PICK_FROM + 1000 else 32768
 
 
 def health_status(

@@ -103,7 +103,7 @@ def test_p99_panels_exemplars_are_trace_ids_the_collector_received(receiver, tmp
     port = free_port()
     started = time.time() - 5
     with Fleet(config) as fleet:
-        endpoints = fleet.start()
+        endpoints = fleet.endpoints()
         rules = tmp_path / "rules.yaml"
         rules.write_text(yaml.safe_dump({"groups": []}))
         prometheus_yml = tmp_path / "prometheus.yml"

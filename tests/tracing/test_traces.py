@@ -93,7 +93,7 @@ def test_a_relayed_recommend_is_one_trace_across_the_services(
         ),
     )  # fmt: skip
     with Fleet(config) as fleet:
-        endpoints = fleet.start()
+        endpoints = fleet.endpoints()
         with grpc.insecure_channel(endpoints[STUB].address) as channel:
             stub = recommend_pb2_grpc.RecommendServiceStub(channel)
             answer = stub.Recommend(
