@@ -155,8 +155,10 @@ async def test_an_incoming_entry_evicts_what_was_used_before_it_never_a_leased_o
 async def test_a_leased_entry_is_never_a_victim_however_old() -> None:
     entry_bytes = 40 * 512
     budget_mb = 2.5 * entry_bytes / 2**20
+    # The lease outlasts the test however slow the host (an expired lease would leave the entry in DRAM
+    # alone, the oldest there, which admission may then rightly evict).
     async with (
-        cache_app(instance_name="b", dram_budget_mb=budget_mb) as receiver,
+        cache_app(instance_name="b", dram_budget_mb=budget_mb, lease_ttl_ms=600_000) as receiver,
         cache_app(instance_name="a") as sender,
     ):
         (old,) = await cached(receiver, [200])  # in DRAM, used before anything the sender has
@@ -166,7 +168,11 @@ async def test_a_leased_entry_is_never_a_victim_however_old() -> None:
         assert (
             outcome == Outcome.PRE_INFER_OUTCOME_RELOADED and old.lease is not None and old.dram is not None
         )
-        tally = await deliver(receiver, await wire(sender, await cached(sender, [1, 2, 3])))
+        sent = await cached(sender, [1, 2, 3])
+        # In a push's order, most recently used first (sent the other way, the entries used earlier would
+        # arrive first, and the later ones could rightly evict them again, by a race of clocks).
+        assert sender.admission.resident() == sent[::-1]
+        tally = await deliver(receiver, await wire(sender, sender.admission.resident()))
         assert tally.admitted == 1 and dict(tally.refused) == {Refusal.HANDOFF_REFUSAL_BUDGET: 2}
         assert receiver.cache.index.get(old.key) is old and old.dram is not None and old.lease is not None
         assert held_bytes(receiver.cache)["dram"] == 2 * entry_bytes
