@@ -38,7 +38,15 @@ OWNER_ONLY = dataclasses.replace(
     description="RelayGR whose trigger puts every prefix on its ring owner (its --relay-window-ms 0)",
     trigger_args="--relay-window-ms 0",
 )
-MODES = {mode.name: mode for mode in (BASELINE, RELAY, *ABLATIONS, OWNER_ONLY)}
+# The coalescing check's other arm: RelayGR whose trigger sends every PreInfer in a call of its own instead
+# of coalescing those bound for one ranker within its --pre-infer-batch-window-ms.
+SINGLE_PRE_INFERS = dataclasses.replace(
+    RELAY,
+    name="relay-single-pre-infers",
+    description="RelayGR whose trigger sends every PreInfer alone (its --pre-infer-batch-window-ms 0)",
+    trigger_args="--pre-infer-batch-window-ms 0",
+)
+MODES = {mode.name: mode for mode in (BASELINE, RELAY, *ABLATIONS, OWNER_ONLY, SINGLE_PRE_INFERS)}
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
 
@@ -51,7 +59,8 @@ class AbConfig(FleetSettings):
     )
     modes: str = setting(
         "baseline,relay",
-        "the modes compared, two or more (bench.lib.fleets; relay-owner-only: the placement study's)",
+        "the modes compared, two or more (bench.lib.fleets; relay-owner-only: the placement study's; "
+        "relay-single-pre-infers: the trigger's PreInfers uncoalesced)",
         items=str,
         distinct=True,
         choices=tuple(MODES),

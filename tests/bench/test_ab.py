@@ -275,6 +275,8 @@ def test_settings_need_two_modes_and_name_only_known_ones():
     assert [mode.trigger_args for mode in config.mode_list()] == ["", "--relay-window-ms 0"]
     assert config.recommend_bound_ms == 180.0 and config.block(45.0) == 45
     assert config.out_dir().name == "relaygr-ab"
+    singles = load(AbConfig, ["--modes", "relay,relay-single-pre-infers"], environ={})
+    assert [mode.trigger_args for mode in singles.mode_list()] == ["", "--pre-infer-batch-window-ms 0"]
     bench_config = config.bench_config()
     assert (bench_config.relay_window_ms, bench_config.longest_long_term) == (80.0, 2048)
 

@@ -16,6 +16,7 @@ from tools.dashboards.panels import (
     fleet_jobs,
     latency_against_slo_panel,
     p99_target,
+    quantile,
     ratio,
     selector,
     summed_rate,
@@ -34,6 +35,10 @@ ADMISSION_RATIO = ratio(
     summed_rate("relaygr_trigger_decisions_total", TRIGGER_ADMITTED),
     summed_rate("relaygr_trigger_decisions_total", TRIGGER),
 )
+
+
+COALESCED_CALLS = summed_rate("relaygr_trigger_pre_infer_batch_size_count", TRIGGER)
+COALESCED_PRE_INFERS = summed_rate("relaygr_trigger_pre_infer_batch_size_sum", TRIGGER)
 
 
 def build() -> dashboard.Dashboard:
@@ -84,6 +89,39 @@ def build() -> dashboard.Dashboard:
                 "request whose queue wait plus this exceeds the SLO must relay (it is never shed).",
                 "relaygr_trigger_predicted_rank_seconds",
                 TRIGGER,
+            ),
+            timeseries_panel(
+                "PreInfer calls to the rankers",
+                "How the trigger's PreInfers reach the rankers, per second: the coalescer's calls (one a "
+                "window: a PreInferBatch, or a single PreInfer for a window that closed with one) and the "
+                "PreInfers in them; the PreInfers sent alone at once, by why (window_off: coalescing off; "
+                "would_miss_rank: its pre-inference plus the window would outlast the relay window; "
+                "through_router); and the PreInferBatch calls the rankers scheduled. Fewer calls than "
+                "PreInfers is the ranker CPU coalescing saves.",
+                "reqps",
+                [
+                    Target(COALESCED_CALLS, "coalescer's calls"),
+                    Target(COALESCED_PRE_INFERS, "PreInfers in them"),
+                    Target(
+                        summed_rate("relaygr_trigger_pre_infer_alone_total", TRIGGER, by="reason"),
+                        "alone: {{reason}}",
+                    ),
+                    Target(
+                        summed_rate("relaygr_pre_infer_batch_size_count", RANKER),
+                        "PreInferBatch calls the rankers scheduled",
+                    ),
+                ],
+            ),
+            timeseries_panel(
+                "PreInfers per coalesced call",
+                "Mean and P99 of the PreInfers in each of the coalescer's calls (a window of one counts "
+                "1). Near 1 at a quiet ranker, whose PreInfers go at once; grows with each ranker's "
+                "PreInfer rate times --pre-infer-batch-window-ms, up to --pre-infer-batch-max.",
+                "short",
+                [
+                    Target(ratio(COALESCED_PRE_INFERS, COALESCED_CALLS), "mean"),
+                    Target(quantile(0.99, "relaygr_trigger_pre_infer_batch_size", TRIGGER), "P99"),
+                ],
             ),
             timeseries_panel(
                 "Admit latency",
