@@ -108,7 +108,7 @@ COMMANDS = (
     ),
     Command(
         "serving-ab",
-        "another checkout's ranker against this one's, driven in turn by the same pairs",
+        "this ranker against another checkout's, or the serving floor and free passes, in turn",
         "bench.studies.serving_ab:main",
     ),
 )
