@@ -53,23 +53,21 @@ class ServingAb:
     def validate(self) -> None:
         if not self.before_tree and not self.stand_ins:
             raise ValueError("--before-tree or --stand-ins true: this checkout's ranker needs a contender")
-        for shape in self.shapes.split(","):
-            length, _, rate = shape.partition(":")
-            if not (length.isdigit() and int(length) > 0 and _positive(rate)):
-                raise ValueError(f"--shapes: {shape!r} is not events:pairs-a-second (e.g. 256:20)")
+        self.shape_list()
 
     def shape_list(self) -> list[tuple[int, float]]:
-        return [
-            (int(length), float(rate))
-            for length, _, rate in (s.partition(":") for s in self.shapes.split(","))
-        ]
-
-
-def _positive(text: str) -> bool:
-    try:
-        return float(text) > 0
-    except ValueError:
-        return False
+        """`--shapes` as (long-term events, pairs a second); a ValueError naming the flag for a bad one."""
+        shapes = []
+        for shape in self.shapes.split(","):
+            length, _, rate = shape.partition(":")
+            try:
+                parsed = int(length), float(rate)
+            except ValueError:
+                parsed = (0, 0.0)
+            if parsed[0] <= 0 or not parsed[1] > 0:
+                raise ValueError(f"--shapes: {shape!r} is not events:pairs-a-second (e.g. 256:20)")
+            shapes.append(parsed)
+        return shapes
 
 
 def contenders(

@@ -7,12 +7,12 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import socket
 from collections.abc import AsyncIterator, Callable, Iterable
 
 import torch
 
 from relaygr.v1 import handoff_pb2
+from services.launcher.procs import free_ports
 from services.ranker.app import RankerApp
 from services.ranker.cache import kv_wire
 from services.ranker.cache.index import CacheEntry
@@ -71,15 +71,6 @@ def reference(app: RankerApp, user: int, length: int = 40) -> torch.Tensor:
 async def ranked(app: RankerApp, user: int, length: int = 40) -> tuple[torch.Tensor, object]:
     scores, source = await rank(app, f"user-{user}", history(user, length))
     return torch.tensor(scores, dtype=torch.float32), source
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free loopback ports (each socket held until all are picked)."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
 
 
 @dataclasses.dataclass
