@@ -81,13 +81,6 @@ class RankerConfig(HandoffSettings, AffinitySettings, RequestLimits, ServiceConf
         "batching takes only what is already queued, it never waits",
         above=0,
     )
-    inline_rank_max_ms: float = setting(
-        10.0,
-        "on a CPU device, a cached Rank whose pass the latency curve puts at most this long runs on the "
-        "event loop when the device thread is idle, sparing two thread hand-offs; the loop answers nothing "
-        "else meanwhile (0: every rank on the device thread)",
-        minimum=0,
-    )
     cuda_graphs: bool = setting(
         False,
         "replay cached ranks through CUDA graphs captured per (users, prefix-length bucket, short-term and "

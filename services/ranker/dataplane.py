@@ -198,8 +198,7 @@ class DataPlane:
                 if acquired.entry is None:
                     job = self.runner.uncached(long_term, short_term, candidates, deadline)
                 else:
-                    here = cost_ms <= self.config.inline_rank_max_ms and self.config.inline_rank_max_ms > 0
-                    job = self.runner.rank(acquired.entry.hbm, short_term, candidates, deadline, here)
+                    job = self.runner.rank(acquired.entry.hbm, short_term, candidates, deadline)
                 scores = await job
                 trace_device(job, "model", uncached=acquired.entry is None)
             finally:

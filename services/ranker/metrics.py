@@ -38,8 +38,7 @@ PRE_INFER_BATCH_SIZE = Histogram(
 )
 MODEL_SECONDS = Histogram(
     "relaygr_model_seconds",
-    "Time on the ranker's device and copy threads per job (a cached rank run on the event loop while the "
-    "device thread is idle counts here too), by op: pre_infer, extend, rank, uncached "
+    "Time on the ranker's device and copy threads per job, by op: pre_infer, extend, rank, uncached "
     "(model passes), reload, demote (tier copies, where a move copies: on an accelerator, or to lossy "
     "DRAM), profile (warm-up). Jobs run as one batch each count an equal share of its time.",
     ["op"],
@@ -47,8 +46,7 @@ MODEL_SECONDS = Histogram(
 )
 MODEL_CPU_SECONDS = Counter(
     "relaygr_model_cpu_seconds",
-    "CPU time of the ranker's device and copy threads inside their jobs, and of the event loop inside the "
-    "cached ranks it runs itself (thread CPU time, which on an "
+    "CPU time of the ranker's device and copy threads inside their jobs (thread CPU time, which on an "
     "accelerator is the host's launch cost), by op as relaygr_model_seconds, each job's own (the Ranks a "
     "pre-inference lets run between its chunks count theirs): what the host spends on the model itself, "
     "apart from serving.",

@@ -208,21 +208,14 @@ class ModelRunner:
         return self.worker.submit_yielding(job, priority, Op.EXTEND, deadline, work=len(appended))
 
     def rank(
-        self,
-        prefix: PrefixKV,
-        short: Events,
-        candidates: Sequence[int],
-        deadline: float | None,
-        here_if_idle: bool = False,
+        self, prefix: PrefixKV, short: Events, candidates: Sequence[int], deadline: float | None
     ) -> asyncio.Future[list[float]]:
         """Scores of `candidates` (request order) against a ready prefix; ranks queued together run as one
-        batch. `here_if_idle`: on a synchronous device (a CPU), when the device thread is idle, the rank
-        runs at once on this thread (`Scheduler.submit_batched`); its future is then done."""
+        batch."""
         item = (prefix, short, candidates)
         return self.worker.submit_batched(
-            item, self._rank_batch, Priority.RANK, Op.RANK, deadline, work=prefix.length,
-            here_if_idle=here_if_idle and not self.accelerator.asynchronous,
-        )  # fmt: skip
+            item, self._rank_batch, Priority.RANK, Op.RANK, deadline, work=prefix.length
+        )
 
     def uncached(
         self, long: Events, short: Events, candidates: Sequence[int], deadline: float | None

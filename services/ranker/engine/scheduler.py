@@ -1,13 +1,14 @@
-"""The scheduler: a ranker's model work runs one job at a time per device, by priority, on its own thread.
+"""The scheduler: all model work of a ranker runs on one thread per device, by priority.
 
-The asyncio event loop submits jobs and awaits their futures; the worker thread takes the most urgent job
-first (`Priority`: ranks against a ready prefix, then the prefixes Ranks wait for, then reloads, then
-pre-inference; FIFO within a priority). A prefix is computed in chunks: its job (`submit_yielding`) is handed
-a `Yield`, a callable it calls between two chunks, where the scheduler runs every more urgent queued job, so
-a rank waits for at most one chunk of any prefix, a miss's included; the job knows nothing else of the
-scheduler. A Rank that waits on a background job (it joined a pre-inference) `promote`s that job to
-`Priority.AWAITED`, so pre-inferences that keep arriving cannot starve it. A job whose deadline has passed,
-or whose awaiting future was cancelled, is dropped when it reaches the front, before any work starts.
+The asyncio event loop never runs model code. It submits jobs and awaits their futures; the worker
+thread takes the most urgent job first (`Priority`: ranks against a ready prefix, then the prefixes Ranks
+wait for, then reloads, then pre-inference; FIFO within a priority). A prefix is computed in chunks: its
+job (`submit_yielding`) is handed a `Yield`, a callable it calls between two chunks, where the scheduler runs
+every more urgent queued job, so a rank waits for at most one chunk of any prefix, a miss's included; the
+job knows nothing else of the scheduler. A Rank that waits on a background job (it joined a
+pre-inference) `promote`s that job to `Priority.AWAITED`, so pre-inferences that keep arriving cannot
+starve it. A job whose deadline has passed, or whose awaiting future was cancelled, is dropped when it
+reaches the front, before any work starts.
 
 Each job's own thread CPU time (a job's Yield-nested jobs count theirs) is counted by op
 (`relaygr_model_cpu_seconds`): what the host spends inside model passes, which the serving-overhead
@@ -24,20 +25,14 @@ them in one pass. Batching never waits for jobs to arrive: it takes what is queu
 and turns a queue of small ranks into fewer, larger device passes. A batch that fails is run again one job
 at a time, so each caller gets its own result or its own error. Jobs submitted inside `together` (a PreInfer
 batch's productions) are handed over at once, with one wake-up of the thread.
-
-One exception to "on the device thread": a batched job submitted with `here_if_idle` (a cached rank on a
-synchronous device, `runner.py`) runs at once on the submitting thread when the device thread is idle (no
-job queued, none running, none being handed over); the device thread starts nothing until it ends, so the
-device still runs one job at a time, in the order the queue would have given (an idle queue runs a RANK job
-first). It is counted, timed and observed as on the device thread, and its future is done when `submit`
-returns. A hand-over each way is what it saves: two thread wake-ups, the largest fixed cost of a cached
-rank where a wake-up is dear (on the VMs of bench/results/serving, 0.1-0.15 ms of CPU a round trip).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import enum
 import functools
 import heapq
 import itertools
@@ -52,27 +47,85 @@ from prometheus_client import Gauge
 from services.common.errors import DeadlineExceeded
 from services.common.threads import name_os_thread
 from services.ranker import metrics
-from services.ranker.engine.device_time import JobClock
-from services.ranker.engine.jobs import (
-    FOR_RANKS,
-    MODEL_PASSES,
-    Batch,
-    Job,
-    Op,
-    Priority,
-    Running,
-    set_exception,
-    set_result,
-)
-
-# The job types are defined in `jobs.py` and named here too, where the scheduler's users import them.
-__all__ = ["FOR_RANKS", "MODEL_PASSES", "Batch", "Op", "Priority", "Scheduler", "Yield"]
+from services.ranker.engine.device_time import DeviceTime, JobClock
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # Told each ended job's (op, the work of each of its jobs, its own device seconds) on the device thread.
 Observer = Callable[["Op", Sequence[int], float], None]
+
+
+class Priority(enum.IntEnum):
+    """Most urgent first. A cached rank is short; a prefix a Rank waits for is long, so the ranks queued
+    behind it run between its chunks (shortest first among the work Ranks wait on: a queue of ready ranks
+    never waits behind a prefix computation)."""
+
+    RANK = 0  # a rank against a ready prefix (and a Rank's reload, on the copy thread)
+    AWAITED = 1  # a prefix a Rank waits for: a miss's computation, or a pre-inference a Rank joined
+    RELOAD = 2  # a reload a PreInfer asked for, before its Rank arrives
+    PRE_INFER = 3  # background pre-inference
+
+
+# The priorities of device work that Ranks are waiting on (the bound of `--max-queued-ranks`).
+FOR_RANKS = (Priority.RANK, Priority.AWAITED)
+
+
+class Op(enum.StrEnum):
+    """What a job does: the `op` label of relaygr_model_seconds."""
+
+    PRE_INFER = "pre_infer"  # a prefix computed in chunks: for a PreInfer, or for a Rank that missed
+    EXTEND = "extend"  # a cached prefix extended with the events appended since
+    RANK = "rank"  # short-term events and candidates scored against a prefix
+    UNCACHED = "uncached"  # a prefix computed, ranked against and dropped (no room to cache it)
+    RELOAD = "reload"  # a copy DRAM -> HBM (copy thread)
+    DEMOTE = "demote"  # a copy HBM -> DRAM (copy thread)
+    HANDOFF = "handoff"  # a copy HBM -> host of a prefix handed to another ranker (copy thread)
+    PROFILE = "profile"  # the warm-up latency curve
+
+
+@dataclasses.dataclass(eq=False)
+class Batch:
+    """Jobs that may run together: `run(items)` returns one result per item, in order."""
+
+    run: Callable[[list[Any]], list[Any]]
+    max_size: int
+
+    def __post_init__(self) -> None:
+        if self.max_size < 1:
+            raise ValueError("a batch holds at least one job")
+
+
+# The jobs that run the model (the others copy tensors or measure).
+MODEL_PASSES = (Op.PRE_INFER, Op.EXTEND, Op.RANK, Op.UNCACHED)
+
+
+@dataclasses.dataclass(order=True)
+class Job:
+    """A queued callable. Jobs order by priority, then by submission (FIFO within a priority)."""
+
+    priority: Priority
+    seq: int
+    deadline: float | None = dataclasses.field(compare=False)
+    fn: Callable[[], Any] = dataclasses.field(compare=False)
+    future: asyncio.Future = dataclasses.field(compare=False)
+    op: Op = dataclasses.field(compare=False)
+    # Set for a job that may run with others of its batch; `fn` runs it alone.
+    batch: Batch | None = dataclasses.field(default=None, compare=False)
+    item: Any = dataclasses.field(default=None, compare=False)
+    # Set for a job that yields between its steps: `fn` takes the running job's `Yield`.
+    yields: bool = dataclasses.field(default=False, compare=False)
+    # The events its model pass covers, for the observer (0: none told).
+    work: int = dataclasses.field(default=0, compare=False)
+    time: DeviceTime = dataclasses.field(default_factory=lambda: DeviceTime(time.time_ns()), compare=False)
+
+
+@dataclasses.dataclass
+class _Running:
+    """A job on the device thread: its priority (raised by `promote`) and the future it resolves."""
+
+    priority: int
+    future: asyncio.Future
 
 
 class Yield:
@@ -83,7 +136,7 @@ class Yield:
 
     __slots__ = ("_running", "_scheduler")
 
-    def __init__(self, scheduler: Scheduler, running: Running) -> None:
+    def __init__(self, scheduler: Scheduler, running: _Running) -> None:
         self._scheduler, self._running = scheduler, running
 
     def __call__(self) -> None:
@@ -105,13 +158,11 @@ class Scheduler:
         self._closed = False
         self._depth = {p: 0 for p in Priority}
         # The job on the thread, then each job run nested in it at a `Yield`, innermost last.
-        self._running: list[Running] = []
+        self._running: list[_Running] = []
         self._clock = JobClock()
         # Jobs submitted inside `together`, by the thread that holds them, until it hands them over.
         self._held: list[Job] | None = None
         self._holder: int | None = None
-        # A job runs: on the device thread (from its pop to its end), or on a submitter's (`here_if_idle`).
-        self._active = False
         self.observer = observer
         if depth_gauge is not None:
             for priority in Priority:
@@ -159,38 +210,10 @@ class Scheduler:
         op: Op,
         deadline: float | None = None,
         work: int = 0,
-        here_if_idle: bool = False,
     ) -> asyncio.Future:
         """Queues `item` for `batch.run`, with the jobs of the same batch queued beside it (see `submit`;
-        `work` for the observer). `here_if_idle`: when the device thread is idle, runs it now, on this
-        thread, and returns its future done (module docstring)."""
-        fn = lambda: batch.run([item])[0]  # noqa: E731
-        if here_if_idle:
-            future = self._run_here(fn, priority, op, deadline, work)
-            if future is not None:
-                return future
-        return self._push(fn, priority, op, deadline, batch, item, work=work)
-
-    def _run_here(self, fn, priority, op, deadline, work) -> asyncio.Future | None:
-        """Runs a job on this thread if the device thread is idle, holding the device thread off meanwhile;
-        None (nothing run) when it is not."""
-        with self._cond:
-            if self._active or self._heap or self._holder is not None or self._closed:
-                return None
-            self._active = True
-        try:
-            future = asyncio.get_running_loop().create_future()
-            job = Job(priority, next(self._counter), deadline, fn, future, op, work=work)
-            future.device_time = job.time
-            if self._startable(job, at_once=True):
-                deliver, outcome = self._perform(job, Running(priority, future))
-                deliver(future, outcome)
-            return future
-        finally:
-            with self._cond:
-                self._active = False
-                if self._heap:
-                    self._cond.notify()
+        `work` for the observer)."""
+        return self._push(lambda: batch.run([item])[0], priority, op, deadline, batch, item, work=work)
 
     def _push(self, fn, priority, op, deadline, batch, item, yields=False, work=0) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
@@ -248,7 +271,7 @@ class Scheduler:
             self._cond.notify()
         self._thread.join()
 
-    def _run_more_urgent(self, running: Running) -> None:
+    def _run_more_urgent(self, running: _Running) -> None:
         """A `Yield`: runs, nested in `running` on the device thread, every queued job more urgent than it."""
         innermost = self._running[-1] if self._running else None
         if threading.current_thread() is not self._thread or innermost is not running:
@@ -286,22 +309,17 @@ class Scheduler:
         name_os_thread(self._thread.name)
         while True:
             with self._cond:
-                while (not self._heap or self._active) and not self._closed:
+                while not self._heap and not self._closed:
                     self._cond.wait()
                 if not self._heap:
                     return
                 jobs = self._pop_batch()
-                self._active = True
-            try:
-                self._run(jobs)
-            finally:
-                with self._cond:
-                    self._active = False
+            self._run(jobs)
 
     def _run(self, jobs: list[Job]) -> None:
         """Runs jobs (one, or one batch) as the innermost running work: nested in another job, it yields by
         its own priority."""
-        running = Running(jobs[0].priority, jobs[0].future)
+        running = _Running(jobs[0].priority, jobs[0].future)
         with self._cond:
             self._running.append(running)
         try:
@@ -315,19 +333,13 @@ class Scheduler:
                 self._running.pop()
 
     @staticmethod
-    def _startable(job: Job, at_once: bool = False) -> bool:
-        """False for a job dropped unstarted: its caller is gone, or its deadline passed in the queue
-        (`at_once`: before it was submitted, on the loop's own thread)."""
+    def _startable(job: Job) -> bool:
+        """False for a job dropped unstarted: its caller is gone, or its deadline passed in the queue."""
         if job.future.cancelled():
             return False
         if job.deadline is not None and time.monotonic() > job.deadline:
-            error = DeadlineExceeded(
-                f"{job.op}: deadline passed {'before it started' if at_once else 'in queue'}"
-            )
-            if at_once:
-                set_exception(job.future, error)
-            else:
-                job.future.get_loop().call_soon_threadsafe(set_exception, job.future, error)
+            error = DeadlineExceeded(f"{job.op}: deadline passed in queue")
+            job.future.get_loop().call_soon_threadsafe(_set_exception, job.future, error)
             return False
         return True
 
@@ -338,31 +350,25 @@ class Scheduler:
             except Exception:  # an observer's fault must not take the device thread down
                 log.exception("device job observer failed")
 
-    def _execute(self, job: Job, running: Running) -> None:
+    def _execute(self, job: Job, running: _Running) -> None:
         """Runs one job; its time is counted (metrics, observer) before its caller is handed the outcome, so
         whoever sees a job's result sees it counted."""
-        deliver, outcome = self._perform(job, running)
-        job.future.get_loop().call_soon_threadsafe(deliver, job.future, outcome)
-
-    def _perform(self, job: Job, running: Running) -> tuple[Callable[[asyncio.Future, Any], None], Any]:
-        """Runs one job and counts it; returns how to deliver its outcome (`set_result`, `set_exception`)
-        and the outcome."""
-        fn, op = job.fn, job.op
+        fn, future, op = job.fn, job.future, job.op
         job.time.started_ns = time.time_ns()
         self._clock.start()
         try:
             outcome = fn(Yield(self, running)) if job.yields else fn()
-            deliver = set_result
+            deliver = _set_result
         except BaseException as exc:  # delivered to the awaiting coroutine, never lost on this thread
             log.debug("device job %s failed", op, exc_info=True)
-            outcome, deliver = exc, set_exception
+            outcome, deliver = exc, _set_exception
         job.time.ended_ns = time.time_ns()
         own_s = self._clock.stop(op, served=1)
-        if deliver is set_result:
+        if deliver is _set_result:
             self._observe(op, (job.work,), own_s)
-        return deliver, outcome
+        future.get_loop().call_soon_threadsafe(deliver, future, outcome)
 
-    def _execute_batch(self, jobs: list[Job], running: Running) -> None:
+    def _execute_batch(self, jobs: list[Job], running: _Running) -> None:
         """One pass for every job of a batch; if it fails, each job alone (its own result or error). Batched
         jobs never yield."""
         started_ns = time.time_ns()
@@ -381,4 +387,14 @@ class Scheduler:
         for job in jobs:
             job.time.started_ns, job.time.ended_ns, job.time.batch_size = started_ns, ended_ns, len(jobs)
         for job, result in zip(jobs, results, strict=True):
-            job.future.get_loop().call_soon_threadsafe(set_result, job.future, result)
+            job.future.get_loop().call_soon_threadsafe(_set_result, job.future, result)
+
+
+def _set_result(future: asyncio.Future, result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
