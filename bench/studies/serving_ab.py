@@ -1,8 +1,8 @@
 """`python -m bench serving-ab`: rankers driven in turn by the same pairs, so that their CPU a pair compares.
 
 The contenders are up at once and are driven in turn at the same rate (`python -m bench serving`'s driver
-and CPU probes), `--rounds` rounds whose order rotates, at two shapes; it prints a markdown table of each
-one's CPU a pair that is not the model. They are this checkout's ranker, and:
+and CPU probes), `--rounds` rounds whose order rotates, at each of `--shapes`; it prints a markdown table of
+each one's CPU a pair that is not the model. They are this checkout's ranker, and:
 
 - another checkout's ranker (`--before-tree`), which needs its generated stubs:
 
