@@ -37,9 +37,8 @@ COMMANDS = (
     ),
     Command(
         "headline",
-        "the experiments the README quotes, and only those (`run --profile headline`)",
-        "bench.run.__main__:main",
-        ("--profile", "headline"),
+        "the headline: RelayGR at multiples of the baseline's load, in randomized interleaved blocks",
+        "bench.headline.__main__:main",
     ),
     Command(
         "reproduce",

@@ -1,0 +1,1 @@
+"""The headline block experiment."""

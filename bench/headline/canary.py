@@ -1,0 +1,131 @@
+"""The host's unit u and its slowdown s, measured in one helper process beside the fleets.
+
+A `Canary` spawns one process that builds the preset's model once (with the rankers' thread count) and
+answers two questions on demand:
+
+- `unit_timings(n)`: n full passes at the mix's cap, wall time each, after one untimed pass. The run's u
+  is their median (`bench.headline.stats.host_unit`), timed once, before any fleet starts, on an idle host:
+  never a running minimum, which can only fall as timings accumulate and would tighten the SLO as a run
+  goes on.
+- `readings(n)`: n canary readings, each the CPU time of the calling thread for one small fixed pass
+  (`CANARY_LENGTH` events, `CANARY_CANDIDATES` candidates: a few ms). CPU time, not wall time: a reading
+  does not grow when the canary waits for a core behind the fleet's own work, only when the same
+  instructions take longer (a slower or shared physical core). What the hypervisor takes outright is
+  steal, read from /proc/stat (`steal_share`), and the slowdown combines both
+  (`bench.headline.stats.slowdown`).
+
+The experiment reads the canary on the idle host before every trial (`--canary-readings` readings, the
+fleets drained) and, in the background, once a second during every trial (`beside`): the idle readings
+decide a block's slowdown, the readings under load are reported beside them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+
+from bench.lib.floor import UNIT_CANDIDATES, _timer
+from services.ranker.engine.latency_curve import Timer
+from services.ranker.engine.scheduler import Scheduler
+
+CANARY_LENGTH = 256
+CANARY_CANDIDATES = 16
+CANARY_PERIOD_S = 1.0
+
+_TIMERS: dict[tuple, Timer] = {}  # in the canary's process: the models, built on first use
+
+
+def _timer_of(preset: str, threads: int, length: int, short_term: int, candidates: int, chunk: int) -> Timer:
+    key = (preset, threads, length, short_term, candidates, chunk)
+    if key not in _TIMERS:
+        _TIMERS[key] = _timer(
+            preset, threads, [length], short_term, candidates, 1, chunk, Scheduler("canary")
+        )
+    return _TIMERS[key]
+
+
+def _passes(timer: Timer, length: int, count: int, clock: str) -> list[float]:
+    """`count` full passes at `length` after an untimed one: each pass's wall or thread-CPU ms."""
+    read = time.perf_counter if clock == "wall" else time.thread_time
+    runner, history = timer.runner, timer.histories[length]
+    runner.uncached_sync(history, timer.short_events, timer.candidate_ids)
+    out = []
+    for _ in range(count):
+        started = read()
+        runner.uncached_sync(history, timer.short_events, timer.candidate_ids)
+        out.append(round((read() - started) * 1000, 4))
+    return out
+
+
+def unit_passes(
+    preset: str, threads: int, length: int, short_term: int, chunk: int, count: int
+) -> list[float]:
+    timer = _timer_of(preset, threads, length, short_term, UNIT_CANDIDATES, chunk)
+    return _passes(timer, length, count, "wall")
+
+
+def canary_passes(preset: str, threads: int, short_term: int, chunk: int, count: int) -> list[float]:
+    timer = _timer_of(preset, threads, CANARY_LENGTH, short_term, CANARY_CANDIDATES, chunk)
+    return _passes(timer, CANARY_LENGTH, count, "cpu")
+
+
+def cpu_times() -> tuple[int, int]:
+    """(steal, total) jiffies of every core since boot, from /proc/stat."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
+
+
+def steal_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the cores' time the hypervisor took between two `cpu_times` readings."""
+    total = after[1] - before[1]
+    return 0.0 if total <= 0 else round((after[0] - before[0]) / total, 5)
+
+
+class Canary:
+    """The helper process; use as a context manager (it stops the process)."""
+
+    def __init__(self, preset: str, threads: int, short_term: int, chunk_tokens: int) -> None:
+        self._args = (preset, threads, short_term, chunk_tokens)
+        self._pool = concurrent.futures.ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn")
+        )
+        self._lock = threading.Lock()  # one request at a time: the background sampler and the caller
+
+    def __enter__(self) -> Canary:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._pool.shutdown()
+
+    def unit_timings(self, length: int, count: int) -> list[float]:
+        preset, threads, short_term, chunk = self._args
+        with self._lock:
+            return self._pool.submit(unit_passes, preset, threads, length, short_term, chunk, count).result()
+
+    def readings(self, count: int) -> list[float]:
+        with self._lock:
+            return self._pool.submit(canary_passes, *self._args, count).result()
+
+    @contextlib.contextmanager
+    def beside(self, period_s: float = CANARY_PERIOD_S) -> Iterator[list[float]]:
+        """One reading every `period_s` in a background thread while the block runs; the list it yields
+        fills with them."""
+        readings: list[float] = []
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(period_s):
+                readings.extend(self.readings(1))
+
+        thread = threading.Thread(target=sample, name="canary", daemon=True)
+        thread.start()
+        try:
+            yield readings
+        finally:
+            stop.set()
+            thread.join()

@@ -1,0 +1,144 @@
+"""`python -m bench headline`'s settings, each a flag with a `RELAYGR_…` twin, and the rule fixing L.
+
+The experiment's loads are multiples of one load L, fixed before the run by a declared rule in the host's
+unit u (the in-process full pass of the preset at the mix's cap, `bench.headline.canary.Calibration`):
+
+    L = LOAD_PER_U / u        (LOAD_PER_U = 0.7 requests per u)
+
+so that on any host the baseline runs at the same share of its own capacity. 0.7 comes from the committed
+runs: `full` (90fa212, u = 34.9 ms) put the baseline's highest load meeting the SLO at 23 req/s, 0.80 per u,
+and a probe of this design on a host with u ≈ 50 ms held the baseline within the SLO at 14 req/s, 0.70 per
+u. L sits at or below that edge, where the baseline's P99 is its own longest histories' service time and
+drifts only with the host. The SLO and the relay window are multiples of u too (2.87 u each: 100 ms at
+34.9 ms, the committed runs' absolute bounds).
+
+Defaults, and why:
+
+- the arms: the baseline at L; RelayGR at L (the README's first figure: its P99 against the baseline's at
+  the same load), 2, 3, 3.5 and 4 L (finer near its knee, which a probe found at about 3 L); admit-all at
+  3 L, where the trigger's selectivity matters. Seven arms: one balanced set of Williams orders is 14
+  blocks (an odd number of arms needs each order and its mirror).
+- 14 blocks, each trial 300 measured Recommends after 5 s of its own load, the baseline's 600 (every ratio
+  divides by its P99); no trial stops early. A block lasts about 3.5 minutes on a 2-core host with
+  u = 75 ms (every trial's length is proportional to u), so a run fits its 60-minute budget
+  (`--budget-min`) with room for top-ups; pooled over 14 blocks an arm has 4,200 Ranks (the baseline
+  8,400), 42 of them above its P99.
+  Where the budget allows, more arms (`--relay-multiples`, `--admit-all-multiples 2.5,3`) or longer trials
+  (`--requests 600 --baseline-requests 1200`) sharpen it; `--blocks` must stay a whole number of sets.
+- a block whose host ran more than 15 % slower than at the calibration (`--drift-limit`) is reported but
+  left out of the headline, and the run tops up with a block of the same order, within `--budget-min`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+from bench.lib.fleets import FleetSettings
+from services.common.config import listed, numbers, setting
+from services.launcher.procs import REPO_ROOT
+
+# Requests per u of the baseline's load L (module docstring): fixed in the code, recorded in every run.
+LOAD_PER_U = 0.7
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+BASELINE, RELAY, ADMIT_ALL = "baseline", "relay", "admit-all"
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One arm of a block: a mode at a multiple of L."""
+
+    mode: str
+    multiple: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.mode}@{self.multiple:g}L"
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadlineConfig(FleetSettings):
+    """The block experiment's settings; every fleet (baseline, RelayGR, admit-all) has the same shape."""
+
+    name: str = setting(
+        "headline", "results go to bench/results/<name>/ (empty: relaygr-headline in the temporary folder)"
+    )
+    relay_multiples: str = numbers(
+        "1,2,3,3.5,4", "RelayGR's loads, multiples of L, tested in ascending order", distinct=True
+    )
+    admit_all_multiples: str = numbers(
+        "3", "admit-all's loads, multiples of L (each must be one of RelayGR's)", distinct=True
+    )
+    blocks: int = setting(
+        14,
+        "blocks, each one arrival seed with every arm once; a multiple of the Williams set's size",
+        above=0,
+    )
+    requests: int = setting(300, "measured Recommends of each RelayGR and admit-all trial", above=0)
+    baseline_requests: int = setting(600, "measured Recommends of each baseline trial", above=0)
+    warmup_s: float = setting(5.0, "seconds of each trial's own load before its measured requests", minimum=0)
+    slo_u: float = setting(2.87, "the ranking P99 SLO in the host's unit u", above=0)
+    relay_window_u: float = setting(2.87, "the relay window in u (the stub's pre-processing time)", above=0)
+    drift_limit: float = setting(
+        1.15,
+        "a block whose host slowdown s (canary and steal) is above this is left out of the headline",
+        above=1,
+    )
+    budget_min: float = setting(
+        60.0, "the run's time budget, minutes: no block starts that would end past it", above=0
+    )
+    order_seed: int = setting(0, "seed of the blocks' random Williams orders")
+    load_seed: int = setting(0, "the first block's arrival seed; block b uses load_seed + b")
+    confidence: float = setting(0.95, "confidence of every interval and test", above=0, below=1)
+    resamples: int = setting(2000, "block-bootstrap resamples of each ratio", above=0)
+    unit_timings: int = setting(9, "timed full passes whose median is u", above=0)
+    canary_readings: int = setting(3, "canary readings on the idle host before each trial", above=0)
+    mix_median: int = setting(1024, "median long-term length of the users' lognormal mix (mix 1)", above=0)
+    mix_sigma: float = setting(0.75, "sigma of the log length of the mix", above=0)
+    mix_max: int = setting(2048, "longest long-term history of the mix; u is timed at it", above=0)
+    short_term: int = setting(16, "short-term events per request", above=0)
+    universe_seed: int = setting(0, "seed of the user universe (the same in every mode)")
+    revisit_probability: float = setting(
+        0.5, "share of requests from a user seen within --revisit-window-s", minimum=0, below=1
+    )
+    revisit_window_s: float = setting(
+        5.0, "a revisit repeats the user of a request of the last this many s", above=0
+    )
+    rank_timeout_ms: float = setting(1000.0, "the stub's Rank deadline (a missed one is an error)", above=0)
+    relay_window_ms: float = setting(0.0, "the relay window, ms (0: --relay-window-u times u)", minimum=0)
+
+    def validate(self) -> None:
+        if self.mix_median >= self.mix_max:
+            raise ValueError("--mix-median must be below --mix-max")
+        missing = set(listed(self, "admit_all_multiples")) - set(listed(self, "relay_multiples"))
+        if missing:
+            raise ValueError(
+                f"--admit-all-multiples: {sorted(missing)} not among --relay-multiples (admit-all is "
+                "compared with RelayGR at the same load)"
+            )
+
+    def relay_list(self) -> list[float]:
+        return sorted(listed(self, "relay_multiples"))
+
+    def arms(self) -> list[Arm]:
+        """Every arm of a block: the baseline at L first, then RelayGR's and admit-all's by multiple."""
+        admit_all = sorted(listed(self, "admit_all_multiples"))
+        return [
+            Arm(BASELINE, 1.0),
+            *(Arm(RELAY, k) for k in self.relay_list()),
+            *(Arm(ADMIT_ALL, k) for k in admit_all),
+        ]
+
+    def measured_requests(self, arm: Arm) -> int:
+        return self.baseline_requests if arm.mode == BASELINE else self.requests
+
+    def out_dir(self) -> Path:
+        if self.name:
+            return RESULTS_DIR / self.name
+        return Path(tempfile.gettempdir()) / "relaygr-headline"
+
+
+def load_rate(u_ms: float) -> float:
+    """L, in Recommend/s, on a host whose unit is `u_ms`: `LOAD_PER_U` requests per u."""
+    return round(LOAD_PER_U * 1000 / u_ms, 3)
