@@ -68,15 +68,15 @@ bench: install
 bench-full: install
 	$(PY) -m bench run --profile full
 
-# The README's experiments only, in the host's unit, with points sized by time: 45-50 minutes on 2
-# cores (docs/benchmark.md, "How long a run takes").
+# The headline: RelayGR at multiples of the baseline's load in randomized interleaved blocks, in the host's
+# unit (docs/benchmark.md, "The headline"): at most 60 minutes (--budget-min), about 55 on 2 cores.
 .PHONY: bench-headline
 bench-headline: install
 	$(PY) -m bench headline
 
 # The reproducibility check: two headline runs one after the other at one commit, then `python -m bench
-# reproduce` compares them (exit 1 unless both are quotable and agree on every headline ratio); about
-# 100 minutes on 2 cores. `python -m bench readme --runs headline,headline-2` then renders the README.
+# reproduce` compares them (exit 1 unless both claim the same k and every r_k's intervals overlap); about
+# two hours on 2 cores. `python -m bench readme --runs headline,headline-2` then renders the README.
 .PHONY: bench-reproduce
 bench-reproduce: install
 	$(PY) -m bench headline --name headline

@@ -32,7 +32,7 @@ class Command:
 COMMANDS = (
     Command(
         "run",
-        "the benchmark: baseline, RelayGR and its ablations side by side (--profile quick|full|headline|gpu)",
+        "baseline, RelayGR and its ablations side by side: length and load sweeps (--profile quick|full|gpu)",
         "bench.run.__main__:main",
     ),
     Command(
@@ -42,8 +42,8 @@ COMMANDS = (
     ),
     Command(
         "reproduce",
-        "whether two headline runs, one after the other, agree on every headline ratio",
-        "bench.reproduce:main",
+        "whether two headline runs agree: the same k claimed, every r_k's intervals overlapping",
+        "bench.headline.compare:main",
     ),
     Command(
         "ab",
@@ -57,7 +57,7 @@ COMMANDS = (
     ),
     Command(
         "readme",
-        "render the README's Results table from committed headline runs",
+        "render the README's Results from committed headline, run and rollout results",
         "bench.report.readme:main",
     ),
     Command(

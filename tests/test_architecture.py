@@ -19,7 +19,8 @@ module named to `importlib.import_module`, in services/, bench/ and tools/):
   they start gets the flags they set, and a flag they leave out keeps the service's own default), nor its
   internals. Exempt are the in-process harnesses in `IN_PROCESS`, each for the one service it measures in
   process, without gRPC (`bench/lib/floor.py` and `bench/micro/accelerator.py` time the ranker's model,
-  engine and device layers as a floor under the fleet's numbers; `bench/micro/serving/in_process.py` times
+  engine and device layers as a floor under the fleet's numbers, `bench/headline/canary.py` the host's
+  unit and its canary pass; `bench/micro/serving/in_process.py` times
   the same passes in process against the ranker's, `bench/micro/null_model.py` serves the ranker with its
   model passes made free, and `bench/micro/simulated_device.py` with passes that hold a shared simulated
   device; `bench/studies/gain_stability.py` fits the trigger's cost
@@ -57,6 +58,7 @@ RANKER_AFFINITY = ("membership", "ring", "settings")
 # In-process harnesses, by path, and the one service whose internals each measures (see the docstring).
 IN_PROCESS = {
     "bench/lib/floor.py": "ranker",
+    "bench/headline/canary.py": "ranker",
     "bench/micro/accelerator.py": "ranker",
     "bench/micro/serving/in_process.py": "ranker",
     "bench/micro/null_model.py": "ranker",

@@ -136,8 +136,9 @@ def render_markdown(results: HeadlineResults) -> str:
         "## Blocks",
         "",
         f"A block is left out of the headline when its host slowdown s is above {c.drift_limit:g}: the "
-        "median of the canary's CPU time on the drained host before each of its trials against the "
-        "calibration's, scaled by the steal share. The baseline's own P99 at L tracks the host's speed; its "
+        "median of the canary's CPU time on the drained host before each of its trials against the host's "
+        "speed so far (the median of the reference readings and every block's idle readings, its own "
+        "included), scaled by the steal share. The baseline's own P99 at L tracks the host's speed; its "
         f"rank correlation with s over every block: {'n/a' if correlation is None else correlation}.",
         "",
     ]
@@ -147,12 +148,14 @@ def render_markdown(results: HeadlineResults) -> str:
         trial = baseline.get(block.index)
         rows.append([
             str(block.index), str(block.seed), ", ".join(block.order), f"{block.slowdown:.3f}",
-            f"{block.canary_ms:g}", f"{block.steal_share:.1%}",
+            f"{block.canary_ms:g} / {block.canary_reference_ms or cal.canary_reference_ms:g}",
+            f"{block.steal_share:.1%}",
             "" if trial is None else f"{trial_p99(trial):.1f}",
             "kept" if block.kept else "left out", f"{block.duration_s:.0f}",
         ])  # fmt: skip
     lines += table(
-        ["block", "seed", "order", "s", "canary ms", "steal", "baseline P99 ms", "", "seconds"], rows
+        ["block", "seed", "order", "s", "canary / reference ms", "steal", "baseline P99 ms", "", "seconds"],
+        rows,
     )
     lines += [""]
     if every is not None and (kept is None or every.blocks != kept.blocks):

@@ -4,16 +4,18 @@
 
 1. calibrates on the idle host, before any fleet starts (`calibrate`): u (the median of `--unit-timings`
    full passes at the mix's cap), L = λ / u (`bench.headline.config.load_rate`), the SLO and the relay
-   window in u, and the canary's reference speed and the steal share;
+   window in u, and the steal share;
 2. starts the baseline's, RelayGR's and admit-all's fleets, each given `FLEET_WARMUP_S` of load at L with
-   users of its own (recorded nowhere);
+   users of its own (recorded nowhere), and reads the canary's reference with them up and drained
+   (`reference`);
 3. runs the blocks in their Williams orders (`bench.headline.stats.block_orders`), block b on arrival seed
    `--load-seed` + b. Before each trial every fleet drains to idle (`Driver.wait_idle`) and the canary
    reads the host; the trial sends `round(rate * --warmup-s)` Recommends at its own rate, unmeasured, then
    its fixed count, open loop, with no early stop, the canary reading once a second beside it;
-4. after each block, computes its slowdown s; a block over `--drift-limit` is kept in the results but left
-   out of the headline, and the run tops up with a block of the same order on a new seed, while the budget
-   (`--budget-min`, with the longest block so far as the estimate) allows.
+4. after each block, computes its slowdown s against the host's speed so far (the median of the reference
+   readings and every block's idle readings, its own included); a block over `--drift-limit` is kept in
+   the results but left out of the headline, and the run tops up with a block of the same order on a new
+   seed, while the budget (`--budget-min`, with the longest block so far as the estimate) allows.
 
 A trial's users are named after the load, the relay window and the block's seed
 (`bench.lib.driving.users`): the arms at one load see the same users and arrivals, no trial inherits
@@ -160,6 +162,7 @@ class HeadlineBench:
             budget_end = self.started + c.budget_min * 60
             with contextlib.ExitStack() as stack:
                 fleets = self.fleets(driver, stack)
+                self.reference(canary)
                 queue: collections.deque[tuple[list[str], int | None]] = collections.deque(
                     (order, None) for order in design
                 )
@@ -178,6 +181,19 @@ class HeadlineBench:
                         queue.append((order, index if replaces is None else replaces))
                     if on_block is not None:
                         on_block()
+
+    def reference(self, canary: Canary) -> None:
+        """The canary's first reference readings, with the fleets up, warm and drained: the conditions of
+        every block's idle readings (a host without the fleets' processes reads faster)."""
+        assert self.calibration is not None and self.driver is not None
+        self.driver.wait_idle(None)
+        readings = canary.readings(CALIBRATION_CANARY_READINGS)
+        self.calibration = dataclasses.replace(
+            self.calibration,
+            canary_reference_ms=round(statistics.median(readings), 4),
+            canary_readings_ms=readings,
+        )
+        self.log(f"canary with the fleets up and idle: {self.calibration.canary_reference_ms:g} ms")
 
     def fleet_warm_up(self, fleet: BenchFleet) -> None:
         """`FLEET_WARMUP_S` of load at L with users of its own: warm processes and a DRAM tier as filled as
@@ -213,7 +229,11 @@ class HeadlineBench:
         self.trials += trials
         idle = [reading for trial in trials for reading in trial.canary_idle_ms]
         steal = steal_share(before, cpu_times())
-        slowdown = stats.slowdown(idle, calibration.canary_reference_ms, steal, calibration.steal_share)
+        # The host's speed so far: the median of the reference readings and every idle reading of the run's
+        # blocks, this one's included, so one fast or slow calibration does not decide every block.
+        every = [*calibration.canary_readings_ms, *(r for trial in self.trials for r in trial.canary_idle_ms)]
+        reference = statistics.median(every)
+        slowdown = stats.slowdown(idle, reference, steal, calibration.steal_share)
         block = Block(
             index=index,
             seed=seed,
@@ -222,6 +242,7 @@ class HeadlineBench:
             started_s=round(started - self.started, 1),
             duration_s=round(time.monotonic() - started, 1),
             canary_ms=round(statistics.median(idle), 4),
+            canary_reference_ms=round(reference, 4),
             steal_share=steal,
             slowdown=round(slowdown, 4),
             kept=stats.kept_blocks([slowdown], c.drift_limit)[0],
@@ -230,7 +251,8 @@ class HeadlineBench:
         baseline = next(t for t in trials if t.mode == BASELINE)
         self.log(
             f"block {index} (seed {seed}{'' if replaces is None else f', for block {replaces}'}): "
-            f"{block.duration_s:.0f} s, s = {slowdown:.3f} (canary {block.canary_ms:g} ms, steal {steal:.1%})"
+            f"{block.duration_s:.0f} s, s = {slowdown:.3f} (canary {block.canary_ms:g} against "
+            f"{reference:g} ms, steal {steal:.1%})"
             f"{'' if block.kept else f': over {c.drift_limit:g}, left out'}; baseline P99 "
             f"{trial_p99(baseline):.1f} ms"
         )

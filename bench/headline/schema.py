@@ -28,8 +28,8 @@ class Calibration:
     rate: float  # L, Recommend/s
     slo_ms: float
     relay_window_ms: float
-    canary_reference_ms: float  # the median of `canary_readings_ms`: s = 1 at this speed
-    canary_readings_ms: list[float]
+    canary_reference_ms: float  # the median of `canary_readings_ms`
+    canary_readings_ms: list[float]  # with the fleets up, warm and drained, before the first block
     steal_share: float  # the hypervisor's share while the calibration ran
 
 
@@ -84,6 +84,9 @@ class Block:
     started_s: float
     duration_s: float
     canary_ms: float  # the median of its trials' idle canary readings
+    # The host's speed so far, which s compares it with (absent: the calibration's reference, as the first
+    # runs compared every block with it).
+    canary_reference_ms: float | None = dataclasses.field(default=None, metadata=codec.OMIT_NONE)
     steal_share: float
     slowdown: float  # s: `bench.headline.stats.slowdown` of the two
     kept: bool  # s within --drift-limit

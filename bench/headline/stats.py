@@ -1,68 +1,46 @@
-"""The headline's statistics: the run order of its arms, the ratio of their P99s with its intervals, the SLO
-test, the decision over the multiples of the baseline's load, and the host's speed. Pure functions.
+"""The headline's statistics, pure functions: the arms' run orders, the ratio of two arms' P99s with its
+intervals, the SLO test, the decision over the multiples of the baseline's load, and the host's speed.
 
-The design. The headline runs randomized multiple interleaved trials: every arm (the baseline at its load L,
-RelayGR at k·L for each multiple k, ...) runs once in each block, a block is one arrival seed, and blocks are
-the unit of replication. Within a block the arms run one after another, so an arm could inherit something
-from the one before it (a warm cache, a hot machine, a backlog): a carry-over. `williams_rows` is a Williams
-design, the Latin square in which every treatment takes every position equally often and every treatment
-immediately follows every other equally often (once with an even number of treatments; with an odd number
-the square and its mirror image, twice). Position and carry-over effects then fall on every arm alike
-instead of on whichever arm happens to run after the baseline. `block_orders` uses whole sets of such rows
-(one set is `n` blocks for an even `n` arms, `2n` for an odd `n`), each set with its own random assignment of
-arms to treatments and its rows in random order, so the balance holds over every whole set and no arm is
-tied to a fixed neighbour across sets; a number of blocks that is not a whole number of sets is refused,
-since it leaves the balance broken by design. `carryover_counts` and `is_balanced` check the orders of the
-blocks actually kept, as the report states them.
+The design. Every arm runs once in each block (one arrival seed); blocks are the unit of replication. An arm
+could inherit something from the one before it (a warm cache, a backlog): a carry-over. `williams_rows` is a
+Williams design, a Latin square in which every treatment takes every position equally often and follows
+every other equally often (with an odd number of treatments, the square and its mirror). `block_orders`
+uses whole sets of such rows, each set with its own random assignment of arms and its rows in random order;
+a number of blocks that is not a whole number of sets is refused, since it breaks the balance by design.
+`carryover_counts` and `is_balanced` check the orders of the blocks actually kept.
 
-The statistic. For the multiple k, r_k is the pooled P99 of RelayGR at k·L over the pooled P99 of the
-baseline at L: each arm's latencies of the kept blocks are pooled and `pooled_p99` takes their nearest-rank
-P99 (`bench.lib.stats.percentile`; a failed request counts as infinitely slow). r_k <= 1 means RelayGR
-carries k times the load at a tail no worse than the baseline's.
+The statistic. r_k is the pooled P99 of RelayGR at k·L over the pooled P99 of the baseline at L
+(`pooled_p99`: nearest rank over the kept blocks' latencies, a failed request infinitely slow).
 
-Its interval. The requests of one block are not independent: an arrival seed's bursts and a slow spell of
-the host move many of its requests together, so requests cluster by block. `p99_ratio` therefore resamples
-whole blocks (the block, or cluster, bootstrap): each resample draws block indices with replacement, the
-same indices for both arms because the arms of one block share its seed (they are paired), pools each
+Its interval. Requests cluster by block (an arrival seed's bursts, a slow spell of the host), so
+`p99_ratio` resamples whole blocks, the same indices for both arms (they are paired by seed), pools each
 arm's chosen blocks and takes the ratio of the pooled P99s; single requests are never resampled. The
-percentile interval of those ratios is the two-sided interval; their `confidence` quantile is the one-sided
-upper bound the decision uses. A failed request may make a P99 infinite: a ratio of two infinite P99s counts
-as infinite (against the numerator) and a finite one over an infinite one as 0. Only the top percent or so
-of each block can become a resample's P99, so the bootstrap works on those alone and finds every
-resample's P99 by one vectorised bisection (2000 resamples of 16 blocks of 1200 requests take about 15 ms).
+percentile interval of those ratios is the two-sided interval, their `confidence` quantile the one-sided
+upper bound the decision uses. A ratio of two infinite P99s counts as infinite, a finite one over an
+infinite one as 0. Only each block's top percent can become a resample's P99, so the bootstrap works on
+those and finds every resample's P99 by one vectorised bisection (2000 resamples of 16 blocks of 1200
+requests: about 15 ms). `request_bootstrap_ratio` resamples single requests instead, to show why that is
+wrong: on lognormal latencies with a block effect of sd 0.25 in the log and request noise of sd 0.3, 16
+blocks of 150 requests, its 95 % interval held the true ratio in 0.42-0.49 of the replications, the block
+bootstrap's in 0.90-0.92 (the percentile bootstrap's shortfall with few clusters). So `p99_ratio` also
+gives a cross-check that does not resample: the per-block log ratios' mean ± Student's t (blocks - 1
+degrees of freedom) times their standard error, back through exp; it held the true ratio in 0.94-0.98. A
+block whose ratio is 0 or infinite leaves the cross-check from 0 to infinity: it then decides nothing.
 
-Resampling single requests instead (`request_bootstrap_ratio`) takes every request for an independent
-draw: it sees only the noise within blocks, not the variation between them, so its interval is too narrow.
-It is kept only to show this. On lognormal latencies with a block effect of sd 0.25 in the log per arm and
-block and a request noise of sd 0.3, 16 blocks of 150 requests, its 95 % interval held the true ratio in
-0.42 to 0.49 of 200 replications (six seeds of the simulation), the block bootstrap's in 0.90 to 0.92
-(tests/bench/headline/test_stats.py). The block bootstrap's shortfall is the percentile bootstrap's with
-few clusters: 16 blocks give it little to resample. So `p99_ratio` also gives a cross-check that does not
-resample: the per-block log ratios log(P99 of the numerator's block / P99 of the denominator's), their mean
-± Student's t with blocks - 1 degrees of freedom times their standard error, back through exp (the one-sided
-bound takes the t quantile of 2·confidence - 1, two-sided). On the same data it held the true ratio in 0.94
-to 0.98. Where the two disagree, the data say less than either claims alone. A block whose ratio is 0 or
-infinite leaves the cross-check from 0 to infinity: it then decides nothing.
-
-The SLO. `over_slo_test` is the exact one-sided binomial test that the P99 meets the SLO: under the null
-hypothesis that at least `share` (1 %) of the Ranks are over the SLO, seeing `over` or fewer of `total` has
-probability P(X <= over) for X ~ Binomial(total, share); a p-value under 1 - confidence rejects it. It is
-exact at any count, also at 0 over, where a normal approximation is useless.
+The SLO. `over_slo_test` is the exact one-sided binomial test that the P99 meets the SLO: under the null that
+at least `share` (1 %) of the Ranks are over it, seeing `over` or fewer of `total` has probability
+P(X <= over); a p-value under 1 - confidence rejects the null. It is exact at any count, 0 over included.
 
 The decision. `fixed_sequence` tests the multiples in ascending order, each at the full level, and stops at
-the first that fails: a multiple passes when the one-sided upper bound of r_k is at most 1 and it meets the
-SLO. Because a larger multiple is tested only after every smaller one passed, the chance of claiming any
-false multiple stays within 1 - confidence without splitting the level among the multiples (the
-fixed-sequence procedure). The claim is the last multiple passed; the multiples after the first failure
-are reported as not tested, never as failed or passed.
+the first failure: a multiple passes when the one-sided upper bound of r_k is at most 1 and it meets the
+SLO. A larger multiple is tested only after every smaller one passed, so the chance of claiming any false
+multiple stays within 1 - confidence without splitting the level. The multiples after the first failure
+are reported as not tested.
 
-The host. The headline runs on a shared host whose speed drifts. `slowdown` compares a trial's host with
-the reference: the median reading of a canary (the CPU time of a fixed small task) over the reference
-reading, scaled by the share of wall time the hypervisor left the guest (1 - steal) relative to the
-reference's. `kept_blocks` keeps a block when its slowdown (the largest of its trials') is at most the
-limit, so a block in which the host was much slower is not compared with the rest. `host_unit` is the
-host's unit u (an SLO can be set in u): the median of the timings of one pass, for the reason its
-docstring gives.
+The host. `slowdown` compares the host with a reference: the median canary reading (the CPU time of a
+fixed small task) over the reference, scaled by the share of wall time the hypervisor left the guest
+(1 - steal) against the reference's. `kept_blocks` keeps a block whose slowdown is at most the limit.
+`host_unit` is the host's unit u: the median of the timings of one pass, for the reason its docstring gives.
 """
 
 from __future__ import annotations

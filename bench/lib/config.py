@@ -262,10 +262,8 @@ class BenchConfig:
     )
     host_wait_s: float = setting(
         600.0,
-        "a run in the host's unit reads the host's speed before each point (a pass of the unit's length "
-        "in a probe process) and, while it reads more than --floor-drift-limit slower than the host's speed "
-        "(the 10th percentile of its readings), waits for it: at most this many seconds over the whole run "
-        "(0: never reads it)",
+        "retired, ignored: runs no longer wait for a slow host (the headline measures drift instead); kept "
+        "so that committed results, which record it, read back",
         minimum=0,
     )
     floor_drift_limit: float = setting(

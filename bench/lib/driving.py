@@ -1,6 +1,5 @@
 """Driving a benchmark's points: `Driver` starts each mode's fleet (warmed up, `warm_up`), waits until
-the other fleets are idle (`wait_idle`) and, where a run reads the host's speed, until the host is as fast
-as it was (`wait_host`), sends one point's open-loop load to a retrieval stub
+the other fleets are idle (`wait_idle`), sends one point's open-loop load to a retrieval stub
 (`point`) and remembers every point it measured, so that a sweep judged against another SLO reuses it
 (`point_once`). `bench.run.experiments.Bench` runs the experiments over it.
 
@@ -24,7 +23,6 @@ from bench.lib.config import BenchConfig
 from bench.lib.fleets import BenchFleet, FleetShape, Mode
 from bench.lib.points import FIRST_SEED, Before, PointSpec, describe, describe_cost, run_point
 from bench.lib.schema import Cost, Point, recorded
-from bench.lib.stats import percentile
 from bench.lib.workload import RevisitSampler, Universe, fixed_length_universe, mix_universe
 
 SETTLE_S = 1.0  # pause between points: lets the last answers and background pre-inference finish
@@ -36,10 +34,6 @@ NUM_CANDIDATES = 128  # the stub's default retrieval size, also the rankers' pro
 IDLE_CORES = 0.1
 IDLE_SAMPLE_S = 0.5
 IDLE_TIMEOUT_S = 30.0
-HOST_RETRY_S = 30.0  # a point waiting for a slow host (`Driver.wait_host`) reads its speed again this often
-# The host's speed: this percentile of the probe's readings so far. Not the fastest: at the host's speed
-# readings spread by a tenth, and the fastest of many is an outlier that would make every later one slow.
-HOST_SPEED_PERCENTILE = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,11 +53,6 @@ class Plan:
 class Driver:
     """Starts fleets and measures points for a benchmark run; `log` receives one line per step."""
 
-    # The host's speed now, in ms of a fixed pass (`bench.lib.floor.UnitProbe`), read before each point
-    # (`wait_host`); None: not read.
-    probe: Callable[[], float] | None = None
-    host_at_speed = True  # whether the probe's latest reading was within the limit of the host's speed
-
     def __init__(self, config: BenchConfig, log_dir: Path, log: Callable[[str], None] = print) -> None:
         self.config = config
         self.log_dir = log_dir
@@ -73,8 +62,6 @@ class Driver:
         # the first mix's sweeps at several SLOs reuse each other's points.
         self._measured: dict[tuple, tuple[Point, float]] = {}
         self._live: list[BenchFleet] = []  # the fleets running now (`fleet`)
-        self.host_wait_left_s = config.host_wait_s  # what `wait_host` may still wait, over the run
-        self._readings: list[float] = []  # every reading of the probe so far (`host_speed_ms`)
         self.shape = self.fleet_shape()
         c = config
         self.mixes = [
@@ -196,11 +183,8 @@ class Driver:
         return recorded(Point, result, seed=spec.seed, cost=Cost(**cost))
 
     def ready(self, fleet: BenchFleet) -> None:
-        """Before a point of `fleet`: waits until the other fleets are idle (`wait_idle`) and, where the
-        run reads the host's speed, `fleet` too (its last point's background work would slow the reading),
-        then for the host (`wait_host`)."""
-        self.wait_idle(fleet if self.probe is None else None)
-        self.wait_host()
+        """Before a point of `fleet`: waits until the other fleets are idle (`wait_idle`)."""
+        self.wait_idle(fleet)
 
     def wait_idle(self, fleet: BenchFleet | None) -> None:
         """Waits until the processes of every running fleet but `fleet` (None: every one) use at most
@@ -220,47 +204,6 @@ class Driver:
         if waited > IDLE_SAMPLE_S * 1.5:
             outcome = "idle" if cores <= IDLE_CORES else f"still using {cores:.2f} cores: measuring anyway"
             self.log(f"waited {waited:.1f} s for the other fleets to be idle: {outcome}")
-
-    @property
-    def host_speed_ms(self) -> float:
-        """The host's speed as the probe has read it: the `HOST_SPEED_PERCENTILE`th percentile of its
-        readings so far (inf before the first)."""
-        return percentile(self._readings, HOST_SPEED_PERCENTILE) if self._readings else math.inf
-
-    def wait_host(self, wait: bool = True) -> bool:
-        """Before a point, where a run reads the host's speed (`probe`): while the host reads more than
-        `--floor-drift-limit` slower than its speed so far (`host_speed_ms`), reads once more at once (the
-        first reading after a point is often a tenth or a fifth slow, the next one not), then waits and
-        reads again (first once every fleet is idle and the rankers' leases have run out, then every
-        `HOST_RETRY_S`), out of the run's `--host-wait-s`. A shared VM's host slows down for minutes at a
-        time; a point measured then would be judged in a unit the host did not have. Once the wait is
-        spent, points go on at whatever speed: the phase's end timing flags the run where it mattered.
-        Logged when it waited; whether it did.
-        Without `wait`, it only reads. Either way `host_at_speed` says how the last reading was."""
-        if self.probe is None:
-            return False
-        speed = self.host_speed_ms  # held for this wait (the readings during it count from the next one)
-        slow = reading = self.probe()
-        limit = 1 + self.config.floor_drift_limit
-        if wait and reading > limit * speed:  # the first reading after a point is often slow: once more
-            reading = min(reading, self.probe())
-        pause, started, waited = LEASE_TTL_MS / 1000 + SETTLE_S, time.monotonic(), False
-        while wait and reading > limit * speed and self.host_wait_left_s > 0:
-            waited = True
-            self._readings.append(reading)
-            began = time.monotonic()
-            time.sleep(min(pause, self.host_wait_left_s))
-            self.wait_idle(None)
-            reading, pause = self.probe(), HOST_RETRY_S
-            self.host_wait_left_s = max(self.host_wait_left_s - (time.monotonic() - began), 0.0)
-        if waited:
-            left = self.host_wait_left_s
-            self.log(f"host slow: a pass took {slow:g} ms, {slow / speed - 1:+.0%} from the host's speed "
-                     f"({speed:g} ms); waited {time.monotonic() - started:.0f} s: {reading:g} ms "
-                     f"({reading / speed - 1:+.0%}); {left:.0f} s of the wait left")  # fmt: skip
-        self.host_at_speed = reading <= limit * speed
-        self._readings.append(reading)
-        return waited
 
     @contextlib.contextmanager
     def fleet(self, mode: Mode) -> Iterator[BenchFleet]:

@@ -162,37 +162,3 @@ def host_unit_ms(preset: str, torch_threads: int, short_term: int, chunk_tokens:
         model_floor, preset, torch_threads, [length], short_term, UNIT_CANDIDATES, repeats, chunk_tokens
     )
     return next(point.full_ms for point in floor if point.prefix_length == length)
-
-
-class UnitProbe:
-    """The host's speed, read again and again cheaply: one spawned process keeps the model and times its
-    full pass at the unit's length on each call (`unit_pass_ms`), so a reading costs the passes (about a
-    third of a second at 2048 events on cpu-small), not a process and a model. Its readings are compared
-    with each other (`bench.lib.driving.Driver.wait_host`), never with u, which `host_unit_ms` times."""
-
-    def __init__(self, preset: str, torch_threads: int, short_term: int, chunk_tokens: int,
-                 length: int = UNIT_LENGTH, repeats: int = 3) -> None:  # fmt: skip
-        self._args = (preset, torch_threads, short_term, chunk_tokens, length, repeats)
-        spawn = multiprocessing.get_context("spawn")
-        self._apart = concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn)
-
-    def __call__(self) -> float:
-        return self._apart.submit(unit_pass_ms, *self._args).result()
-
-    def close(self) -> None:
-        self._apart.shutdown()
-
-
-_PROBE_TIMERS: dict[tuple, Timer] = {}  # in a probe's process: its timer, built on the first reading
-
-
-def unit_pass_ms(preset: str, torch_threads: int, short_term: int, chunk_tokens: int, length: int,
-                 repeats: int) -> float:  # fmt: skip
-    """The least full pass at `length` events over `repeats` rounds after an untimed one, as the floor
-    times it, with the model built once per process and kept."""
-    key = (preset, torch_threads, short_term, chunk_tokens, length, repeats)
-    if key not in _PROBE_TIMERS:
-        _PROBE_TIMERS[key] = _timer(preset, torch_threads, [length], short_term, UNIT_CANDIDATES, repeats,
-                                    chunk_tokens, Scheduler("probe"))  # fmt: skip
-    curve = measure(_PROBE_TIMERS[key])
-    return next(point.full_ms for point in curve.points if point.prefix_length == length)

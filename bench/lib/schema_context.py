@@ -109,7 +109,8 @@ class Phase:
     u_ms: float  # the host's unit at the phase's start
     u_end_ms: float  # at its end
     slo_ms: float  # the SLO its points were judged against: the run's multiple of `u_ms` (or absolute)
-    # Seconds its points waited for a slow host to be as fast as it had been (`bench.lib.driving.wait_host`).
+    # Seconds its points waited for a slow host to be as fast as it had been (runs before the waits were
+    # dropped for the headline's measured drift; 0 since).
     host_wait_s: float = dataclasses.field(default=0.0, metadata=omitted_while(0.0))
 
     @property

@@ -1,6 +1,7 @@
 """`python -m bench report --results-dir bench/results/<name> [--plots false]`: renders a run's report.md
 (and its plots) again from its results.json, which is read and checked, not rewritten. A gpu profile's
-results get the gpu report (`bench.report.gpu`)."""
+results get the gpu report (`bench.report.gpu`), a headline run's (`python -m bench headline`) its own
+(`bench.headline.report`)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = load(ReportConfig, argv, prog="python -m bench report", description=__doc__)
     results_dir = Path(config.results_dir)
     data = json.loads((results_dir / "results.json").read_text())
+    if "calibration" in data:  # the block experiment's
+        from bench.headline.report import draw, render_markdown
+        from bench.headline.schema import HeadlineResults
+
+        results = HeadlineResults.read(results_dir / "results.json")
+        if config.plots:
+            draw(results, results_dir)
+        (results_dir / "report.md").write_text(render_markdown(results))
+        print(results_dir / "report.md")
+        return
     kind = GpuRun if data.get("configuration", {}).get("profile") == "gpu" else Run
     run = kind.from_json(data)
     render, draw = renderer(run)

@@ -1,170 +1,271 @@
-"""`python -m bench readme --runs headline,headline-2`: the README's Results table, rendered from committed
-headline runs and written between its markers in README.md; nothing else of the README changes. Each run
-is a folder under bench/results/ with its results.json, and is refused unless its checks let it be quoted
-(`bench.lib.checks.quotable`). The table has one row
-per headline ratio (the length sweep, each mix, the abandonment share, RelayGR against admit-all), one
-column per run, each ratio with the interval its two brackets give, and the host's unit u of each run.
+"""`python -m bench readme`: the README's Results, rendered from committed runs and written between its
+markers in README.md (`BEGIN`, `END`); nothing else of the README changes.
 
-The README holds the rendering between two markers (`BEGIN`, `END`); `write` replaces what lies between
-them, and tests/bench/test_results.py holds the README to the rendering of the runs it names.
+Two tables:
+
+- the headline, from two runs of the block experiment (`--runs`, `python -m bench headline`; each cell
+  gives both runs, separated by ` · `): RelayGR's P99 at L against the baseline's, the k claimed, r_k at
+  each multiple, the baseline's P99 at L and RelayGR's at each multiple in ms and in u, RelayGR against
+  admit-all; and, beside them, the length sweep's ratio and mix 2, over the committed runs of
+  `python -m bench run` (`--side-runs`), as the range they span;
+- the cache handoff through a rollout (`--rollout`, `python -m bench rollout`), handoff off → on, each
+  difference with its t interval over the seeds (the seed, not the request, is the unit that repeats).
+
+tests/bench/test_results.py holds the README to the rendering of the runs it names.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from bench.lib import checks
-from bench.lib.schema import Run, Sweep, ratio_interval
-from bench.report.capacity import CAPACITY_PLOT
+from bench.headline.config import BASELINE, RELAY
+from bench.headline.report import PLOT, ratio
+from bench.headline.schema import HeadlineResults
+from bench.lib.intervals import t_value
+from bench.lib.schema import Run
 from services.common.config import listed, load, setting
 from services.launcher.procs import REPO_ROOT
 
 BEGIN = "<!-- results: rendered by `python -m bench readme` from the runs it names; do not edit -->"
 END = "<!-- end of results -->"
-ABANDONED = "0.3"  # the abandonment share the README quotes
-BAND_WIDTH = 2.0  # an interval whose ends are further apart than this factor is called a band
-
-
-def ratio_with_interval(value: float | None, bounds: Sequence[float | None]) -> str:
-    """`x2.78 [x2.5, x3.2]`; a band when the interval is wide; `>` bounds where a sweep ran off its grid."""
-    low, high = bounds
-    if value is None:
-        return f"≥ x{low:g} (no baseline answer)" if low else "no answer"
-    shown = f"x{value:g} [x{low:g}, {'unbounded' if high is None else f'x{high:g}'}]"
-    wide = high is None or not low or high / low > BAND_WIDTH
-    return f"{shown}, a band" if wide else shown
-
-
-def pair_cell(relay: Sweep, other: Sweep) -> str:
-    """RelayGR's best over `other`'s, with the interval of their brackets (a lower bound where `other`
-    met the SLO at no load it measured; said so where the run recorded no brackets)."""
-    if relay.best is not None and other.best is None and other.points:
-        lowest = min(point.rate for point in other.points)
-        return f"> x{relay.best / lowest:.3g} (the other met the SLO at no load down to {lowest:g})"
-    value = None if relay.best is None or not other.best else round(relay.best / other.best, 3)
-    if value is not None and relay.first_failure is None and other.first_failure is None:
-        return f"x{value:g} (the run recorded no brackets: a single edge each, no interval)"
-    return ratio_with_interval(value, ratio_interval(relay, other))
-
-
-def bests(baseline: Sweep, relay: Sweep) -> str:
-    def best(sweep: Sweep) -> str:
-        return "none" if sweep.best is None else f"{sweep.best:g}"
-
-    return f"{best(baseline)} → {best(relay)}"
-
-
-def rows(run: Run) -> list[tuple[str, str]]:
-    """(what, `bests → ratio [interval]`) for each headline ratio of one run."""
-    measured = run.measured
-    length = measured.length_sweep
-    out = [(f"longest long-term length at {length.rate:g} req/s, events", length.baseline, length.relay)]
-    for number, (label, mix) in enumerate(measured.throughput_sweeps.items(), start=1):
-        universe = measured.mix_universes[number - 1]
-        out.append((f"highest load, mix {number} (`{label}`: cap {universe.max_long_term}), req/s",
-                    mix.baseline, mix.relay))  # fmt: skip
-    abandoned = measured.abandonment.fractions.get(ABANDONED)
-    if abandoned is not None and abandoned.sweeps is not None:
-        share = f"{float(ABANDONED):.0%}"
-        out.append((f"highest load, mix 1 with {share} of requests abandoned after their Admit, req/s",
-                    abandoned.sweeps.baseline, abandoned.sweeps.relay))  # fmt: skip
-    cells = [(what, f"{bests(base, relay)}: {pair_cell(relay, base)}") for what, base, relay in out]
-    admit_all = measured.ablations.sweeps.get("admit-all")
-    if admit_all is not None:
-        _, mix = run.first_mix
-        relay = measured.ablations.relay_for("admit-all", mix.relay)  # measured beside it, where it was
-        cells.append(("RelayGR against admitting every request (admit-all), mix 1, req/s",
-                      f"{bests(admit_all, relay)}: {pair_cell(relay, admit_all)}"))  # fmt: skip
-    unit = measured.host_unit
-    described = absolute_bounds(run) if unit is None else f"u = {unit.u_ms:g} ms: {unit.describe()}"
-    if unit is not None and measured.phases:
-        units = [u for phase in measured.phases for u in (phase.u_ms, phase.u_end_ms)]
-        described += f"; each experiment judged in u as timed at its start ({min(units):g}-{max(units):g} ms)"
-    cells.append(("the host's unit, the SLO and the relay window", described))
-    return cells
-
-
-def absolute_bounds(run: Run) -> str:
-    """A run with absolute bounds: its SLO, and what it is in the unit its own floor gives (the full pass
-    at the first mix's cap) where it timed that length."""
-    c = run.configuration
-    unit = next((p.full_ms for p in run.measured.floor if p.prefix_length == c.mix_max), None)
-    in_unit = f" ({c.slo_ms / unit:.2f} u, u = {unit:g} ms by its floor)" if unit else ""
-    return f"absolute: SLO {c.slo_ms:g} ms{in_unit}, relay window {c.relay_window_ms:g} ms"
-
-
-def render(runs: Sequence[tuple[str, Run]]) -> str:
-    """The Results table for `runs` (each with its folder under bench/results/) and the paragraph beneath."""
-    if not runs:
-        raise ValueError("readme: no run to render")
-    table_rows = [run_rows for _, run in runs for run_rows in [rows(run)]]
-    header = ["", *[f"[`{name}`](bench/results/{name}/report.md)" for name, _ in runs]]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for index, (what, _) in enumerate(table_rows[0]):
-        lines.append("| " + " | ".join([what, *[run_rows[index][1] for run_rows in table_rows]]) + " |")
-    first_name, first = runs[0]
-    commits = sorted({run.versions.git_commit for _, run in runs})
-    minutes = ", ".join(f"{run.duration_s / 60:.0f}" for _, run in runs)
-    c, machine = first.configuration, first.machine
-    profiles = ", ".join(sorted({run.configuration.profile for _, run in runs}))
-    in_unit = first.measured.host_unit is not None
-    paragraph = (
-        "Baseline → RelayGR: each mode's highest value whose ranking P99 meets the SLO, and their ratio "
-        f"with the interval its brackets give; {len(runs)} run(s) of the {profiles} profile, "
-        f"`{c.model_preset}` with {c.rankers} rankers on a {machine.cores}-core {machine.cpu_model} "
-        f"(commit {', '.join(commits)}; {minutes} minutes). On a CPU only the ratios mean anything"
-        + (
-            "; times are in the host's own unit u"
-            if in_unit
-            else f"; this run's SLO was absolute ({c.slo_ms:g} ms)"
-        )
-        + ". `make bench-reproduce` measures the headline twice in the host's unit and compares the runs"
-        + (
-            f"; capacity against the SLO: [plot](bench/results/{first_name}/{CAPACITY_PLOT})"
-            if in_unit
-            else ""
-        )
-        + "; method and caveats: [docs/benchmark.md](docs/benchmark.md)."
-    )
-    return "\n".join([BEGIN, "", *lines, "", paragraph, "", END])
-
-
-def write(readme: Path, runs: Sequence[tuple[str, Run]]) -> None:
-    """Replaces the README's rendered Results (between `BEGIN` and `END`) with `render(runs)`."""
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"readme: {readme} has no rendered Results (the markers {BEGIN!r} … {END!r})")
-    before, rest = text.split(BEGIN, 1)
-    _, after = rest.split(END, 1)
-    readme.write_text(before + render(runs) + after)
-
-
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
+CONFIDENCE = 0.95
+NEXT_CALL = "a drained ranker's resident users whose next call hit"
+RESTART_P99 = "Recommend P99 through the rolling restart (mean of the seeds' P99s)"
+
+
+def _both(cells: Sequence[str]) -> str:
+    return " · ".join(cells)
+
+
+def headline_rows(runs: Sequence[HeadlineResults]) -> list[tuple[str, str]]:
+    """(what, both runs' values) for each headline row."""
+    kept = [run.kept for run in runs]
+    if any(analysis is None for analysis in kept):
+        raise ValueError("readme: a headline run kept no block")
+    first = kept[0]
+    assert first is not None
+    rows = []
+    at_l = [next(step for step in a.steps if step.multiple == 1.0) for a in kept if a is not None]
+    rows.append(
+        ("RelayGR's ranking P99 at L, over the baseline's at L", _both([ratio(s.ratio) for s in at_l]))
+    )
+    claimed = ["none" if a is None or a.claimed is None else f"x{a.claimed:g}" for a in kept]
+    rows.append(("**k claimed: RelayGR carries k times the baseline's load at no worse P99**",
+                 _both([f"**{c}**" for c in claimed])))  # fmt: skip
+    for step in first.steps:
+        if step.multiple == 1.0:
+            continue
+        cells = []
+        for analysis in kept:
+            assert analysis is not None
+            mine = next(s for s in analysis.steps if s.multiple == step.multiple)
+            mark = "claimed" if mine.passed else ("fails" if mine.tested else "not tested")
+            cells.append(f"{ratio(mine.ratio)} ({mark})")
+        rows.append((f"r_{step.multiple:g}: RelayGR's P99 at {step.multiple:g} L over the baseline's at L",
+                     _both(cells)))  # fmt: skip
+    base = [next(arm for arm in a.arms if arm.mode == BASELINE) for a in kept if a is not None]
+    rows.append(("the baseline's P99 at L (L = 0.7 / u)", _both(
+        [f"{arm.p99_ms:.0f} ms = {arm.p99_u:.2f} u at {arm.rate:g} req/s" for arm in base])))  # fmt: skip
+    rows.append(("RelayGR's P99 at 1, 2, … L, ms (u)", _both([
+        ", ".join(f"{arm.p99_ms:.0f} ({arm.p99_u:.2f})" for arm in a.arms if arm.mode == RELAY)
+        for a in kept if a is not None
+    ])))  # fmt: skip
+    for multiple in first.against_admit_all:
+        rows.append((f"RelayGR's P99 over admit-all's at {multiple} L", _both(
+            [ratio(a.against_admit_all[multiple]) for a in kept if a is not None])))  # fmt: skip
+    return rows
+
+
+def side_rows(side: Sequence[tuple[str, Run]]) -> list[tuple[str, str]]:
+    """The length sweep's ratio and mix 2's, as the range over the committed runs of `python -m bench run`."""
+    if not side:
+        return []
+    names = ", ".join(f"`{name}`" for name, _ in side)
+    lengths = [run.length_ratio for _, run in side if run.length_ratio is not None]
+    rate = side[0][1].measured.length_sweep.rate
+    rows = []
+    if lengths:
+        what = f"the longest long-term length meeting the SLO at {rate:g} req/s, RelayGR over the baseline"
+        rows.append((what, f"x{min(lengths):g} to x{max(lengths):g} over {len(lengths)} runs ({names})"))
+    per_u = []
+    met = 0
+    for _, run in side:
+        sweeps = list(run.measured.throughput_sweeps.values())
+        if len(sweeps) < 2:
+            continue
+        mix2 = sweeps[1]
+        met += mix2.baseline.best is not None
+        unit = next(
+            (p.full_ms for p in run.measured.floor if p.prefix_length == run.configuration.mix_max), None
+        )
+        if mix2.relay.best is not None and unit:
+            per_u.append(mix2.relay.best * unit / 1000)
+    if per_u:
+        rows.append(("mix 2 (cap 4096 events): RelayGR's highest load meeting the SLO, requests per u",
+                     f"{min(per_u):.2f} to {max(per_u):.2f}; the baseline met the SLO at some load in "
+                     f"{met} of {len(per_u)} runs"))  # fmt: skip
+    return rows
+
+
+def _t(differences: Sequence[float]) -> tuple[float, float, float]:
+    """The mean of per-seed differences and its t interval over the seeds."""
+    mean = statistics.fmean(differences)
+    if len(differences) < 2:
+        return mean, math.nan, math.nan
+    half = (
+        t_value(CONFIDENCE, len(differences) - 1)
+        * statistics.stdev(differences)
+        / math.sqrt(len(differences))
+    )
+    return mean, mean - half, mean + half
+
+
+def rollout_rows(rollout: dict[str, Any]) -> list[tuple[str, str]]:
+    """Handoff off → on from a rollout run's results.json, each difference with its t interval over seeds."""
+    figures = rollout["figures"]
+    modes = {m["mode"]: m for m in figures["modes"]}
+    off, on = modes["off"], modes["on"]
+    per_seed = figures["comparison"]["per_seed"]
+    hit, hit_low, hit_high = _t([s["on_drained_hit"] - s["off_drained_hit"] for s in per_seed])
+    p99, p99_low, p99_high = _t([s["on_p99_ms"] - s["off_p99_ms"] for s in per_seed])
+    shown = "no difference shown" if p99_low <= 0 <= p99_high else "a difference"
+
+    def share(figure: dict[str, Any]) -> str:
+        return f"{figure['share']['value']:.1%}"
+
+    off_p99 = statistics.fmean(s["off_p99_ms"] for s in per_seed)
+    on_p99 = statistics.fmean(s["on_p99_ms"] for s in per_seed)
+    return [
+        (NEXT_CALL,
+         f"{share(off['drained'])} → {share(on['drained'])}: {hit * 100:+.1f} pp [{hit_low * 100:+.1f}, "
+         f"{hit_high * 100:+.1f}]"),
+        ("failed calls", f"{off['failed']} → {on['failed']}"),
+        (RESTART_P99,
+         f"{off_p99:.1f} → {on_p99:.1f} ms: {p99:+.1f} ms [{p99_low:+.1f}, {p99_high:+.1f}], {shown}"),
+        ("the new member's returning users whose first call hit after a scale-out (steady state: 100 %)",
+         f"{share(off['scale_out_first'])} → {share(on['scale_out_first'])}"),
+        ("device seconds recomputing prefixes through the restart, a run",
+         f"{off['recompute_s']['rollout']:g} → {on['recompute_s']['rollout']:g} s"),
+    ]  # fmt: skip
+
+
+def table(header: Sequence[str], rows: Sequence[tuple[str, str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|---|---|", *(f"| {what} | {value} |" for what, value in rows)]
+
+
+def render(runs: Sequence[tuple[str, HeadlineResults]], side: Sequence[tuple[str, Run]],
+           rollout: tuple[str, dict[str, Any]] | None,
+           new_users: tuple[str, dict[str, Any]] | None = None) -> str:  # fmt: skip
+    """The Results for the headline `runs`, the `side` runs, the `rollout` run and the rollout run with new
+    users among its calls (each named by its folder under bench/results/)."""
+    if len(runs) != 2:
+        raise ValueError("readme: the headline takes two runs")
+    (first_name, first), (second_name, second) = runs
+    links = " · ".join(f"[`{name}`](bench/results/{name}/report.md)" for name, _ in runs)
+    c, host, cal = first.settings, first.machine, first.calibration
+    commits = ", ".join(sorted({run.commit for _, run in runs}))
+    lines = [
+        BEGIN, "",
+        *table(["", links], [*headline_rows([first, second]), *side_rows(side)]),
+        "",
+        f"Two runs of `python -m bench headline` at commit {commits} on a {host.cores}-core {host.cpu_model} "
+        f"({host.cpu_capability or 'vector width not recorded'}; u = {cal.u_ms:g} and "
+        f"{second.calibration.u_ms:g} ms), {len(first.kept.blocks if first.kept else [])} and "
+        f"{len(second.kept.blocks if second.kept else [])} blocks kept, each block every arm once on one "
+        f"arrival seed in a Williams order; `{c.model_preset}` with {c.rankers} rankers, mix 1 (median "
+        f"{c.mix_median}, cap {c.mix_max} events), SLO {c.slo_u:g} u. Intervals are 95 % block bootstraps "
+        "(whole blocks resampled); a multiple is claimed while the one-sided upper bound of r_k is at most 1 "
+        f"and RelayGR meets the SLO. `make bench-reproduce` runs it twice and compares "
+        f"([the comparison](bench/results/{second_name}/reproduce.md)); the plot: "
+        f"[P99 against the load multiple](bench/results/{first_name}/{PLOT}); how to read it: "
+        "[docs/benchmark.md](docs/benchmark.md#the-headline). The length and mix-2 rows come from the "
+        "earlier `python -m bench run` runs they name, one run each, with absolute bounds.",
+    ]  # fmt: skip
+    if rollout is not None:
+        name, data = rollout
+        seeds = len(data["figures"]["comparison"]["per_seed"])
+        lines += [
+            "",
+            f"Caches through a rolling restart of every ranker, a scale-out and a scale-in ([`{name}`]"
+            f"(bench/results/{name}/summary.md), `python -m bench rollout`: {seeds} seeds, handoff off → on "
+            "with the same arrivals; intervals are t intervals over the seeds):",
+            "",
+            *table(["", "handoff off → on"], rollout_rows(data)),
+        ]  # fmt: skip
+    if new_users is not None:
+        name, data = new_users
+        rows = dict(rollout_rows(data))
+        lines += [
+            "",
+            f"With 10 % of the calls from new users instead ([`{name}`](bench/results/{name}/summary.md)), "
+            f"the next-call hit share goes {rows[NEXT_CALL].split(':')[0]}, and the Recommend P99 through "
+            f"the restart {rows[RESTART_P99]}.",
+        ]  # fmt: skip
+    return "\n".join([*lines, "", END])
+
+
+def write(readme: Path, text: str) -> None:
+    """Replaces the README's rendered Results (between `BEGIN` and `END`) with `text`."""
+    current = readme.read_text()
+    if BEGIN not in current or END not in current:
+        raise ValueError(f"readme: {readme} has no rendered Results (the markers {BEGIN!r} … {END!r})")
+    before, rest = current.split(BEGIN, 1)
+    _, after = rest.split(END, 1)
+    readme.write_text(before + text + after)
 
 
 @dataclasses.dataclass(frozen=True)
 class ReadmeConfig:
     runs: str = setting(
-        "headline,headline-2",
-        "the runs the table quotes: folders under bench/results/",
-        items=str,
-        distinct=True,
+        "headline,headline-2", "the two headline runs the table quotes: folders under bench/results/",
+        items=str, distinct=True,
+    )  # fmt: skip
+    side_runs: str = setting(
+        "full,full-5e3657a,full-b893f0b,full-febe785",
+        "the runs of `python -m bench run` whose length sweep and mix 2 the table quotes beside it",
+        items=str, distinct=True, may_be_empty=True,
+    )  # fmt: skip
+    rollout: str = setting("rollout-population", "the rollout run the second table quotes (empty: none)")
+    rollout_new_users: str = setting(
+        "rollout", "the rollout run with new users among its calls quoted beneath it (empty: none)"
     )
     readme: str = setting(
         "README.md", "the file whose rendered Results are replaced (from the repository root)"
     )
 
 
+def read(names: Sequence[str]) -> tuple[list[tuple[str, HeadlineResults]], list[tuple[str, Run]]]:
+    """The headline runs and the side runs by folder name."""
+
+    def path(name: str) -> Path:
+        found = RESULTS_DIR / name / "results.json"
+        if not found.exists():
+            raise SystemExit(f"python -m bench readme: no results.json in {found.parent}")
+        return found
+
+    runs = [(name, HeadlineResults.read(path(name))) for name in names[:2]]
+    side = [(name, Run.load(path(name))) for name in names[2:]]
+    return runs, side
+
+
+def render_from(config: ReadmeConfig) -> str:
+    runs, side = read([*listed(config, "runs"), *listed(config, "side_runs")])
+
+    def rollout(name: str) -> tuple[str, dict[str, Any]] | None:
+        return (name, json.loads((RESULTS_DIR / name / "results.json").read_text())) if name else None
+
+    return render(runs, side, rollout(config.rollout), rollout(config.rollout_new_users))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     config = load(ReadmeConfig, argv, prog="python -m bench readme", description=__doc__)
-    runs = []
-    for name in listed(config, "runs"):
-        path = RESULTS_DIR / name / "results.json"
-        if not path.exists():
-            raise SystemExit(f"python -m bench readme: --runs: no results.json in {path.parent}")
-        runs.append((name, checks.quotable(Run.load(path))))
     target = REPO_ROOT / config.readme
-    write(target, runs)
-    print(f"{target}: Results rendered from {', '.join(name for name, _ in runs)}")
+    write(target, render_from(config))
+    print(f"{target}: Results rendered")

@@ -250,7 +250,7 @@ class Bench(Phased):
         first_relay += 2
         throughput: dict[str, Mix] = {}
         abandonment: dict[str, Fraction] = {}
-        with self.probing(), self.fleet(RELAY) as relay:
+        with self.fleet(RELAY) as relay:
             with self.fleet(BASELINE) as baseline:
                 cached = []
                 if c.settings.cached_rank_iterations:

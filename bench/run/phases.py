@@ -15,15 +15,11 @@ length sweep, a mix's load sweeps, an abandoned share, an ablation with RelayGR 
   phase whose u moved more than `--floor-drift-limit` between its start and its end flags the run and
   is named in the flag (`bench.lib.checks`): its points were judged in a unit the host no longer had.
 
-A timing more than `RECHECK_SHARE` from the one before is timed again, and the lower of the two counts: a
-slower host is slower twice, a disturbed timing seldom is. Between the phases' timings, a probe reads the
-host's speed before every point (`probing`; `bench.lib.driving.Driver.wait_host`), and a point waits while
-the host is slower than it has been (within `--host-wait-s` over the run): the host of a shared VM slows
-by a third or more for seconds to half an hour at a time, and a point measured then is judged in a unit
-it did not have. A phase records how long its points waited. A phase starts once the host is at its
-speed, and where the probe reads it at its speed at a timing of u, the phase counts the least u timed at
-speed so far (`counted_unit`): timing noise only adds, and a phase then flags the run only where the host
-was slow at its start or end with the wait spent.
+A timing more than `RECHECK_SHARE` from the one before is timed twice more, and the median of the three
+counts: a slower host is slower three times, a disturbed timing seldom twice. A phase's u is its own
+timing, never a running minimum over the run's (which can only fall, and tightens an SLO in u as a run goes
+on). The host's drift within a phase is recorded, not waited out; the headline's own experiment
+(`bench.headline`) measures drift beside every trial instead.
 
 Each phase is recorded (`bench.lib.schema.Phase`) and logged with its place in the run and the time left,
 estimated from the phase times of the latest other run of the profile (`estimate`).
@@ -34,21 +30,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
+import statistics
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.lib.driving import LEASE_TTL_MS, NUM_CANDIDATES, SETTLE_S, Driver
-from bench.lib.floor import UnitProbe, host_unit_ms, in_fresh_process, model_floor
+from bench.lib.floor import host_unit_ms, in_fresh_process, model_floor
 from bench.lib.schema import FloorPoint
 from bench.lib.schema_context import HostUnit, Phase
 
 REUSE_S = 30.0  # a unit timed this recently (at the previous phase's end) serves as the next one's start
-# A timing this far from the last one is timed again and the lower of the two counts (timing noise only
-# adds): one timing of three passes read u 45 % slower at a phase's end while the points before and after
-# it ranked as fast as ever, and flagged its run.
+# A timing this far from the last one is timed twice more and the median of the three counts: one timing of
+# three passes read u 45 % slower at a phase's end while the points before and after it ranked as fast as
+# ever, and flagged its run.
 RECHECK_SHARE = 0.05
 # Before u is timed: the rankers' lease on the last point's unconsumed prefixes runs out, and their spills
 # to DRAM (copies on the copy thread) are done, so they do not fall in the fraction of a second it takes.
@@ -128,10 +124,10 @@ class Phased(Driver):
         known = last[1] if last is not None else self.host_unit.u_ms if self.host_unit else None
         unit = self._timed_unit()
         if known is not None and abs(unit / known - 1) > RECHECK_SHARE:
-            again = self._timed_unit()
+            again = [self._timed_unit(), self._timed_unit()]
             self.log(f"u timed {unit:g} ms, {unit / known - 1:+.1%} from the last timing ({known:g} ms); "
-                     f"timed again: {again:g} ms; the lower counts")  # fmt: skip
-            unit = min(unit, again)
+                     f"timed twice more: {again[0]:g}, {again[1]:g} ms; the median counts")  # fmt: skip
+            unit = statistics.median([unit, *again])
         self._last_unit = (time.monotonic(), unit)
         return unit
 
@@ -142,43 +138,13 @@ class Phased(Driver):
         return host_unit_ms(c.model_preset, c.torch_threads, c.short_term, c.pre_infer_chunk_tokens,
                             c.unit_length, c.settings.floor_repeats)  # fmt: skip
 
-    _least_at_speed = math.inf  # the least u timed while the probe read the host at its speed
-
-    def counted_unit(self, timed: float) -> float:
-        """The u a phase counts from a timing: where the probe read the host at its speed just before, the
-        least u timed at speed so far (a fresh process's timing only adds noise, by up to a tenth at the
-        host's speed, enough to flag a phase); else the timing itself (no probe, or a host still slow once
-        the wait was spent: its phase is then judged, and flagged, in that u)."""
-        if self.probe is None or not self.host_at_speed:
-            return timed
-        self._least_at_speed = min(self._least_at_speed, timed)
-        return self._least_at_speed
-
-    @contextlib.contextmanager
-    def probing(self) -> Iterator[None]:
-        """Reads the host's speed before every point of the block (`Driver.wait_host`, a `UnitProbe`),
-        for a run whose bounds are in the host's unit with `--host-wait-s`."""
-        c, run = self.config, self.host_unit
-        if run is None or run.slo_u is None or not c.host_wait_s:
-            yield
-            return
-        probe = UnitProbe(c.model_preset, c.torch_threads, c.short_term, c.pre_infer_chunk_tokens,
-                          c.unit_length, c.settings.floor_repeats)  # fmt: skip
-        self.probe = probe
-        try:
-            yield
-        finally:
-            self.probe = None
-            probe.close()
-
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Runs the block as the phase `name`: u timed at its start and end, its points judged against
         the run's SLO in that u (`slo_at`, and `config.slo_ms` at the headline's multiple)."""
         c, run = self.config, self.host_unit
-        started, wait_left = time.monotonic(), self.host_wait_left_s
-        # A phase starts on a host as fast as it has been, and times u there: a wait for it is a new timing.
-        unit = self.counted_unit(self.time_unit(reuse=not self.wait_host()))
+        started = time.monotonic()
+        unit = self.time_unit(reuse=True)
         self._current = unit
         slo_ms = self.slo_at(run.slo_u) if run is not None and run.slo_u is not None else c.slo_ms
         self.config = dataclasses.replace(c, slo_ms=slo_ms)
@@ -192,12 +158,11 @@ class Phased(Driver):
         finally:
             self.config = dataclasses.replace(self.config, slo_ms=c.slo_ms)
             self._current = None
-        self.wait_host(wait=False)  # the host's speed at the phase's end, read only
-        end = self.counted_unit(self.time_unit(reuse=False))
+        end = self.time_unit(reuse=False)
         phase = Phase(
             name=name, started_s=round(started - self._started, 1),
             duration_s=round(time.monotonic() - started, 1), u_ms=round(unit, 4), u_end_ms=round(end, 4),
-            slo_ms=slo_ms, host_wait_s=round(wait_left - self.host_wait_left_s, 1),
+            slo_ms=slo_ms,
         )  # fmt: skip
         self.phases.append(phase)
         self.log(f"phase {index + 1} done in {phase.duration_s / 60:.1f} min: u {unit:g} -> {end:g} ms "

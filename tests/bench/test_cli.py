@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import ast
-import json
 from pathlib import Path
 
 import pytest
@@ -46,16 +45,17 @@ def test_every_command_answers_its_own_help_with_its_flags(command: Command, cap
     assert "RELAYGR_" in text or "--" in text
 
 
-def test_the_headline_command_is_run_with_the_headline_profile_which_the_users_flags_follow(monkeypatch):
-    called: list[list[str]] = []
-    monkeypatch.setattr("bench.run.__main__.main", lambda argv: called.append(list(argv)))
+def test_the_headline_command_is_the_block_experiment_and_flags_without_a_command_run(monkeypatch):
+    called: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr("bench.headline.__main__.main", lambda argv: called.append(("headline", list(argv))))
+    monkeypatch.setattr("bench.run.__main__.main", lambda argv: called.append(("run", list(argv))))
     assert front_door.main(["headline", "--name", "headline-2"]) == 0
     assert front_door.main(["--profile", "quick"]) == 0  # flags without a command: `run`
-    assert called == [["--profile", "headline", "--name", "headline-2"], ["--profile", "quick"]]
+    assert called == [("headline", ["--name", "headline-2"]), ("run", ["--profile", "quick"])]
 
 
 def test_a_commands_status_is_the_exit_status(monkeypatch):
-    monkeypatch.setattr("bench.reproduce.main", lambda argv: 1)
+    monkeypatch.setattr("bench.headline.compare.main", lambda argv: 1)
     assert front_door.main(["reproduce", "--runs", "a,b"]) == 1
 
 
@@ -76,21 +76,3 @@ def test_the_library_imports_no_command():
                 continue
             for name in names:
                 assert name not in commands and not name.startswith("bench.commands"), f"{module}: {name}"
-
-
-def test_the_readme_command_renders_the_results_of_the_runs_it_names(tmp_path, monkeypatch):
-    from bench.lib.config import load_config
-    from bench.report import readme
-    from tests.bench.test_experiments import fake_run
-
-    results, _, _ = fake_run(load_config(["--profile", "headline"], {}))
-    (tmp_path / "headline").mkdir()
-    (tmp_path / "headline" / "results.json").write_text(json.dumps(results))
-    monkeypatch.setattr(readme, "RESULTS_DIR", tmp_path)
-    target = tmp_path / "README.md"
-    target.write_text(f"# RelayGR\n\n## Results\n\n{readme.BEGIN}\nold\n{readme.END}\n")
-    assert front_door.main(["readme", "--runs", "headline", "--readme", str(target)]) == 0
-    text = target.read_text()
-    assert "old" not in text and "[`headline`](bench/results/headline/report.md)" in text
-    with pytest.raises(SystemExit, match=r"no results\.json"):
-        front_door.main(["readme", "--runs", "headline,missing", "--readme", str(target)])

@@ -31,14 +31,12 @@ from bench.lib.fleets import ABLATIONS, RELAY
 from bench.lib.points import FIRST_SEED, Before, PointSpec, summarize
 from bench.lib.schema import CachedRankPoint, Cost, FloorPoint, Machine, Point, Run, Versions, recorded
 from bench.lib.workload import Universe
-from bench.report import readme
 from bench.run import experiments, phases, record
 from bench.run.experiments import Bench
 from relaygr.v1 import common_pb2, recommend_pb2
 from services.loadgen.openloop import CallRecord
 
 CONFIG = dataclasses.replace(BenchConfig(), profile="full")
-UNPROBED = dataclasses.replace(CONFIG, host_wait_s=0.0)  # a run that does not read the host's speed
 MIX1, MIX2 = "mix-m1024-s0.75-max2048", "mix-m1536-s0.75-max4096"
 # The longest length (events) and the highest load (req/s) at which each mode meets the SLO.
 LENGTH_LIMITS = {
@@ -129,32 +127,14 @@ def headline():
     return fake_run(load_config(["--profile", "headline"], {}))
 
 
-class FakeProbe:
-    """A `UnitProbe` reading `speed()`."""
-
-    def __init__(self, speed: Callable[[], float]) -> None:
-        self.speed = speed
-        self.closed = False
-
-    def __call__(self) -> float:
-        return self.speed()
-
-    def close(self) -> None:
-        self.closed = True
-
-
 def fake_run(
     config: BenchConfig,
     reference: list[FloorPoint] = FLOOR,
     started: list[str] | None = None,
     units: Callable[[], float] = lambda: U_MS,
-    speed: Callable[[], float] = lambda: U_MS,
-    probes_made: list | None = None,
 ) -> tuple[dict, list[str], list[tuple]]:
     """A whole run of `config` over fake fleets, against a committed run whose floor was `reference`, the
-    host's unit timed at each phase's start and end reading `units()` and its probe (`UnitProbe`, before
-    each phase's start: a fake point is not driven) reading `speed()` (each probe made appended to
-    `probes_made`): results.json's content, the fleets
+    host's unit timed at each phase's start and end reading `units()`: results.json's content, the fleets
     in start order (appended to `started`), and every point measured (mode, universe, rate, window,
     abandoned share, seed index, the SLO judged against, the plan's tag), in order."""
     monkeypatch = pytest.MonkeyPatch()
@@ -200,9 +180,7 @@ def fake_run(
     monkeypatch.setattr(phases, "in_fresh_process", lambda function, *args: FLOOR)
     monkeypatch.setattr(phases, "host_unit_ms", lambda *args: units())
     monkeypatch.setattr(phases, "UNIT_SETTLE_S", 0.0)
-    made = [] if probes_made is None else probes_made
-    monkeypatch.setattr(phases, "UnitProbe", lambda *args: made.append(FakeProbe(speed)) or made[-1])
-    for name, value in (("HOST_RETRY_S", 0.0), ("LEASE_TTL_MS", 0), ("SETTLE_S", 0.0)):
+    for name, value in (("LEASE_TTL_MS", 0), ("SETTLE_S", 0.0)):
         monkeypatch.setattr(driving, name, value)
     monkeypatch.setattr(
         experiments,
@@ -666,11 +644,11 @@ def unit_timings(*values: float) -> Callable[[], float]:
 
 
 def test_each_experiment_is_a_phase_judged_in_the_unit_timed_at_its_start():
-    """Without a host probe, the host slows 1 % at each timing of its unit: each phase's points are judged
+    """The host slows 1 % at each timing of its unit: each phase's points are judged
     against 2.87 u (and the first mix's other multiples) of the u timed at its start, which the phase
     before timed at its end; no phase's unit moved past the limit, so nothing is flagged."""
     timings = [U_MS * (1 + 0.01 * k) for k in range(20)]
-    results, _, measured = fake_run(UNPROBED, units=unit_timings(*timings))
+    results, _, measured = fake_run(CONFIG, units=unit_timings(*timings))
     run = Run.from_json(results)
     phases = run.measured.phases
     own_fleets = [f"ablation {mode.name}" for mode in ABLATIONS if mode.fleet != RELAY.fleet]
@@ -702,7 +680,7 @@ def test_each_experiment_is_a_phase_judged_in_the_unit_timed_at_its_start():
     assert {key: entry.slo_ms for key, entry in capacity.items()} == {
         "2": round(2 * timings[1], 1), "4": round(4 * timings[1], 1)
     }  # fmt: skip
-    # The report shows each phase's unit; the README's row the range the run's units took.
+    # The report shows each phase's unit.
     markdown = report.render_markdown(run)
     assert "## Phases: the host's unit in each experiment" in markdown
     # The headline's and the capacity's SLOs are those each experiment's phase judged against.
@@ -712,19 +690,13 @@ def test_each_experiment_is_a_phase_judged_in_the_unit_timed_at_its_start():
     assert f"| 2 u = {round(2 * timings[1], 1):g} ms |" in markdown
     second = phases[2]
     assert f"| throughput, {MIX2} | 0.0 | 0.0 | {second.u_ms:g} | {second.u_end_ms:g} | +1.0% |" in markdown
-    units = [u for phase in phases for u in (phase.u_ms, phase.u_end_ms)]
-    assert readme.rows(run)[-1][1].endswith(
-        f"; each experiment judged in u as timed at its start ({min(units):g}-{max(units):g} ms)"
-    )
 
 
 def test_a_phase_whose_unit_moved_past_the_limit_flags_the_run_and_is_named():
-    """The host slows 15 % during the second mix's phase, and the probe reads it slow at the phase's end
-    (the wait is for a phase's start or a point, not its end): that phase flags the run, no other does,
-    and the floor's start-to-end change (none here) would not have caught it. The next phase starts on a
-    host at its speed again."""
-    speed = unit_timings(40.0, 40.0, 40.0, 40.0, 40.0, 46.0, 40.0)  # read at each phase's start and end
-    results, _, _ = fake_run(CONFIG, units=unit_timings(U_MS, U_MS, U_MS, U_MS * 1.15), speed=speed)
+    """The host slows 15 % during the second mix's phase, and stays slow (its retimings agree): that phase
+    flags the run, no other does, and the floor's start-to-end change (none here) would not have caught
+    it."""
+    results, _, _ = fake_run(CONFIG, units=unit_timings(U_MS, U_MS, U_MS, U_MS * 1.15))
     run = Run.from_json(results)
     assert [phase.change for phase in run.measured.phases][:4] == [0.0, 0.0, 0.15, 0.0]
     assert run.checks.floor_change == 0.0
@@ -737,38 +709,12 @@ def test_a_phase_whose_unit_moved_past_the_limit_flags_the_run_and_is_named():
     assert f"throughput, {MIX2} +15.0%" in report.render_markdown(run).split("\n")[2]
 
 
-def test_a_phase_starts_on_a_host_as_fast_as_it_has_been_and_times_u_there():
-    """The probe reads the host 50 % slower at the first mix's start, and at once again, then as fast as
-    before: that phase waits for it and times u afresh (0.98 u), where it would have started from the
-    length sweep's end timing (1.02 u, which counted as the u timed at speed before it: u)."""
-    speed = unit_timings(40.0, 40.0, 60.0, 60.0, 40.0)  # read at each phase's start and end (and in a wait)
-    units = unit_timings(U_MS, U_MS * 1.02, U_MS * 0.98)
-    probes_made: list[FakeProbe] = []
-    run = Run.from_json(fake_run(CONFIG, units=units, speed=speed, probes_made=probes_made)[0])
-    phases = run.measured.phases
-    assert (phases[0].u_ms, phases[0].u_end_ms) == (round(U_MS, 4), round(U_MS, 4))
-    assert phases[1].u_ms == round(U_MS * 0.98, 4)
-    assert phases[2].u_ms == phases[1].u_end_ms  # the host was fast: the next phase reused the end timing
-    assert [probe.closed for probe in probes_made] == [True]  # one probe over the run, closed at its end
-
-
-def test_at_the_hosts_speed_a_phase_counts_the_least_unit_timed_at_speed():
-    """The probe reads the host at its speed throughout while fresh timings of u wander by up to 9 %
-    (as two did five minutes apart on an idle VM): each phase counts the least u timed so far, no phase's
-    unit moves up, and nothing is flagged."""
-    timings = unit_timings(U_MS, U_MS * 1.09, U_MS * 1.04, U_MS * 0.97, U_MS * 1.08, U_MS * 1.02)
-    run = Run.from_json(fake_run(CONFIG, units=timings)[0])
-    counted = [u for phase in run.measured.phases for u in (phase.u_ms, phase.u_end_ms)]
-    assert counted == sorted(counted, reverse=True) and min(counted) == round(U_MS * 0.97, 4)
-    assert run.checks.flags == []
-
-
-def test_a_unit_timed_far_from_the_last_is_timed_again_and_the_lower_counts():
-    """One timing reads u 45 % slower at the first mix's end, the next reads it as before: a disturbed
-    timing, not a slower host; the phase ends in the unit it started with and nothing is flagged. A
-    timing 4 % off is not timed again."""
+def test_a_unit_timed_far_from_the_last_is_timed_twice_more_and_the_median_counts():
+    """One timing reads u 45 % slower at the first mix's end, the next two read it as before: a disturbed
+    timing, not a slower host; the median of the three counts, the phase ends in the unit it started with
+    and nothing is flagged. A timing 4 % off is not timed again."""
     fluke = unit_timings(U_MS, U_MS, U_MS * 1.04, U_MS * 1.45, U_MS * 1.04)
-    run = Run.from_json(fake_run(UNPROBED, units=fluke)[0])
+    run = Run.from_json(fake_run(CONFIG, units=fluke)[0])
     units = [(phase.u_ms, phase.u_end_ms) for phase in run.measured.phases][:3]
     assert units == [(round(U_MS, 4), round(U_MS, 4)), (round(U_MS, 4), round(U_MS * 1.04, 4)),
                      (round(U_MS * 1.04, 4), round(U_MS * 1.04, 4))]  # fmt: skip

@@ -1,0 +1,23 @@
+"""The `fast` fixture of the block experiment's tests: no settling pauses, the fake canary, and results
+under the test's own folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.headline import config as headline_config
+from bench.headline import run as headline_run
+from tests.bench.headline.fakes import FakeBench, FakeCanary
+
+
+@pytest.fixture
+def fast(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No settling pauses, the fake canary, and results under `tmp_path`."""
+    monkeypatch.setattr(headline_run, "SETTLE_S", 0.0)
+    monkeypatch.setattr(headline_config, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(
+        headline_run, "Canary", lambda *args: FakeCanary(FakeBench.made[-1], FakeBench.made[-1].slow)
+    )
+    return tmp_path

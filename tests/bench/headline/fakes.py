@@ -1,0 +1,121 @@
+"""The block experiment over fake fleets and a fake canary whose answers are known: `FakeBench` runs the
+real `HeadlineBench` (its calibration, orders, trials, slowdowns and top-ups) with `drive` answering every
+request at once with a latency set by the arm, and `fake_results` runs the whole command with it."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import grpc
+
+from bench.headline import __main__ as headline_main
+from bench.headline import run as headline_run
+from bench.headline.config import HeadlineConfig
+from bench.headline.run import HeadlineBench
+from bench.headline.schema import HeadlineResults
+from bench.lib.workload import RevisitSampler
+from relaygr.v1 import common_pb2, recommend_pb2
+from services.common.config import load
+from services.loadgen.openloop import CallRecord
+
+U_MS = 70.0
+CANARY_MS = 7.0
+ARGS = ["--model-preset", "cpu-tiny", "--requests", "40", "--baseline-requests", "60", "--warmup-s", "1",
+        "--resamples", "300", "--unit-timings", "3"]  # fmt: skip
+
+
+@dataclasses.dataclass
+class FakeFleet:
+    mode: object
+
+    def pids(self) -> dict[str, int]:
+        return {}
+
+
+def rank_ms(mode: str, rate: float, index: int, calibration_rate: float) -> float:
+    """The baseline at L: 100-199 ms; RelayGR at kL: 25·k ms plus a spread of 0-9 ms; admit-all at kL: 30·k
+    ms plus the same spread. Every 50th request of the baseline is over 230 ms (its P99 is 230+)."""
+    k = rate / calibration_rate
+    if mode == "baseline":
+        return 240.0 if index % 50 == 49 else 100.0 + index % 100
+    return (25.0 if mode == "relay" else 30.0) * k + index % 10
+
+
+class FakeCanary:
+    """u timings of `U_MS`; canary readings of `CANARY_MS`, times `slow(block)` for the block running."""
+
+    def __init__(self, bench: HeadlineBench, slow: Callable[[int], float]) -> None:
+        self.bench, self.slow = bench, slow
+        self.unit_calls: list[tuple[int, int]] = []
+
+    def __enter__(self) -> FakeCanary:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+    def unit_timings(self, length: int, count: int) -> list[float]:
+        self.unit_calls.append((length, count))
+        return [U_MS - 1.0, U_MS, U_MS + 5.0][:count] + [U_MS] * max(count - 3, 0)
+
+    def readings(self, count: int) -> list[float]:
+        return [CANARY_MS * self.slow(len(self.bench.blocks))] * count
+
+    @contextlib.contextmanager
+    def beside(self) -> Iterator[list[float]]:
+        yield [CANARY_MS]
+
+
+class FakeBench(HeadlineBench):
+    """`HeadlineBench` with fake fleets, drive and canary (`slow`: the canary's factor for each block
+    index); `driven` records every trial's (mode, rate, total, seed)."""
+
+    slow: Callable[[int], float] = staticmethod(lambda block: 1.0)
+    made: list[FakeBench] = []  # every one made, in order: the fake canary reads the latest's blocks
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.driven: list[tuple[str, float, int, int]] = []
+        FakeBench.made.append(self)
+
+    def fleets(self, driver: object, stack: contextlib.ExitStack) -> dict[str, FakeFleet]:
+        return {name: FakeFleet(mode) for name, mode in headline_run.MODES.items()}
+
+    def drive(self, fleet: FakeFleet, sampler: RevisitSampler, rate: float, total: int, seed: int) -> list:
+        assert self.calibration is not None
+        mode = fleet.mode.name  # type: ignore[attr-defined]
+        self.driven.append((mode, rate, total, seed))
+        source = common_pb2.CACHE_SOURCE_MISS if mode == "baseline" else common_pb2.CACHE_SOURCE_HBM
+        out = []
+        for index in range(total):
+            ms = rank_ms(mode, rate, index, self.calibration.rate)
+            response = recommend_pb2.RecommendResponse(
+                rank_latency_ms=ms, cache_source=source, long_term_length=1024
+            )
+            out.append(CallRecord(index, index / rate, index / rate, 0.01, grpc.StatusCode.OK, "", response))
+        return out
+
+
+def run_bench(argv: Sequence[str] = (), slow: Callable[[int], float] = lambda block: 1.0) -> FakeBench:
+    """`FakeBench` over `ARGS` and `argv`, run to its end (under the `fast` fixture: conftest.py)."""
+    config = load(HeadlineConfig, [*ARGS, *argv])
+    bench = FakeBench(config, Path("/nonexistent"), log=lambda line: None)
+    bench.slow = slow
+    bench.run()
+    return bench
+
+
+def fake_results(
+    name: str, argv: Sequence[str] = (), slow: Callable[[int], float] = lambda block: 1.0
+) -> HeadlineResults:
+    """The whole command, `python -m bench headline --name <name>`, over `FakeBench` (with the `fast`
+    fixture: it writes under its folder)."""
+
+    class Bench(FakeBench):
+        pass
+
+    Bench.slow = staticmethod(slow)
+    return headline_main.main([*ARGS, "--name", name, *argv], bench_class=Bench)

@@ -1,0 +1,135 @@
+"""The block experiment (`python -m bench headline`) over fake fleets whose latencies are known
+(tests/bench/headline/fakes.py): the calibration, the orders, no early stop, the slowdown rule and its
+top-ups, the budget, the analysis and the files it writes."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import math
+
+import pytest
+
+from bench.headline import stats
+from bench.headline.compare import compare
+from bench.headline.config import LOAD_PER_U, HeadlineConfig, load_rate
+from bench.headline.schema import HeadlineResults
+from services.common.config import load
+from tests.bench.headline.fakes import CANARY_MS, U_MS, fake_results, run_bench
+
+ARMS = ["baseline@1L", "relay@1L", "relay@2L", "relay@3L", "relay@3.5L", "relay@4L", "admit-all@3L"]
+
+
+def test_the_calibration_fixes_u_as_a_median_and_l_the_slo_and_the_window_in_it(fast):
+    bench = run_bench(["--blocks", "14"])
+    cal = bench.calibration
+    assert cal.unit_timings_ms == [U_MS - 1.0, U_MS, U_MS + 5.0] and cal.u_ms == U_MS  # the median, not 69
+    assert cal.rate == load_rate(U_MS) == round(LOAD_PER_U * 1000 / U_MS, 3) == 10.0
+    assert (cal.slo_ms, cal.relay_window_ms) == (round(2.87 * U_MS, 1), round(2.87 * U_MS, 1))
+    assert cal.canary_reference_ms == CANARY_MS
+    # The fleets start with the bounds in ms, and every trial runs at its multiple of L.
+    assert bench.driver.config.slo_ms == cal.slo_ms
+    assert {(trial.arm, trial.rate) for trial in bench.trials} == {
+        (arm, round(float(arm.split("@")[1][:-1]) * cal.rate, 3)) for arm in ARMS
+    }
+
+
+def test_every_block_runs_every_arm_once_in_its_williams_order_and_no_trial_stops_early(fast):
+    bench = run_bench(["--blocks", "14", "--order-seed", "5"])
+    design = stats.block_orders(ARMS, 14, 5)
+    assert bench.design == design and [block.order for block in bench.blocks] == design
+    assert stats.is_balanced(design)
+    by_block = collections.defaultdict(list)
+    for trial in bench.trials:
+        by_block[trial.block].append(trial.arm)
+    assert [by_block[b] for b in range(14)] == design
+    # Every trial sent its warm-up and its whole count, each arm the same seed in a block; the baseline's
+    # every 50th Rank over the SLO stopped nothing.
+    for (mode, rate, total, seed), trial in zip(bench.driven, bench.trials, strict=True):
+        count = 60 if mode == "baseline" else 40
+        assert total == round(rate * 1.0) + count and len(trial.rank_ms) == count
+        assert seed == trial.block and trial.warmup == round(rate * 1.0)
+    baseline = [trial for trial in bench.trials if trial.mode == "baseline"]
+    assert all(len(trial.over) == 1 and trial.over[0].rank_ms == 240.0 for trial in baseline)
+
+
+def test_a_block_on_a_slow_host_is_left_out_and_topped_up_with_its_order(fast):
+    """The canary reads the host 30 % slow in block 3: its slowdown is 1.3, over 1.15; the run tops up
+    with a block of block 3's order on the next seed, which the analysis keeps instead."""
+    bench = run_bench(["--blocks", "14"], slow=lambda block: 1.3 if block == 3 else 1.0)
+    assert [block.kept for block in bench.blocks] == [True] * 3 + [False] + [True] * 11
+    assert [round(block.slowdown, 2) for block in bench.blocks][3] == 1.3
+    top_up = bench.blocks[-1]
+    assert (top_up.index, top_up.seed, top_up.topped_up_for, top_up.order) == (
+        14,
+        14,
+        3,
+        bench.blocks[3].order,
+    )
+
+
+def test_no_block_starts_past_the_budget(fast):
+    bench = run_bench(["--blocks", "14", "--budget-min", "0.0001"])
+    assert len(bench.blocks) == 1 and len(bench.trials) == len(ARMS)
+
+
+def test_the_command_writes_its_results_analysis_and_report_and_reads_back_byte_for_byte(fast):
+    results = fake_results("h", ["--blocks", "14"], slow=lambda block: 1.3 if block == 2 else 1.0)
+    path = fast / "h" / "results.json"
+    assert json.dumps(HeadlineResults.read(path).to_json(), indent=1) + "\n" == path.read_text()
+    kept, every = results.kept, results.every
+    assert kept.blocks == [0, 1, *range(3, 15)] and every.blocks == list(range(15)) and kept.balanced
+    # RelayGR at kL is 25 k ms + 0-9 ms: its pooled P99 is 25 k + 9; the baseline's is 240 ms (every 50th).
+    base = next(arm for arm in kept.arms if arm.mode == "baseline")
+    assert base.p99_ms == 240.0 and base.over == 14 and base.ranks == 14 * 60 and not base.meets_slo
+    steps = {step.multiple: step for step in kept.steps}
+    assert steps[4.0].ratio.value == pytest.approx((25 * 4 + 9) / 240, abs=1e-4)
+    assert steps[4.0].ratio.low == steps[4.0].ratio.high == steps[4.0].ratio.value  # the same in every block
+    # Every multiple's upper bound is below 1 and no RelayGR Rank is over the SLO: all claimed, up to 4.
+    assert kept.claimed == 4.0 and all(step.passed for step in kept.steps)
+    assert kept.against_admit_all["3"].value == pytest.approx((75 + 9) / (90 + 9), abs=1e-4)
+    report = (fast / "h" / "report.md").read_text()
+    assert "**RelayGR carries 4x the baseline's load at no worse P99**" in report
+    assert (fast / "h" / "p99-by-load.png").stat().st_size > 1000
+    assert "| 2 | 2 |" in report and "| 14 | 14 |" in report and "left out" in report
+
+
+def test_two_runs_of_one_code_that_agree_reproduce_and_a_different_claim_does_not(fast):
+    # Two runs of one clean commit, the second an hour after the first.
+    first = dataclasses.replace(
+        fake_results("a", ["--blocks", "14"]),
+        commit="abc1234",
+        started_at="2026-01-01T00:00:00+00:00",
+        duration_s=3000.0,
+    )
+    second = dataclasses.replace(
+        fake_results("b", ["--blocks", "14"]),
+        commit="abc1234",
+        started_at="2026-01-01T01:00:00+00:00",
+        duration_s=3000.0,
+    )
+    reproduced, text = compare(["a", "b"], [first, second])
+    assert reproduced, text
+    assert "- [x] the same k claimed (4.0, 4.0)" in text and "**Reproduced.**" in text
+    # The second claims less: RelayGR at 4L is made twice as slow in its kept analysis.
+    steps = [
+        step if step.multiple != 4.0 else type(step)(multiple=4.0, ratio=step.ratio, meets_slo=False,
+                                                      tested=True, passed=False)
+        for step in second.kept.steps
+    ]  # fmt: skip
+    worse = dataclasses.replace(second, kept=dataclasses.replace(second.kept, steps=steps, claimed=3.5))
+    reproduced, text = compare(["a", "b"], [first, worse])
+    assert not reproduced and "- [ ] the same k claimed (4.0, 3.5)" in text
+    # A run compared with itself is not two runs, and a dirty tree is no one code.
+    assert not compare(["a", "a"], [first, first])[0]
+    dirty = dataclasses.replace(second, commit="abc1234-dirty")
+    assert "- [ ] one code (abc1234, abc1234-dirty)" in compare(["a", "b"], [first, dirty])[1]
+
+
+def test_the_settings_name_the_field_they_refuse():
+    with pytest.raises(SystemExit):
+        load(HeadlineConfig, ["--admit-all-multiples", "2.25"])
+    with pytest.raises(ValueError, match="--blocks must be a positive multiple of 14"):
+        stats.block_orders(ARMS, 10, 0)
+    assert math.isclose(load_rate(35.0), 20.0)
