@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.headline.compare import compare
 from bench.headline.config import BASELINE, RELAY
 from bench.headline.report import PLOT, ratio
 from bench.headline.schema import HeadlineResults
@@ -170,20 +171,24 @@ def render(runs: Sequence[tuple[str, HeadlineResults]], side: Sequence[tuple[str
     (first_name, first), (second_name, second) = runs
     links = " · ".join(f"[`{name}`](bench/results/{name}/report.md)" for name, _ in runs)
     c, host, cal = first.settings, first.machine, first.calibration
-    commits = ", ".join(sorted({run.commit for _, run in runs}))
+    reproduced, _ = compare([first_name, second_name], [first, second])
+    commits = sorted({run.commit for _, run in runs})
     lines = [
         BEGIN, "",
         *table(["", links], [*headline_rows([first, second]), *side_rows(side)]),
         "",
-        f"Two runs of `python -m bench headline` at commit {commits} on a {host.cores}-core {host.cpu_model} "
+        f"Two runs of `python -m bench headline` at commit{'s' if len(commits) > 1 else ''} "
+        f"{', '.join(commits)} on a {host.cores}-core {host.cpu_model} "
         f"({host.cpu_capability or 'vector width not recorded'}; u = {cal.u_ms:g} and "
         f"{second.calibration.u_ms:g} ms), {len(first.kept.blocks if first.kept else [])} and "
         f"{len(second.kept.blocks if second.kept else [])} blocks kept, each block every arm once on one "
         f"arrival seed in a Williams order; `{c.model_preset}` with {c.rankers} rankers, mix 1 (median "
         f"{c.mix_median}, cap {c.mix_max} events), SLO {c.slo_u:g} u. Intervals are 95 % block bootstraps "
         "(whole blocks resampled); a multiple is claimed while the one-sided upper bound of r_k is at most 1 "
-        f"and RelayGR meets the SLO. `make bench-reproduce` runs it twice and compares "
-        f"([the comparison](bench/results/{second_name}/reproduce.md)); the plot: "
+        f"and RelayGR meets the SLO. `make bench-reproduce` runs it twice and compares: "
+        + ("**the two runs reproduce**" if reproduced else "**these two runs do not reproduce yet**")
+        + f" ([the comparison](bench/results/{second_name}/reproduce.md) says which conditions hold); "
+        + "the plot: "
         f"[P99 against the load multiple](bench/results/{first_name}/{PLOT}); how to read it: "
         "[docs/benchmark.md](docs/benchmark.md#the-headline). The length and mix-2 rows come from the "
         "earlier `python -m bench run` runs they name, one run each, with absolute bounds.",

@@ -80,7 +80,7 @@ def test_the_readmes_results_are_the_rendering_of_the_committed_runs_it_names():
     names (and, beside them, the default side and rollout runs)."""
     text = (RESULTS.parents[1] / "README.md").read_text()
     rendered = text.split(readme.BEGIN, 1)[1].split(readme.END, 1)[0]
-    header = next(line for line in rendered.splitlines() if line.startswith("| |"))
+    header = next(line for line in rendered.splitlines() if line.startswith("|"))
     names = re.findall(r"\[`([^`]+)`\]\(bench/results/", header)
     assert len(names) == 2, "the README's Results name no pair of headline runs"
     config = dataclasses.replace(readme.ReadmeConfig(), runs=",".join(names))

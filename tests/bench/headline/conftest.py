@@ -1,5 +1,5 @@
-"""The `fast` fixture of the block experiment's tests: no settling pauses, the fake canary, and results
-under the test's own folder."""
+"""The `fast` fixture of the block experiment's tests: no settling pauses, the fake canary, no steal, and
+results under the test's own folder."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from tests.bench.headline.fakes import FakeBench, FakeCanary
 
 @pytest.fixture
 def fast(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """No settling pauses, the fake canary, and results under `tmp_path`."""
+    """No settling pauses, the fake canary, no steal (the host's real steal would move every slowdown), and
+    results under `tmp_path`."""
+    monkeypatch.setattr(headline_run, "cpu_times", lambda: (0, 0))
     monkeypatch.setattr(headline_run, "SETTLE_S", 0.0)
     monkeypatch.setattr(headline_config, "RESULTS_DIR", tmp_path)
     monkeypatch.setattr(

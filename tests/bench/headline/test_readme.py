@@ -63,14 +63,14 @@ def test_the_results_are_written_between_the_markers_only(fast, tmp_path, monkey
         fake_results(name, ["--blocks", "14"])
     monkeypatch.setattr(readme, "RESULTS_DIR", fast)
     target = tmp_path / "README.md"
-    target.write_text(f"# title\n\n## Results\n\n{readme.BEGIN}\nold\n{readme.END}\n\n## Next\n")
+    target.write_text(f"# title\n\n## Results\n\n{readme.BEGIN}\nPLACEHOLDER\n{readme.END}\n\n## Next\n")
     argv = ["readme", "--runs", "h1,h2", "--side-runs", "", "--rollout", "", "--rollout-new-users", "",
             "--readme", str(target)]  # fmt: skip
     assert front_door.main(argv) == 0
     text = target.read_text()
     assert text.startswith("# title\n\n## Results\n\n") and text.endswith(f"{readme.END}\n\n## Next\n")
     assert (
-        "old" not in text
+        "PLACEHOLDER" not in text
         and "[`h1`](bench/results/h1/report.md) · [`h2`](bench/results/h2/report.md)" in text
     )
     with pytest.raises(SystemExit, match=r"no results\.json"):

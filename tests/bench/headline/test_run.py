@@ -70,7 +70,7 @@ def test_a_block_on_a_slow_host_is_left_out_and_topped_up_with_its_order(fast):
 
 
 def test_no_block_starts_past_the_budget(fast):
-    bench = run_bench(["--blocks", "14", "--budget-min", "0.0001"])
+    bench = run_bench(["--blocks", "14", "--budget-min", "1e-12"])
     assert len(bench.blocks) == 1 and len(bench.trials) == len(ARMS)
 
 
