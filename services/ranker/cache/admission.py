@@ -73,7 +73,9 @@ class Admission:
         self.num_action_types = num_action_types
         preset = cache.runner.model.preset
         dtype = cache.copier.dram_dtype
-        self.layout = codec.layout(preset.num_layers, preset.num_heads, preset.head_dim, dtype)
+        self.layout = codec.layout(
+            preset.num_layers, preset.num_heads, preset.head_dim, dtype, preset.tokens_per_event
+        )
 
     # ---- receiving ----
 
@@ -98,8 +100,8 @@ class Admission:
         events = Events(*arrays)
         if wanted is not None and not (events.fingerprint == wanted.fingerprint or wanted.has_prefix(events)):
             return Refusal.HANDOFF_REFUSAL_INVALID
-        buffer_shape = codec.shape(entry.layout, entry.nbytes)
-        if buffer_shape is None or buffer_shape[4] != len(events):
+        buffer_shape = codec.shape(entry.layout, entry.nbytes, len(events))
+        if buffer_shape is None:
             return Refusal.HANDOFF_REFUSAL_INVALID
         key = cache.key(entry.user_id, events)
         if self.holds(key):

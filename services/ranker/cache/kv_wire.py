@@ -3,7 +3,8 @@ the chunks they travel in.
 
 An entry travels as its `HandoffEntry` (key, events, layout, size, CRC-32) on its first chunk and its KV
 bytes in chunks of at most `CHUNK_BYTES`, the last one marked `last`. The bytes are the buffer of a
-`PrefixKV` with one user, `[layers, 2, 1, heads, length, head_dim]`, little-endian, C order, in the
+`PrefixKV` with one user, `[layers, 2, 1, heads, rows, head_dim]` (rows: the events times the layout's
+tokens an event), little-endian, C order, in the
 sender's DRAM dtype: what the receiver's DRAM tier would hold after a demotion, so admitting it copies the
 bytes once, into their place.
 """
@@ -32,19 +33,29 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def layout(layers: int, heads: int, head_dim: int, dtype: torch.dtype) -> handoff_pb2.KvLayout:
-    return handoff_pb2.KvLayout(dtype=dtype_name(dtype), layers=layers, heads=heads, head_dim=head_dim)
+def layout(
+    layers: int, heads: int, head_dim: int, dtype: torch.dtype, tokens_per_event: int
+) -> handoff_pb2.KvLayout:
+    return handoff_pb2.KvLayout(
+        dtype=dtype_name(dtype),
+        layers=layers,
+        heads=heads,
+        head_dim=head_dim,
+        tokens_per_event=tokens_per_event,
+    )
 
 
-def shape(kv_layout: handoff_pb2.KvLayout, nbytes: int) -> tuple[int, ...] | None:
-    """The buffer shape of `nbytes` in `kv_layout`; None when the layout is unknown or they do not divide."""
+def shape(kv_layout: handoff_pb2.KvLayout, nbytes: int, events: int) -> tuple[int, ...] | None:
+    """The buffer shape of `nbytes` of `events` in `kv_layout`; None when the layout is unknown or the bytes
+    are not exactly `events` times the layout's tokens an event."""
     dtype = DTYPES.get(kv_layout.dtype)
-    if dtype is None or min(kv_layout.layers, kv_layout.heads, kv_layout.head_dim) <= 0:
+    sizes = (kv_layout.layers, kv_layout.heads, kv_layout.head_dim, kv_layout.tokens_per_event)
+    if dtype is None or min(sizes) <= 0 or events <= 0:
         return None
-    per_token = kv_layout.layers * 2 * kv_layout.heads * kv_layout.head_dim * dtype.itemsize
-    if nbytes <= 0 or nbytes % per_token:
+    rows = events * kv_layout.tokens_per_event
+    if nbytes != rows * kv_layout.layers * 2 * kv_layout.heads * kv_layout.head_dim * dtype.itemsize:
         return None
-    return (kv_layout.layers, 2, 1, kv_layout.heads, nbytes // per_token, kv_layout.head_dim)
+    return (kv_layout.layers, 2, 1, kv_layout.heads, rows, kv_layout.head_dim)
 
 
 def as_bytes(buffer: torch.Tensor) -> memoryview:

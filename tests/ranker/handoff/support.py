@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import functools
 from collections.abc import AsyncIterator, Callable, Iterable
+from pathlib import Path
 
 import torch
 
@@ -17,6 +18,9 @@ from services.ranker.app import RankerApp
 from services.ranker.cache import kv_wire
 from services.ranker.cache.index import CacheEntry
 from services.ranker.handoff.receive import Tally, receive
+from services.ranker.model.hstu import HSTURanker
+from services.ranker.model.presets import get_preset
+from services.ranker.model.store import save_model_dir
 from tests.ranker.harness import BASE, CANDIDATES, SHORT, events, rank, settle
 
 
@@ -28,6 +32,15 @@ def run(test: Callable) -> Callable:
         return asyncio.run(test(*args, **kwargs))
 
     return wrapper
+
+
+def item_action_model(directory: Path) -> str:
+    """A model directory of cpu-tiny's shape in the `item_action` token layout (an item token then an
+    action token an event: two KV rows an event), the layout of every imported recsys-examples checkpoint;
+    its path, for `--checkpoint`."""
+    config = dataclasses.replace(get_preset("cpu-tiny"), name="tiny-item-action", token_layout="item_action")
+    torch.manual_seed(0)
+    return str(save_model_dir(directory, config, HSTURanker(config).state_dict()))
 
 
 def history(user: int, length: int = 40) -> list[int]:

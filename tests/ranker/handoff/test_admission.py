@@ -10,7 +10,16 @@ import torch
 from relaygr.v1 import handoff_pb2, ranker_pb2
 from services.ranker.cache.acquired import Source
 from tests.exact import assert_scores_equal
-from tests.ranker.handoff.support import cached, deliver, history, ranked, reference, run, wire
+from tests.ranker.handoff.support import (
+    cached,
+    deliver,
+    history,
+    item_action_model,
+    ranked,
+    reference,
+    run,
+    wire,
+)
 from tests.ranker.harness import cache_app, events, held_bytes, settle
 
 Refusal = handoff_pb2.HandoffRefusal
@@ -52,8 +61,8 @@ def _with(chunks, **changes):
     first = handoff_pb2.HandoffChunk()
     first.CopyFrom(chunks[0])
     for field, value in changes.items():
-        if field == "layout":
-            first.entry.layout.CopyFrom(value)
+        if field in ("layout", "events"):
+            getattr(first.entry, field).CopyFrom(value)
         else:
             setattr(first.entry, field, value)
     return [first, *chunks[1:]]
@@ -65,19 +74,27 @@ def _with(chunks, **changes):
         (lambda c, e: _with(c, model_version="other"), Refusal.HANDOFF_REFUSAL_MODEL_VERSION),
         (
             lambda c, e: _with(c, layout=handoff_pb2.KvLayout(dtype="float32", layers=e.layers + 1,
-                                                                heads=e.heads, head_dim=e.head_dim)),
+                                                                heads=e.heads, head_dim=e.head_dim,
+                                                                tokens_per_event=1)),
             Refusal.HANDOFF_REFUSAL_LAYOUT,
         ),
         (
             lambda c, e: _with(c, layout=handoff_pb2.KvLayout(dtype="bfloat16", layers=e.layers,
-                                                                heads=e.heads, head_dim=e.head_dim)),
+                                                                heads=e.heads, head_dim=e.head_dim,
+                                                                tokens_per_event=1)),
+            Refusal.HANDOFF_REFUSAL_LAYOUT,
+        ),
+        (
+            lambda c, e: _with(c, layout=handoff_pb2.KvLayout(dtype="float32", layers=e.layers,
+                                                                heads=e.heads, head_dim=e.head_dim,
+                                                                tokens_per_event=2)),
             Refusal.HANDOFF_REFUSAL_LAYOUT,
         ),
         (lambda c, e: _with(c, crc32=c[0].entry.crc32 ^ 1), Refusal.HANDOFF_REFUSAL_CHECKSUM),
         (lambda c, e: [*c[:-1], _flipped(c[-1])], Refusal.HANDOFF_REFUSAL_CHECKSUM),
         (lambda c, e: _with(c, nbytes=c[0].entry.nbytes * 2), Refusal.HANDOFF_REFUSAL_INVALID),
     ],
-    ids=["model-version", "layers", "dtype", "header-crc", "flipped-byte", "size"],
+    ids=["model-version", "layers", "dtype", "tokens-per-event", "header-crc", "flipped-byte", "size"],
 )  # fmt: skip
 @run
 async def test_a_mismatched_entry_is_refused_and_leaves_nothing(change, reason) -> None:
@@ -176,3 +193,34 @@ async def test_a_leased_entry_is_never_a_victim_however_old() -> None:
         assert tally.admitted == 1 and dict(tally.refused) == {Refusal.HANDOFF_REFUSAL_BUDGET: 2}
         assert receiver.cache.index.get(old.key) is old and old.dram is not None and old.lease is not None
         assert held_bytes(receiver.cache)["dram"] == 2 * entry_bytes
+
+
+@run
+async def test_item_action_entries_arrive_as_two_kv_rows_an_event_and_rank_exactly(tmp_path) -> None:
+    """Every imported recsys-examples checkpoint interleaves an item and an action token an event: its
+    entries hold two KV rows an event, and are admitted as such (not refused for their length)."""
+    model = item_action_model(tmp_path / "model")
+    async with (
+        cache_app(instance_name="a", checkpoint=model) as sender,
+        cache_app(instance_name="b", checkpoint=model) as receiver,
+    ):
+        assert receiver.runner.model.tokens_per_event == 2
+        entries = await cached(sender, range(2))
+        assert entries[0].dram.buffer.shape[4] == 2 * entries[0].length
+        chunks = await wire(sender, entries)
+        assert chunks[0].entry.layout.tokens_per_event == 2
+        tally = await deliver(receiver, chunks)
+        assert (tally.admitted, dict(tally.refused)) == (2, {})
+        assert held_bytes(receiver.cache)["dram"] == tally.admitted_bytes == sum(len(c.data) for c in chunks)
+        for user in range(2):
+            scores, source = await ranked(receiver, user)
+            assert source is Source.DRAM
+            assert_scores_equal(scores, reference(receiver, user))
+        # The same bytes named as one event fewer (78 rows for 39 events, 80 sent) are refused.
+        async with cache_app(instance_name="c", checkpoint=model) as other:
+            short = handoff_pb2.HandoffEntry()
+            short.CopyFrom(chunks[0].entry)
+            for field in (short.events.item_ids, short.events.action_types, short.events.timestamps_ms):
+                del field[len(field) - 1 :]
+            tally = await deliver(other, _with(chunks[:1], events=short.events))
+            assert (tally.admitted, dict(tally.refused)) == (0, {Refusal.HANDOFF_REFUSAL_INVALID: 1})

@@ -16,7 +16,7 @@ from services.ranker.cache.acquired import Source
 from services.ranker.handoff.push import Pusher
 from services.ranker.handoff.read_through import GIVE_UP_AFTER, TransferModel
 from tests.exact import assert_scores_equal
-from tests.ranker.handoff.support import cached, fleet, history, ranked, reference, run
+from tests.ranker.handoff.support import cached, fleet, history, item_action_model, ranked, reference, run
 from tests.ranker.harness import CANDIDATES, SHORT, events, settle
 from tests.support.requests import rank_request
 
@@ -212,3 +212,34 @@ async def test_once_a_peer_had_an_entry_empty_answers_do_not_end_the_asking() ->
             await _fetched(a)
         assert read_throughs("hit") == hits + 1
         assert read_throughs("miss") == misses + GIVE_UP_AFTER + 4  # every one asked
+
+
+@run
+async def test_an_item_action_models_prefixes_are_fetched_and_pushed_and_rank_exactly(tmp_path) -> None:
+    """The layout of every imported recsys-examples checkpoint (two KV rows an event) hands off both ways:
+    a returning ranker fetches its user's prefix, and a drain pushes the rest to their next owner."""
+    model = item_action_model(tmp_path / "model")
+    async with fleet(["a", "b"], checkpoint=model, read_through_timeout_ms=10_000) as rankers:
+        b = await rankers.start("b")
+        ring = b.peers.membership.ring
+        ours = next(u for u in range(200) if ring.owner(f"user-{u}") == "a")
+        await cached(b, [ours])  # b served a's user while a was away
+        a = await rankers.start("a")
+        await rankers.routable()
+        hits = read_throughs("hit")
+        await a.cache.pre_infer(f"user-{ours}", events(history(ours)))
+        await _fetched(a)
+        scores, source = await ranked(a, ours)
+        assert source is Source.HBM and read_throughs("hit") == hits + 1
+        assert_scores_equal(scores, reference(a, ours))
+        theirs = [u for u in range(200) if ring.owner(f"user-{u}") == "b"][:3]
+        entries = await cached(a, theirs)
+        await rankers.stop("a")
+        assert (a.handed_off.sent, a.handed_off.failed) == (4, 0)
+        assert sum(r.admitted for r in a.handed_off.receipts) == 3  # b held `ours` already
+        for user, entry in zip(theirs, entries, strict=True):
+            got = b.cache.index.get(entry.key)
+            assert got is not None and torch.equal(got.dram.buffer, entry.dram.buffer)
+            scores, source = await ranked(b, user)
+            assert source is Source.DRAM
+            assert_scores_equal(scores, reference(b, user))
