@@ -160,13 +160,13 @@ class PrefixCache:
             started = self._start(key, events, Kind.RELOAD, Priority.RELOAD, for_rank=False, base=entry)
             outcome = Outcome.PRE_INFER_OUTCOME_RELOADED
         else:
+            if self.backlog_full():  # before a prefetch too: it is answered as accepted at once
+                return Outcome.PRE_INFER_OUTCOME_REJECTED_BACKLOG, 0
             again = lambda: self._pre_infer(user_id, events)  # noqa: E731
             if self.read_through is not None and self.read_through.prefetch(user_id, events, again):
                 return Outcome.PRE_INFER_OUTCOME_ACCEPTED, nbytes  # produced once a peer has answered
             base = self._extension_base(user_id, events)
             kind = Kind.COMPUTE if base is None else Kind.EXTEND
-            if self.backlog_full():
-                return Outcome.PRE_INFER_OUTCOME_REJECTED_BACKLOG, 0
             started = self._start(key, events, kind, Priority.PRE_INFER, for_rank=False, base=base)
             outcome = Outcome.PRE_INFER_OUTCOME_ACCEPTED
         if started is None:

@@ -13,6 +13,9 @@ prefix of the request's events.
   latency curve), and it waits no longer than that recomputation, within the Rank's deadline.
 - One fetch per (user, events) at a time: a Rank that arrives during its PreInfer's prefetch joins it. A
   user is asked for at most once per events, so a peer's miss is never asked again.
+- A fetch that times out counts in the transfer model (it took at least its timeout for the bytes it
+  asked), and its peer is not asked for `--read-through-backoff-s`: a slow peer costs one wait, not one
+  a miss. At most `--read-through-max-fetches` fetches are in flight; a miss beyond them computes.
 - `GIVE_UP_AFTER` answers in a row without an entry, and none with one since the routable members last
   changed (a fleet started together, whose peers hold nothing of its users), end the asking until they
   change again. Once a peer has had an entry, the asking goes on for the whole window: a ranker back from
@@ -81,6 +84,8 @@ class ReadThrough:
         self.peers = peers
         self.grace_s = settings.read_through_grace_s
         self.timeout_s = settings.read_through_timeout_ms / 1000
+        self.max_fetches = settings.read_through_max_fetches
+        self.backoff_s = settings.read_through_backoff_s
         self.load = load
         self.clock = clock
         self.transfer = TransferModel()
@@ -90,6 +95,7 @@ class ReadThrough:
         self._empty_in_a_row = 0
         self._gave_up_at: float | None = None  # the change whose window the asking ended in
         self._hit_at: float | None = None  # the change whose window had an entry from a peer
+        self._slow_until: dict[str, float] = {}  # a peer that timed out, and until when it is not asked
 
     def _source(self, user_id: str, events: Events) -> Member | None:
         """The peer to ask for this prefix, if any: within the grace window, never asked for these events,
@@ -97,12 +103,15 @@ class ReadThrough:
         key = (user_id, events.fingerprint)
         if key in self._asked or self.peers.since_change_s() >= self.grace_s:
             return None
-        if self._gave_up_at == self.peers.changed_at:
+        if self._gave_up_at == self.peers.changed_at or len(self._fetches) >= self.max_fetches:
             return None
         cache = self.admission.cache
         if cache.index.extension_base(user_id, events, busy=lambda e: e.key in cache.productions):
             return None
-        return self.peers.source(user_id)
+        member = self.peers.source(user_id)
+        if member is None or self._slow_until.get(member.name, float("-inf")) > self.clock():
+            return None
+        return member
 
     def prefetch(self, user_id: str, events: Events, then: Callable[[], object]) -> bool:
         """For a PreInfer that found nothing: starts fetching the prefix and calls `then` (the PreInfer's
@@ -132,7 +141,7 @@ class ReadThrough:
             return False
         recompute_s = self.load.cost_ms("pre_infer_ms", len(events)) / 1000
         budget_s = recompute_s if deadline is None else min(recompute_s, deadline - time.monotonic())
-        if self.transfer.predict(len(events) * self.admission.cache.moves.dram_bytes_per_token) >= budget_s:
+        if self.transfer.predict(self._nbytes(events)) >= budget_s:
             metrics.READ_THROUGH.labels("skipped").inc()
             return False
         await asyncio.shield(self._fetch(member, user_id, events, budget_s))
@@ -167,7 +176,14 @@ class ReadThrough:
         except grpc.aio.AioRpcError as exc:
             timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             metrics.READ_THROUGH.labels("timeout" if timed_out else "error").inc()
-            if not timed_out:
+            if timed_out:
+                # It took at least this long for at most the prefix's bytes: the model learns it, and the
+                # peer rests, so that the next misses compute rather than wait on it again.
+                self.transfer.observe(self._nbytes(events), self.clock() - started)
+                self._slow_until[member.name] = self.clock() + self.backoff_s
+                log.info("read-through: %s timed out after %.0f ms; not asked for %g s",
+                         member.name, timeout_s * 1000, self.backoff_s)  # fmt: skip
+            else:
                 log.warning("read-through of %s from %s failed: %s", user_id, member.name, exc.code().name)
             return self._answered(False)
         self.transfer.observe(tally.received_bytes, self.clock() - started)
@@ -175,6 +191,10 @@ class ReadThrough:
         metrics.READ_THROUGH.labels("hit" if hit else "miss").inc()
         metrics.READ_THROUGH_BYTES.inc(tally.admitted_bytes)
         return self._answered(hit)
+
+    def _nbytes(self, events: Events) -> int:
+        """The bytes a fetch of `events`' prefix brings, at most (a peer may hold a strict prefix)."""
+        return len(events) * self.admission.cache.moves.dram_bytes_per_token
 
     def _answered(self, hit: bool) -> bool:
         if hit:

@@ -37,6 +37,16 @@ class HandoffSettings:
         "(a Rank waits at most its predicted recomputation, within its deadline)",
         above=0,
     )
+    read_through_max_fetches: int = setting(
+        8,
+        "fetches a ranker has in flight at most; a miss beyond them computes its prefix at once",
+        above=0,
+    )
+    read_through_backoff_s: float = setting(
+        10.0,
+        "seconds a peer whose fetch timed out is not asked again (its misses compute at once meanwhile)",
+        minimum=0,
+    )
 
     @property
     def hands_off(self) -> bool:

@@ -11,7 +11,7 @@ import grpc
 import torch
 from prometheus_client import REGISTRY
 
-from relaygr.v1 import common_pb2, ranker_pb2_grpc
+from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.ranker.cache.acquired import Source
 from services.ranker.handoff.push import Pusher
 from services.ranker.handoff.read_through import GIVE_UP_AFTER, TransferModel
@@ -243,3 +243,70 @@ async def test_an_item_action_models_prefixes_are_fetched_and_pushed_and_rank_ex
             scores, source = await ranked(b, user)
             assert source is Source.DRAM
             assert_scores_equal(scores, reference(b, user))
+
+
+async def _slow_peer(fleet_, delay_s: float):
+    """b holds prefixes of users of a's arcs (served while a was away) and answers a Fetch `delay_s` late;
+    a started after it. (a, b, those users)."""
+    b = await fleet_.start("b")
+    ring = b.peers.membership.ring
+    ours = [u for u in range(400) if ring.owner(f"user-{u}") == "a"][:4]
+    await cached(b, ours)
+    payload = b.admission.payload
+
+    async def slow(entry):
+        await asyncio.sleep(delay_s)
+        return await payload(entry)
+
+    b.admission.payload = slow
+    a = await fleet_.start("a")
+    await fleet_.routable()
+    return a, b, ours
+
+
+@run
+async def test_a_peer_that_times_out_is_learnt_and_rested_and_its_users_computed() -> None:
+    async with fleet(["a", "b"], read_through_timeout_ms=200, read_through_backoff_s=600) as rankers:
+        a, _, ours = await _slow_peer(rankers, delay_s=2.0)
+        before = a.read_through.transfer.predict(40 * 512)
+        timeouts, asked = read_throughs("timeout"), sum(map(read_throughs, ("hit", "miss", "timeout")))
+        await a.cache.pre_infer(f"user-{ours[0]}", events(history(ours[0])))
+        await _fetched(a)
+        assert read_throughs("timeout") == timeouts + 1
+        # The wait counts: the model now predicts at least the timeout for such a prefix ...
+        assert a.read_through.transfer.predict(40 * 512) >= before + 0.2 * 0.2  # EWMA weight x timeout
+        # ... and the peer rests: the next users are computed at once, never asked.
+        for user in ours[1:]:
+            await a.cache.pre_infer(f"user-{user}", events(history(user)))
+            scores, source = await ranked(a, user)
+            assert source is Source.HBM  # the PreInfer computed it
+            assert_scores_equal(scores, reference(a, user))
+        assert sum(map(read_throughs, ("hit", "miss", "timeout"))) == asked + 1
+        assert not a.read_through._fetches
+
+
+@run
+async def test_fetches_in_flight_are_bounded_and_a_miss_beyond_them_computes() -> None:
+    async with fleet(["a", "b"], read_through_timeout_ms=10_000, read_through_max_fetches=1) as rankers:
+        a, _, ours = await _slow_peer(rankers, delay_s=1.0)
+        first, second = ours[:2]
+        await a.cache.pre_infer(f"user-{first}", events(history(first)))
+        assert len(a.read_through._fetches) == 1
+        await a.cache.pre_infer(f"user-{second}", events(history(second)))
+        assert len(a.read_through._fetches) == 1  # not asked: its production started at once
+        assert a.cache.key(f"user-{second}", events(history(second))) in a.cache.productions
+        await _fetched(a)
+        scores, source = await ranked(a, first)
+        assert source is Source.HBM  # the first one's fetch did arrive
+        assert_scores_equal(scores, reference(a, first))
+
+
+@run
+async def test_a_prefetching_pre_infer_is_refused_for_a_full_backlog_before_it_asks() -> None:
+    async with fleet(["a", "b"], read_through_timeout_ms=10_000, max_pre_infer_backlog_ms=0.0) as rankers:
+        a, _, ours = await _slow_peer(rankers, delay_s=0.0)
+        assert not a.cache.load.calibration.provisional
+        asked = sum(map(read_throughs, ("hit", "miss", "timeout")))
+        outcome, _ = await a.cache.pre_infer(f"user-{ours[0]}", events(history(ours[0])))
+        assert outcome == ranker_pb2.PreInferOutcome.PRE_INFER_OUTCOME_REJECTED_BACKLOG
+        assert not a.read_through._fetches and sum(map(read_throughs, ("hit", "miss", "timeout"))) == asked
