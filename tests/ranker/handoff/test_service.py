@@ -5,6 +5,8 @@ recomputation."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 import types
 
 import grpc
@@ -310,3 +312,38 @@ async def test_a_prefetching_pre_infer_is_refused_for_a_full_backlog_before_it_a
         outcome, _ = await a.cache.pre_infer(f"user-{ours[0]}", events(history(ours[0])))
         assert outcome == ranker_pb2.PreInferOutcome.PRE_INFER_OUTCOME_REJECTED_BACKLOG
         assert not a.read_through._fetches and sum(map(read_throughs, ("hit", "miss", "timeout"))) == asked
+
+
+@run
+async def test_a_push_skips_what_its_ttl_or_its_time_budget_would_not_let_arrive() -> None:
+    """Planned at the handoff's rate (each entry 0.5 s here): an entry whose DRAM TTL runs out before it
+    would arrive is skipped for its TTL, one that would arrive past the budget for time; and an entry
+    whose turn comes once the deadline has passed mid-stream is not sent either."""
+    async with fleet(["a", "b"], dram_ttl_s=60.0) as rankers:
+        for name in rankers.names:
+            await rankers.start(name)
+        await rankers.routable()
+        a, b = rankers.apps["a"], rankers.apps["b"]
+        entries = await cached(a, [0, 1, 2, 3])  # most recently used last
+        now = time.monotonic()
+        a.cache.dram.touch(entries[0].key, now=now - 60.0 + 0.001)  # expires in 1 ms: cannot arrive
+        offset = 0.0
+        settings = dataclasses.replace(
+            a.config, handoff_rate_mb_s=2 * ENTRY_BYTES / 2**20, handoff_budget_s=1.25
+        )
+        pusher = Pusher(a.admission, a.peers, settings, clock=lambda: time.monotonic() + offset)
+        payload = a.admission.payload
+
+        async def late(entry):  # once the first entry is out, the rest of the budget is gone
+            nonlocal offset
+            if entry is not entries[3]:
+                offset = 10.0
+            return await payload(entry)
+
+        a.admission.payload = late
+        summary = await pusher.push()
+        # Sent in recency order: 3 and 2 fit the budget (arriving at 0.5 s and 1 s), 1 would arrive at
+        # 1.5 s; 0's TTL runs out first. Mid-stream, the deadline passed before 2's turn.
+        assert (summary.sent, summary.skipped_ttl, summary.skipped_time, summary.failed) == (1, 1, 2, 0)
+        assert [e.key for e in b.cache.index] == [entries[3].key]
+        assert sum(r.admitted for r in summary.receipts) == 1
