@@ -89,17 +89,26 @@ def test_ranker_torch_threads_agree_with_its_cpu_request(overlay):
     assert threads == quantity(resources["requests"]["cpu"]) <= in_pod
 
 
-def test_ranker_drain_outlasts_its_leases(overlay):
-    """preStop keeps a terminating ranker serving until the prefixes already leased for relayed Ranks
-    expire; then SIGTERM drains for drain_grace_s, all within the termination grace period."""
+def test_every_drain_fits_the_termination_grace(overlay):
+    """A ranker's preStop starts its drain at deletion (SIGTERM to PID 1, the ranker itself: no shared
+    process namespace), so that its cache handoff runs while the routers move its users: the drain and the
+    handoff, then the in-flight calls' grace, fit the termination grace period. The other services' preStop
+    sleeps until their callers have noticed, then SIGTERM drains for drain_grace_s."""
     manifests = objects(f"overlays/{overlay}")
     for name, config in loaded_configs(overlay).items():
         workload = named(manifests, workload_kind(name), name)
         (container,) = containers(workload)
-        pre_stop_s = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
-        assert pod_spec(workload)["terminationGracePeriodSeconds"] >= pre_stop_s + config.drain_grace_s, name
+        command = container["lifecycle"]["preStop"]["exec"]["command"]
+        grace = pod_spec(workload)["terminationGracePeriodSeconds"]
         if name == "ranker":
-            assert pre_stop_s > config.lease_ttl_ms / 1000
+            assert command == ["sh", "-c", "kill -TERM 1"] and not pod_spec(workload).get(
+                "shareProcessNamespace"
+            )
+            drain_s = max(config.drain_min_s, config.drain_grace_s / 2)  # it waits on leases at most this
+            assert drain_s > config.lease_ttl_ms / 1000
+            assert grace >= max(drain_s, config.handoff_budget_s) + config.drain_grace_s, name
+        else:
+            assert command[0] == "sleep" and grace >= int(command[1]) + config.drain_grace_s, name
 
 
 def test_trigger_budgets_fit_the_fleet(overlay):
