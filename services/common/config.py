@@ -36,6 +36,7 @@ def setting(
     distinct: bool = False,
     increasing: bool = False,
     may_be_empty: bool = False,
+    secret: bool = False,
 ) -> Any:
     """A configuration field with its documented default and help text, and the bounds `check()` enforces:
     the value must be greater than `above` (`above=0`: positive), at least `minimum` (`minimum=0`: not
@@ -44,7 +45,8 @@ def setting(
 
     With `items` (int, float or str) the setting is a comma-separated list of such values (`listed()`
     reads it): the bounds and choices apply to each item; `distinct` refuses repeats, `increasing` asks for
-    distinct values in increasing order, and the list may be empty only with `may_be_empty`."""
+    distinct values in increasing order, and the list may be empty only with `may_be_empty`. A `secret`
+    setting is left out of the settings' repr, so that no log or traceback shows it."""
     bounds = {
         "above": above, "minimum": minimum, "below": below, "maximum": maximum,
         "choices": None if choices is None else tuple(choices),
@@ -52,7 +54,7 @@ def setting(
     if items is not None:
         bounds["items"] = {"kind": items, "distinct": distinct or increasing, "increasing": increasing,
                            "may_be_empty": may_be_empty}  # fmt: skip
-    return dataclasses.field(default=default, metadata={"help": help, **bounds})
+    return dataclasses.field(default=default, repr=not secret, metadata={"help": help, **bounds})
 
 
 def numbers(default: str, help: str, kind: type = float, **options: Any) -> Any:

@@ -7,9 +7,10 @@ descriptors, written nowhere else. It knows the protos and no service.
 
 from __future__ import annotations
 
-from relaygr.v1 import common_pb2, ranker_pb2, recommend_pb2, trigger_pb2
+from relaygr.v1 import common_pb2, handoff_pb2, ranker_pb2, recommend_pb2, trigger_pb2
 
 RANKER_SERVICE = ranker_pb2.DESCRIPTOR.services_by_name["RankerService"].full_name
+HANDOFF_SERVICE = handoff_pb2.DESCRIPTOR.services_by_name["CacheHandoffService"].full_name
 TRIGGER_SERVICE = trigger_pb2.DESCRIPTOR.services_by_name["TriggerService"].full_name
 RECOMMEND_SERVICE = recommend_pb2.DESCRIPTOR.services_by_name["RecommendService"].full_name
 

@@ -36,6 +36,7 @@ from services.ranker.engine.recheck import Recheck
 from services.ranker.engine.runner import ModelRunner
 from services.ranker.engine.scheduler import Op, Scheduler
 from services.ranker.handoff import servicer as handoff
+from services.ranker.handoff.auth import Gate
 from services.ranker.handoff.peers import Peers
 from services.ranker.handoff.push import SENT_OUTCOMES, HandoffSummary, Pusher
 from services.ranker.handoff.read_through import READ_THROUGH_OUTCOMES, ReadThrough
@@ -143,8 +144,13 @@ class RankerApp:
         self.plane = DataPlane(config, self.runner, self.cache, self.worker)
         self.servicer = RankerServicer(config, self.plane, str(self.device))
         # Prefixes that outlive this ranker's membership: taken from peers, handed to them on a drain.
-        self.admission = Admission(self.cache, config.max_long_term_events, model.preset.num_action_types)
-        self.handoff = handoff.HandoffServicer(self.admission, config.instance_name)
+        self.admission = Admission(
+            self.cache,
+            config.max_long_term_events,
+            model.preset.num_action_types,
+            staging_bytes=int(config.handoff_staging_mb * MIB),
+        )
+        self.handoff = handoff.HandoffServicer(self.admission, config.instance_name, Gate(config))
         self.peers: Peers | None = None
         self.read_through: ReadThrough | None = None
         if config.routes_directly:  # the ring is known (--rankers or --rankers-srv)

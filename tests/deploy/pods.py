@@ -56,11 +56,14 @@ _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 def environment(manifests: list[Manifest], workload: Manifest, container: Manifest) -> dict[str, str]:
     """The environment Kubernetes would give the container: envFrom ConfigMaps, then `env` in order,
-    with `$(VAR)` references to earlier variables expanded and downward-API fields filled in."""
+    with `$(VAR)` references to earlier variables expanded and downward-API fields filled in. A Secret's
+    values are not in the manifests (they are made in the cluster): its keys are left out."""
     namespace = workload["metadata"].get("namespace", "default")
     fields = {"metadata.name": pod_name(workload), "metadata.namespace": namespace}
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
+        if "configMapRef" not in source:
+            continue
         config_map = named(manifests, "ConfigMap", source["configMapRef"]["name"])
         env.update({source.get("prefix", "") + k: str(v) for k, v in config_map.get("data", {}).items()})
 

@@ -10,6 +10,8 @@ Calls go through generic (bytes in, bytes out) stubs, so anything can be sent.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import re
 from collections.abc import Iterator
 
@@ -18,11 +20,19 @@ import pytest
 from grpc_health.v1 import health_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY
 
-from relaygr.v1 import common_pb2, ranker_pb2, recommend_pb2, trigger_pb2
-from services.common.contract import RANKER_SERVICE, RECOMMEND_SERVICE, TRIGGER_SERVICE
+from relaygr.v1 import common_pb2, handoff_pb2, ranker_pb2, recommend_pb2, trigger_pb2
+from services.common import validation
+from services.common.contract import HANDOFF_SERVICE, RANKER_SERVICE, RECOMMEND_SERVICE, TRIGGER_SERVICE
 from services.launcher.fleet import ROUTER, STUB, TRIGGER, Fleet
 from services.launcher.procs import health_status
+from services.ranker.app import RankerApp
+from services.ranker.cache import kv_wire
+from services.ranker.handoff.receive import receive
+from services.ranker.model.events import Events
+from tests.ranker.handoff.support import made_up, stream
+from tests.ranker.harness import BASE, held_bytes
 from tests.reliability.harness import fleet_config
 from tests.support.metrics import scrape, total
 
@@ -288,3 +298,265 @@ def test_each_refusal_names_the_field_at_fault(caller, target, method, request_,
     code, details = caller(target, method, request_.SerializeToString())
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert details.startswith(f"{field}: "), details
+
+
+# ---- The cache handoff, fuzzed on a ranker in this process, whose bytes are measured ----
+#
+# Push and Fetch are streams between rankers; a peer (or anything that reaches the port from loopback) can
+# send any sequence of chunks. One ranker serves them on loopback from this process, so that after every
+# call its DRAM is read back: whatever was sent, the server answers OK, INVALID_ARGUMENT (a message that is
+# no request) or RESOURCE_EXHAUSTED (one over the size limit), never crashes, leaves no reservation, staged
+# buffer or stray byte behind (the tiers' counters equal the bytes the entries really hold), and indexes
+# only entries that arrived whole with their true checksum.
+
+HANDOFF_PUSH = f"/{HANDOFF_SERVICE}/Push"
+HANDOFF_FETCH = f"/{HANDOFF_SERVICE}/Fetch"
+HANDOFF_EVENTS = 8  # events of an entry a peer could send: 4 KiB of cpu-tiny KV
+# Entries a peer could send, used before (older) or after (newer) the ranker's own. The ranker holds two
+# entries and a half at most, two of its own: an entry that arrives needs room made (it is staged), or finds
+# room an earlier one made, or is refused.
+OLDER, NEWER = (0, 1, 2), (3, 4, 5)
+RESIDENT_USERS = (900, 901)
+OVERSIZED = handoff_pb2.PushRequest(chunk=handoff_pb2.HandoffChunk(data=b"\0" * (MAX_MESSAGE_MB << 20)))
+
+
+class HandoffTarget:
+    """The ranker under fuzz, on its own event loop; the entries it holds of its own, and those a peer
+    could send it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.app = self.run(self._start())
+        self.sendable = {
+            user: made_up(self.app, user, idle_s=200.0 if user in OLDER else 1.0, length=HANDOFF_EVENTS)
+            for user in OLDER + NEWER
+        }
+        self.resident = {
+            user: made_up(self.app, user, idle_s=100.0, length=HANDOFF_EVENTS) for user in RESIDENT_USERS
+        }
+        # The only bytes whose checksum a header can match (whatever the header says they are of).
+        self.true_bytes = {self.data(c) for c in (*self.sendable.values(), *self.resident.values())}
+        self.restore()
+        self.baseline = self.measure()
+
+    def run(self, coroutine):
+        return self.loop.run_until_complete(coroutine)
+
+    async def _start(self):
+        entry_mb = HANDOFF_EVENTS * 512 / 2**20
+        config = dataclasses.replace(
+            BASE, instance_name="fuzzed", max_message_mb=MAX_MESSAGE_MB, max_long_term_events=64,
+            max_connection_age_s=0.0, dram_ttl_s=3600.0, dram_budget_mb=2.5 * entry_mb,
+            handoff_staging_mb=1.5 * entry_mb,
+        )  # fmt: skip
+        app = RankerApp(config)
+        await app.grpc.start()  # the handoff service serves without the warm-up
+        # The client may send more than the server accepts: the server must refuse it itself.
+        options = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}", options=options)
+        return app
+
+    def key(self, chunks):
+        header = chunks[0].entry
+        return self.app.cache.key(
+            header.user_id, Events(*validation.sequence_arrays(header.events, "e", 64, 64, False))
+        )
+
+    @staticmethod
+    def data(chunks) -> bytes:
+        return b"".join(chunk.data for chunk in chunks)
+
+    def call(self, method: str, request) -> tuple[grpc.StatusCode, str, list[bytes]]:
+        """A Push of the messages `request`, or a Fetch of `request`: its status, details and answers."""
+
+        async def answers() -> list[bytes]:
+            if method == HANDOFF_PUSH:
+                return [await self.channel.stream_unary(method)(iter(request), timeout=30)]
+            return [answer async for answer in self.channel.unary_stream(method)(request, timeout=30)]
+
+        async def calling():
+            try:
+                return grpc.StatusCode.OK, "", await answers()
+            except grpc.aio.AioRpcError as exc:
+                return exc.code(), exc.details() or "", []
+
+        return self.run(calling())
+
+    def measure(self) -> tuple[int, int, frozenset]:
+        cache = self.app.cache
+        return held_bytes(cache)["dram"], cache.dram.used_bytes, frozenset(e.key for e in cache.index)
+
+    def check(self) -> None:
+        """Nothing left behind, nothing that did not verify indexed, and the budgets held in real bytes."""
+        cache, admission = self.app.cache, self.app.admission
+        assert admission.staging.used_bytes == 0 and len(admission.staging) == 0
+        assert all(cache.index.get(key) is not None for key, _ in cache.dram.by_last_use())  # no reservation
+        assert len(cache.dram) == len(cache.index.entries)
+        held, used, _ = self.measure()
+        assert held == used <= cache.dram.budget_bytes
+        for entry in cache.index:
+            assert entry.hbm is None and bytes(kv_wire.as_bytes(entry.dram.buffer)) in self.true_bytes
+
+    def restore(self) -> None:
+        """Back to the ranker's own entries only, as they were."""
+        cache = self.app.cache
+        for entry in list(cache.index):
+            cache.moves.remove(entry, "fuzz")
+        chunks = [chunk for entry in self.resident.values() for chunk in entry]
+        self.run(receive(stream(chunks), self.app.admission))
+
+    def close(self) -> None:
+        self.run(self.channel.close())
+        self.run(self.app.grpc.server.stop(None))
+        self.run(self.app.close())
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def handoff() -> Iterator[HandoffTarget]:
+    target = HandoffTarget()
+    yield target
+    # Nothing that any test sent made the service answer UNKNOWN or INTERNAL.
+    for method in ("Push", "Fetch"):
+        for code in ("UNKNOWN", "INTERNAL"):
+            labels = {"grpc_service": HANDOFF_SERVICE, "grpc_method": method, "grpc_code": code}
+            for kind in ("client_stream", "server_stream"):
+                assert not REGISTRY.get_sample_value(
+                    "grpc_server_handled_total", {"grpc_type": kind, **labels}
+                )
+    target.close()
+
+
+HANDOFF_HEADER_FIELDS = {
+    "user_id": TEXT,
+    "model_version": TEXT,
+    "events": sequences(),
+    "layout": st.builds(
+        handoff_pb2.KvLayout,
+        dtype=st.sampled_from(["float32", "bfloat16", "float16", "int8", ""]),
+        layers=SMALL_OR_HOSTILE,
+        heads=SMALL_OR_HOSTILE,
+        head_dim=st.one_of(st.just(16), INT32),
+        tokens_per_event=SMALL_OR_HOSTILE,
+    ),
+    "nbytes": st.one_of(st.just(HANDOFF_EVENTS * 512), INT64),
+    "crc32": st.integers(0, 2**32 - 1),
+    "lossy": st.booleans(),
+    "idle_s": st.floats(allow_nan=True, allow_infinity=True),
+}
+
+
+@st.composite
+def handoff_entries(draw, sendable) -> list[handoff_pb2.HandoffChunk]:
+    """One entry's chunks: half the time a true entry, split anywhere; else with some header fields hostile,
+    its bytes whole, flipped, cut or lengthened, and its `last` where it belongs, missing, early or twice."""
+    chunks = draw(st.sampled_from(list(sendable.values())))
+    header = handoff_pb2.HandoffEntry()
+    header.CopyFrom(chunks[0].entry)
+    data = bytearray(b"".join(chunk.data for chunk in chunks))
+    last = "end"
+    if draw(st.booleans()):
+        for field in draw(st.sets(st.sampled_from(sorted(HANDOFF_HEADER_FIELDS)), max_size=3)):
+            value = draw(HANDOFF_HEADER_FIELDS[field])
+            if field in ("events", "layout"):
+                getattr(header, field).CopyFrom(value)
+            else:
+                setattr(header, field, value)
+        if draw(st.booleans()):
+            data[draw(st.integers(0, len(data) - 1))] ^= 1 << draw(st.integers(0, 7))
+        data = data[: draw(st.sampled_from([len(data), len(data), 0, len(data) // 2, len(data) - 1]))]
+        data += draw(st.sampled_from([b"", b"", b"\0", b"extra bytes"]))
+        last = draw(st.sampled_from(["end", "end", "missing", "early", "twice"]))
+    cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=3)))
+    pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+    out = []
+    for i, piece in enumerate(pieces):
+        final = i == len(pieces) - 1
+        marked = (last in ("end", "twice") and final) or (last == "early" and i == 0)
+        out.append(handoff_pb2.HandoffChunk(entry=header if i == 0 else None, data=bytes(piece), last=marked))
+    if last == "twice":
+        out.append(handoff_pb2.HandoffChunk(data=b"", last=True))
+    return out
+
+
+@st.composite
+def handoff_pushes(draw, sendable) -> list[bytes]:
+    """A Push's messages: entries as `handoff_entries` makes them and stray chunks (a random header or none,
+    random data, `last` or not); at times ended by a message that is no PushRequest or one over the size
+    limit (the server reads nothing after either: messages after it would only race its answer)."""
+    messages = []
+    for _ in range(draw(st.integers(0, 5))):
+        if draw(st.integers(0, 3)):
+            chunks = draw(handoff_entries(sendable))
+        else:
+            fields = {k: draw(optional(v)) for k, v in HANDOFF_HEADER_FIELDS.items()}
+            header = handoff_pb2.HandoffEntry(**{k: v for k, v in fields.items() if v is not None})
+            data, last = draw(st.binary(max_size=5000)), draw(st.booleans())
+            chunks = [handoff_pb2.HandoffChunk(entry=draw(optional(st.just(header))), data=data, last=last)]
+        messages += [handoff_pb2.PushRequest(chunk=chunk).SerializeToString() for chunk in chunks]
+    ending = draw(st.sampled_from(["none"] * 8 + ["garbage", "oversized"]))
+    if ending == "garbage":
+        messages.append(draw(st.binary(min_size=1, max_size=200)))
+    elif ending == "oversized":
+        messages.append(OVERSIZED.SerializeToString())
+    return messages
+
+
+def test_any_push_leaves_nothing_behind_and_indexes_only_verified_entries(handoff: HandoffTarget):
+    @FUZZ
+    @given(messages=handoff_pushes(handoff.sendable))
+    def check(messages: list[bytes]) -> None:
+        code, details, _ = handoff.call(HANDOFF_PUSH, messages)
+        assert_refused_usefully(code, details)
+        handoff.check()
+        handoff.restore()
+        assert handoff.measure() == handoff.baseline
+
+    check()
+    # Still serving: a true entry, used after the ranker's own, is admitted whole (evicting one of them).
+    chunks = handoff.sendable[NEWER[0]]
+    code, _, (receipt,) = handoff.call(
+        HANDOFF_PUSH, [handoff_pb2.PushRequest(chunk=c).SerializeToString() for c in chunks]
+    )
+    assert code == grpc.StatusCode.OK and handoff_pb2.PushResponse.FromString(receipt).admitted == 1
+    handoff.check()
+    handoff.restore()
+
+
+@st.composite
+def fetch_requests(draw, target: HandoffTarget) -> bytes:
+    """A Fetch of a held entry's user and events, or of a sendable (not held) one's: half the time true,
+    else with fields left out or hostile."""
+    app = target.app
+    chunks = draw(st.sampled_from([*target.resident.values(), *target.sendable.values()]))
+    header = chunks[0].entry
+    fields = {
+        "user_id": header.user_id,
+        "model_version": app.runner.model_version,
+        "layout": app.admission.layout,
+        "long_term": header.events,
+    }
+    if draw(st.booleans()):
+        hostile = {"user_id": TEXT, "model_version": TEXT, "layout": HANDOFF_HEADER_FIELDS["layout"]}
+        for field in draw(st.sets(st.sampled_from(sorted(fields)), max_size=3)):
+            fields[field] = draw(optional(hostile.get(field, sequences())))
+    return handoff_pb2.FetchRequest(**{k: v for k, v in fields.items() if v is not None}).SerializeToString()
+
+
+def test_any_fetch_sends_only_whole_held_entries_and_changes_nothing(handoff: HandoffTarget):
+    @FUZZ
+    @given(request=st.one_of(fetch_requests(handoff), st.binary(max_size=2000)))
+    def check(request: bytes) -> None:
+        code, details, answers = handoff.call(HANDOFF_FETCH, request)
+        assert_refused_usefully(code, details)
+        chunks = [handoff_pb2.FetchResponse.FromString(answer).chunk for answer in answers]
+        if chunks:  # one entry, whole, which the ranker holds, with its true bytes and checksum
+            header, data = chunks[0].entry, b"".join(chunk.data for chunk in chunks)
+            assert chunks[-1].last and not any(chunk.last for chunk in chunks[:-1])
+            assert kv_wire.crc32(memoryview(data)) == header.crc32 and len(data) == header.nbytes
+            key = handoff.key(chunks)
+            held = handoff.app.cache.index.get(key)
+            assert held is not None and bytes(kv_wire.as_bytes(held.dram.buffer)) == data
+        assert handoff.measure() == handoff.baseline
+
+    check()

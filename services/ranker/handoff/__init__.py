@@ -5,7 +5,8 @@ a miss. A ranker knows the ring the routers use (`peers`, from `--rankers` or `-
 
 - on its drain, pushes its resident prefixes to each user's next owner (`push`), most recently used
   first, within a time budget and a rate;
-- receives what peers push, into DRAM only, safely (`services.ranker.cache.admission`, `receive`);
+- receives what peers push, into DRAM only, safely (`services.ranker.cache.admission`, `receive`), and
+  serves Push and Fetch to other rankers only (`auth`);
 - for a grace window after start-up or a ring change, reads a miss of a user the routers send to it
   through from the peer that served the user meanwhile (`read_through`), and answers such reads
   (`servicer`).

@@ -29,6 +29,7 @@ from services.ranker import metrics
 from services.ranker.cache import kv_wire as codec
 from services.ranker.cache.admission import Admission
 from services.ranker.cache.index import CacheEntry, PrefixKey
+from services.ranker.handoff.auth import call_metadata
 from services.ranker.handoff.peers import Peers
 from services.ranker.handoff.settings import HandoffSettings
 
@@ -87,6 +88,7 @@ class Pusher:
         self.peers = peers
         self.budget_s = settings.handoff_budget_s
         self.bytes_per_s = settings.handoff_rate_mb_s * MIB
+        self.metadata = call_metadata(settings)
         self.clock = clock
         self.started = clock()
         self.deadline = self.started + self.budget_s
@@ -152,7 +154,9 @@ class Pusher:
 
         stub = handoff_pb2_grpc.CacheHandoffServiceStub(member.channel)
         try:
-            receipt = await stub.Push(chunks(), timeout=max(0.001, deadline - self.clock()))
+            receipt = await stub.Push(
+                chunks(), timeout=max(0.001, deadline - self.clock()), metadata=self.metadata
+            )
         except grpc.aio.AioRpcError as exc:
             log.warning("handoff to %s failed (%s): %s", member.name, exc.code().name, exc.details())
             summary.count("failed", len(streamed))

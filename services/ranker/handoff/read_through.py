@@ -38,6 +38,7 @@ from services.ranker import metrics
 from services.ranker.cache import kv_wire as codec
 from services.ranker.cache.admission import Admission
 from services.ranker.engine.load import LoadBook
+from services.ranker.handoff.auth import call_metadata
 from services.ranker.handoff.peers import Peers
 from services.ranker.handoff.receive import receive
 from services.ranker.handoff.settings import HandoffSettings
@@ -86,6 +87,7 @@ class ReadThrough:
         self.timeout_s = settings.read_through_timeout_ms / 1000
         self.max_fetches = settings.read_through_max_fetches
         self.backoff_s = settings.read_through_backoff_s
+        self.metadata = call_metadata(settings)
         self.load = load
         self.clock = clock
         self.transfer = TransferModel()
@@ -172,7 +174,8 @@ class ReadThrough:
         started = self.clock()
         stub = handoff_pb2_grpc.CacheHandoffServiceStub(member.channel)
         try:
-            tally = await receive(stub.Fetch(request, timeout=timeout_s), self.admission, wanted=events)
+            fetch = stub.Fetch(request, timeout=timeout_s, metadata=self.metadata)
+            tally = await receive(fetch, self.admission, wanted=events)
         except grpc.aio.AioRpcError as exc:
             timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             metrics.READ_THROUGH.labels("timeout" if timed_out else "error").inc()

@@ -2,7 +2,8 @@
 Fetch's `FetchResponse`s, each carrying one), each entry admitted into DRAM at its last chunk
 (`services.ranker.cache.admission`). The same loop serves a drain's Push and a read-through's Fetch. An
 entry whose stream ends, breaks or starts another entry before its last chunk is torn: its reservation
-and DRAM copy are given back, and nothing of it is indexed."""
+and buffer are given back, and nothing of it is indexed. The entries a stream admitted are never evicted
+by its later ones, so its tally's `admitted` are all held when it ends."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import AsyncIterable
 from relaygr.v1 import handoff_pb2
 from services.ranker import metrics
 from services.ranker.cache.admission import ADMITTED, HELD, Admission, Incoming
+from services.ranker.cache.index import PrefixKey
 from services.ranker.model.events import Events
 
 Refusal = handoff_pb2.HandoffRefusal
@@ -55,6 +57,7 @@ async def receive(
     """Admits the entries of the chunks `messages` carry; their tally. An exception of the stream (the
     sender died) is raised after the entry it tore has been given back."""
     tally = Tally()
+    admitted: set[PrefixKey] = set()  # by this stream: its later entries may not evict them
     current: Incoming | None = None
     started = False  # an entry's header was read and its last chunk not yet
     try:
@@ -65,12 +68,12 @@ async def receive(
             if chunk.HasField("entry"):
                 if started:
                     _tear(admission, current, tally)
-                current, started = _begin(admission, chunk.entry, wanted, tally), True
+                current, started = _begin(admission, chunk.entry, wanted, admitted, tally), True
             if current is not None:
                 current.assembly.write(chunk.data)
             if chunk.last and started:
                 if current is not None:
-                    _finish(admission, current, tally)
+                    _finish(admission, current, admitted, tally)
                 current, started = None, False
     finally:
         if started:
@@ -78,16 +81,18 @@ async def receive(
     return tally
 
 
-def _begin(admission: Admission, entry, wanted: Events | None, tally: Tally) -> Incoming | None:
-    incoming = admission.begin(entry, wanted)
+def _begin(
+    admission: Admission, entry, wanted: Events | None, admitted: set[PrefixKey], tally: Tally
+) -> Incoming | None:
+    incoming = admission.begin(entry, wanted, protected=admitted)
     if isinstance(incoming, Incoming):
         return incoming
     _refused(incoming, tally)
     return None
 
 
-def _finish(admission: Admission, incoming: Incoming, tally: Tally) -> None:
-    outcome = admission.finish(incoming)
+def _finish(admission: Admission, incoming: Incoming, admitted: set[PrefixKey], tally: Tally) -> None:
+    outcome = admission.finish(incoming, admitted)
     if outcome != ADMITTED:
         _refused(outcome, tally)
         return

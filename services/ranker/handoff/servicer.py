@@ -1,4 +1,5 @@
-"""CacheHandoffService over gRPC: a drain's Push received, and a peer's Fetch answered."""
+"""CacheHandoffService over gRPC: a drain's Push received, and a peer's Fetch answered, each only for
+another ranker of the fleet (`services.ranker.handoff.auth`)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,24 @@ from services.common import validation
 from services.common.errors import InvalidArgument
 from services.ranker.cache import kv_wire as codec
 from services.ranker.cache.admission import Admission
+from services.ranker.handoff.auth import Gate
 from services.ranker.handoff.receive import receive
 from services.ranker.model.events import Events
 
 
 class HandoffServicer(handoff_pb2_grpc.CacheHandoffServiceServicer):
-    def __init__(self, admission: Admission, instance: str) -> None:
+    def __init__(self, admission: Admission, instance: str, gate: Gate) -> None:
         self.admission = admission
         self.instance = instance
+        self.gate = gate
 
     async def Push(self, request_iterator, context: grpc.aio.ServicerContext) -> handoff_pb2.PushResponse:
+        await self.gate.check(context, "Push")
         tally = await receive(request_iterator, self.admission)
         return tally.receipt(self.instance)
 
     async def Fetch(self, request: handoff_pb2.FetchRequest, context: grpc.aio.ServicerContext):
+        await self.gate.check(context, "Fetch")
         admission = self.admission
         try:
             validation.user_id(request.user_id)

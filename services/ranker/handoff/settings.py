@@ -1,5 +1,6 @@
 """Settings of the cache handoff (`services.ranker.handoff`): how long and how fast a draining ranker hands
-its prefixes off, and for how long a ranker reads misses through from its peers after the ring changed."""
+its prefixes off, how much a receiver stages, who may call a ranker's CacheHandoffService, and for how
+long a ranker reads misses through from its peers after the ring changed."""
 
 from __future__ import annotations
 
@@ -22,6 +23,28 @@ class HandoffSettings:
         200.0,
         "MiB a second a drain pushes at most, to all peers together, so that the receivers keep serving",
         above=0,
+    )
+    handoff_staging_mb: float = setting(
+        128.0,
+        "MiB of host memory, beside the DRAM budget, that a receiver holds at most in entries still arriving "
+        "from peers that need DRAM room made: their victims are evicted only once the entry is whole and "
+        "its checksum verified; an entry that fits the DRAM tier's free bytes arrives straight into DRAM, "
+        "and one that needs room beyond this is refused (0: entries are admitted only into free DRAM)",
+        minimum=0,
+    )
+    handoff_peer_names: str = setting(
+        "*.ranker-headless.relaygr.svc.cluster.local",
+        "under mutual TLS (--tls-ca), the certificate names (a DNS name or IP of its subject alternative "
+        "names, or its common name, as issued) of which a caller of CacheHandoffService must carry one: the "
+        "rankers' (deploy/components/tls/certificates.yaml); comma-separated",
+        items=str,
+    )
+    handoff_secret: str = setting(
+        "",
+        "without mutual TLS, a secret shared by the fleet's rankers that every caller of CacheHandoffService "
+        "must present (the rankers send it); empty: only callers on loopback are served. Set it through the "
+        "environment (from a Kubernetes Secret): a flag's value shows in the process list",
+        secret=True,
     )
     read_through_grace_s: float = setting(
         120.0,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.ranker.cache.tiers import LruPolicy, SizeAwarePolicy, Tier
+from services.ranker.cache.tiers import LruPolicy, Recency, SizeAwarePolicy, Tier
 
 
 @settings(max_examples=60, deadline=None)
@@ -89,3 +89,46 @@ def test_make_room_evicts_in_lru_order_until_it_fits_skipping_what_evict_keeps(s
     assert [key for key in offered if key not in kept] == expected_gone
     assert len(offered) == len(set(offered))  # each key offered once
     assert all(key not in tier for key in expected_gone) and all(key in tier for key in kept & held)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["use", "forget"]), st.integers(0, 12), st.integers(0, 20))))
+def test_keys_are_ordered_by_last_use_whatever_order_the_uses_are_recorded_in(operations):
+    """A use stamped earlier than the newest (an entry handed off, stamped with its last use on its sender)
+    takes its place by its time; uses at the same time keep the order they were recorded in."""
+    recency, model = Recency(), {}
+    for step, (op, key, at) in enumerate(operations):
+        if op == "use":
+            recency.place(key, float(at))
+            model[key] = (float(at), step)
+        elif key in model:
+            recency.forget(key)
+            del model[key]
+        expected = sorted(model, key=model.__getitem__)
+        assert [(key, at) for key, at in recency.walk()] == [(key, model[key][0]) for key in expected]
+        assert recency.oldest() == (model[expected[0]][0] if expected else None)
+        assert len(recency) == len(model)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    times=st.lists(st.integers(0, 50), min_size=1, max_size=60),
+    behind=st.lists(st.integers(0, 50), max_size=10),
+)
+def test_a_walk_reads_the_order_as_it_goes_and_visits_each_key_once(times, behind):
+    """Forgetting the keys walked (as eviction does), enough of them to compact the order under the walk,
+    and placing uses behind the walk's position: every key is yielded once, in order, and those placed
+    behind are not."""
+    recency = Recency()
+    for key, at in enumerate(times):
+        recency.place(key, float(at))
+    expected = sorted(range(len(times)), key=lambda key: (times[key], key))
+    walked, extra = [], iter(behind)
+    for key, at in recency.walk():
+        walked.append(key)
+        recency.forget(key)
+        late = next(extra, None)
+        if late is not None:  # a new key, used before the one just walked
+            recency.place(("behind", len(walked)), min(float(late), at) - 1.0)
+    assert walked == expected
+    assert all(isinstance(key, tuple) for key, _ in recency.walk())  # only those placed behind are left

@@ -67,6 +67,24 @@ async def wire(app: RankerApp, entries: Iterable[CacheEntry]) -> list[handoff_pb
     return chunks
 
 
+def made_up(
+    app: RankerApp, user: int, idle_s: float = 0.0, length: int = 40, seed: int | None = None
+) -> list[handoff_pb2.HandoffChunk]:
+    """The chunks of an entry of `user` (`history(user, length)`) as a peer would send it to `app`: its model
+    version and KV layout (one KV row an event), KV bytes made up (random, deterministic by `seed`, the user
+    by default) with their true CRC-32, and `idle_s`. For receiving without computing anything."""
+    item_ids = history(user, length)
+    nbytes = length * app.cache.moves.dram_bytes_per_token
+    generator = torch.Generator().manual_seed(user if seed is None else seed)
+    data = memoryview(torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=generator).numpy())
+    header = handoff_pb2.HandoffEntry(
+        user_id=f"user-{user}", model_version=app.runner.model_version,
+        events=kv_wire.sequence(events(item_ids)), layout=app.admission.layout, nbytes=nbytes,
+        crc32=kv_wire.crc32(data), idle_s=idle_s,
+    )  # fmt: skip
+    return list(kv_wire.chunks(header, data))
+
+
 async def stream(chunks: Iterable[handoff_pb2.HandoffChunk]) -> AsyncIterator[handoff_pb2.PushRequest]:
     for chunk in chunks:
         yield handoff_pb2.PushRequest(chunk=chunk)

@@ -4,17 +4,23 @@ counter); a Rank from an admitted entry equals a full recomputation."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 import pytest
 import torch
 
 from relaygr.v1 import handoff_pb2, ranker_pb2
+from services.ranker.cache import kv_wire
 from services.ranker.cache.acquired import Source
+from services.ranker.handoff.receive import receive
 from tests.exact import assert_scores_equal
 from tests.ranker.handoff.support import (
     cached,
     deliver,
     history,
     item_action_model,
+    made_up,
     ranked,
     reference,
     run,
@@ -224,3 +230,115 @@ async def test_item_action_entries_arrive_as_two_kv_rows_an_event_and_rank_exact
                 del field[len(field) - 1 :]
             tally = await deliver(other, _with(chunks[:1], events=short.events))
             assert (tally.admitted, dict(tally.refused)) == (0, {Refusal.HANDOFF_REFUSAL_INVALID: 1})
+
+
+ENTRY_BYTES = 40 * 512  # cpu-tiny: 512 bytes of KV a token, 40 events a history
+MIB = 2**20
+
+
+def counted_walks(tier) -> Callable[[], int]:
+    """Counts the keys the tier's walks of its order yield (its eviction order, and its order of last use):
+    the entries an admission visits. The count so far, when called."""
+    visited = [0]
+    for name in ("victims", "by_last_use"):
+        walk = getattr(tier, name, None)
+        if walk is None:
+            continue
+
+        def counting(walk=walk):
+            for item in walk():
+                visited[0] += 1
+                yield item
+
+        setattr(tier, name, counting)
+    return lambda: visited[0]
+
+
+@run
+async def test_an_entry_refused_for_budget_visits_no_more_than_the_entries_older_than_it() -> None:
+    """A full tier of many entries, all used after the incoming ones were: each incoming entry is refused
+    after visiting at most the first entry of the tier's order (nothing after it can be a victim), not the
+    whole tier; and entries that do evict visit their victims, not the tier."""
+    n, refused, fresh = 300, 20, 10
+    async with cache_app(instance_name="b", dram_budget_mb=n * ENTRY_BYTES / MIB, dram_ttl_s=600) as receiver:
+        dram = receiver.cache.dram
+        tally = await deliver(receiver, [c for user in range(n) for c in made_up(receiver, user, idle_s=0.0)])
+        assert tally.admitted == n and dram.free_bytes() == 0
+        visits = counted_walks(dram)
+        old = [c for user in range(1000, 1000 + refused) for c in made_up(receiver, user, idle_s=300.0)]
+        tally = await deliver(receiver, old)
+        assert (tally.admitted, dict(tally.refused)) == (0, {Refusal.HANDOFF_REFUSAL_BUDGET: refused})
+        assert visits() <= refused
+        # The oldest `fresh` entries of the tier made older than what comes next: each evicts one of them.
+        clock = receiver.cache.clock()
+        for user in range(fresh):
+            dram.touch(receiver.cache.key(f"user-{user}", events(history(user))), now=clock - 500.0)
+        before = visits()
+        new = [c for user in range(2000, 2000 + fresh) for c in made_up(receiver, user, idle_s=0.0)]
+        tally = await deliver(receiver, new)
+        assert tally.admitted == fresh and not tally.refused
+        assert visits() - before <= 2 * 2 * fresh  # the victim and the entry after it, when judged and taken
+        assert all(receiver.cache.index.of_user(f"user-{user}") == [] for user in range(fresh))
+        assert held_bytes(receiver.cache)["dram"] == dram.used_bytes == n * ENTRY_BYTES
+
+
+@run
+async def test_nothing_is_evicted_for_an_entry_before_its_bytes_are_whole_and_verified(monkeypatch) -> None:
+    """An entry that needs room made arrives into a staging buffer of its own: while it arrives, and when
+    its checksum fails, the entries it would evict stay, and DRAM never holds more than its budget; a
+    verified one then evicts and is admitted."""
+    monkeypatch.setattr(kv_wire, "CHUNK_BYTES", 4096)  # five chunks an entry
+    async with cache_app(instance_name="b", dram_budget_mb=2 * ENTRY_BYTES / MIB, dram_ttl_s=600) as receiver:
+        cache = receiver.cache
+        await deliver(receiver, [c for user in (1, 2) for c in made_up(receiver, user, idle_s=100.0)])
+        old = list(cache.index)
+        assert len(old) == 2 and cache.dram.free_bytes() == 0
+
+        def unchanged() -> None:
+            assert [e.key for e in cache.index] == [e.key for e in old]
+            assert held_bytes(cache)["dram"] == cache.dram.used_bytes == 2 * ENTRY_BYTES
+
+        async def watched(chunks):
+            for i, chunk in enumerate(chunks):
+                if i:  # the chunks before it have been received
+                    unchanged()
+                    assert receiver.admission.staging.used_bytes == ENTRY_BYTES  # its bytes, staged
+                yield handoff_pb2.PushRequest(chunk=chunk)
+
+        chunks = made_up(receiver, 3, idle_s=0.0)
+        assert len(chunks) == 5
+        tally = await receive(watched([*chunks[:-1], _flipped(chunks[-1])]), receiver.admission)
+        assert (tally.admitted, dict(tally.refused)) == (0, {Refusal.HANDOFF_REFUSAL_CHECKSUM: 1})
+        unchanged()
+        assert receiver.admission.staging.used_bytes == 0 and len(receiver.admission.staging) == 0
+        tally = await receive(watched(chunks), receiver.admission)
+        assert tally.admitted == 1 and not tally.refused
+        (new,) = cache.index.of_user("user-3")
+        assert len(cache.index.entries) == 2 and cache.index.get(old[0].key) is None  # the oldest went
+        assert kv_wire.crc32(kv_wire.as_bytes(new.dram.buffer)) == chunks[0].entry.crc32
+        assert held_bytes(cache)["dram"] == cache.dram.used_bytes == 2 * ENTRY_BYTES
+        assert receiver.admission.staging.used_bytes == 0
+
+
+@pytest.mark.parametrize("idle_s", [float("nan"), float("inf"), float("-inf"), -1.0, 61.0])
+@run
+async def test_an_idle_time_that_is_no_time_or_past_the_ttl_is_refused_as_invalid(idle_s, caplog) -> None:
+    async with cache_app(instance_name="b", dram_ttl_s=60) as receiver:
+        with caplog.at_level(logging.WARNING):
+            tally = await deliver(receiver, made_up(receiver, 1, idle_s=idle_s))
+        assert (tally.admitted, dict(tally.refused)) == (0, {Refusal.HANDOFF_REFUSAL_INVALID: 1})
+        assert not receiver.cache.index.entries and receiver.cache.dram.used_bytes == 0
+        assert held_bytes(receiver.cache) == {"hbm": 0, "dram": 0}
+        assert "entry.idle_s" in caplog.text
+
+
+@run
+async def test_an_admitted_entry_is_stamped_with_its_last_use_on_the_sender() -> None:
+    async with cache_app(instance_name="b", dram_ttl_s=60) as receiver:
+        before = receiver.cache.clock()
+        tally = await deliver(receiver, made_up(receiver, 1, idle_s=42.0))
+        after = receiver.cache.clock()
+        assert tally.admitted == 1
+        (entry,) = receiver.cache.index.of_user("user-1")
+        assert before - 42.0 <= receiver.cache.dram.last_used(entry.key) <= after - 42.0
+        assert receiver.cache.dram.oldest_use() == receiver.cache.dram.last_used(entry.key)

@@ -10,16 +10,21 @@ import time
 import types
 
 import grpc
+import pytest
 import torch
 from prometheus_client import REGISTRY
 
-from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
+from relaygr.v1 import common_pb2, handoff_pb2, handoff_pb2_grpc, ranker_pb2, ranker_pb2_grpc
+from relaygr.v1.handoff_pb2 import HandoffRefusal
+from services.common.contract import HANDOFF_SERVICE
+from services.ranker.cache import kv_wire
 from services.ranker.cache.acquired import Source
 from services.ranker.handoff.push import Pusher
 from services.ranker.handoff.read_through import GIVE_UP_AFTER, TransferModel
 from tests.exact import assert_scores_equal
 from tests.ranker.handoff.support import cached, fleet, history, item_action_model, ranked, reference, run
-from tests.ranker.harness import CANDIDATES, SHORT, events, settle
+from tests.ranker.harness import CANDIDATES, SHORT, events, held_bytes, settle
+from tests.support.polling import eventually_equal
 from tests.support.requests import rank_request
 
 USERS = range(12)
@@ -347,3 +352,71 @@ async def test_a_push_skips_what_its_ttl_or_its_time_budget_would_not_let_arrive
         assert (summary.sent, summary.skipped_ttl, summary.skipped_time, summary.failed) == (1, 1, 2, 0)
         assert [e.key for e in b.cache.index] == [entries[3].key]
         assert sum(r.admitted for r in summary.receipts) == 1
+
+
+def rpcs(kind: str, method: str, code: str) -> float:
+    labels = {"grpc_type": kind, "grpc_service": HANDOFF_SERVICE, "grpc_method": method, "grpc_code": code}
+    return REGISTRY.get_sample_value("grpc_server_handled_total", labels) or 0.0
+
+
+@run
+async def test_a_pushs_receipt_counts_only_entries_the_receiver_holds_when_it_ends() -> None:
+    """Entries resident in HBM go out as used just now (`idle_s` 0), each a little later on the receiver's
+    clock than the one before: none may evict one that the same stream admitted, so a receiver that fits
+    two of five admits two, holds two, and says two."""
+    overrides = dict(dram_budget_mb=2.5 * ENTRY_BYTES / 2**20, lease_ttl_ms=600_000, read_through_grace_s=0)
+    async with fleet(["a", "b"], **overrides) as rankers:
+        for name in rankers.names:
+            await rankers.start(name)
+        await rankers.routable()
+        a, b = rankers.apps["a"], rankers.apps["b"]
+        users = range(5)
+        for user in users:
+            await a.cache.pre_infer(f"user-{user}", events(history(user)))
+        await settle(a)
+        resident = a.admission.resident()
+        assert len(resident) == 5 and all(e.hbm is not None and e.lease is not None for e in resident)
+        summary = await Pusher(a.admission, a.peers, a.config).push()
+        assert (summary.sent, summary.failed) == (5, 0)
+        (receipt,) = summary.receipts
+        present = [e for e in b.cache.index if e.dram is not None]
+        assert receipt.admitted == len(present) == 2
+        assert receipt.admitted_bytes == held_bytes(b.cache)["dram"] == 2 * ENTRY_BYTES
+        refused = {(r.reason, r.entries) for r in receipt.refused}
+        assert refused == {(HandoffRefusal.HANDOFF_REFUSAL_BUDGET, 3)}
+
+
+@run
+async def test_push_and_fetch_are_counted_in_the_rpc_metrics_with_their_codes() -> None:
+    async with fleet(["a", "b"], read_through_grace_s=0) as rankers:
+        for name in rankers.names:
+            await rankers.start(name)
+        await rankers.routable()
+        a, b = rankers.apps["a"], rankers.apps["b"]
+        pushed, fetched = rpcs("client_stream", "Push", "OK"), rpcs("server_stream", "Fetch", "OK")
+        invalid = rpcs("server_stream", "Fetch", "INVALID_ARGUMENT")
+        entries = await cached(a, [0])
+        summary = await Pusher(a.admission, a.peers, a.config).push()
+        assert sum(r.admitted for r in summary.receipts) == 1
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{b.grpc.port}") as channel:
+            stub = handoff_pb2_grpc.CacheHandoffServiceStub(channel)
+            request = handoff_pb2.FetchRequest(
+                user_id="user-0", model_version=b.runner.model_version, layout=b.admission.layout,
+                long_term=kv_wire.sequence(entries[0].events),
+            )  # fmt: skip
+            answers = [answer async for answer in stub.Fetch(request, timeout=10)]
+            assert sum(len(answer.chunk.data) for answer in answers) == ENTRY_BYTES
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                [answer async for answer in stub.Fetch(handoff_pb2.FetchRequest(), timeout=10)]
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # The server counts a call just after its client has the status: wait for it, not for a time.
+        await eventually_equal(
+            lambda: (rpcs("client_stream", "Push", "OK"), rpcs("server_stream", "Fetch", "OK"),
+                     rpcs("server_stream", "Fetch", "INVALID_ARGUMENT")),
+            (pushed + 1, fetched + 1, invalid + 1), what="(Push OK, Fetch OK, Fetch INVALID_ARGUMENT)",
+        )  # fmt: skip
+        started = REGISTRY.get_sample_value(
+            "grpc_server_handling_seconds_count",
+            {"grpc_type": "client_stream", "grpc_service": HANDOFF_SERVICE, "grpc_method": "Push"},
+        )
+        assert started is not None and started >= 1
