@@ -8,6 +8,7 @@ slowdown, the same analysis over every block, the Ranks over the SLO by why, and
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from bench.headline.analysis import trial_p99
@@ -181,11 +182,15 @@ def draw(results: HeadlineResults, out_dir: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     steps = analysis.steps
-    xs = [s.multiple for s in steps]
-    ys = [s.ratio.value for s in steps]
-    errors = [[(s.ratio.value or 0) - (s.ratio.low or 0) for s in steps],
-              [(s.ratio.high or s.ratio.value or 0) - (s.ratio.value or 0) for s in steps]]  # fmt: skip
-    ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=4, label="RelayGR: P99 / baseline's P99 at L")
+    # A block bootstrap's percentile interval need not hold the pooled estimate: the interval is drawn as
+    # its own bar, and a ratio with no finite P99 (over 1 % unanswered) is left out of the plot.
+    shown = [s for s in steps if s.ratio.value is not None and math.isfinite(s.ratio.value)]
+    ax.plot([s.multiple for s in shown], [s.ratio.value for s in shown], "o-",
+            label="RelayGR: P99 / baseline's P99 at L [95 %]")  # fmt: skip
+    bars = [s for s in steps if s.ratio.low is not None and s.ratio.high is not None
+            and math.isfinite(s.ratio.high)]  # fmt: skip
+    ax.vlines([s.multiple for s in bars], [s.ratio.low for s in bars], [s.ratio.high for s in bars],
+              color="#1c7ed6")  # fmt: skip
     base = next(arm for arm in analysis.arms if arm.mode == BASELINE)
     admit = [arm for arm in analysis.arms if arm.mode == ADMIT_ALL]
     if admit:

@@ -133,3 +133,19 @@ def test_the_settings_name_the_field_they_refuse():
     with pytest.raises(ValueError, match="--blocks must be a positive multiple of 14"):
         stats.block_orders(ARMS, 10, 0)
     assert math.isclose(load_rate(35.0), 20.0)
+
+
+def test_the_plot_draws_an_interval_that_does_not_hold_its_estimate_and_leaves_out_an_infinite_ratio(fast):
+    """A block bootstrap's percentile interval can lie beside the pooled estimate, and a P99 with over 1 %
+    unanswered is infinite: the plot still draws the interval as it is, and leaves the infinite ratio out."""
+    from bench.headline.report import PLOT, draw
+
+    results = fake_results("h", ["--blocks", "14"])
+    steps = list(results.kept.steps)
+    steps[1] = dataclasses.replace(steps[1], ratio=dataclasses.replace(steps[1].ratio, low=9.0, high=12.0))
+    steps[2] = dataclasses.replace(steps[2], ratio=dataclasses.replace(steps[2].ratio, value=None, high=None))
+    results = dataclasses.replace(results, kept=dataclasses.replace(results.kept, steps=steps))
+    out = fast / "plot"
+    out.mkdir()
+    draw(results, out)
+    assert (out / PLOT).stat().st_size > 1000
