@@ -295,7 +295,7 @@ async def test_a_peer_that_times_out_is_learnt_and_rested_and_its_users_computed
 @run
 async def test_fetches_in_flight_are_bounded_and_a_miss_beyond_them_computes() -> None:
     async with fleet(["a", "b"], read_through_timeout_ms=10_000, read_through_max_fetches=1) as rankers:
-        a, _, ours = await _slow_peer(rankers, delay_s=1.0)
+        a, _, ours = await _slow_peer(rankers, delay_s=0.5)
         first, second = ours[:2]
         await a.cache.pre_infer(f"user-{first}", events(history(first)))
         assert len(a.read_through._fetches) == 1
@@ -321,7 +321,7 @@ async def test_a_prefetching_pre_infer_is_refused_for_a_full_backlog_before_it_a
 
 @run
 async def test_a_push_skips_what_its_ttl_or_its_time_budget_would_not_let_arrive() -> None:
-    """Planned at the handoff's rate (each entry 0.5 s here): an entry whose DRAM TTL runs out before it
+    """Planned at the handoff's rate (each entry 1 s here): an entry whose DRAM TTL runs out before it
     would arrive is skipped for its TTL, one that would arrive past the budget for time; and an entry
     whose turn comes once the deadline has passed mid-stream is not sent either."""
     async with fleet(["a", "b"], dram_ttl_s=60.0) as rankers:
@@ -334,7 +334,7 @@ async def test_a_push_skips_what_its_ttl_or_its_time_budget_would_not_let_arrive
         a.cache.dram.touch(entries[0].key, now=now - 60.0 + 0.001)  # expires in 1 ms: cannot arrive
         offset = 0.0
         settings = dataclasses.replace(
-            a.config, handoff_rate_mb_s=2 * ENTRY_BYTES / 2**20, handoff_budget_s=1.25
+            a.config, handoff_rate_mb_s=ENTRY_BYTES / 2**20, handoff_budget_s=2.5
         )
         pusher = Pusher(a.admission, a.peers, settings, clock=lambda: time.monotonic() + offset)
         payload = a.admission.payload
@@ -347,8 +347,8 @@ async def test_a_push_skips_what_its_ttl_or_its_time_budget_would_not_let_arrive
 
         a.admission.payload = late
         summary = await pusher.push()
-        # Sent in recency order: 3 and 2 fit the budget (arriving at 0.5 s and 1 s), 1 would arrive at
-        # 1.5 s; 0's TTL runs out first. Mid-stream, the deadline passed before 2's turn.
+        # Sent in recency order: 3 and 2 fit the budget (arriving at 1 s and 2 s), 1 would arrive at
+        # 3 s; 0's TTL runs out first. Mid-stream, the deadline passed before 2's turn.
         assert (summary.sent, summary.skipped_ttl, summary.skipped_time, summary.failed) == (1, 1, 2, 0)
         assert [e.key for e in b.cache.index] == [entries[3].key]
         assert sum(r.admitted for r in summary.receipts) == 1
