@@ -333,9 +333,7 @@ async def test_a_push_skips_what_its_ttl_or_its_time_budget_would_not_let_arrive
         now = time.monotonic()
         a.cache.dram.touch(entries[0].key, now=now - 60.0 + 0.001)  # expires in 1 ms: cannot arrive
         offset = 0.0
-        settings = dataclasses.replace(
-            a.config, handoff_rate_mb_s=ENTRY_BYTES / 2**20, handoff_budget_s=2.5
-        )
+        settings = dataclasses.replace(a.config, handoff_rate_mb_s=ENTRY_BYTES / 2**20, handoff_budget_s=2.5)
         pusher = Pusher(a.admission, a.peers, settings, clock=lambda: time.monotonic() + offset)
         payload = a.admission.payload
 
