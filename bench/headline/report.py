@@ -111,6 +111,8 @@ def render_markdown(results: HeadlineResults) -> str:
     c, cal, host = results.settings, results.calibration, results.machine
     kept, every = results.kept, results.every
     correlation = None if every is None else every.drift_p99_correlation
+    # Runs from before the rule on other processes' cores recorded none, and render as they did.
+    foreign_rule = any(block.foreign_cores is not None for block in results.blocks)
     lines = [
         "# The headline: RelayGR against the baseline in randomized interleaved blocks",
         "",
@@ -139,7 +141,14 @@ def render_markdown(results: HeadlineResults) -> str:
         f"A block is left out of the headline when its host slowdown s is above {c.drift_limit:g}: the "
         "median of the canary's CPU time on the drained host before each of its trials against the host's "
         "speed so far (the median of the reference readings and every block's idle readings, its own "
-        "included), scaled by the steal share. The baseline's own P99 at L tracks the host's speed; its "
+        "included), scaled by the steal share"
+        + (
+            ""
+            if not foreign_rule
+            else f"; or when, during one of its trials, processes other than the fleets and the load "
+            f"generator took more than {c.foreign_limit:g} cores"
+        )
+        + ". The baseline's own P99 at L tracks the host's speed; its "
         f"rank correlation with s over every block: {'n/a' if correlation is None else correlation}.",
         "",
     ]
@@ -151,13 +160,24 @@ def render_markdown(results: HeadlineResults) -> str:
             str(block.index), str(block.seed), ", ".join(block.order), f"{block.slowdown:.3f}",
             f"{block.canary_ms:g} / {block.canary_reference_ms or cal.canary_reference_ms:g}",
             f"{block.steal_share:.1%}",
+            *([f"{block.foreign_cores:g}"] if foreign_rule else []),
             "" if trial is None else f"{trial_p99(trial):.1f}",
             "kept" if block.kept else "left out", f"{block.duration_s:.0f}",
         ])  # fmt: skip
-    lines += table(
-        ["block", "seed", "order", "s", "canary / reference ms", "steal", "baseline P99 ms", "", "seconds"],
-        rows,
-    )
+    other = ["other cores"] if foreign_rule else []
+    header = [
+        "block",
+        "seed",
+        "order",
+        "s",
+        "canary / reference ms",
+        "steal",
+        *other,
+        "baseline P99 ms",
+        "",
+        "seconds",
+    ]
+    lines += table(header, rows)
     lines += [""]
     if every is not None and (kept is None or every.blocks != kept.blocks):
         lines += ["## Every block, the left-out ones included", "", *analysis_lines(results, every)]

@@ -13,8 +13,9 @@
    reads the host; the trial sends `round(rate * --warmup-s)` Recommends at its own rate, unmeasured, then
    its fixed count, open loop, with no early stop, the canary reading once a second beside it;
 4. after each block, computes its slowdown s against the host's speed so far (the median of the reference
-   readings and every block's idle readings, its own included); a block over `--drift-limit` is kept in
-   the results but left out of the headline, and the run tops up with a block of the same order on a new
+   readings and every block's idle readings, its own included) and the most cores other processes took
+   during one of its trials; a block over `--drift-limit` or `--foreign-limit` is kept in the results but
+   left out of the headline, and the run tops up with a block of the same order on a new
    seed, while the budget (`--budget-min`, with the longest block so far as the estimate) allows.
 
 A trial's users are named after the load, the relay window and the block's seed
@@ -235,6 +236,7 @@ class HeadlineBench:
         every = [*calibration.canary_readings_ms, *(r for trial in self.trials for r in trial.canary_idle_ms)]
         reference = statistics.median(every)
         slowdown = stats.slowdown(idle, reference, steal, calibration.steal_share)
+        foreign = max(trial.foreign_cores for trial in trials)
         block = Block(
             index=index,
             seed=seed,
@@ -246,7 +248,8 @@ class HeadlineBench:
             canary_reference_ms=round(reference, 4),
             steal_share=steal,
             slowdown=round(slowdown, 4),
-            kept=stats.kept_blocks([slowdown], c.drift_limit)[0],
+            foreign_cores=foreign,
+            kept=stats.kept_blocks([slowdown], c.drift_limit, [foreign], c.foreign_limit)[0],
         )
         self.blocks.append(block)
         baseline = next(t for t in trials if t.mode == BASELINE)
@@ -254,7 +257,7 @@ class HeadlineBench:
             f"block {index} (seed {seed}{'' if replaces is None else f', for block {replaces}'}): "
             f"{block.duration_s:.0f} s, s = {slowdown:.3f} (canary {block.canary_ms:g} against "
             f"{reference:g} ms, steal {steal:.1%})"
-            f"{'' if block.kept else f': over {c.drift_limit:g}, left out'}; baseline P99 "
+            f", other processes {foreign:g} cores{'' if block.kept else ': left out'}; baseline P99 "
             f"{trial_p99(baseline):.1f} ms"
         )
         return block
@@ -274,12 +277,12 @@ class HeadlineBench:
         total = warmup + c.measured_requests(arm)
         driver.wait_idle(None)
         idle = canary.readings(c.canary_readings)
-        steal_before, cpu_before = cpu_times(), probes.snapshot(fleet.pids(), {})
+        steal_before, cpu_before = cpu_times(), self.cpu_snapshot(fleet)
         started = time.monotonic()
         with canary.beside() as under_load:
             records = self.drive(fleet, sampler, rate, total, seed)
         wall_s = time.monotonic() - started
-        foreign = probes.difference(cpu_before, probes.snapshot(fleet.pids(), {}))["foreign_cores"]
+        foreign = self.foreign_cores(cpu_before, fleet)
         steal = steal_share(steal_before, cpu_times())
         if [record.index for record in records] != list(range(total)):
             raise RuntimeError(f"{arm.name}, block {block}: {len(records)} of {total} requests came back")
@@ -317,6 +320,14 @@ class HeadlineBench:
             f"{statistics.median(idle):g} ms idle, send lag P99 {trial.send_lag_p99_ms:g} ms"
         )
         return trial
+
+    def cpu_snapshot(self, fleet: BenchFleet) -> dict[str, object]:
+        """The CPU seconds of the machine, of the fleet's processes and of the load generator."""
+        return probes.snapshot(fleet.pids(), {})
+
+    def foreign_cores(self, before: dict[str, object], fleet: BenchFleet) -> float:
+        """The cores that processes other than the fleet's and the load generator took since `before`."""
+        return float(probes.difference(before, self.cpu_snapshot(fleet))["foreign_cores"])
 
     def drive(
         self, fleet: BenchFleet, sampler: RevisitSampler, rate: float, total: int, seed: int

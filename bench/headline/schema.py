@@ -89,7 +89,9 @@ class Block:
     canary_reference_ms: float | None = dataclasses.field(default=None, metadata=codec.OMIT_NONE)
     steal_share: float
     slowdown: float  # s: `bench.headline.stats.slowdown` of the two
-    kept: bool  # s within --drift-limit
+    # The most cores other processes took during one of its trials (absent: runs before the rule).
+    foreign_cores: float | None = dataclasses.field(default=None, metadata=codec.OMIT_NONE)
+    kept: bool  # s within --drift-limit, foreign cores within --foreign-limit
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

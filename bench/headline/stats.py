@@ -12,20 +12,19 @@ a number of blocks that is not a whole number of sets is refused, since it break
 The statistic. r_k is the pooled P99 of RelayGR at k·L over the pooled P99 of the baseline at L
 (`pooled_p99`: nearest rank over the kept blocks' latencies, a failed request infinitely slow).
 
-Its interval. Requests cluster by block (an arrival seed's bursts, a slow spell of the host), so
-`p99_ratio` resamples whole blocks, the same indices for both arms (they are paired by seed), pools each
-arm's chosen blocks and takes the ratio of the pooled P99s; single requests are never resampled. The
-percentile interval of those ratios is the two-sided interval, their `confidence` quantile the one-sided
-upper bound the decision uses. A ratio of two infinite P99s counts as infinite, a finite one over an
-infinite one as 0. Only each block's top percent can become a resample's P99, so the bootstrap works on
-those and finds every resample's P99 by one vectorised bisection (2000 resamples of 16 blocks of 1200
-requests: about 15 ms). `request_bootstrap_ratio` resamples single requests instead, to show why that is
-wrong: on lognormal latencies with a block effect of sd 0.25 in the log and request noise of sd 0.3, 16
-blocks of 150 requests, its 95 % interval held the true ratio in 0.42-0.49 of the replications, the block
-bootstrap's in 0.90-0.92 (the percentile bootstrap's shortfall with few clusters). So `p99_ratio` also
-gives a cross-check that does not resample: the per-block log ratios' mean ± Student's t (blocks - 1
-degrees of freedom) times their standard error, back through exp; it held the true ratio in 0.94-0.98. A
-block whose ratio is 0 or infinite leaves the cross-check from 0 to infinity: it then decides nothing.
+Its interval. Requests cluster by block (an arrival seed's bursts, a slow spell of the host), so `p99_ratio`
+resamples whole blocks, the same indices for both arms (they are paired by seed), pools each arm's chosen
+blocks and takes the ratio of the pooled P99s; single requests are never resampled. The percentile interval of
+those ratios is the two-sided interval, their `confidence` quantile the one-sided upper bound the decision
+uses. A ratio of two infinite P99s counts as infinite, a finite one over an infinite one as 0. Only each
+block's top percent can become a resample's P99: the bootstrap finds every resample's P99 by one vectorised
+bisection over those. `request_bootstrap_ratio` resamples single requests instead, to show why that is wrong:
+on lognormal latencies with a block effect of sd 0.25 in the log and request noise of sd 0.3, 16 blocks of 150
+requests, its 95 % interval held the true ratio in 0.42-0.49 of the replications, the block bootstrap's in
+0.90-0.92 (the percentile bootstrap's shortfall with few clusters). So `p99_ratio` also gives a cross-check
+that does not resample: the per-block log ratios' mean ± Student's t (blocks - 1 degrees of freedom) times
+their standard error, back through exp; it held the true ratio in 0.94-0.98. A block whose ratio is 0 or
+infinite leaves the cross-check from 0 to infinity: it then decides nothing.
 
 The SLO. `over_slo_test` is the exact one-sided binomial test that the P99 meets the SLO: under the null that
 at least `share` (1 %) of the Ranks are over it, seeing `over` or fewer of `total` has probability
@@ -39,7 +38,8 @@ are reported as not tested.
 
 The host. `slowdown` compares the host with a reference: the median canary reading (the CPU time of a
 fixed small task) over the reference, scaled by the share of wall time the hypervisor left the guest
-(1 - steal) against the reference's. `kept_blocks` keeps a block whose slowdown is at most the limit.
+(1 - steal) against the reference's. `kept_blocks` keeps a block whose slowdown is at most the limit and
+whose neighbours (other processes) took at most their limit of cores.
 `host_unit` is the host's unit u: the median of the timings of one pass, for the reason its docstring gives.
 """
 
@@ -376,9 +376,13 @@ def slowdown(
     return statistics.median(canary_ms) / reference_ms * (1 - reference_steal_share) / (1 - steal_share)
 
 
-def kept_blocks(slowdowns: Sequence[float], limit: float = 1.15) -> list[bool]:
-    """Which blocks are kept: those whose slowdown (the largest of their trials') is at most `limit`."""
-    return [value <= limit for value in slowdowns]
+def kept_blocks(
+    slowdowns: Sequence[float], limit=1.15, foreign: Sequence[float] = (), foreign_limit=math.inf
+):
+    """The blocks kept: slowdown at most `limit`, other processes' cores (`foreign`: the most in one of each
+    block's trials; empty: none recorded) at most `foreign_limit`. One value a block, else ValueError."""
+    others = foreign or [0.0] * len(slowdowns)
+    return [s <= limit and f <= foreign_limit for s, f in zip(slowdowns, others, strict=True)]
 
 
 def host_unit(timings: Sequence[float]) -> float:

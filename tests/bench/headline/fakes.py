@@ -74,6 +74,8 @@ class FakeBench(HeadlineBench):
     index); `driven` records every trial's (mode, rate, total, seed)."""
 
     slow: Callable[[int], float] = staticmethod(lambda block: 1.0)
+    # The cores other processes take during each trial of a block, by block index.
+    busy: Callable[[int], float] = staticmethod(lambda block: 0.1)
     made: list[FakeBench] = []  # every one made, in order: the fake canary reads the latest's blocks
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -83,6 +85,12 @@ class FakeBench(HeadlineBench):
 
     def fleets(self, driver: object, stack: contextlib.ExitStack) -> dict[str, FakeFleet]:
         return {name: FakeFleet(mode) for name, mode in headline_run.MODES.items()}
+
+    def cpu_snapshot(self, fleet: object) -> dict[str, object]:
+        return {}
+
+    def foreign_cores(self, before: dict[str, object], fleet: object) -> float:
+        return self.busy(len(self.blocks))
 
     def drive(self, fleet: FakeFleet, sampler: RevisitSampler, rate: float, total: int, seed: int) -> list:
         assert self.calibration is not None
@@ -99,11 +107,15 @@ class FakeBench(HeadlineBench):
         return out
 
 
-def run_bench(argv: Sequence[str] = (), slow: Callable[[int], float] = lambda block: 1.0) -> FakeBench:
+def run_bench(
+    argv: Sequence[str] = (),
+    slow: Callable[[int], float] = lambda block: 1.0,
+    busy: Callable[[int], float] = lambda block: 0.1,
+) -> FakeBench:
     """`FakeBench` over `ARGS` and `argv`, run to its end (under the `fast` fixture: conftest.py)."""
     config = load(HeadlineConfig, [*ARGS, *argv])
     bench = FakeBench(config, Path("/nonexistent"), log=lambda line: None)
-    bench.slow = slow
+    bench.slow, bench.busy = slow, busy
     bench.run()
     return bench
 

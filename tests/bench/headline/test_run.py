@@ -69,6 +69,18 @@ def test_a_block_on_a_slow_host_is_left_out_and_topped_up_with_its_order(fast):
     )
 
 
+def test_a_block_beside_a_busy_process_is_left_out_whatever_the_canary_says(fast):
+    """A niced process took 0.6 cores during block 5's trials: the canary, reading the drained host,
+    yields s = 1, but the block is left out for its neighbour and topped up with its order."""
+    bench = run_bench(["--blocks", "14"], busy=lambda block: 0.6 if block == 5 else 0.1)
+    assert [block.kept for block in bench.blocks] == [True] * 5 + [False] + [True] * 9
+    assert (bench.blocks[5].slowdown, bench.blocks[5].foreign_cores) == (1.0, 0.6)
+    assert {trial.foreign_cores for trial in bench.trials if trial.block == 5} == {0.6}
+    assert (bench.blocks[-1].topped_up_for, bench.blocks[-1].order) == (5, bench.blocks[5].order)
+    loose = run_bench(["--blocks", "14", "--foreign-limit", "0.7"], busy=lambda block: 0.6)
+    assert all(block.kept for block in loose.blocks) and len(loose.blocks) == 14
+
+
 def test_no_block_starts_past_the_budget(fast):
     bench = run_bench(["--blocks", "14", "--budget-min", "1e-12"])
     assert len(bench.blocks) == 1 and len(bench.trials) == len(ARMS)

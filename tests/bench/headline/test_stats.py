@@ -335,6 +335,15 @@ def test_slowdown_and_kept_blocks():
             stats.slowdown(canary, reference, steal, reference_steal)
     assert stats.kept_blocks([1.0, 1.15, 1.151, 0.9]) == [True, True, False, True]
     assert stats.kept_blocks([1.2], limit=1.25) == [True]
+    # Other processes' cores during a block leave it out too, whatever its slowdown.
+    assert stats.kept_blocks([1.0, 1.0, 1.2, 1.0], 1.15, [0.1, 0.31, 0.1, 0.3], 0.3) == [
+        True,
+        False,
+        False,
+        True,
+    ]
+    with pytest.raises(ValueError):
+        stats.kept_blocks([1.0, 1.0], 1.15, [0.1], 0.3)
 
 
 def test_host_unit_is_the_median_not_a_running_minimum():
