@@ -6,6 +6,8 @@ MLCommons LoadGen, not an MLPerf submission.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from bench.mlperf.results import ModeSearch, RunResult, RunSettings, SearchResult
 from bench.mlperf.tally import Latencies
 from services.common.contract import CACHE_SOURCES
@@ -33,10 +35,17 @@ def _pct(value: float) -> str:
     return f"{100 * value:.1f} %"
 
 
+def shown(runs: Iterable[RunResult]) -> list[str]:
+    """The cache sources the tables show, in the enum's order: those any of `runs` tallied (every run
+    tallies HBM, DRAM, extended and miss; a peer only where one answered)."""
+    tallied = {tier for run in runs for tier in run.tiers.counts}
+    return [tier for tier in CACHE_SOURCES if tier in tallied]
+
+
 def rates(result: RunResult, later: bool = False) -> str:
     """`hbm 61.2 % · dram 3.0 % · …` for all ranked answers (or the later visits only)."""
     table = result.tiers.later_rates if later else result.tiers.rates
-    return " · ".join(f"{tier} {_pct(table.get(tier, 0.0))}" for tier in CACHE_SOURCES)
+    return " · ".join(f"{tier} {_pct(table.get(tier, 0.0))}" for tier in shown([result]))
 
 
 def describe(result: RunResult) -> str:
@@ -86,7 +95,7 @@ def run_markdown(result: RunResult) -> str:
             f"{t.later_counts.get(tier, 0)} ({_pct(t.later_rates.get(tier, 0.0))}) | "
             f"{h.computed_by_tier.get(tier, 0)} of {h.tokens_by_tier.get(tier, 0)} "
             f"({_pct(h.computed_share_by_tier.get(tier, 0.0))}) | {_waits(w.by_tier.get(tier))} |"
-            for tier in CACHE_SOURCES
+            for tier in shown([result])
         ),
         f"| ranked | {t.ranked} | {t.later_visits} | {h.computed} of {h.tokens} ({_pct(h.computed_share)}) | "
         f"{_waits(w.all)} |",
@@ -129,6 +138,7 @@ def search_markdown(search: SearchResult) -> str:
     """The summary.md of a search: the highest VALID target QPS per mode, then every run."""
     c = search.configuration
     preset = c["model_preset"] if "model_preset" in c else c["preset"]  # `preset` before the flags matched
+    tiers = shown(run for mode in search.modes.values() for run in mode.runs)
     lines = [
         f"# LoadGen Server search: highest VALID target QPS at P99 ≤ {c['p99_ms']:g} ms",
         "",
@@ -151,17 +161,17 @@ def search_markdown(search: SearchResult) -> str:
         f"{search.git_commit}, {search.cores} cores, load average {search.load_average_start[0]:g} at the "
         f"start and {search.load_average_end[0]:g} at the end.",
         "",
-        "| mode | highest VALID QPS | P99 there, ms | Rank P99, ms | hbm | dram | extended | miss | "
+        f"| mode | highest VALID QPS | P99 there, ms | Rank P99, ms | {' | '.join(tiers)} | "
         "history on the critical path | prefix wait P50 / P99, ms | HBM prefix wait P50 / P99, ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-        *(_best_row(mode) for mode in search.modes.values()),
+        "|---" * (7 + len(tiers)) + "|",
+        *(_best_row(mode, tiers) for mode in search.modes.values()),
         "",
         "Every run, in the order measured:",
         "",
-        "| mode | target QPS | verdict | P99 ms | max ms | samples/s | failed | hbm | dram | extended | "
-        "miss | critical path | prefix wait P99 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        *(_run_row(run) for mode in search.modes.values() for run in mode.runs),
+        "| mode | target QPS | verdict | P99 ms | max ms | samples/s | failed | "
+        f"{' | '.join(tiers)} | critical path | prefix wait P99 ms |",
+        "|---" * (9 + len(tiers)) + "|",
+        *(_run_row(run, tiers) for mode in search.modes.values() for run in mode.runs),
         "",
         CRITICAL_PATH_NOTE,
         "",
@@ -169,14 +179,14 @@ def search_markdown(search: SearchResult) -> str:
     return "\n".join(lines)
 
 
-def _best_row(mode: ModeSearch) -> str:
+def _best_row(mode: ModeSearch, tiers: list[str]) -> str:
     best = mode.best()
     if best is None:
-        return f"| {mode.mode} | none VALID | — | — | — | — | — | — | — | — | — |"
+        return f"| {mode.mode} | none VALID |" + " — |" * (5 + len(tiers))
     r = best.tiers.rates
     return (
         f"| {mode.mode} | {mode.best_qps:g} | {_ms(best.loadgen.p99_ms)} | {_ms(best.rank_ms.p99)} | "
-        + " | ".join(_pct(r.get(tier, 0.0)) for tier in CACHE_SOURCES)
+        + " | ".join(_pct(r.get(tier, 0.0)) for tier in tiers)
         + f" | {_pct(best.history.computed_share)} | {_waits(best.prefix_wait_ms.all)} | "
         f"{_waits(best.prefix_wait_ms.by_tier.get('hbm'))} |"
     )
@@ -196,12 +206,12 @@ def why_invalid(run: RunResult) -> str:
     return ", ".join(name for name, ok in checks.items() if ok is False)
 
 
-def _run_row(run: RunResult) -> str:
+def _run_row(run: RunResult, tiers: list[str]) -> str:
     s, lg, r = run.settings, run.loadgen, run.tiers.rates
     verdict = "VALID" if run.valid else f"INVALID ({why_invalid(run)})"
     return (
         f"| {s.mode} | {s.target_qps:g} | {verdict} | {_ms(lg.p99_ms)} | {_ms(lg.max_ms)} | "
         f"{lg.samples_per_s} | {run.failed} | "
-        + " | ".join(_pct(r.get(tier, 0.0)) for tier in CACHE_SOURCES)
+        + " | ".join(_pct(r.get(tier, 0.0)) for tier in tiers)
         + f" | {_pct(run.history.computed_share)} | {_ms(run.prefix_wait_ms.all.p99)} |"
     )

@@ -35,6 +35,10 @@ from bench.mlperf.sut import Answer
 from relaygr.v1 import common_pb2
 from services.common.contract import CACHE_SOURCES, cache_source_label
 
+# The sources every run's tallies hold; a source beyond them (`peer`: a prefix another ranker handed off or
+# was fetched from, which a fleet at a steady ring does not see) is counted where it occurs.
+TIERS = tuple(source for source in CACHE_SOURCES if source != "peer")
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Tiers:
@@ -101,8 +105,8 @@ def ranked(answers: Sequence[Answer]) -> list[Answer]:
 
 def tiers(answers: Sequence[Answer]) -> Tiers:
     """The tier tally of a run's answers (`Answer`s of any status; only ranked answers count)."""
-    counts = dict.fromkeys(CACHE_SOURCES, 0)
-    later = dict.fromkeys(CACHE_SOURCES, 0)
+    counts = dict.fromkeys(TIERS, 0)
+    later = dict.fromkeys(TIERS, 0)
     misses: collections.Counter[str] = collections.Counter()
     seen: set[str] = set()
     rows = ranked(answers)
@@ -130,8 +134,8 @@ def tiers(answers: Sequence[Answer]) -> Tiers:
 
 def history(answers: Sequence[Answer], short_term: int) -> History:
     """The history tally of a run's answers, `short_term` events per request."""
-    by_tier = dict.fromkeys(CACHE_SOURCES, 0)
-    computed_by_tier = dict.fromkeys(CACHE_SOURCES, 0)
+    by_tier = dict.fromkeys(TIERS, 0)
+    computed_by_tier = dict.fromkeys(TIERS, 0)
     extended: list[int] = []
     rows = ranked(answers)
     for answer in rows:
@@ -170,7 +174,7 @@ class PrefixWait:
 def prefix_wait(answers: Sequence[Answer]) -> PrefixWait:
     """The prefix-wait tally of a run's answers."""
     rows = ranked(answers)
-    by_tier: dict[str, list[float]] = {tier: [] for tier in CACHE_SOURCES}
+    by_tier: dict[str, list[float]] = {tier: [] for tier in TIERS}
     for answer in rows:
         by_tier.setdefault(cache_source_label(answer.response.cache_source), []).append(
             answer.response.prefix_wait_ms

@@ -13,9 +13,14 @@ CPU_SERVICES = ("rankers", "router", "trigger", "retrieval stub", "load generato
 CPU_TARGETS_MS = {"router": 0.6, "trigger": 0.4, "retrieval stub": 1.0}
 
 
+# The sources a run's tables and plots show: its fleets keep their ring, so no prefix comes from a peer (a
+# peer's answers, were there any, count in the total the shares divide by).
+SHOWN_SOURCES = tuple(source for source in CACHE_SOURCES if source != "peer")
+
+
 def shares(counts: dict[str, int]) -> dict[str, float]:
     total = sum(counts.values())
-    return {source: (counts.get(source, 0) / total if total else 0.0) for source in CACHE_SOURCES}
+    return {source: (counts.get(source, 0) / total if total else 0.0) for source in SHOWN_SOURCES}
 
 
 def verdict(point: Point) -> str:

@@ -15,10 +15,15 @@ import matplotlib.pyplot as plt
 from bench.lib.schema import Run, Sweep
 from bench.lib.schema_context import LENGTH_PHASE, mix_phase
 from bench.report.capacity import CAPACITY_PLOT, capacity_rows
-from bench.report.figures import hit_rate_points, load_modes, shares
-from services.common.contract import CACHE_SOURCES
+from bench.report.figures import SHOWN_SOURCES, hit_rate_points, load_modes, shares
 
-SOURCE_COLOURS = {"hbm": "#2b8a3e", "dram": "#1c7ed6", "extended": "#f59f00", "miss": "#c92a2a"}
+SOURCE_COLOURS = {
+    "hbm": "#2b8a3e",
+    "dram": "#1c7ed6",
+    "peer": "#7048e8",
+    "extended": "#f59f00",
+    "miss": "#c92a2a",
+}
 MODE_STYLE = {
     "baseline": ("#495057", "s"),
     "relay": ("#1c7ed6", "o"),
@@ -115,7 +120,7 @@ def _plot_hit_rates(run: Run, path: Path) -> None:
     names = list(points)
     fig, ax = plt.subplots(figsize=(8, 4))
     bottoms = [0.0] * len(names)
-    for source in CACHE_SOURCES:
+    for source in SHOWN_SOURCES:
         heights = [shares(points[name].cache_sources)[source] for name in names]
         ax.bar(names, heights, bottom=bottoms, color=SOURCE_COLOURS[source], label=source)
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]

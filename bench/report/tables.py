@@ -12,6 +12,7 @@ from bench.lib.schema import Point, Run, Sweep
 from bench.report.figures import (
     CPU_SERVICES,
     CPU_TARGETS_MS,
+    SHOWN_SOURCES,
     best_points,
     core_count,
     cores,
@@ -23,7 +24,6 @@ from bench.report.figures import (
     shares,
     verdict,
 )  # fmt: skip
-from services.common.contract import CACHE_SOURCES
 
 POINT_HEADER = (
     "measured/planned", "rank P50 ms", "rank P99 ms (95% CI)", "e2e P99 ms", "errors",
@@ -76,7 +76,7 @@ def point_row(point: Point, first: Any) -> list[Any]:
         p99_with_ci(point),
         ms(point.e2e_ms.p99),
         point.errors,
-        " / ".join(f"{source_shares[s]:.0%}" for s in CACHE_SOURCES),
+        " / ".join(f"{source_shares[s]:.0%}" for s in SHOWN_SOURCES),
         f"{cores(point, rankers=True):.2f}",
         f"{point.cost.foreign_cores:.2f}",
         verdict(point),

@@ -1,7 +1,8 @@
 """The rollout benchmark's arithmetic, pure functions over one run's records (`bench.rollout.run`).
 
-- A call *hits* when it was answered from a cached prefix: HBM, DRAM or extended (`HITS`); a failed call
-  does not hit. It is *returning* when its user's previous call was made within the DRAM TTL before it.
+- A call *hits* when it was answered from a cached prefix: HBM, DRAM, a peer's (the first use of a prefix
+  another ranker pushed or was fetched from) or extended (`HITS`); a failed call does not hit. It is
+  *returning* when its user's previous call was made within the DRAM TTL before it.
 - Phases split calls by their intended send time (`bench.rollout.plan`), the same in every mode of a seed.
 - A drained ranker's *resident users* (`drain_outcome`): the users whose last call answered before its
   SIGTERM was answered by it, within the DRAM TTL of the SIGTERM: their prefix was in its DRAM (or HBM)
@@ -27,8 +28,8 @@ from bench.rollout.plan import Phase
 from bench.rollout.run import Call, Change
 from bench.rollout.scrape import Sample, increase, last_before
 
-HITS = frozenset(("hbm", "dram", "extended"))
-SOURCES = ("hbm", "dram", "extended", "miss")
+HITS = frozenset(("hbm", "dram", "peer", "extended"))
+SOURCES = ("hbm", "dram", "peer", "extended", "miss")  # runs before the peer was a source have no `peer`
 RECOMPUTE_OPS = ("pre_infer", "uncached")
 HANDOFF_SETTLE_S = 1.0  # after a drained ranker exits, what its peers received by then is its handoff's
 

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 
 from bench.lib.intervals import Interval
 from bench.report.plots import SOURCE_COLOURS
-from bench.rollout.analysis import SOURCES
+from bench.rollout.analysis import HITS, SOURCES
 from bench.rollout.plan import MEASURED_PHASES, Plan
 from bench.rollout.summary import Figures, ModeFigures, RunSummary, phase
 
@@ -88,17 +88,19 @@ def _by_phase(m: ModeFigures) -> str:
 def phase_rows(runs: Sequence[RunSummary], mode: str) -> list[str]:
     """One row per measured phase: the mode's seeds pooled (P99s per seed)."""
     mine = sorted((run for run in runs if run.mode == mode), key=lambda run: run.seed)
+    recorded = {k for run in mine for name in MEASURED_PHASES for k in phase(run, name).sources}
+    kinds = [k for k in SOURCES if k in recorded]  # a run from before the peer was a source has none
     rows = [
         f"**Handoff {mode}** (seeds {', '.join(str(run.seed) for run in mine)} pooled; latencies by seed)",
         "",
-        "| phase | calls | failed | hbm / dram / extended / miss | misses by reason | returning calls that "
+        f"| phase | calls | failed | {' / '.join(kinds)} | misses by reason | returning calls that "
         "hit | Recommend P99, ms | Rank P99, ms | device s recomputing | read-throughs | handoff received |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in MEASURED_PHASES:
         stats = [phase(run, name) for run in mine]
         answered = sum(sum(s.sources.values()) for s in stats) or 1
-        sources = " / ".join(f"{100 * sum(s.sources[k] for s in stats) / answered:.1f}" for k in SOURCES)
+        sources = " / ".join(f"{100 * sum(s.sources.get(k, 0) for s in stats) / answered:.1f}" for k in kinds)
         misses = collections.Counter()
         rankers = collections.Counter()
         for s in stats:
@@ -206,7 +208,7 @@ def plot(runs: Sequence[RunSummary], plan: Plan, path: Path) -> None:
         hit, p99, recompute = [], [], []
         for group in buckets:
             answered = sum(sum(b.sources.values()) for b in group)
-            hits = sum(b.sources[s] for b in group for s in SOURCES if s != "miss")
+            hits = sum(b.sources.get(s, 0) for b in group for s in HITS)
             hit.append(100 * hits / answered if answered else float("nan"))
             p99s = [b.recommend_p99_ms for b in group if b.recommend_p99_ms is not None]
             p99.append(sum(p99s) / len(p99s) if p99s else float("nan"))

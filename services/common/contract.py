@@ -2,7 +2,7 @@
 descriptors, written nowhere else. It knows the protos and no service.
 
 - The full gRPC service names (for health, reflection, generic handlers and raw-bytes calls).
-- The metric label of each `CacheSource` (`hbm`, `dram`, `extended`, `miss`).
+- The metric label of each `CacheSource` (`hbm`, `dram`, `extended`, `miss`, `peer`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def method_path(service: str, method: str) -> str:
 
 
 def cache_source_label(source: int) -> str:
-    """The metric label of a CacheSource: hbm, dram, extended, miss (or unspecified)."""
+    """The metric label of a CacheSource: hbm, dram, extended, miss, peer (or unspecified)."""
     return common_pb2.CacheSource.Name(source).removeprefix("CACHE_SOURCE_").lower()
 
 

@@ -6,7 +6,7 @@ made standard, so stock dashboards work):
 `grpc_type`, `grpc_service`, `grpc_method` (and `grpc_code` on the handled counter).
 
 Relay metrics use consistent label names: `tier` (hbm, dram), `cache_source` (hbm, dram, extended,
-miss), `reason`, `decision`, `member`, `outcome`. All metrics live in the default registry, so services
+miss, peer), `reason`, `decision`, `member`, `outcome`. All metrics live in the default registry, so services
 sharing a process (as in tests) share them; `instance` labels come from the scrape.
 """
 

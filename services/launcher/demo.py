@@ -253,7 +253,10 @@ class DemoProgress:
             p50, p99 = np.percentile(values, [50, 99])
             return f"P50 {p50:5.1f}  P99 {p99:6.1f} ms"
 
-        sources = " ".join(f"{source} {self.cache_sources[source]}" for source in CACHE_SOURCES)
+        # A peer (a prefix handed off or fetched from another ranker) shows once one has answered; the
+        # misses last, their reasons after them.
+        shown = [s for s in CACHE_SOURCES if s != "miss" and (s != "peer" or self.cache_sources[s])]
+        sources = " ".join(f"{source} {self.cache_sources[source]}" for source in [*shown, "miss"])
         if self.misses:
             sources += f" ({self.miss_text()})"
         errors = sum(self.errors.values())

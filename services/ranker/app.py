@@ -150,7 +150,9 @@ class RankerApp:
             model.preset.num_action_types,
             staging_bytes=int(config.handoff_staging_mb * MIB),
         )
-        self.handoff = handoff.HandoffServicer(self.admission, config.instance_name, Gate(config))
+        self.handoff = handoff.HandoffServicer(
+            self.admission, config.instance_name, Gate(config), config.handoff_chunk_timeout_s
+        )
         self.peers: Peers | None = None
         self.read_through: ReadThrough | None = None
         if config.routes_directly:  # the ring is known (--rankers or --rankers-srv)

@@ -263,9 +263,12 @@ def _describe(span: Span, acquired: Acquired) -> None:
     elif acquired.entry is None:
         how = "uncached"
     else:
-        how = {Source.HBM: "hit", Source.DRAM: "reloaded", Source.EXTENDED: "extended"}.get(
-            acquired.source, "computed"
-        )
+        how = {
+            Source.HBM: "hit",
+            Source.DRAM: "reloaded",
+            Source.EXTENDED: "extended",
+            Source.PEER: "peer",
+        }.get(acquired.source, "computed")
     span.set_attributes({"relaygr.production": how, "relaygr.cache_source": acquired.source.label})
     if acquired.pre_infer is not None:
         span.add_link(acquired.pre_infer, {"relaygr.relation": "pre_infer"})

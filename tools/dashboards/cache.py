@@ -182,10 +182,11 @@ def handoff() -> Row:
         [
             timeseries_panel(
                 "Hit rate by tier",
-                "Share of Ranks by where their prefix came from (HBM, DRAM, extended, or a miss). Through a "
-                "rolling restart or a scale step, the handoff keeps the DRAM and HBM shares up: a drained "
-                "ranker's users find their prefixes on their next owner, and a ranker back or new reads its "
-                "users' prefixes through from it.",
+                "Share of Ranks by where their prefix came from: HBM, DRAM, a peer, extended, or a miss. A "
+                "peer hit is the first use of a prefix another ranker handed off or was fetched from: "
+                "through a rolling restart or a scale step, it replaces the misses a drained ranker's users "
+                "would have on their next owner, and a returning ranker's on its users; their later Ranks "
+                "are HBM or DRAM hits.",
                 "percentunit",
                 [Target(HIT_SHARE, "{{cache_source}}")],
                 width=24,

@@ -19,6 +19,7 @@ class Source(enum.Enum):
     DRAM = common_pb2.CACHE_SOURCE_DRAM
     EXTENDED = common_pb2.CACHE_SOURCE_EXTENDED
     MISS = common_pb2.CACHE_SOURCE_MISS
+    PEER = common_pb2.CACHE_SOURCE_PEER
 
     @property
     def label(self) -> str:
@@ -40,3 +41,12 @@ class Acquired:
     # Long-term events a production this Rank started computed for it (a miss's, or an extension's
     # appended ones); 0 for a prefix found, reloaded or joined.
     computed_events: int = 0
+
+
+def first_use(entry: CacheEntry, source: Source) -> Source:
+    """Where a Rank served from `entry` says its prefix came from: `source`, or the peer where the entry
+    arrived from one and this is its first use here (found in HBM or reloaded from DRAM)."""
+    if entry.from_peer and source in (Source.HBM, Source.DRAM):
+        entry.from_peer = False
+        return Source.PEER
+    return source

@@ -188,7 +188,9 @@ class Admission:
             cache.copier.release(kv)
             return Refusal.HANDOFF_REFUSAL_BUDGET
         header = incoming.assembly.entry
-        cache.index.insert(CacheEntry(incoming.key, incoming.events, dram=kv, lossy=header.lossy))
+        cache.index.insert(
+            CacheEntry(incoming.key, incoming.events, dram=kv, lossy=header.lossy, from_peer=True)
+        )
         protected.add(incoming.key)
         return ADMITTED
 

@@ -75,6 +75,9 @@ class CacheEntry:
     # Its KV went through a lossy (bf16) DRAM copy, itself or the base it was extended from: its scores
     # equal a full recomputation only within that copy's epsilon, and every Rank served from it says so.
     lossy: bool = False
+    # It came from another ranker (`services.ranker.cache.admission`) and no Rank has used it here yet: the
+    # first Rank served from it, whether it is in DRAM or was reloaded meanwhile, reports a peer hit.
+    from_peer: bool = False
     # Tokens a PreInfer computed for it and their estimated device ms, until its lease ends: then they were
     # consumed by a Rank, or wasted.
     relay_tokens: int = 0

@@ -37,7 +37,7 @@ from relaygr.v1 import ranker_pb2
 from services.common import tracing
 from services.common.errors import DeadlineExceeded
 from services.ranker import metrics
-from services.ranker.cache.acquired import Acquired, Miss, Source
+from services.ranker.cache.acquired import Acquired, Miss, Source, first_use
 from services.ranker.cache.admission import ReadsThrough
 from services.ranker.cache.index import CacheEntry, Index, Pin, PrefixKey
 from services.ranker.cache.leases import Leases
@@ -195,7 +195,7 @@ class PrefixCache:
             pre_infer = entry.pre_infer if entry.lease is not None else None
             self.leases.end(entry, consumed=True)
             entry.pre_infer = None
-            return Acquired(entry, Source.HBM, pin=entry.pin("rank"), pre_infer=pre_infer)
+            return Acquired(entry, first_use(entry, Source.HBM), pin=entry.pin("rank"), pre_infer=pre_infer)
         production = self.productions.get(key)
         if production is not None:
             metrics.PRODUCTION_JOINS.inc()
@@ -368,6 +368,7 @@ class PrefixCache:
         self.leases.end(entry, consumed=True)  # a pre-infer leased it: this Rank consumes the lease
         entry.pre_infer = None
         computed = 0 if joined else production.tokens
+        source = first_use(entry, source)
         return Acquired(
             entry, source, miss_reason, pin=pin, joined=joined, pre_infer=production.pre_infer,
             computed_events=computed,

@@ -40,7 +40,7 @@ from services.ranker.cache.admission import Admission
 from services.ranker.engine.load import LoadBook
 from services.ranker.handoff.auth import call_metadata
 from services.ranker.handoff.peers import Peers
-from services.ranker.handoff.receive import receive
+from services.ranker.handoff.receive import StreamError, receive
 from services.ranker.handoff.settings import HandoffSettings
 from services.ranker.model.events import Events
 
@@ -176,6 +176,10 @@ class ReadThrough:
         try:
             fetch = stub.Fetch(request, timeout=timeout_s, metadata=self.metadata)
             tally = await receive(fetch, self.admission, wanted=events)
+        except StreamError as exc:  # the peer broke the wire's rules: its entry was given back
+            metrics.READ_THROUGH.labels("error").inc()
+            log.warning("read-through of %s from %s refused: %s", user_id, member.name, exc)
+            return self._answered(False)
         except grpc.aio.AioRpcError as exc:
             timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             metrics.READ_THROUGH.labels("timeout" if timed_out else "error").inc()

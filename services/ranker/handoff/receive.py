@@ -2,17 +2,24 @@
 Fetch's `FetchResponse`s, each carrying one), each entry admitted into DRAM at its last chunk
 (`services.ranker.cache.admission`). The same loop serves a drain's Push and a read-through's Fetch. An
 entry whose stream ends, breaks or starts another entry before its last chunk is torn: its reservation
-and buffer are given back, and nothing of it is indexed. The entries a stream admitted are never evicted
-by its later ones, so its tally's `admitted` are all held when it ends."""
+and buffer are given back, and nothing of it is indexed. So is one whose next chunk does not come within
+the chunk timeout (a stalled sender holds no reservation), or one a chunk of more than
+`kv_wire.CHUNK_BYTES` of data would overfill: either ends the stream with a `StreamError`. The entries
+a stream admitted are never evicted by its later ones, so its tally's `admitted` are all held when it
+ends."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 from collections.abc import AsyncIterable
 
+import grpc
+
 from relaygr.v1 import handoff_pb2
 from services.ranker import metrics
+from services.ranker.cache import kv_wire
 from services.ranker.cache.admission import ADMITTED, HELD, Admission, Incoming
 from services.ranker.cache.index import PrefixKey
 from services.ranker.model.events import Events
@@ -27,6 +34,14 @@ def outcome_label(outcome: int) -> str:
 
 # The labels of what a receiver did with an entry besides admitting it or finding it torn.
 RECEIVED = ("held", *(outcome_label(value) for value in Refusal.values() if value != HELD))
+
+
+class StreamError(Exception):
+    """A stream the receiver ends: the status a Push answers with, and why."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclasses.dataclass
@@ -53,16 +68,37 @@ async def receive(
     messages: AsyncIterable[handoff_pb2.PushRequest | handoff_pb2.FetchResponse],
     admission: Admission,
     wanted: Events | None = None,
+    chunk_timeout_s: float | None = None,
 ) -> Tally:
     """Admits the entries of the chunks `messages` carry; their tally. An exception of the stream (the
-    sender died) is raised after the entry it tore has been given back."""
+    sender died), a chunk over `kv_wire.CHUNK_BYTES` or, within an entry, no chunk for `chunk_timeout_s`
+    (None: no limit) is raised after the entry it tore has been given back."""
     tally = Tally()
     admitted: set[PrefixKey] = set()  # by this stream: its later entries may not evict them
     current: Incoming | None = None
     started = False  # an entry's header was read and its last chunk not yet
+    iterator = aiter(messages)
     try:
-        async for message in messages:
+        while True:
+            try:
+                if started and chunk_timeout_s is not None:
+                    message = await asyncio.wait_for(anext(iterator), chunk_timeout_s)
+                else:
+                    message = await anext(iterator)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise StreamError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"chunk: none for {chunk_timeout_s:g} s within entry "
+                    f"{'?' if current is None else current.key.user_id!r}; the entry was given back",
+                ) from None
             chunk = message.chunk
+            if len(chunk.data) > kv_wire.CHUNK_BYTES:
+                raise StreamError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"chunk.data: {len(chunk.data)} bytes, over the {kv_wire.CHUNK_BYTES} a chunk carries",
+                )
             tally.received_bytes += len(chunk.data)
             metrics.HANDOFF_RECEIVED_BYTES.inc(len(chunk.data))
             if chunk.HasField("entry"):

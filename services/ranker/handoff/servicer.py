@@ -11,19 +11,23 @@ from services.common.errors import InvalidArgument
 from services.ranker.cache import kv_wire as codec
 from services.ranker.cache.admission import Admission
 from services.ranker.handoff.auth import Gate
-from services.ranker.handoff.receive import receive
+from services.ranker.handoff.receive import StreamError, receive
 from services.ranker.model.events import Events
 
 
 class HandoffServicer(handoff_pb2_grpc.CacheHandoffServiceServicer):
-    def __init__(self, admission: Admission, instance: str, gate: Gate) -> None:
+    def __init__(self, admission: Admission, instance: str, gate: Gate, chunk_timeout_s: float) -> None:
         self.admission = admission
         self.instance = instance
         self.gate = gate
+        self.chunk_timeout_s = chunk_timeout_s
 
     async def Push(self, request_iterator, context: grpc.aio.ServicerContext) -> handoff_pb2.PushResponse:
         await self.gate.check(context, "Push")
-        tally = await receive(request_iterator, self.admission)
+        try:
+            tally = await receive(request_iterator, self.admission, chunk_timeout_s=self.chunk_timeout_s)
+        except StreamError as exc:
+            await context.abort(exc.code, str(exc))
         return tally.receipt(self.instance)
 
     async def Fetch(self, request: handoff_pb2.FetchRequest, context: grpc.aio.ServicerContext):

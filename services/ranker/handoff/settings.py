@@ -32,6 +32,12 @@ class HandoffSettings:
         "and one that needs room beyond this is refused (0: entries are admitted only into free DRAM)",
         minimum=0,
     )
+    handoff_chunk_timeout_s: float = setting(
+        5.0,
+        "seconds a receiver waits for the next chunk of an entry it has begun; past them the entry's "
+        "reservation is given back and the Push ends with DEADLINE_EXCEEDED",
+        above=0,
+    )
     handoff_peer_names: str = setting(
         "*.ranker-headless.relaygr.svc.cluster.local",
         "under mutual TLS (--tls-ca), the certificate names (a DNS name or IP of its subject alternative "

@@ -116,7 +116,7 @@ def test_phases_split_the_calls_by_their_send_time_and_count_every_failure():
     back = returning(calls, TTL_S)
     first = phase_stats(calls, Phase("steady", 0.0, 10.0), samples, back)
     assert (first.calls, first.failed, first.returning, first.returning_hits) == (3, 0, 1, 1)
-    assert first.sources == {"hbm": 1, "dram": 1, "extended": 0, "miss": 1}
+    assert first.sources == {"hbm": 1, "dram": 1, "peer": 0, "extended": 0, "miss": 1}
     assert first.miss_reasons == {"never_pre_inferred": 1}
     assert first.device_s == {"pre_infer": 0.5, "rank": 0.2} and first.recompute_s == 0.5  # no profile
     assert first.rankers == {"read_through/hit": 2.0}

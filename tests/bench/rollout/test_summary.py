@@ -119,7 +119,9 @@ def test_the_summary_the_timeline_and_results_json_are_written_from_the_figures(
     assert "| on | 1 | restart ranker-2 | 10.0 | 2.0 | 3.0 | 8 of 10 | 5.0 MiB | 4.0 MiB |" in text
     report.write_timeline(runs, tmp_path / "timeline.csv")
     rows = (tmp_path / "timeline.csv").read_text().splitlines()
-    assert rows[0] == "mode,seed,start_s,calls,hbm,dram,extended,miss,failed,recommend_p99_ms,recompute_s"
+    assert (
+        rows[0] == "mode,seed,start_s,calls,hbm,dram,peer,extended,miss,failed,recommend_p99_ms,recompute_s"
+    )
     assert len(rows) == 1 + 4 * 60  # a bucket a second of each run
     report.plot(runs, PLAN, tmp_path / "timeline.png")
     assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -4,16 +4,18 @@ counter); a Rank from an admitted entry equals a full recomputation."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
+import grpc
 import pytest
 import torch
 
 from relaygr.v1 import handoff_pb2, ranker_pb2
 from services.ranker.cache import kv_wire
 from services.ranker.cache.acquired import Source
-from services.ranker.handoff.receive import receive
+from services.ranker.handoff.receive import StreamError, receive
 from tests.exact import assert_scores_equal
 from tests.ranker.handoff.support import (
     cached,
@@ -48,8 +50,12 @@ async def test_entries_arrive_byte_for_byte_into_dram_and_rank_exactly() -> None
             assert torch.equal(got.dram.buffer, entry.dram.buffer)
         for user in range(3):
             scores, source = await ranked(receiver, user)
-            assert source is Source.DRAM
+            assert source is Source.PEER  # its first use here: without the sender, a miss
             assert_scores_equal(scores, reference(receiver, user))
+            await settle(receiver)
+            again, source = await ranked(receiver, user)
+            assert source in (Source.HBM, Source.DRAM)  # from then on, this ranker's own
+            assert_scores_equal(again, reference(receiver, user))
 
 
 @run
@@ -220,7 +226,7 @@ async def test_item_action_entries_arrive_as_two_kv_rows_an_event_and_rank_exact
         assert held_bytes(receiver.cache)["dram"] == tally.admitted_bytes == sum(len(c.data) for c in chunks)
         for user in range(2):
             scores, source = await ranked(receiver, user)
-            assert source is Source.DRAM
+            assert source is Source.PEER
             assert_scores_equal(scores, reference(receiver, user))
         # The same bytes named as one event fewer (78 rows for 39 events, 80 sent) are refused.
         async with cache_app(instance_name="c", checkpoint=model) as other:
@@ -342,3 +348,63 @@ async def test_an_admitted_entry_is_stamped_with_its_last_use_on_the_sender() ->
         (entry,) = receiver.cache.index.of_user("user-1")
         assert before - 42.0 <= receiver.cache.dram.last_used(entry.key) <= after - 42.0
         assert receiver.cache.dram.oldest_use() == receiver.cache.dram.last_used(entry.key)
+
+
+def _reserved(receiver) -> int:
+    """Bytes the receiver's DRAM and staging tiers account for, reservations included."""
+    return receiver.cache.dram.used_bytes + receiver.admission.staging.used_bytes
+
+
+@run
+async def test_a_chunk_over_the_limit_ends_the_stream_and_its_entry_is_given_back(monkeypatch) -> None:
+    """Chunks carry at most `CHUNK_BYTES` of data: the first one over it ends the stream with an error
+    naming the field, and the entry it belonged to leaves neither its reservation nor its bytes."""
+    monkeypatch.setattr(kv_wire, "CHUNK_BYTES", 4096)
+    async with cache_app(instance_name="b", dram_ttl_s=600) as receiver:
+        first, second, *_ = made_up(receiver, 1)
+        seen = []
+
+        async def oversized():
+            yield handoff_pb2.PushRequest(chunk=first)
+            seen.append(_reserved(receiver))  # the entry's reservation, held while it arrives
+            yield handoff_pb2.PushRequest(chunk=handoff_pb2.HandoffChunk(data=second.data + b"\0"))
+
+        with pytest.raises(StreamError, match=r"chunk\.data: 4097 bytes") as caught:
+            await receive(oversized(), receiver.admission)
+        assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert seen == [ENTRY_BYTES]
+        assert _reserved(receiver) == 0 and held_bytes(receiver.cache) == {"hbm": 0, "dram": 0}
+        assert receiver.cache.index.of_user("user-1") == []
+
+
+@run
+async def test_a_sender_stalled_within_an_entry_holds_no_reservation_past_the_chunk_timeout(
+    monkeypatch,
+) -> None:
+    """A sender that stops after an entry's first chunk: once the chunk timeout passes, its reservation is
+    given back while the stream is still open, and the stream ends with DEADLINE_EXCEEDED. Between entries
+    a quiet stream holds nothing and is left alone."""
+    monkeypatch.setattr(kv_wire, "CHUNK_BYTES", 4096)
+    async with cache_app(instance_name="b", dram_ttl_s=600) as receiver:
+        whole, (first, *_) = made_up(receiver, 1, length=8), made_up(receiver, 2)
+        assert len(whole) == 1  # 8 events: one chunk
+        resumed = asyncio.Event()
+
+        async def stalling():
+            yield handoff_pb2.PushRequest(chunk=whole[0])
+            await asyncio.sleep(0.3)  # between entries: longer than the timeout, and harmless
+            yield handoff_pb2.PushRequest(chunk=first)
+            await resumed.wait()  # never set while the receiver waits
+
+        task = asyncio.ensure_future(receive(stalling(), receiver.admission, chunk_timeout_s=0.1))
+        for _ in range(200):
+            if _reserved(receiver) > 8 * 512:
+                break
+            await asyncio.sleep(0.005)
+        assert _reserved(receiver) == 8 * 512 + ENTRY_BYTES  # the first entry held, the second reserved
+        with pytest.raises(StreamError, match=r"none for 0\.1 s within entry 'user-2'") as caught:
+            await asyncio.wait_for(task, 5)
+        assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert _reserved(receiver) == held_bytes(receiver.cache)["dram"] == 8 * 512
+        assert receiver.cache.index.of_user("user-2") == []
+        assert len(receiver.cache.index.of_user("user-1")) == 1

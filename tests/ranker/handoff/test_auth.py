@@ -98,6 +98,39 @@ async def test_without_tls_or_a_secret_only_callers_on_loopback_are_served() -> 
 
 
 @run
+async def test_a_push_that_stalls_within_an_entry_or_oversizes_a_chunk_is_ended_and_stores_nothing(
+    monkeypatch,
+) -> None:
+    """On a real server: a Push whose sender stops within an entry ends with DEADLINE_EXCEEDED once
+    --handoff-chunk-timeout-s passes, one with a chunk over the limit with INVALID_ARGUMENT naming the
+    field; neither leaves a reservation or a byte behind, and a well-formed Push is admitted after them."""
+    monkeypatch.setattr(kv_wire, "CHUNK_BYTES", 4096)
+    async with serving(instance_name="b", handoff_chunk_timeout_s=0.2) as app:
+        first, second, *_ = made_up(app, 1)
+
+        async def stalled():
+            yield handoff_pb2.PushRequest(chunk=first)
+            await asyncio.sleep(30)
+
+        async def oversized():
+            yield handoff_pb2.PushRequest(chunk=first)
+            yield handoff_pb2.PushRequest(chunk=handoff_pb2.HandoffChunk(data=second.data * 2))
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}") as channel:
+            stub = handoff_pb2_grpc.CacheHandoffServiceStub(channel)
+            for requests, code, message in (
+                (stalled, grpc.StatusCode.DEADLINE_EXCEEDED, "chunk: none for 0.2 s within entry 'user-1'"),
+                (oversized, grpc.StatusCode.INVALID_ARGUMENT, "chunk.data: 8192 bytes"),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await stub.Push(requests(), timeout=10)
+                assert caught.value.code() == code and message in caught.value.details()
+                assert app.cache.dram.used_bytes == app.admission.staging.used_bytes == 0
+                assert not app.cache.index.entries and held_bytes(app.cache)["dram"] == 0
+            assert await push(channel, app, 1) == grpc.StatusCode.OK
+
+
+@run
 async def test_with_a_fleet_secret_every_caller_must_present_it() -> None:
     async with (
         serving(instance_name="b", handoff_secret="fleet-secret") as app,
@@ -192,7 +225,7 @@ async def test_rankers_that_share_the_fleet_secret_fetch_and_push_to_each_other(
                 break
             await asyncio.sleep(0.01)
         _, source = await ranked(a, ours)
-        assert source is Source.HBM  # fetched from b, reloaded, leased
+        assert source is Source.PEER  # fetched from b, reloaded, leased
         (entry,) = await cached(a, [theirs])
         await rankers.stop("a")
         assert (a.handed_off.failed, sum(r.admitted for r in a.handed_off.receipts)) == (0, 1)

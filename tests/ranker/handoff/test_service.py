@@ -35,6 +35,11 @@ def read_throughs(outcome: str) -> float:
     return REGISTRY.get_sample_value("relaygr_read_through_total", {"outcome": outcome}) or 0.0
 
 
+def peer_ranks() -> float:
+    """Ranks served from a prefix a peer gave, as the ranker's Rank counter has them."""
+    return REGISTRY.get_sample_value("relaygr_rank_requests_total", {"cache_source": "peer"}) or 0.0
+
+
 @run
 async def test_a_drain_hands_each_entry_to_its_next_owner_byte_for_byte_and_ranks_stay_exact() -> None:
     async with fleet(["a", "b", "c"]) as rankers:
@@ -55,13 +60,15 @@ async def test_a_drain_hands_each_entry_to_its_next_owner_byte_for_byte_and_rank
         for key, owner in owners.items():
             got = rankers.apps[owner].cache.index.get(key)
             assert got is not None and got.hbm is None and torch.equal(got.dram.buffer, sent[key])
+        from_peers = peer_ranks()
         for user in (0, 1):
             owner = rankers.apps[owners[entries[user].key]]
             async with grpc.aio.insecure_channel(f"127.0.0.1:{owner.grpc.port}") as channel:
                 request = rank_request(f"user-{user}", history(user), SHORT, CANDIDATES.tolist())
                 answer = await ranker_pb2_grpc.RankerServiceStub(channel).Rank(request, timeout=10)
-            assert answer.cache_source == common_pb2.CACHE_SOURCE_DRAM
+            assert answer.cache_source == common_pb2.CACHE_SOURCE_PEER
             assert_scores_equal(answer.scores, reference(owner, user))
+        assert peer_ranks() == from_peers + 2  # counted as the peer's, not as DRAM hits
 
 
 @run
@@ -84,14 +91,14 @@ async def test_a_returning_ranker_reads_its_users_back_from_who_served_them_mean
         await a.cache.pre_infer(f"user-{first}", events(history(first)))
         await _fetched(a)
         scores, source = await ranked(a, first)
-        assert source is Source.HBM and read_throughs("hit") == hits + 1
+        assert source is Source.PEER and read_throughs("hit") == hits + 1  # reloaded, leased: found in HBM
         assert_scores_equal(scores, reference(a, first))
         # A Rank reads through when the transfer is predicted to beat computing (here: free, against a
         # recomputation predicted to take 10 s, which is also how long it may wait) ...
         a.read_through.transfer = TransferModel(call_s=0.0, byte_s=0.0)
         a.read_through.load = types.SimpleNamespace(cost_ms=lambda path, tokens: 10_000.0)
         scores, source = await ranked(a, second)
-        assert source is Source.DRAM and read_throughs("hit") == hits + 2
+        assert source is Source.PEER and read_throughs("hit") == hits + 2  # fetched, reloaded for the Rank
         assert_scores_equal(scores, reference(a, second))
         # ... and computes when it is not.
         a.read_through.transfer = TransferModel(call_s=10.0, byte_s=0.0)
@@ -237,7 +244,7 @@ async def test_an_item_action_models_prefixes_are_fetched_and_pushed_and_rank_ex
         await a.cache.pre_infer(f"user-{ours}", events(history(ours)))
         await _fetched(a)
         scores, source = await ranked(a, ours)
-        assert source is Source.HBM and read_throughs("hit") == hits + 1
+        assert source is Source.PEER and read_throughs("hit") == hits + 1
         assert_scores_equal(scores, reference(a, ours))
         theirs = [u for u in range(200) if ring.owner(f"user-{u}") == "b"][:3]
         entries = await cached(a, theirs)
@@ -248,7 +255,7 @@ async def test_an_item_action_models_prefixes_are_fetched_and_pushed_and_rank_ex
             got = b.cache.index.get(entry.key)
             assert got is not None and torch.equal(got.dram.buffer, entry.dram.buffer)
             scores, source = await ranked(b, user)
-            assert source is Source.DRAM
+            assert source is Source.PEER
             assert_scores_equal(scores, reference(b, user))
 
 
@@ -304,7 +311,7 @@ async def test_fetches_in_flight_are_bounded_and_a_miss_beyond_them_computes() -
         assert a.cache.key(f"user-{second}", events(history(second))) in a.cache.productions
         await _fetched(a)
         scores, source = await ranked(a, first)
-        assert source is Source.HBM  # the first one's fetch did arrive
+        assert source is Source.PEER  # the first one's fetch did arrive
         assert_scores_equal(scores, reference(a, first))
 
 
