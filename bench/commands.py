@@ -91,6 +91,11 @@ COMMANDS = (
         "bench.micro.accelerator:main",
     ),
     Command(
+        "dram-precision",
+        "what each DRAM precision (exact, bf16, fp8) does to the scores: max error against the full pass",
+        "bench.micro.dram_precision:main",
+    ),
+    Command(
         "grpc-floor",
         "the CPU one unary gRPC call costs this stack, client and server apart",
         "bench.micro.grpc_floor:main",

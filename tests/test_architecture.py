@@ -23,7 +23,8 @@ module named to `importlib.import_module`, in services/, bench/ and tools/):
   unit and its canary pass; `bench/micro/serving/in_process.py` times
   the same passes in process against the ranker's, `bench/micro/null_model.py` serves the ranker with its
   model passes made free, and `bench/micro/simulated_device.py` with passes that hold a shared simulated
-  device; `bench/studies/gain_stability.py` fits the trigger's cost
+  device; `bench/micro/dram_precision.py` measures the scores of the ranker's DRAM precisions through its
+  model and tier copier; `bench/studies/gain_stability.py` fits the trigger's cost
   model): they may import that service's internals and config, never its handlers.
   `tools/docs.py` renders every command's settings class into docs/configuration.md, which is its job: it
   loads them by name, out of this check's sight;
@@ -63,6 +64,7 @@ IN_PROCESS = {
     "bench/micro/serving/in_process.py": "ranker",
     "bench/micro/null_model.py": "ranker",
     "bench/micro/simulated_device.py": "ranker",
+    "bench/micro/dram_precision.py": "ranker",
     "bench/studies/gain_stability.py": "trigger",
 }
 # Modules that hold a service's request handling: only the service itself may import them.

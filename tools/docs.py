@@ -50,6 +50,11 @@ SERVICES = [
         "bench.micro.accelerator",
         "AcceleratorBenchConfig",
     ),
+    (
+        "DRAM precisions' error — `python -m bench dram-precision`",
+        "bench.micro.dram_precision",
+        "DramPrecisionConfig",
+    ),
     ("gRPC call floor — `python -m bench grpc-floor`", "bench.micro.grpc_floor", "GrpcFloorConfig"),
     ("Router hop — `python -m bench router-hop`", "bench.micro.router_hop", "RouterHopBench"),
     (

@@ -41,6 +41,7 @@ from services.ranker.handoff.peers import Peers
 from services.ranker.handoff.push import SENT_OUTCOMES, HandoffSummary, Pusher
 from services.ranker.handoff.read_through import READ_THROUGH_OUTCOMES, ReadThrough
 from services.ranker.handoff.receive import RECEIVED
+from services.ranker.model import kv_precision
 from services.ranker.model.hstu import HSTURanker
 from services.ranker.model.presets import get_preset
 from services.ranker.model.store import is_model_dir, load_model_dir
@@ -126,7 +127,7 @@ class RankerApp:
             rank_batch_max=config.rank_batch_max,
             graphs=self._graphs(model),
         )
-        dram_dtype = torch.bfloat16 if config.dram_lossy_bf16 else model.preset.dtype
+        dram_dtype = kv_precision.dram_dtype(config.dram_precision, model.preset.dtype)
         self.cache = PrefixCache(
             self.runner,
             TierCopier(self.accelerator, model.preset.dtype, dram_dtype, self._host_pool()),

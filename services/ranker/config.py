@@ -13,6 +13,7 @@ from services.common.settings import RequestLimits
 from services.ranker.cache.tiers import POLICIES
 from services.ranker.handoff.settings import HandoffSettings
 from services.ranker.model.family import ModelConfig
+from services.ranker.model.kv_precision import DRAM_PRECISIONS
 from services.ranker.model.presets import PRESETS, get_preset
 from services.ranker.model.store import is_model_dir, read_config
 
@@ -55,7 +56,13 @@ class RankerConfig(HandoffSettings, AffinitySettings, RequestLimits, ServiceConf
     dram_policy: str = setting(
         "lru", "DRAM eviction policy: lru, or size (largest-first among the stale)", choices=POLICIES
     )
-    dram_lossy_bf16: bool = setting(False, "store DRAM copies in bf16 (halves DRAM bytes; scores move by ε)")
+    dram_precision: str = setting(
+        "exact",
+        "what DRAM copies are stored in: exact (the model's dtype), bf16 (half of fp32's bytes) or fp8 (e4m3 "
+        "with a float32 scale a layer, keys or values and head: a quarter of fp32's bytes); bf16 and fp8 "
+        "move the scores of Ranks served from a DRAM copy by a measured ε, and those Ranks say so (lossy)",
+        choices=DRAM_PRECISIONS,
+    )
     lease_ttl_ms: int = setting(
         3000, "how long a pre-inferred HBM entry is leased awaiting its Rank", above=0
     )

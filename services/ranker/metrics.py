@@ -21,8 +21,8 @@ RANK_LATENCY = Histogram(
 )
 RANK_LOSSY = Counter(
     "relaygr_rank_lossy_total",
-    "Ranks whose prefix came from a lossy (bf16) DRAM copy, by cache source: their scores equal a full "
-    "recomputation only within the copy's epsilon.",
+    "Ranks whose prefix came from a lossy (bf16 or FP8) DRAM copy, by cache source: their scores equal a "
+    "full recomputation only within the copy's epsilon.",
     ["cache_source"],
 )
 PRE_INFER_OUTCOMES = Counter(

@@ -4,7 +4,8 @@ Their speed is measured, never asserted: `python -m bench accelerator` prints th
 against the pinned host-to-device peak of the same machine.
 
 - A demoted and reloaded entry equals the original bitwise (and a lossy bf16 copy equals the original
-  rounded to bf16), read layer by layer on the rank stream through its ready markers alone.
+  rounded to bf16, an FP8 copy the CPU's FP8 round trip of it), read layer by layer on the rank stream
+  through its ready markers alone.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from services.ranker.device.accelerator import Accelerator
 from services.ranker.device.copier import TierCopier
 from services.ranker.device.host_pool import HostPool
+from services.ranker.model.kv_precision import FP8, dequantize, quantize
 from services.ranker.model.prefix_kv import PrefixKV
 from services.ranker.model.presets import get_preset
 
@@ -66,3 +68,21 @@ def test_a_lossy_round_trip_equals_the_original_rounded_to_bf16():
         done = accelerator.record()
     done.synchronize()
     assert torch.equal(back, kv.buffer.to(torch.bfloat16).to(torch.float32))
+
+
+def test_an_fp8_round_trip_equals_the_cpus_bit_for_bit():
+    accelerator = Accelerator(CUDA)
+    kv = dlrm_entry(length=1000, dtype=torch.float32, seed=3)
+    copier = TierCopier(
+        accelerator, torch.float32, FP8, HostPool(kv.nbytes(), accelerator.pinned(kv.nbytes()))
+    )
+    dram = copier.to_dram(kv)
+    assert dram.dtype == FP8 and dram.scale.is_pinned() and dram.buffer.is_pinned()
+    quantized, scale = quantize(kv.buffer.cpu())
+    assert torch.equal(dram.scale, scale)
+    assert torch.equal(dram.buffer.view(torch.uint8), quantized.view(torch.uint8))
+    with accelerator.on(accelerator.rank_stream):
+        back = copier.to_hbm(dram).wait().buffer.clone()
+        done = accelerator.record()
+    done.synchronize()
+    assert torch.equal(back.cpu(), dequantize(quantized, scale, torch.float32))

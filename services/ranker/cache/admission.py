@@ -3,7 +3,9 @@ the resident entries a drain or a peer's read-through sends.
 
 Admission is safe by construction:
 - Into DRAM only, under the DRAM tier's own budget, and only with this ranker's model version and KV
-  layout, valid events, and a sender-side idle time (`idle_s`) that is finite, not negative and within the
+  layout (its DRAM dtype among them: a ranker takes entries of its own `--dram-precision` only; an FP8
+  entry's scales must be one finite, positive float32 a layer, keys or values and head), valid events,
+  and a sender-side idle time (`idle_s`) that is finite, not negative and within the
   DRAM TTL (a staler entry would expire on arrival); anything else is refused as invalid, the field named
   in the log.
 - Nothing is evicted for an entry before every byte of it has arrived with the header's size and CRC-32
@@ -123,7 +125,7 @@ class Admission:
         if entry.layout != self.layout:
             return Refusal.HANDOFF_REFUSAL_LAYOUT
         try:
-            events, buffer_shape = self._validate(entry, wanted)
+            events, buffer_shape, scale = self._validate(entry, wanted)
         except InvalidArgument as exc:
             log.warning("handoff entry refused as invalid: %s", exc.message)
             return Refusal.HANDOFF_REFUSAL_INVALID
@@ -132,22 +134,26 @@ class Admission:
             return HELD
         now = cache.clock() if now is None else now
         used_at = now - entry.idle_s
-        reservation, nbytes, dram = ("incoming", key), entry.nbytes, cache.dram
+        reservation, nbytes, dram = ("incoming", key), cache.copier.dram_nbytes(buffer_shape), cache.dram
         if reservation in dram or reservation in self.staging or nbytes > dram.budget_bytes:
             return Refusal.HANDOFF_REFUSAL_BUDGET
         if dram.fits(nbytes):
             kv = cache.copier.new_dram(buffer_shape)
             if kv is not None:  # else the host pool has no contiguous range that large: stage it
+                if scale is not None:
+                    kv.scale.copy_(scale)
                 dram.reserve(reservation, nbytes, now)
                 return Incoming(key, events, kv, codec.Assembly(entry, kv.buffer), used_at)
         if not self.staging.fits(nbytes) or self._victims(nbytes, used_at, protected) is None:
             return Refusal.HANDOFF_REFUSAL_BUDGET
-        staged = PrefixKV(torch.empty(buffer_shape, dtype=cache.copier.dram_dtype))
+        staged = PrefixKV(torch.empty(buffer_shape, dtype=cache.copier.dram_dtype), scale=scale)
         self.staging.reserve(reservation, nbytes, now)
         return Incoming(key, events, staged, codec.Assembly(entry, staged.buffer), used_at, staged=True)
 
-    def _validate(self, entry: handoff_pb2.HandoffEntry, wanted: Events | None) -> tuple[Events, tuple]:
-        """The entry's events and buffer shape; InvalidArgument naming the field at fault."""
+    def _validate(
+        self, entry: handoff_pb2.HandoffEntry, wanted: Events | None
+    ) -> tuple[Events, tuple, torch.Tensor | None]:
+        """The entry's events, buffer shape and scales (FP8); InvalidArgument naming the field at fault."""
         arrays = validation.sequence_arrays(
             entry.events, "entry.events", self.max_events, self.num_action_types, allow_empty=False
         )
@@ -165,7 +171,11 @@ class Admission:
             raise InvalidArgument(
                 "entry.nbytes", f"{entry.nbytes} bytes are not {len(events)} events in the entry's layout"
             )
-        return events, buffer_shape
+        try:
+            scale = codec.scales(entry.layout, entry.scale)
+        except ValueError as exc:
+            raise InvalidArgument("entry.scale", str(exc)) from None
+        return events, buffer_shape, scale
 
     def finish(self, incoming: Incoming, protected: set[PrefixKey] | None = None) -> int:
         """Indexes a complete entry: `ADMITTED`, `HELD` (produced or admitted here meanwhile), or why it was
@@ -236,6 +246,8 @@ class Admission:
                         break
         if kv is not None:
             kv.buffer.copy_(incoming.kv.buffer)
+            if kv.scale is not None:
+                kv.scale.copy_(incoming.kv.scale)
         return kv
 
     def _victims(
@@ -314,8 +326,8 @@ class Admission:
         return max(0.0, self.cache.clock() - self.cache.dram.last_used(entry.key))
 
     def nbytes(self, entry: CacheEntry) -> int:
-        """Bytes the entry takes on the wire (in the DRAM dtype)."""
-        return entry.length * self.cache.moves.dram_bytes_per_token
+        """Bytes the entry takes on the wire (in the DRAM dtype, with its scales in FP8)."""
+        return self.cache.moves.dram_nbytes(entry.length)
 
     async def payload(self, entry: CacheEntry) -> tuple[handoff_pb2.HandoffEntry, memoryview] | None:
         """The entry's header and bytes as sent; None when it has lost both copies meanwhile. A device copy
@@ -325,18 +337,21 @@ class Admission:
         if kv is None:
             return None
         if kv.device.type != "cpu" or kv.dtype != cache.copier.dram_dtype:
-            to_host: Callable[[], torch.Tensor] = lambda: cache.copier.to_host(kv)  # noqa: E731
+            to_host: Callable[[], PrefixKV] = lambda: cache.copier.to_host(kv)  # noqa: E731
             host = await cache.copy_worker.submit(to_host, Priority.PRE_INFER, Op.HANDOFF)
+            buffer = host.buffer
         else:  # a slab of the host pool may be reused once evicted: send a copy of its own
-            host = kv.wait().buffer.clone() if cache.copier.copies else kv.wait().buffer
-        data = codec.as_bytes(host)
+            host = kv.wait()
+            buffer = host.buffer.clone() if cache.copier.copies else host.buffer
+        data, scale = codec.as_bytes(buffer), codec.scale_bytes(host)
         header = handoff_pb2.HandoffEntry(
             user_id=entry.key.user_id,
             model_version=entry.key.model_version,
             events=codec.sequence(entry.events),
             layout=self.layout,
             nbytes=len(data),
-            crc32=codec.crc32(data),
+            crc32=codec.crc32(data, scale),
+            scale=scale,
             lossy=entry.lossy or cache.copier.lossy,
             idle_s=idle_s,
         )

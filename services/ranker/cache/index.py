@@ -72,8 +72,9 @@ class CacheEntry:
     lease: Lease | None = None
     pins: set[Pin] = dataclasses.field(default_factory=set)
     demoting: bool = False
-    # Its KV went through a lossy (bf16) DRAM copy, itself or the base it was extended from: its scores
-    # equal a full recomputation only within that copy's epsilon, and every Rank served from it says so.
+    # Its KV went through a lossy (bf16 or FP8) DRAM copy, itself or the base it was extended from: its
+    # scores equal a full recomputation only within that copy's epsilon, and every Rank served from it says
+    # so.
     lossy: bool = False
     # It came from another ranker (`services.ranker.cache.admission`) and no Rank has used it here yet: the
     # first Rank served from it, whether it is in DRAM or was reloaded meanwhile, reports a peer hit.

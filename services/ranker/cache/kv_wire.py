@@ -1,16 +1,18 @@
 """Prefix KV on the wire between rankers (`services.ranker.handoff`): an entry's layout, its bytes, and
 the chunks they travel in.
 
-An entry travels as its `HandoffEntry` (key, events, layout, size, CRC-32) on its first chunk and its KV
-bytes in chunks of at most `CHUNK_BYTES`, the last one marked `last`. The bytes are the buffer of a
-`PrefixKV` with one user, `[layers, 2, 1, heads, rows, head_dim]` (rows: the events times the layout's
-tokens an event), little-endian, C order, in the
-sender's DRAM dtype: what the receiver's DRAM tier would hold after a demotion, so admitting it copies the
-bytes once, into their place.
+An entry travels as its `HandoffEntry` (key, events, layout, size, CRC-32, and in FP8 its scales) on its
+first chunk and its KV bytes in chunks of at most `CHUNK_BYTES`, the last one marked `last`. The bytes are
+the buffer of a `PrefixKV` with one user, `[layers, 2, 1, heads, rows, head_dim]` (rows: the events times
+the layout's tokens an event), little-endian, C order, in the sender's DRAM dtype: what the receiver's DRAM
+tier would hold after a demotion, so admitting it copies the bytes once, into their place. An FP8 entry's
+scales (`scale`: float32 `[layers, 2, 1, heads]`, little-endian) ride in its header; the CRC-32 covers the
+KV bytes, then the scales.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import zlib
 from collections.abc import Iterator
@@ -19,11 +21,18 @@ import numpy as np
 import torch
 
 from relaygr.v1 import common_pb2, handoff_pb2
+from services.ranker.model import kv_precision
 from services.ranker.model.events import Events
+from services.ranker.model.prefix_kv import PrefixKV
 
 CHUNK_BYTES = 1 << 20
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+}
 
 if sys.byteorder != "little":  # the wire's byte order is the host's: refuse to run where they differ
     raise ImportError("the cache handoff's wire format is little-endian; this host is not")
@@ -63,8 +72,35 @@ def as_bytes(buffer: torch.Tensor) -> memoryview:
     return memoryview(buffer.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
-def crc32(data: memoryview) -> int:
-    return zlib.crc32(data)
+def scale_bytes(kv: PrefixKV) -> bytes:
+    """The `scale` field of a host entry: its scales' bytes (none but in FP8)."""
+    return b"" if kv.scale is None else bytes(as_bytes(kv.scale))
+
+
+def scales(kv_layout: handoff_pb2.KvLayout, data: bytes) -> torch.Tensor | None:
+    """The scales an entry in `kv_layout` carries, `[layers, 2, 1, heads, 1, 1]` float32, read from its
+    `scale` field; None for a dtype without scales. ValueError when `data` is not one finite, positive
+    float32 a layer, keys or values and head (or not empty, for a dtype without scales)."""
+    if DTYPES.get(kv_layout.dtype) not in kv_precision.SCALED:
+        if data:
+            raise ValueError(f"{len(data)} bytes for a {kv_layout.dtype} entry, which has no scales")
+        return None
+    shape = (kv_layout.layers, 2, 1, kv_layout.heads, 1, 1)
+    expected = math.prod(shape) * kv_precision.SCALE_DTYPE.itemsize
+    if len(data) != expected:
+        raise ValueError(
+            f"{len(data)} bytes, not {expected}: one float32 a layer, keys or values and head "
+            f"({kv_layout.layers} x 2 x {kv_layout.heads})"
+        )
+    scale = torch.frombuffer(bytearray(data), dtype=kv_precision.SCALE_DTYPE).reshape(shape)
+    if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
+        raise ValueError("every scale must be finite and positive")
+    return scale
+
+
+def crc32(data: memoryview, scale: bytes = b"") -> int:
+    """The CRC-32 of an entry: its KV bytes, then its scales' bytes."""
+    return zlib.crc32(scale, zlib.crc32(data))
 
 
 def sequence(events: Events) -> common_pb2.BehaviorSequence:
@@ -87,7 +123,8 @@ def chunks(entry: handoff_pb2.HandoffEntry, data: memoryview) -> Iterator[handof
 
 class Assembly:
     """The bytes of one incoming entry written into `destination` (a host buffer of the entry's size), with
-    their running CRC-32: `complete` once exactly `nbytes` arrived with the header's checksum."""
+    their running CRC-32: `complete` once exactly `nbytes` arrived with the header's checksum (over those
+    bytes and the header's scales)."""
 
     def __init__(self, entry: handoff_pb2.HandoffEntry, destination: torch.Tensor) -> None:
         self.entry = entry
@@ -107,4 +144,6 @@ class Assembly:
 
     @property
     def complete(self) -> bool:
-        return not self.overflow and self.received == self.entry.nbytes and self._crc == self.entry.crc32
+        if self.overflow or self.received != self.entry.nbytes:
+            return False
+        return zlib.crc32(self.entry.scale, self._crc) == self.entry.crc32

@@ -30,6 +30,7 @@ from services.ranker.cache.tiers import Tier
 from services.ranker.device.copier import PoolExhausted, TierCopier
 from services.ranker.device.host_pool import Slab
 from services.ranker.engine.scheduler import Op, Priority, Scheduler
+from services.ranker.model.family import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class TierMoves:
         index: Index,
         leases: Leases,
         productions: Productions,
-        bytes_per_token: int,
+        preset: ModelConfig,
         clock: Callable[[], float],
     ) -> None:
         self.hbm = hbm
@@ -57,13 +58,18 @@ class TierMoves:
         self.leases = leases
         self.productions = productions
         self.clock = clock
-        self.dram_bytes_per_token = (
-            bytes_per_token * copier.dram_dtype.itemsize // copier.compute_dtype.itemsize
-        )
+        self.preset = preset
         # The tiers' bytes and entries, read when the metrics are scraped.
         for tier in (hbm, dram):
             metrics.KV_CACHE_BYTES.labels(tier.name).set_function(functools.partial(_used_bytes, tier))
             metrics.KV_CACHE_ENTRIES.labels(tier.name).set_function(tier.__len__)
+
+    def dram_nbytes(self, events: int) -> int:
+        """Bytes the DRAM copy of one user's prefix of `events` takes (in FP8, with its scales)."""
+        p = self.preset
+        return self.copier.dram_nbytes(
+            (p.num_layers, 2, 1, p.num_heads, events * p.tokens_per_event, p.head_dim)
+        )
 
     def remove(self, entry: CacheEntry, reason: str) -> None:
         key = entry.key
@@ -110,7 +116,7 @@ class TierMoves:
             entry.hbm = None
             self.dram.touch(entry.key, self.clock())
             return
-        nbytes = entry.length * self.dram_bytes_per_token
+        nbytes = self.dram_nbytes(entry.length)
         room, slab = self._room_in_dram(nbytes)
         if not room:
             self.remove(

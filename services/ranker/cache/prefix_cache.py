@@ -98,7 +98,7 @@ class PrefixCache:
         self.productions = Productions(runner, copier, copy_worker)
         self.moves = TierMoves(
             hbm, dram, copier, copy_worker, self.index, self.leases, self.productions,
-            bytes_per_token=self.bytes_per_token, clock=clock,
+            preset=runner.model.preset, clock=clock,
         )  # fmt: skip
         self.accepting = True
         self.read_through: ReadsThrough | None = None  # set by the app when peers are known

@@ -5,17 +5,22 @@ contiguous `[layers, 2, B, H, L, d]` buffer, and both directions run on the acce
 driven from the copy thread, so they overlap the compute streams' kernels:
 
 - `to_dram` orders the copy after the work that produced the entry (its ready markers, or the compute
-  streams' work queued so far), copies the whole buffer in one copy (narrowed to bf16 on the device first
-  when DRAM copies are lossy), and waits for that copy's event only.
+  streams' work queued so far), copies the whole buffer in one copy (narrowed on the device first when
+  DRAM copies are in a narrower dtype: bf16, or FP8 with its scales), and waits for that copy's event only.
 - `to_hbm` allocates the device buffer and queues one copy per layer (a layer's keys and values are one
   contiguous block), recording an event after each, and returns at once: the entry's ready markers let
-  the Rank that consumes it start layer 0 while later layers are still on their way.
+  the Rank that consumes it start layer 0 while later layers are still on their way. A narrower copy
+  crosses the bus in its own dtype and widens on the device (an FP8 one times its scales, which cross
+  first).
 - `release` returns a DRAM copy's slab to the pool after the last reload that reads it has completed, so
   a slab is never reused under an in-flight copy.
 
+An FP8 copy's slab holds its float32 scales (`[layers, 2, B, H, 1, 1]`) first, then its bytes, so the DRAM
+tier's bytes and the pool's are the same (`dram_nbytes`).
+
 On CPU (`Accelerator.copies` False) the two tiers are separate byte budgets over the same memory: moving
-an entry between them copies nothing unless the DRAM tier stores a lossy (bf16) copy. `copies=True`
-forces the pool path on CPU, where the stand-in streams run each copy when it is queued.
+an entry between them copies nothing unless the DRAM tier stores a narrower (bf16 or FP8) copy.
+`copies=True` forces the pool path on CPU, where the stand-in streams run each copy when it is queued.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 
 from services.ranker.device.accelerator import Accelerator
 from services.ranker.device.host_pool import HostPool, PoolExhausted, Slab
+from services.ranker.model import kv_precision
 from services.ranker.model.prefix_kv import PrefixKV
 
 __all__ = ["PoolExhausted", "TierCopier"]
@@ -76,6 +82,10 @@ class TierCopier:
         """DRAM copies lose precision (stored in a narrower dtype than the model computes in)."""
         return self.dram_dtype != self.compute_dtype
 
+    def dram_nbytes(self, shape: tuple[int, ...] | torch.Size) -> int:
+        """Bytes a DRAM copy of a `shape` buffer takes: its bytes in the DRAM dtype, and its scales in FP8."""
+        return kv_precision.kv_nbytes(shape, self.dram_dtype)
+
     @property
     def copies(self) -> bool:
         """DRAM copies are real copies in slabs of the host pool (else: the same memory, budgeted apart)."""
@@ -98,30 +108,41 @@ class TierCopier:
             self.pool.free(slab)
 
     def new_dram(self, shape: tuple[int, ...]) -> PrefixKV | None:
-        """An empty DRAM copy of `shape` in the DRAM dtype, for bytes that arrive from elsewhere (a peer's
-        handoff): a slab of the pool, released as any DRAM copy is; None when the pool cannot hold it."""
+        """An empty DRAM copy of `shape` in the DRAM dtype (its scales unset, in FP8), for bytes that arrive
+        from elsewhere (a peer's handoff): a slab of the pool, released as any DRAM copy is; None when the
+        pool cannot hold it."""
         if self.pool is None:
-            return PrefixKV(torch.empty(shape, dtype=self.dram_dtype))
-        nbytes = torch.Size(shape).numel() * self.dram_dtype.itemsize
-        slab = self.pool.allocate(nbytes)
+            scale = None
+            if self.dram_dtype in kv_precision.SCALED:
+                scale = torch.empty(kv_precision.scale_shape(shape), dtype=kv_precision.SCALE_DTYPE)
+            return PrefixKV(torch.empty(shape, dtype=self.dram_dtype), scale=scale)
+        slab = self.pool.allocate(self.dram_nbytes(shape))
         if slab is None:
             return None
-        host = self.pool.view(slab, shape, self.dram_dtype)
+        host = self._view(slab, shape)
         with self._lock:
-            self._slabs[host.data_ptr()] = slab
-        return PrefixKV(host)
+            self._slabs[host.buffer.data_ptr()] = slab
+        return host
 
-    def to_host(self, kv: PrefixKV) -> torch.Tensor:
-        """`kv`'s buffer in host memory and the DRAM dtype, complete on return (its own buffer when it is
+    def _view(self, slab: Slab, shape) -> PrefixKV:
+        """A DRAM copy of `shape` in `slab`: its scales first (FP8), then its buffer."""
+        scale_bytes = kv_precision.scale_nbytes(shape, self.dram_dtype)
+        scale = None
+        if scale_bytes:
+            scale = self.pool.view(slab, kv_precision.scale_shape(shape), kv_precision.SCALE_DTYPE)
+        return PrefixKV(self.pool.view(slab, shape, self.dram_dtype, offset=scale_bytes), scale=scale)
+
+    def to_host(self, kv: PrefixKV) -> PrefixKV:
+        """`kv` in host memory and the DRAM dtype (quantized, in FP8), complete on return (itself when it is
         there already): what a handoff sends. Call on the copy thread."""
         kv = kv.wait()
         if kv.device.type == "cpu" and kv.dtype == self.dram_dtype:
-            return kv.buffer
+            return kv
         acc = self.accelerator
         with acc.on(acc.copy_stream):
             for stream in (acc.rank_stream, acc.pre_infer_stream, acc.default_stream()):
                 acc.copy_stream.wait_stream(stream)
-            host = kv.buffer.to(dtype=self.dram_dtype).to("cpu")
+            host = kv.to(dtype=self.dram_dtype).to("cpu")
             acc.record(acc.copy_stream).synchronize()
         return host
 
@@ -131,7 +152,7 @@ class TierCopier:
         if self.pool is None:
             kv = kv.wait()
             return kv if kv.dtype == self.dram_dtype else kv.to(dtype=self.dram_dtype)
-        nbytes = kv.buffer.numel() * self.dram_dtype.itemsize
+        nbytes = self.dram_nbytes(kv.buffer.shape)
         if slab is None:
             slab = self.pool.allocate(nbytes)
             if slab is None:
@@ -140,16 +161,17 @@ class TierCopier:
             self.pool.free(slab)
             raise PoolExhausted(f"the DRAM copy needs {nbytes} bytes, its slab has {slab.nbytes}")
         try:
-            host = self._copy_out(kv, self.pool.view(slab, kv.buffer.shape, self.dram_dtype))
+            host = self._copy_out(kv, self._view(slab, kv.buffer.shape))
         except BaseException:
             self.pool.free(slab)
             raise
         with self._lock:
-            self._slabs[host.data_ptr()] = slab
-        return PrefixKV(host)
+            self._slabs[host.buffer.data_ptr()] = slab
+        return host
 
-    def _copy_out(self, kv: PrefixKV, host: torch.Tensor) -> torch.Tensor:
-        """One copy of `kv`'s buffer into `host` on the copy stream, after the work that produced it."""
+    def _copy_out(self, kv: PrefixKV, host: PrefixKV) -> PrefixKV:
+        """One copy of `kv`'s buffer (and scales) into `host` on the copy stream, after the work that
+        produced it."""
         acc = self.accelerator
         with acc.on(acc.copy_stream):
             if kv.ready is not None:  # written by another stream: wait for each layer's marker
@@ -158,8 +180,10 @@ class TierCopier:
             else:  # produced on a compute stream: order after the work queued there so far
                 for stream in (acc.rank_stream, acc.pre_infer_stream, acc.default_stream()):
                     acc.copy_stream.wait_stream(stream)
-            source = kv.buffer if kv.dtype == self.dram_dtype else kv.buffer.to(self.dram_dtype)
-            host.copy_(source, non_blocking=acc.asynchronous)
+            source = kv if kv.dtype == self.dram_dtype else PrefixKV(kv.buffer).to(dtype=self.dram_dtype)
+            if host.scale is not None:
+                host.scale.copy_(source.scale, non_blocking=acc.asynchronous)
+            host.buffer.copy_(source.buffer, non_blocking=acc.asynchronous)
             done = acc.record(acc.copy_stream)
         done.synchronize()  # this copy only: the compute streams keep running
         return host
@@ -173,17 +197,23 @@ class TierCopier:
         shape = kv.buffer.shape
         with acc.on(acc.copy_stream):
             device_buffer = torch.empty(shape, dtype=self.compute_dtype, device=self.device)
-            # A lossy copy crosses the bus in its own dtype and widens on the device, one layer at a time.
-            staging = None
+            # A narrower copy crosses the bus in its own dtype and widens on the device, a layer at a time
+            # (an FP8 one times its scales, which cross first).
+            staging, scale = None, None
             if kv.dtype != self.compute_dtype:
                 staging = torch.empty(shape[1:], dtype=kv.dtype, device=self.device)
+            if kv.scale is not None:
+                scale = kv.scale.to(self.device, non_blocking=acc.asynchronous)
             ready = []
             for layer in range(kv.num_layers):
                 if staging is None:
                     device_buffer[layer].copy_(kv.buffer[layer], non_blocking=acc.asynchronous)
                 else:
                     staging.copy_(kv.buffer[layer], non_blocking=acc.asynchronous)
-                    device_buffer[layer].copy_(staging)
+                    if scale is None:
+                        device_buffer[layer].copy_(staging)
+                    else:
+                        kv_precision.dequantize_into(device_buffer[layer], staging, scale[layer])
                 ready.append(acc.record(acc.copy_stream))
         # Allocated on the copy stream, read on the compute streams: the allocator must know.
         for stream in (acc.rank_stream, acc.pre_infer_stream, acc.default_stream()):

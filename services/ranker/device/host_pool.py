@@ -89,12 +89,17 @@ class HostPool:
                 return
             self._release(slab)
 
-    def view(self, slab: Slab, shape, dtype: torch.dtype) -> torch.Tensor:
-        """The slab's first bytes as a contiguous tensor of `shape` and `dtype`."""
+    def view(self, slab: Slab, shape, dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
+        """The slab's bytes from `offset` (a multiple of `dtype`'s size) as a contiguous tensor of `shape`
+        and `dtype`."""
         nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes > slab.nbytes:
-            raise ValueError(f"a {list(shape)} {dtype} view needs {nbytes} bytes, the slab has {slab.nbytes}")
-        return self.arena[slab.offset : slab.offset + nbytes].view(dtype).view(shape)
+        if offset < 0 or offset % dtype.itemsize or offset + nbytes > slab.nbytes:
+            raise ValueError(
+                f"a {list(shape)} {dtype} view at {offset} needs {offset + nbytes} bytes, the slab has "
+                f"{slab.nbytes}"
+            )
+        start = slab.offset + offset
+        return self.arena[start : start + nbytes].view(dtype).view(shape)
 
     def slabs(self) -> list[Slab]:
         """The slabs handed out and not yet back in the free list, by offset."""

@@ -201,7 +201,7 @@ class ReadThrough:
 
     def _nbytes(self, events: Events) -> int:
         """The bytes a fetch of `events`' prefix brings, at most (a peer may hold a strict prefix)."""
-        return len(events) * self.admission.cache.moves.dram_bytes_per_token
+        return self.admission.cache.moves.dram_nbytes(len(events))
 
     def _answered(self, hit: bool) -> bool:
         if hit:

@@ -12,7 +12,7 @@ from relaygr.v1 import common_pb2, ranker_pb2
 from services.ranker.cache import PrefixLifecycle
 from services.ranker.engine.scheduler import Priority
 from tests.exact import assert_scores_equal
-from tests.ranker.harness import held_bytes, running_ranker
+from tests.ranker.harness import LOSSY_TOLERANCE, held_bytes, running_ranker
 from tests.support.metrics import metric
 from tests.support.requests import history, pre_infer_request, rank_request
 
@@ -261,9 +261,17 @@ async def rank_in(r, user, seq, seen):
     seen[answer.miss_reason] = user
 
 
-def test_lossy_bf16_dram_copies_move_scores_by_a_small_measured_epsilon_and_say_so():
+# cpu-tiny's scales: 2 layers x keys and values x 2 heads, a float32 each.
+FP8_SCALE_BYTES = 2 * 2 * 2 * 4
+
+
+@pytest.mark.parametrize(
+    ("precision", "dram_bytes"),
+    [("bf16", 128 * KV_BYTES_PER_TOKEN // 2), ("fp8", 128 * KV_BYTES_PER_TOKEN // 4 + FP8_SCALE_BYTES)],
+)
+def test_lossy_dram_copies_move_scores_by_a_small_measured_epsilon_and_say_so(precision, dram_bytes):
     async def scenario():
-        async with running_ranker(dram_lossy_bf16=True) as r:
+        async with running_ranker(dram_precision=precision) as r:
             long = history(10, 128)
             reference = torch.tensor(r.reference(long, SHORT, CANDIDATES))
             lossy_before = metric("relaygr_rank_lossy_total", cache_source="dram")
@@ -272,15 +280,15 @@ def test_lossy_bf16_dram_copies_move_scores_by_a_small_measured_epsilon_and_say_
             assert exact.cache_source == common_pb2.CACHE_SOURCE_HBM and not exact.lossy
             assert_scores_equal(exact.scores, reference)
             await r.settle()
-            assert r.cache.dram.used_bytes == 128 * KV_BYTES_PER_TOKEN // 2
+            assert r.cache.dram.used_bytes == dram_bytes == held_bytes(r.cache)["dram"]
 
-            # A Rank that reloads the bf16 copy: labelled lossy, close to the reference but not equal.
+            # A Rank that reloads the narrow copy: labelled lossy, close to the reference but not equal.
             lossy = await r.stub.Rank(rank_request("u10", long, SHORT, CANDIDATES))
             assert lossy.cache_source == common_pb2.CACHE_SOURCE_DRAM and lossy.lossy
             assert metric("relaygr_rank_lossy_total", cache_source="dram") == lossy_before + 1
             epsilon = (torch.tensor(lossy.scores) - reference).abs().max().item()
-            print(f"bf16 DRAM score deviation epsilon = {epsilon:.2e}")
-            assert 0 < epsilon < 5e-3
+            print(f"{precision} DRAM score deviation epsilon = {epsilon:.2e}")
+            assert 0 < epsilon < LOSSY_TOLERANCE[precision]
             with pytest.raises(AssertionError):
                 assert_scores_equal(lossy.scores, reference)
             await r.settle()

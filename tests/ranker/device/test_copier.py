@@ -19,10 +19,11 @@ from services.ranker.device.accelerator import Accelerator
 from services.ranker.device.copier import PoolExhausted, TierCopier
 from services.ranker.device.host_pool import HostPool
 from services.ranker.model.hstu import HSTURanker
+from services.ranker.model.kv_precision import FP8, dequantize, quantize
 from services.ranker.model.prefix_kv import PrefixKV
 from services.ranker.model.presets import get_preset
 from tests.exact import assert_scores_equal
-from tests.ranker.harness import CANDIDATES, SHORT, cache_app, events, rank, settle
+from tests.ranker.harness import CANDIDATES, LOSSY_TOLERANCE, SHORT, cache_app, events, rank, settle
 from tests.support.metrics import metric
 from tests.support.requests import history
 
@@ -99,6 +100,35 @@ def test_a_lossy_copy_is_bf16_in_half_the_bytes_and_widens_on_reload():
     back = copier.to_hbm(dram).wait()
     assert back.dtype == torch.float32
     assert torch.equal(back.buffer, kv.buffer.to(torch.bfloat16).to(torch.float32))
+
+
+def test_an_fp8_copy_is_its_scales_then_its_bytes_in_one_slab_and_reloads_as_in_place():
+    pool = HostPool(1 << 16)
+    copier = TierCopier(Accelerator(CPU, copies=True), torch.float32, FP8, pool)
+    kv = entry(length=9)
+    dram = copier.to_dram(kv)
+    (slab,) = pool.slabs()
+    scale_bytes = 3 * 2 * 1 * 2 * 4  # a float32 a layer, keys or values, user and head
+    assert dram.dtype == FP8 and dram.scale.data_ptr() == pool.arena.data_ptr() + slab.offset
+    assert dram.buffer.data_ptr() == dram.scale.data_ptr() + scale_bytes
+    assert dram.nbytes() == copier.dram_nbytes(kv.buffer.shape) == kv.nbytes() // 4 + scale_bytes
+    assert pool.used_bytes == aligned(dram.nbytes())
+    in_place = TierCopier(Accelerator(CPU), torch.float32, FP8, None)
+    expected = in_place.to_dram(kv)
+    quantized, scale = quantize(kv.buffer)
+    assert torch.equal(dram.buffer.view(torch.uint8), quantized.view(torch.uint8))
+    assert torch.equal(expected.buffer.view(torch.uint8), quantized.view(torch.uint8))
+    assert torch.equal(dram.scale, scale) and torch.equal(expected.scale, scale)
+    back = copier.to_hbm(dram).wait()
+    assert back.dtype == torch.float32 and back.scale is None
+    assert torch.equal(back.buffer, in_place.to_hbm(expected).buffer)
+    assert torch.equal(back.buffer, dequantize(quantized, scale, torch.float32))
+    assert torch.equal(copier.to_host(kv).buffer.view(torch.uint8), quantized.view(torch.uint8))
+    copier.release(dram)
+    assert pool.used_bytes == 0 and copier.held() == 0
+    arrived = copier.new_dram(tuple(kv.buffer.shape))  # a peer's entry: a slab of the same layout
+    assert arrived.scale.data_ptr() == pool.arena.data_ptr() + pool.slabs()[0].offset
+    assert arrived.nbytes() == dram.nbytes() and pool.used_bytes == aligned(dram.nbytes())
 
 
 def test_without_copies_the_tiers_share_memory():
@@ -197,11 +227,16 @@ def copying_app(**overrides):
     return cache_app(Accelerator(CPU, copies=True), **overrides)
 
 
+def first_byte(dram: PrefixKV) -> int:
+    """Where a DRAM copy's slab starts: at its scales (FP8), else at its buffer."""
+    return (dram.buffer if dram.scale is None else dram.scale).data_ptr()
+
+
 def pool_matches_the_entries(app: RankerApp) -> None:
     """The slabs out of the pool are exactly those of the DRAM copies entries hold: none leaked, none
     given back while held."""
     pool, copier = app.cache.copier.pool, app.cache.copier
-    held = {e.dram.buffer.data_ptr() for e in app.cache.entries.values() if e.dram is not None}
+    held = {first_byte(e.dram) for e in app.cache.entries.values() if e.dram is not None}
     assert pool.pending_frees() == 0  # CPU copies are complete when queued
     assert {pool.arena.data_ptr() + slab.offset for slab in pool.slabs()} == held
     assert copier.held() == len(held)
@@ -251,6 +286,30 @@ def test_demote_and_reload_through_the_pool_rank_exactly_as_from_hbm():
             cache.sweep()
             pool_matches_the_entries(app)
             assert app.cache.copier.pool.used_bytes == 0
+
+    asyncio.run(scenario())
+
+
+def test_fp8_copies_under_pressure_keep_the_pool_the_tier_and_the_copies_in_step():
+    async def scenario():
+        # cpu-tiny in fp8: 128 bytes an event and 32 of scales; DRAM holds four or five of these histories.
+        async with copying_app(dram_budget_mb=40_000 / 2**20, dram_precision="fp8") as app:
+            await app.warm_up()
+            cache, sources = app.cache, set()
+            rng = random.Random(5)
+            for _ in range(30):
+                number = rng.randrange(9)
+                user, long = f"u{number}", history(number, 30 + 9 * number)
+                scores, source = await rank(app, user, long)
+                sources.add(source)
+                reference = app.runner.full_sync(events(long), events(SHORT), CANDIDATES)
+                error = (torch.tensor(scores) - torch.tensor(reference)).abs().max().item()
+                assert error < LOSSY_TOLERANCE["fp8"]
+                await settle(app)
+                pool_matches_the_entries(app)
+                for held in (e for e in cache.entries.values() if e.dram is not None):
+                    assert held.dram.nbytes() == cache.dram.size(held.key) == 128 * held.length + 32
+            assert {Source.DRAM, Source.MISS} <= sources
 
     asyncio.run(scenario())
 

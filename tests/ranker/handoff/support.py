@@ -71,10 +71,11 @@ def made_up(
     app: RankerApp, user: int, idle_s: float = 0.0, length: int = 40, seed: int | None = None
 ) -> list[handoff_pb2.HandoffChunk]:
     """The chunks of an entry of `user` (`history(user, length)`) as a peer would send it to `app`: its model
-    version and KV layout (one KV row an event), KV bytes made up (random, deterministic by `seed`, the user
-    by default) with their true CRC-32, and `idle_s`. For receiving without computing anything."""
+    version and KV layout (one KV row an event; a DRAM dtype without scales), KV bytes made up (random,
+    deterministic by `seed`, the user by default) with their true CRC-32, and `idle_s`. For receiving
+    without computing anything."""
     item_ids = history(user, length)
-    nbytes = length * app.cache.moves.dram_bytes_per_token
+    nbytes = app.cache.moves.dram_nbytes(length)
     generator = torch.Generator().manual_seed(user if seed is None else seed)
     data = memoryview(torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=generator).numpy())
     header = handoff_pb2.HandoffEntry(

@@ -1,0 +1,154 @@
+"""`python -m bench dram-precision`: what each `--dram-precision` of the ranker does to its scores, measured
+in process.
+
+For each CPU preset (seeded weights, as a ranker without `--checkpoint` serves them) and for an imported
+NVIDIA recsys-examples HSTU checkpoint (a random one in their layout at gpu-dlrmv3's shape, D 512, 4 heads of
+128, 5 layers, bf16 dense weights served in fp32, written by the suite's writer
+`tests/ranker/recsys_examples.py` and read by `services.ranker.model.recsys_examples`, as the converter
+(`services.ranker.convert`) reads one), it ranks `--users` users of each of `--lengths` history lengths
+(random events, `--short-term` short-term events, `--candidates` candidates): once by the model's full fp32
+pass over the whole sequence, the reference, and once from the user's prefix demoted to DRAM and reloaded by
+the ranker's own `TierCopier` at each precision (exact, bf16, fp8). It prints, per model and precision, the
+bytes a DRAM copy takes against fp32's, and over every user and candidate the largest |score - reference| and
+the largest |score - reference| / reference.
+
+Needs the repository's tests/ (the checkpoint writer); runs on CPU in a few seconds to a minute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from services.common.config import listed, load, numbers, setting
+from services.ranker.device.accelerator import Accelerator
+from services.ranker.device.copier import TierCopier
+from services.ranker.model import recsys_examples
+from services.ranker.model.hstu import HSTURanker
+from services.ranker.model.kv_precision import DRAM_PRECISIONS, dram_dtype
+from services.ranker.model.presets import PRESETS
+from services.ranker.model.store import load_model_dir, save_model_dir
+
+CPU = torch.device("cpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class DramPrecisionConfig:
+    users: int = setting(4, "users ranked per history length", above=0)
+    lengths: str = numbers("64,256,1024", "history lengths of the users, in events", kind=int)
+    short_term: int = setting(4, "short-term events of each Rank", minimum=0)
+    candidates: int = setting(16, "candidates of each Rank", above=0)
+    seed: int = setting(0, "seed of the weights and of the users' events", minimum=0)
+
+
+@dataclasses.dataclass
+class Row:
+    model: str
+    precision: str
+    bytes_vs_fp32: float
+    max_abs: float
+    max_rel: float
+
+
+def recsys_examples_model(directory: Path, seed: int) -> tuple[str, HSTURanker, int]:
+    """A random recsys-examples checkpoint at gpu-dlrmv3's shape, imported: its name, model and item count."""
+    from tests.ranker.recsys_examples import cfg_for, write_checkpoint  # the suite's writer of their layout
+
+    cfg = cfg_for(heads=4, scaling_seqlen=8192, act="gelu", items=300, actions=8)
+    write_checkpoint(directory / "ckpt", cfg, dim=512, head_dim=128, layers=5, positions=40,
+                     head=(256, 64, 3), seed=seed)  # fmt: skip
+    (directory / "cfg.json").write_text(json.dumps(cfg))
+    config, state = recsys_examples.convert_recsys_examples(
+        directory / "ckpt", recsys_examples.read_config(directory / "cfg.json")
+    )
+    model = load_model_dir(save_model_dir(directory / "model", config, state))
+    return "recsys-examples (D 512, 4x128, 5 layers)", model.eval(), cfg["vocab"]["item"]
+
+
+def models(directory: Path, seed: int) -> list[tuple[str, HSTURanker, int | None]]:
+    """Every model measured: (name, model, item ids below this, or None for any id)."""
+    found: list[tuple[str, HSTURanker, int | None]] = []
+    for name, preset in PRESETS.items():
+        if preset.dtype == torch.float32:  # the CPU presets
+            torch.manual_seed(seed)
+            found.append((name, HSTURanker(preset).eval(), None))
+    found.append(recsys_examples_model(directory, seed))
+    return found
+
+
+def measure(name: str, model: HSTURanker, items: int | None, config: DramPrecisionConfig) -> list[Row]:
+    preset = model.preset
+    generator = torch.Generator().manual_seed(config.seed)
+
+    def events(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        high = items if items is not None else 2**40
+        ids = torch.randint(0, high, (1, n), generator=generator)
+        return ids, torch.randint(0, preset.num_action_types, (1, n), generator=generator)
+
+    copiers = {
+        p: TierCopier(Accelerator(CPU), preset.dtype, dram_dtype(p, preset.dtype)) for p in DRAM_PRECISIONS
+    }
+    errors = {p: (0.0, 0.0) for p in DRAM_PRECISIONS}
+    nbytes = dict.fromkeys(DRAM_PRECISIONS, 0)
+    for length in listed(config, "lengths"):
+        for _ in range(config.users):
+            (long_items, long_actions), (short_items, short_actions) = (
+                events(length),
+                events(config.short_term),
+            )
+            candidates = events(config.candidates)[0]
+            logits = model.full_forward(long_items, long_actions, short_items, short_actions, candidates)
+            reference = torch.sigmoid(logits[..., preset.score_task])
+            prefix = model.pre_infer(long_items, long_actions)
+            for precision, copier in copiers.items():
+                dram = copier.to_dram(prefix)
+                nbytes[precision] += dram.nbytes()
+                scores = model.score(copier.to_hbm(dram), short_items, short_actions, candidates)
+                error = (scores - reference).abs()
+                worst_abs, worst_rel = errors[precision]
+                errors[precision] = (
+                    max(worst_abs, error.max().item()),
+                    max(worst_rel, (error / reference.abs()).max().item()),
+                )
+    fp32 = nbytes["exact"] * 4 // preset.dtype.itemsize
+    return [
+        Row(name, precision, nbytes[precision] / fp32, *errors[precision]) for precision in DRAM_PRECISIONS
+    ]
+
+
+def report(rows: Sequence[Row], config: DramPrecisionConfig) -> str:
+    lines = [
+        f"{config.users} users at each of {config.lengths} events, {config.short_term} short-term events, "
+        f"{config.candidates} candidates; scores against the full fp32 pass",
+        "",
+        "| model | --dram-precision | DRAM bytes vs fp32 | max abs error | max relative error |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {row.model} | {row.precision} | {row.bytes_vs_fp32:.4f} | {row.max_abs:.2e} | {row.max_rel:.2e} |"
+        for row in rows
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = load(DramPrecisionConfig, argv, prog="python -m bench dram-precision", description=__doc__)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as directory:
+        rows = [
+            row
+            for name, model, items in models(Path(directory), config.seed)
+            for row in measure(name, model, items, config)
+        ]
+    print(report(rows, config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
