@@ -17,12 +17,14 @@ from bench.rollout.__main__ import main
 from services.loadgen.schedule import RateSchedule, poisson_arrivals
 from tests.support.processes import fleet_children
 
+# The spare warms up for about 6 s here before it serves: its 12 s before the SIGTERM leave it time to take
+# users and demote some of them to DRAM, which its drain must then hold.
 FLAGS = [
     "--seeds", "1", "--load-seed", "3", "--rankers", "2", "--rate", "10",
-    "--warmup-s", "3", "--steady-s", "4", "--restart-slot-s", "8", "--scale-out-s", "8", "--scale-in-s", "6",
+    "--warmup-s", "3", "--steady-s", "4", "--restart-slot-s", "8", "--scale-out-s", "12", "--scale-in-s", "6",
     "--tail-s", "2", "--startup-timeout-s", "60",
 ]  # fmt: skip
-DURATION_S = 3 + 4 + 2 * 8 + 8 + 6 + 2
+DURATION_S = 3 + 4 + 2 * 8 + 12 + 6 + 2
 
 
 @pytest.mark.slow
