@@ -15,15 +15,15 @@ import torch
 from relaygr.v1 import handoff_pb2
 from services.ranker.cache import kv_wire
 from services.ranker.cache.acquired import Source
-from tests.ranker.handoff.support import cached, deliver, ranked, run, wire
+from tests.ranker.handoff.support import cached, deliver, item_action_model, ranked, run, wire
 from tests.ranker.harness import cache_app, held_bytes
 
 Refusal = handoff_pb2.HandoffRefusal
 SCALES = 2 * 2 * 2  # cpu-tiny: layers x keys or values x heads
 
 
-def fp8_app(name: str):
-    return cache_app(instance_name=name, dram_precision="fp8")
+def fp8_app(name: str, **overrides):
+    return cache_app(instance_name=name, dram_precision="fp8", **overrides)
 
 
 def with_header(chunks, **changes) -> list[handoff_pb2.HandoffChunk]:
@@ -34,12 +34,18 @@ def with_header(chunks, **changes) -> list[handoff_pb2.HandoffChunk]:
     return [first, *chunks[1:]]
 
 
+@pytest.mark.parametrize("layout", ["item", "item_action"])
 @run
-async def test_an_fp8_entry_arrives_with_its_scales_and_reloads_bit_for_bit() -> None:
-    async with fp8_app("a") as sender, fp8_app("b") as receiver:
+async def test_an_fp8_entry_arrives_with_its_scales_and_reloads_bit_for_bit(layout, tmp_path) -> None:
+    # The preset's layout (one KV row an event) and an imported checkpoint's (two: item, then action).
+    model = {} if layout == "item" else {"checkpoint": item_action_model(tmp_path / "model")}
+    async with fp8_app("a", **model) as sender, fp8_app("b", **model) as receiver:
         entries = await cached(sender, range(2))
+        rows_per_event = 1 if layout == "item" else 2
+        assert entries[0].dram.buffer.shape[4] == rows_per_event * entries[0].length
         chunks = await wire(sender, entries)
         header = chunks[0].entry
+        assert header.layout.tokens_per_event == rows_per_event
         assert header.layout.dtype == "float8_e4m3fn" and header.lossy
         assert header.scale == kv_wire.scale_bytes(entries[0].dram) and len(header.scale) == SCALES * 4
         tally = await deliver(receiver, chunks)
