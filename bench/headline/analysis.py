@@ -4,13 +4,16 @@ admit-all, and how the blocks' slowdown tracked the baseline's own P99.
 
 A run is analysed twice: over the blocks kept (slowdown within `--drift-limit`: the headline) and over
 every complete block (the report shows both). Only complete blocks count (every arm ran in them), so every
-ratio pairs its two arms block by block.
+ratio pairs its two arms block by block. Where every block timed its own u, each block's latencies are
+pooled in its u (shown as ms at the blocks' median u) and each Rank is judged against its block's SLO, so a
+slower spell's blocks count at the same share of the host's speed as the others.
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import statistics
 from collections.abc import Sequence
 
 import numpy as np
@@ -97,15 +100,18 @@ def analyse(
     indices = [b.index for b in chosen]
     by = {(t.block, t.arm): t for t in trials}
     arms = config.arms()
+    units = {b.index: b.unit(calibration) for b in chosen}
+    u = statistics.median(unit for unit, _ in units.values())
 
     def pooled(arm_name: str) -> list[list[float]]:
-        return [latencies(by[(index, arm_name)]) for index in indices]
+        """The arm's latencies block by block, each block's in its own u, as ms at the blocks' median u."""
+        return [[ms * (u / units[index][0]) for ms in latencies(by[(index, arm_name)])] for index in indices]
 
     summaries = {}
     for arm in arms:
         blocks_of = pooled(arm.name)
         values = [ms for block in blocks_of for ms in block]
-        over = sum(ms > calibration.slo_ms for ms in values)
+        over = sum(ms > units[index][1] for index in indices for ms in latencies(by[(index, arm.name)]))
         p_value, meets = stats.over_slo_test(over, len(values), SLO_SHARE, config.confidence)
         p99 = stats.pooled_p99(blocks_of)
         sources: collections.Counter[str] = collections.Counter()
@@ -118,14 +124,14 @@ def analyse(
             arm=arm.name,
             mode=arm.mode,
             multiple=arm.multiple,
-            rate=by[(indices[0], arm.name)].rate,
+            rate=round(statistics.median(by[(index, arm.name)].rate for index in indices), 3),
             ranks=len(values),
             over=over,
             p99_ms=round(p99, 3),
-            p99_u=round(p99 / calibration.u_ms, 3),
+            p99_u=round(p99 / u, 3),
             slo_p_value=float(f"{p_value:.4g}"),
             meets_slo=meets,
-            block_p99_ms=[round(stats.pooled_p99([block]), 3) for block in blocks_of],
+            block_p99_ms=[round(trial_p99(by[(index, arm.name)]), 3) for index in indices],
             sources=dict(sorted(sources.items())),
             over_sources=dict(over_sources.most_common()),
         )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -74,6 +75,16 @@ def settings_apart_from_name(run: HeadlineResults) -> dict[str, object]:
     return {k: v for k, v in dataclasses.asdict(run.settings).items() if k != "name"}
 
 
+def unit_cell(run: HeadlineResults) -> str:
+    """The run's u and L: the calibration's, or the median and range of its blocks' own."""
+    units = [block.u_ms for block in run.blocks if block.u_ms is not None]
+    rates = [block.rate for block in run.blocks if block.rate is not None]
+    if not units or not rates:
+        return f"{run.calibration.u_ms:g}; {run.calibration.rate:g}"
+    return (f"{statistics.median(units):g} ({min(units):g}-{max(units):g}); "
+            f"{statistics.median(rates):g} ({min(rates):g}-{max(rates):g})")  # fmt: skip
+
+
 def compare(names: Sequence[str], runs: Sequence[HeadlineResults]) -> tuple[bool, str]:
     """Whether the two runs reproduce, and the comparison as markdown."""
     first, second = runs
@@ -108,8 +119,7 @@ def compare(names: Sequence[str], runs: Sequence[HeadlineResults]) -> tuple[bool
         "",
         *table(["", names[0], names[1], "agree"], [
             ["machine", first.machine.cpu_model, second.machine.cpu_model, ""],
-            ["u, ms; L, req/s", f"{first.calibration.u_ms:g}; {first.calibration.rate:g}",
-             f"{second.calibration.u_ms:g}; {second.calibration.rate:g}", ""],
+            ["u, ms; L, req/s", unit_cell(first), unit_cell(second), ""],
             ["blocks kept", str(len(first.kept.blocks) if first.kept else 0),
              str(len(second.kept.blocks) if second.kept else 0), ""],
             *rows,

@@ -5,7 +5,9 @@ unit u (the in-process full pass of the preset at the mix's cap, `bench.headline
 
     L = LOAD_PER_U / u        (LOAD_PER_U = 0.7 requests per u)
 
-so that on any host the baseline runs at the same share of its own capacity. 0.7 comes from the committed
+so that on any host the baseline runs at the same share of its own capacity. The rule is applied per
+block: u is timed again on the drained host before every block, and the block's loads and SLO follow it,
+so a host that runs slower for a spell is loaded at the same share of its speed. 0.7 comes from the committed
 runs: `full` (90fa212, u = 34.9 ms) put the baseline's highest load meeting the SLO at 23 req/s, 0.80 per u,
 and a probe of this design on a host with u ≈ 50 ms held the baseline within the SLO at 14 req/s, 0.70 per
 u. L sits at or below that edge, where the baseline's P99 is its own longest histories' service time and
@@ -101,7 +103,9 @@ class HeadlineConfig(FleetSettings):
     load_seed: int = setting(0, "the first block's arrival seed; block b uses load_seed + b")
     confidence: float = setting(0.95, "confidence of every interval and test", above=0, below=1)
     resamples: int = setting(2000, "block-bootstrap resamples of each ratio", above=0)
-    unit_timings: int = setting(9, "timed full passes whose median is u", above=0)
+    unit_timings: int = setting(
+        15, "timed full passes whose median is u, at the start and before each block", above=0
+    )
     canary_readings: int = setting(3, "canary readings on the idle host before each trial", above=0)
     mix_median: int = setting(1024, "median long-term length of the users' lognormal mix (mix 1)", above=0)
     mix_sigma: float = setting(0.75, "sigma of the log length of the mix", above=0)

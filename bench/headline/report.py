@@ -9,6 +9,7 @@ slowdown, the same analysis over every block, the Ranks over the SLO by why, and
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 from bench.headline.analysis import trial_p99
@@ -107,12 +108,36 @@ def analysis_lines(results: HeadlineResults, analysis: Analysis) -> list[str]:
     return lines
 
 
+def unit_line(results: HeadlineResults, units: list[float]) -> str:
+    c, cal = results.settings, results.calibration
+    rates = [block.rate for block in results.blocks if block.rate is not None]
+    return (
+        f"u is timed on the drained host before every block (the median of {c.unit_timings} full passes at "
+        f"{cal.unit_length} events): {statistics.median(units):g} ms over the blocks ({min(units):g}-"
+        f"{max(units):g}). Each block's L = {cal.load_per_u:g} / its u ({min(rates):g}-{max(rates):g} "
+        f"Recommend/s) and its SLO {c.slo_u:g} u; its latencies pool in its u, shown as ms at the median u. "
+        f"The fleets run with the bounds of u = {cal.u_ms:g} ms, timed before they started: SLO "
+        f"{cal.slo_ms:g} ms (the trigger's), relay window {cal.relay_window_ms:g} ms. "
+    )
+
+
+def calibration_line(results: HeadlineResults) -> str:
+    c, cal = results.settings, results.calibration
+    return (
+        f"u = {cal.u_ms:g} ms (the median of {len(cal.unit_timings_ms)} full passes at {cal.unit_length} "
+        f"events); L = {cal.load_per_u:g} / u = {cal.rate:g} Recommend/s; SLO {c.slo_u:g} u = "
+        f"{cal.slo_ms:g} ms; relay window {cal.relay_window_ms:g} ms. "
+    )
+
+
 def render_markdown(results: HeadlineResults) -> str:
     c, cal, host = results.settings, results.calibration, results.machine
     kept, every = results.kept, results.every
     correlation = None if every is None else every.drift_p99_correlation
-    # Runs from before the rule on other processes' cores recorded none, and render as they did.
+    # Runs from before the rule on other processes' cores recorded none, and render as they did; so do runs
+    # that timed u once, before their fleets started.
     foreign_rule = any(block.foreign_cores is not None for block in results.blocks)
+    units = [block.u_ms for block in results.blocks if block.u_ms is not None]
     lines = [
         "# The headline: RelayGR against the baseline in randomized interleaved blocks",
         "",
@@ -121,10 +146,9 @@ def render_markdown(results: HeadlineResults) -> str:
         f"`{c.model_preset}` with {c.rankers} rankers a fleet, mix 1 (median {c.mix_median}, cap {c.mix_max} "
         "events).",
         "",
-        f"u = {cal.u_ms:g} ms (the median of {len(cal.unit_timings_ms)} full passes at {cal.unit_length} "
-        f"events); L = {cal.load_per_u:g} / u = {cal.rate:g} Recommend/s; SLO {c.slo_u:g} u = "
-        f"{cal.slo_ms:g} ms; relay window {cal.relay_window_ms:g} ms. Each block runs every arm once on one "
-        f"arrival seed, in a Williams order; each trial sends {c.requests} measured Recommends "
+        (unit_line(results, units) if units else calibration_line(results))
+        + "Each block runs every arm once on one arrival seed, in a Williams order;"
+        f" each trial sends {c.requests} measured Recommends "
         f"({c.baseline_requests} for the baseline) after {c.warmup_s:g} s of its own load, "
         "and none stops early. Intervals resample whole "
         f"blocks ({c.resamples} resamples, {c.confidence:.0%}); the t check is the t interval of the "
@@ -139,9 +163,14 @@ def render_markdown(results: HeadlineResults) -> str:
         "## Blocks",
         "",
         f"A block is left out of the headline when its host slowdown s is above {c.drift_limit:g}: the "
-        "median of the canary's CPU time on the drained host before each of its trials against the host's "
-        "speed so far (the median of the reference readings and every block's idle readings, its own "
-        "included), scaled by the steal share"
+        "median of the canary's CPU time on the drained host before each of its trials against "
+        + (
+            "the canary read with its u"
+            if units
+            else "the host's speed so far (the median of the "
+            "reference readings and every block's idle readings, its own included)"
+        )
+        + ", scaled by the steal share"
         + (
             ""
             if not foreign_rule
@@ -158,6 +187,7 @@ def render_markdown(results: HeadlineResults) -> str:
         trial = baseline.get(block.index)
         rows.append([
             str(block.index), str(block.seed), ", ".join(block.order), f"{block.slowdown:.3f}",
+            *([f"{block.u_ms:g}", f"{block.rate:g}"] if units else []),
             f"{block.canary_ms:g} / {block.canary_reference_ms or cal.canary_reference_ms:g}",
             f"{block.steal_share:.1%}",
             *([f"{block.foreign_cores:g}"] if foreign_rule else []),
@@ -170,6 +200,7 @@ def render_markdown(results: HeadlineResults) -> str:
         "seed",
         "order",
         "s",
+        *(["u ms", "L req/s"] if units else []),
         "canary / reference ms",
         "steal",
         *other,

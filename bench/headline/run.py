@@ -4,16 +4,19 @@
 
 1. calibrates on the idle host, before any fleet starts (`calibrate`): u (the median of `--unit-timings`
    full passes at the mix's cap), L = λ / u (`bench.headline.config.load_rate`), the SLO and the relay
-   window in u, and the steal share;
+   window in u, and the steal share. The fleets run with that SLO and relay window in ms;
 2. starts the baseline's, RelayGR's and admit-all's fleets, each given `FLEET_WARMUP_S` of load at L with
    users of its own (recorded nowhere), and reads the canary's reference with them up and drained
    (`reference`);
 3. runs the blocks in their Williams orders (`bench.headline.stats.block_orders`), block b on arrival seed
-   `--load-seed` + b. Before each trial every fleet drains to idle (`Driver.wait_idle`) and the canary
-   reads the host; the trial sends `round(rate * --warmup-s)` Recommends at its own rate, unmeasured, then
-   its fixed count, open loop, with no early stop, the canary reading once a second beside it;
-4. after each block, computes its slowdown s against the host's speed so far (the median of the reference
-   readings and every block's idle readings, its own included) and the most cores other processes took
+   `--load-seed` + b. A block first times u again on the drained host, with canary readings of the same
+   moment (`unit`): its L is λ over its own u, and its SLO 2.87 times it, so a host that runs slower for a
+   while is loaded at the same share of its speed instead of past its knee. Before each trial every fleet
+   drains to idle (`Driver.wait_idle`) and the canary reads the host; the trial sends
+   `round(rate * --warmup-s)` Recommends at its own rate, unmeasured, then its fixed count, open loop, with
+   no early stop, the canary reading once a second beside it;
+4. after each block, computes its slowdown s (its trials' idle readings against those taken with its u:
+   how far the host moved from the speed its loads were set for) and the most cores other processes took
    during one of its trials; a block over `--drift-limit` or `--foreign-limit` is kept in the results but
    left out of the headline, and the run tops up with a block of the same order on a new
    seed, while the budget (`--budget-min`, with the longest block so far as the estimate) allows.
@@ -223,18 +226,21 @@ class HeadlineBench:
         replaces: int | None,
     ) -> Block:
         c, calibration = self.config, self.calibration
-        assert calibration is not None
+        assert calibration is not None and self.driver is not None
         seed = c.load_seed + index
         started, before = time.monotonic(), cpu_times()
-        trials = [self.trial(index, position, arm, fleets[arm.mode], canary, seed) for position, arm in
-                  enumerate(order)]  # fmt: skip
+        self.driver.wait_idle(None)
+        timings, readings = canary.host(c.mix_max, c.unit_timings, CALIBRATION_CANARY_READINGS)
+        u = stats.host_unit(timings)
+        rate, slo_ms = load_rate(u), round(c.slo_u * u, 1)
+        self.log(f"block {index}: u = {u:g} ms ({min(timings):g}-{max(timings):g}), L = {rate:g} req/s, "
+                 f"SLO {slo_ms:g} ms")  # fmt: skip
+        trials = [self.trial(index, position, arm, fleets[arm.mode], canary, seed, rate, slo_ms)
+                  for position, arm in enumerate(order)]  # fmt: skip
         self.trials += trials
         idle = [reading for trial in trials for reading in trial.canary_idle_ms]
         steal = steal_share(before, cpu_times())
-        # The host's speed so far: the median of the reference readings and every idle reading of the run's
-        # blocks, this one's included, so one fast or slow calibration does not decide every block.
-        every = [*calibration.canary_readings_ms, *(r for trial in self.trials for r in trial.canary_idle_ms)]
-        reference = statistics.median(every)
+        reference = statistics.median(readings)
         slowdown = stats.slowdown(idle, reference, steal, calibration.steal_share)
         foreign = max(trial.foreign_cores for trial in trials)
         block = Block(
@@ -246,6 +252,10 @@ class HeadlineBench:
             duration_s=round(time.monotonic() - started, 1),
             canary_ms=round(statistics.median(idle), 4),
             canary_reference_ms=round(reference, 4),
+            u_ms=round(u, 3),
+            unit_timings_ms=timings,
+            rate=rate,
+            slo_ms=slo_ms,
             steal_share=steal,
             slowdown=round(slowdown, 4),
             foreign_cores=foreign,
@@ -263,13 +273,21 @@ class HeadlineBench:
         return block
 
     def trial(
-        self, block: int, position: int, arm: Arm, fleet: BenchFleet, canary: Canary, seed: int
+        self,
+        block: int,
+        position: int,
+        arm: Arm,
+        fleet: BenchFleet,
+        canary: Canary,
+        seed: int,
+        load: float,
+        slo_ms: float,
     ) -> Trial:
-        """One arm's trial: drained fleets, the canary on the idle host, then its load with the canary
-        beside it."""
+        """One arm's trial at its multiple of the block's L (`load`), its Ranks over `slo_ms` listed: drained
+        fleets, the canary on the idle host, then its load with the canary beside it."""
         c, calibration, driver = self.config, self.calibration, self.driver
         assert calibration is not None and driver is not None
-        rate = round(arm.multiple * calibration.rate, 3)
+        rate = round(arm.multiple * load, 3)
         plan = Plan(fleet, 0, calibration.relay_window_ms)
         namespace = users(driver.mix, rate, plan, seed - c.load_seed)
         sampler = RevisitSampler(namespace, rate, self.revisit(fleet.mode), c.revisit_window_s, seed)
@@ -308,15 +326,13 @@ class HeadlineBench:
             sources=dict(collections.Counter(source(r) for r in measured)),
             rank_ms=[round(r.response.rank_latency_ms, 3) if r.ok else None for r in measured],
             over=[
-                over(i, r)
-                for i, r in enumerate(measured)
-                if not r.ok or r.response.rank_latency_ms > calibration.slo_ms
+                over(i, r) for i, r in enumerate(measured) if not r.ok or r.response.rank_latency_ms > slo_ms
             ],
         )
         time.sleep(SETTLE_S)
         self.log(
             f"  {arm.name:<14} {rate:>7g}/s: rank P99 {trial_p99(trial):.1f} ms, {len(trial.over)} of "
-            f"{len(trial.rank_ms)} over {calibration.slo_ms:g} ms, {trial.errors} err, canary "
+            f"{len(trial.rank_ms)} over {slo_ms:g} ms, {trial.errors} err, canary "
             f"{statistics.median(idle):g} ms idle, send lag P99 {trial.send_lag_p99_ms:g} ms"
         )
         return trial

@@ -84,14 +84,26 @@ class Block:
     started_s: float
     duration_s: float
     canary_ms: float  # the median of its trials' idle canary readings
-    # The host's speed so far, which s compares it with (absent: the calibration's reference, as the first
-    # runs compared every block with it).
+    # What s compares it with: the canary read with the block's u (absent u: the host's speed so far, the
+    # median of the reference readings and every block's idle readings; absent both: the calibration's).
     canary_reference_ms: float | None = dataclasses.field(default=None, metadata=codec.OMIT_NONE)
+    # The host's unit timed on the drained host just before the block, and the L and the SLO it sets there
+    # (absent: a run that timed u once, before its fleets started, and held the calibration's throughout).
+    u_ms: float | None = dataclasses.field(default=None, metadata=codec.OMIT_NONE)
+    unit_timings_ms: list[float] | None = dataclasses.field(default=None, metadata=codec.OMIT_NONE)
+    rate: float | None = dataclasses.field(default=None, metadata=codec.OMIT_NONE)
+    slo_ms: float | None = dataclasses.field(default=None, metadata=codec.OMIT_NONE)
     steal_share: float
     slowdown: float  # s: `bench.headline.stats.slowdown` of the two
     # The most cores other processes took during one of its trials (absent: runs before the rule).
     foreign_cores: float | None = dataclasses.field(default=None, metadata=codec.OMIT_NONE)
     kept: bool  # s within --drift-limit, foreign cores within --foreign-limit
+
+    def unit(self, calibration: Calibration) -> tuple[float, float]:
+        """The block's u and SLO, ms: its own, or the calibration's in a run that timed u once."""
+        if self.u_ms is None or self.slo_ms is None:
+            return calibration.u_ms, calibration.slo_ms
+        return self.u_ms, self.slo_ms
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,5 @@ def fast(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setattr(headline_run, "cpu_times", lambda: (0, 0))
     monkeypatch.setattr(headline_run, "SETTLE_S", 0.0)
     monkeypatch.setattr(headline_config, "RESULTS_DIR", tmp_path)
-    monkeypatch.setattr(
-        headline_run, "Canary", lambda *args: FakeCanary(FakeBench.made[-1], FakeBench.made[-1].slow)
-    )
+    monkeypatch.setattr(headline_run, "Canary", lambda *args: FakeCanary(FakeBench.made[-1]))
     return tmp_path

@@ -13,7 +13,7 @@ import grpc
 
 from bench.headline import __main__ as headline_main
 from bench.headline import run as headline_run
-from bench.headline.config import HeadlineConfig
+from bench.headline.config import HeadlineConfig, load_rate
 from bench.headline.run import HeadlineBench
 from bench.headline.schema import HeadlineResults
 from bench.lib.workload import RevisitSampler
@@ -35,20 +35,23 @@ class FakeFleet:
         return {}
 
 
-def rank_ms(mode: str, rate: float, index: int, calibration_rate: float) -> float:
-    """The baseline at L: 100-199 ms; RelayGR at kL: 25·k ms plus a spread of 0-9 ms; admit-all at kL: 30·k
-    ms plus the same spread. Every 50th request of the baseline is over 230 ms (its P99 is 230+)."""
-    k = rate / calibration_rate
+def rank_ms(mode: str, rate: float, index: int, load: float, speed: float = 1.0) -> float:
+    """On a host of `speed` 1 at its L (`load`): the baseline 100-199 ms; RelayGR at kL 25·k ms plus a spread
+    of 0-9 ms; admit-all at kL 30·k ms plus the same spread. Every 50th request of the baseline is over
+    230 ms (its P99 is 230+). A host `speed` times slower takes `speed` times as long at the same k."""
+    k = rate / load
     if mode == "baseline":
-        return 240.0 if index % 50 == 49 else 100.0 + index % 100
-    return (25.0 if mode == "relay" else 30.0) * k + index % 10
+        return speed * (240.0 if index % 50 == 49 else 100.0 + index % 100)
+    return speed * ((25.0 if mode == "relay" else 30.0) * k + index % 10)
 
 
 class FakeCanary:
-    """u timings of `U_MS`; canary readings of `CANARY_MS`, times `slow(block)` for the block running."""
+    """u timings about `U_MS` and canary readings of `CANARY_MS`, each times the bench's `speed(block)`
+    while a block's u is timed; the readings before its trials times `slow(block)` on top (a host that
+    slowed after the block's u was timed)."""
 
-    def __init__(self, bench: HeadlineBench, slow: Callable[[int], float]) -> None:
-        self.bench, self.slow = bench, slow
+    def __init__(self, bench: FakeBench) -> None:
+        self.bench = bench
         self.unit_calls: list[tuple[int, int]] = []
 
     def __enter__(self) -> FakeCanary:
@@ -57,12 +60,19 @@ class FakeCanary:
     def __exit__(self, *exc_info: object) -> None:
         pass
 
+    def _speed(self) -> float:
+        return self.bench.speed(len(self.bench.blocks)) if self.bench.calibration else 1.0
+
     def unit_timings(self, length: int, count: int) -> list[float]:
         self.unit_calls.append((length, count))
-        return [U_MS - 1.0, U_MS, U_MS + 5.0][:count] + [U_MS] * max(count - 3, 0)
+        base = [U_MS - 1.0, U_MS, U_MS + 5.0][:count] + [U_MS] * max(count - 3, 0)
+        return [ms * self._speed() for ms in base]
 
     def readings(self, count: int) -> list[float]:
-        return [CANARY_MS * self.slow(len(self.bench.blocks))] * count
+        return [CANARY_MS * self._speed() * self.bench.slow(len(self.bench.blocks))] * count
+
+    def host(self, length: int, timings: int, readings: int) -> tuple[list[float], list[float]]:
+        return self.unit_timings(length, timings), [CANARY_MS * self._speed()] * readings
 
     @contextlib.contextmanager
     def beside(self) -> Iterator[list[float]]:
@@ -74,6 +84,8 @@ class FakeBench(HeadlineBench):
     index); `driven` records every trial's (mode, rate, total, seed)."""
 
     slow: Callable[[int], float] = staticmethod(lambda block: 1.0)
+    # How much slower than U_MS the host runs through each block, its u timing included, by block index.
+    speed: Callable[[int], float] = staticmethod(lambda block: 1.0)
     # The cores other processes take during each trial of a block, by block index.
     busy: Callable[[int], float] = staticmethod(lambda block: 0.1)
     made: list[FakeBench] = []  # every one made, in order: the fake canary reads the latest's blocks
@@ -96,10 +108,12 @@ class FakeBench(HeadlineBench):
         assert self.calibration is not None
         mode = fleet.mode.name  # type: ignore[attr-defined]
         self.driven.append((mode, rate, total, seed))
+        speed = self.speed(len(self.blocks))  # the fake fleets warm up nowhere: every call is a trial's
+        load = load_rate(U_MS * speed)
         source = common_pb2.CACHE_SOURCE_MISS if mode == "baseline" else common_pb2.CACHE_SOURCE_HBM
         out = []
         for index in range(total):
-            ms = rank_ms(mode, rate, index, self.calibration.rate)
+            ms = rank_ms(mode, rate, index, load, speed)
             response = recommend_pb2.RecommendResponse(
                 rank_latency_ms=ms, cache_source=source, long_term_length=1024
             )
@@ -111,11 +125,12 @@ def run_bench(
     argv: Sequence[str] = (),
     slow: Callable[[int], float] = lambda block: 1.0,
     busy: Callable[[int], float] = lambda block: 0.1,
+    speed: Callable[[int], float] = lambda block: 1.0,
 ) -> FakeBench:
     """`FakeBench` over `ARGS` and `argv`, run to its end (under the `fast` fixture: conftest.py)."""
     config = load(HeadlineConfig, [*ARGS, *argv])
     bench = FakeBench(config, Path("/nonexistent"), log=lambda line: None)
-    bench.slow, bench.busy = slow, busy
+    bench.slow, bench.busy, bench.speed = slow, busy, speed
     bench.run()
     return bench
 

@@ -11,12 +11,12 @@ import math
 
 import pytest
 
-from bench.headline import stats
+from bench.headline import analysis, stats
 from bench.headline.compare import compare
 from bench.headline.config import LOAD_PER_U, HeadlineConfig, load_rate
 from bench.headline.schema import HeadlineResults
 from services.common.config import load
-from tests.bench.headline.fakes import CANARY_MS, U_MS, fake_results, run_bench
+from tests.bench.headline.fakes import ARGS, CANARY_MS, U_MS, fake_results, run_bench
 
 ARMS = ["baseline@1L", "relay@1L", "relay@2L", "relay@3L", "relay@3.5L", "relay@4L", "admit-all@3L"]
 
@@ -67,6 +67,37 @@ def test_a_block_on_a_slow_host_is_left_out_and_topped_up_with_its_order(fast):
         3,
         bench.blocks[3].order,
     )
+
+
+def test_each_block_loads_and_judges_the_host_at_the_u_it_times_first(fast):
+    """The host runs 25 % slower through blocks 0-4, their u timings included: each of those blocks times
+    u = 87.5 ms, runs its arms at multiples of L = 0.7 / 87.5 ms = 8 req/s and judges its Ranks against
+    2.87 u = 251.1 ms, and is kept (s = 1: the host kept the speed its loads were set for). Pooled in each
+    block's u, the baseline's P99 is its 240 ms at 70 ms, not the slow blocks' 300 ms; in ms at the
+    calibration's SLO, 248 ms Ranks of a slow block would count as over it."""
+    slow_blocks = range(5)
+    bench = run_bench(["--blocks", "14"], speed=lambda block: 1.25 if block in slow_blocks else 1.0)
+    assert bench.calibration.u_ms == U_MS and all(block.kept for block in bench.blocks)
+    for block in bench.blocks:
+        u = 1.25 * U_MS if block.index in slow_blocks else U_MS
+        assert block.unit_timings_ms == [u * 69 / 70, u, u * 75 / 70]
+        assert (block.u_ms, block.rate, block.slo_ms) == (u, load_rate(u), round(2.87 * u, 1))
+        assert block.slowdown == 1.0
+    assert {(t.block, t.arm, t.rate) for t in bench.trials} == {
+        (t.block, t.arm, round(t.multiple * bench.blocks[t.block].rate, 3)) for t in bench.trials
+    } and {t.rate for t in bench.trials if t.arm == "relay@4L"} == {32.0, 40.0}
+    # The baseline's every 50th Rank, 240 ms at speed 1 and 300 at 1.25, is over its block's SLO; nothing
+    # else is, though the slow blocks' baseline reaches 248.75 ms (over the calibration's 200.9 ms).
+    baseline = [t for t in bench.trials if t.mode == "baseline"]
+    assert max(ms for t in baseline if t.block in slow_blocks for ms in t.rank_ms) == 300.0
+    assert all([o.rank_ms for o in t.over] == [300.0 if t.block in slow_blocks else 240.0] for t in baseline)
+    config = load(HeadlineConfig, [*ARGS, "--blocks", "14"])
+    kept = analysis.analyse(bench.blocks, bench.trials, bench.calibration, config, kept_only=True)
+    base = next(arm for arm in kept.arms if arm.mode == "baseline")
+    assert (base.p99_ms, base.p99_u, base.over, base.rate) == (240.0, round(240 / U_MS, 3), 14, 10.0)
+    steps = {step.multiple: step for step in kept.steps}
+    assert steps[4.0].ratio.value == pytest.approx((25 * 4 + 9) / 240, abs=1e-4)
+    assert steps[4.0].ratio.low == steps[4.0].ratio.high == steps[4.0].ratio.value
 
 
 def test_a_block_beside_a_busy_process_is_left_out_whatever_the_canary_says(fast):
