@@ -6,8 +6,8 @@ answers two questions on demand:
 - `unit_timings(n)`: n full passes at the mix's cap, wall time each, after one untimed pass. u is their
   median (`bench.headline.stats.host_unit`), never a running minimum, which can only fall as timings
   accumulate and would tighten the SLO as a run goes on. The run times it before its fleets start (their
-  SLO and relay window in ms) and again on the drained host before every block (`host`, with canary
-  readings of the same moment), whose loads and SLO follow that block's u.
+  SLO and relay window in ms) and again on the drained host before every block, whose loads and SLO
+  follow that block's u.
 - `readings(n)`: n canary readings, each the CPU time of the calling thread for one small fixed pass
   (`CANARY_LENGTH` events, `CANARY_CANDIDATES` candidates: a few ms). CPU time, not wall time: a reading
   does not grow when the canary waits for a core behind the fleet's own work, only when the same
@@ -17,8 +17,7 @@ answers two questions on demand:
 
 The experiment reads the canary on the idle host before every trial (`--canary-readings` readings, the
 fleets drained) and, in the background, once a second during every trial (`beside`): the idle readings
-against those taken with the block's u decide its slowdown, the readings under load are reported beside
-them.
+decide a block's slowdown, the readings under load are reported beside them.
 """
 
 from __future__ import annotations
@@ -112,11 +111,6 @@ class Canary:
     def readings(self, count: int) -> list[float]:
         with self._lock:
             return self._pool.submit(canary_passes, *self._args, count).result()
-
-    def host(self, length: int, timings: int, readings: int) -> tuple[list[float], list[float]]:
-        """`timings` unit passes at `length`, then `readings` canary readings: the host's u and the canary's
-        reading of the same moment, which a block's slowdown is measured from."""
-        return self.unit_timings(length, timings), self.readings(readings)
 
     @contextlib.contextmanager
     def beside(self, period_s: float = CANARY_PERIOD_S) -> Iterator[list[float]]:

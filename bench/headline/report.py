@@ -163,14 +163,9 @@ def render_markdown(results: HeadlineResults) -> str:
         "## Blocks",
         "",
         f"A block is left out of the headline when its host slowdown s is above {c.drift_limit:g}: the "
-        "median of the canary's CPU time on the drained host before each of its trials against "
-        + (
-            "the canary read with its u"
-            if units
-            else "the host's speed so far (the median of the "
-            "reference readings and every block's idle readings, its own included)"
-        )
-        + ", scaled by the steal share"
+        "median of the canary's CPU time on the drained host before each of its trials against the host's "
+        "speed so far (the median of the reference readings and every block's idle readings, its own "
+        "included), scaled by the steal share"
         + (
             ""
             if not foreign_rule

@@ -9,14 +9,14 @@
    users of its own (recorded nowhere), and reads the canary's reference with them up and drained
    (`reference`);
 3. runs the blocks in their Williams orders (`bench.headline.stats.block_orders`), block b on arrival seed
-   `--load-seed` + b. A block first times u again on the drained host, with canary readings of the same
-   moment (`unit`): its L is λ over its own u, and its SLO 2.87 times it, so a host that runs slower for a
-   while is loaded at the same share of its speed instead of past its knee. Before each trial every fleet
+   `--load-seed` + b. A block first times u again on the drained host: its L is λ over its own u, and its
+   SLO 2.87 times it, so a host that runs slower for a while is loaded at the same share of its speed
+   instead of past its knee. Before each trial every fleet
    drains to idle (`Driver.wait_idle`) and the canary reads the host; the trial sends
    `round(rate * --warmup-s)` Recommends at its own rate, unmeasured, then its fixed count, open loop, with
    no early stop, the canary reading once a second beside it;
-4. after each block, computes its slowdown s (its trials' idle readings against those taken with its u:
-   how far the host moved from the speed its loads were set for) and the most cores other processes took
+4. after each block, computes its slowdown s against the host's speed so far (the median of the reference
+   readings and every block's idle readings, its own included) and the most cores other processes took
    during one of its trials; a block over `--drift-limit` or `--foreign-limit` is kept in the results but
    left out of the headline, and the run tops up with a block of the same order on a new
    seed, while the budget (`--budget-min`, with the longest block so far as the estimate) allows.
@@ -230,7 +230,7 @@ class HeadlineBench:
         seed = c.load_seed + index
         started, before = time.monotonic(), cpu_times()
         self.driver.wait_idle(None)
-        timings, readings = canary.host(c.mix_max, c.unit_timings, CALIBRATION_CANARY_READINGS)
+        timings = canary.unit_timings(c.mix_max, c.unit_timings)
         u = stats.host_unit(timings)
         rate, slo_ms = load_rate(u), round(c.slo_u * u, 1)
         self.log(f"block {index}: u = {u:g} ms ({min(timings):g}-{max(timings):g}), L = {rate:g} req/s, "
@@ -240,7 +240,11 @@ class HeadlineBench:
         self.trials += trials
         idle = [reading for trial in trials for reading in trial.canary_idle_ms]
         steal = steal_share(before, cpu_times())
-        reference = statistics.median(readings)
+        # The host's speed so far: the median of the reference readings and every idle reading of the run's
+        # blocks, this one's included, so one fast or slow reading does not decide a block. (The readings
+        # taken with a block's u are not among them: the canary reads faster right after the unit passes.)
+        every = [*calibration.canary_readings_ms, *(r for trial in self.trials for r in trial.canary_idle_ms)]
+        reference = statistics.median(every)
         slowdown = stats.slowdown(idle, reference, steal, calibration.steal_share)
         foreign = max(trial.foreign_cores for trial in trials)
         block = Block(

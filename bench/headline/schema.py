@@ -84,8 +84,8 @@ class Block:
     started_s: float
     duration_s: float
     canary_ms: float  # the median of its trials' idle canary readings
-    # What s compares it with: the canary read with the block's u (absent u: the host's speed so far, the
-    # median of the reference readings and every block's idle readings; absent both: the calibration's).
+    # The host's speed so far, which s compares it with (absent: the calibration's reference, as the first
+    # runs compared every block with it).
     canary_reference_ms: float | None = dataclasses.field(default=None, metadata=codec.OMIT_NONE)
     # The host's unit timed on the drained host just before the block, and the L and the SLO it sets there
     # (absent: a run that timed u once, before its fleets started, and held the calibration's throughout).

@@ -46,9 +46,8 @@ def rank_ms(mode: str, rate: float, index: int, load: float, speed: float = 1.0)
 
 
 class FakeCanary:
-    """u timings about `U_MS` and canary readings of `CANARY_MS`, each times the bench's `speed(block)`
-    while a block's u is timed; the readings before its trials times `slow(block)` on top (a host that
-    slowed after the block's u was timed)."""
+    """u timings about `U_MS`, times the bench's `speed(block)` for the block about to run (1 for the
+    calibration); canary readings of `CANARY_MS`, times its `slow(block)`."""
 
     def __init__(self, bench: FakeBench) -> None:
         self.bench = bench
@@ -69,10 +68,7 @@ class FakeCanary:
         return [ms * self._speed() for ms in base]
 
     def readings(self, count: int) -> list[float]:
-        return [CANARY_MS * self._speed() * self.bench.slow(len(self.bench.blocks))] * count
-
-    def host(self, length: int, timings: int, readings: int) -> tuple[list[float], list[float]]:
-        return self.unit_timings(length, timings), [CANARY_MS * self._speed()] * readings
+        return [CANARY_MS * self.bench.slow(len(self.bench.blocks))] * count
 
     @contextlib.contextmanager
     def beside(self) -> Iterator[list[float]]:
