@@ -6,7 +6,7 @@ sweep they share (`sweep`), one point and its cost (`points`, `probes`), the mod
 (`fleets`), the users (`workload`), the statistics (`stats`, `intervals`), where a run ran (`context`),
 the results' schema and codec (`schema`, `schema_context`, `schema_gpu`, `codec`), a run's record
 (`record`) and its checks (`checks`). The commands: `commands` (the table, and
-`run`, the benchmark itself), `reproduce`, and the packages `ab`, `report`, `tracing`, `mlperf`, `micro`
-(micro-benchmarks) and `studies` (the studies behind some records). The library never imports a command.
+`run`, the benchmark itself), `reproduce`, and the packages `ab`, `report`, `tracing`, `mlperf` and `micro`
+(micro-benchmarks). The library never imports a command.
 bench/results/ holds data only.
 """

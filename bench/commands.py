@@ -77,7 +77,7 @@ COMMANDS = (
     ),
     Command(
         "serving",
-        "what one ranker's serving path costs the host beyond its model",
+        "what one ranker's serving path costs the host beyond its model; rankers in turn: --in-turn-against",
         "bench.micro.serving.__main__:main",
     ),
     Command(
@@ -87,33 +87,13 @@ COMMANDS = (
     ),
     Command(
         "accelerator",
-        "the ranker's device path in process: cached-rank error, reload, rank latency, CUDA graphs",
-        "bench.micro.accelerator:main",
+        "the ranker's device path in process, and each DRAM precision's score error (--measures)",
+        "bench.micro.accelerator.__main__:main",
     ),
     Command(
-        "dram-precision",
-        "what each DRAM precision (exact, bf16, fp8) does to the scores: max error against the full pass",
-        "bench.micro.dram_precision:main",
-    ),
-    Command(
-        "grpc-floor",
-        "the CPU one unary gRPC call costs this stack, client and server apart",
-        "bench.micro.grpc_floor:main",
-    ),
-    Command(
-        "router-hop",
-        "the latency the router hop adds to a Rank with a long history",
-        "bench.micro.router_hop:main",
-    ),
-    Command(
-        "gain-stability",
-        "the trigger's break-even across restarts of a ranker's warm-up, one of them under load",
-        "bench.studies.gain_stability:main",
-    ),
-    Command(
-        "serving-ab",
-        "this ranker against another checkout's, or the serving floor and free passes, in turn",
-        "bench.studies.serving_ab:main",
+        "floors",
+        "the floors under every hop: a unary gRPC call's CPU, and the latency the router hop adds (--floors)",
+        "bench.micro.floors:main",
     ),
 )
 BY_NAME = {command.name: command for command in COMMANDS}

@@ -18,14 +18,14 @@ module named to `importlib.import_module`, in services/, bench/ and tools/):
   import no module of a service, neither a servicer, proxy or data-plane module nor its config (a process
   they start gets the flags they set, and a flag they leave out keeps the service's own default), nor its
   internals. Exempt are the in-process harnesses in `IN_PROCESS`, each for the one service it measures in
-  process, without gRPC (`bench/lib/floor.py` and `bench/micro/accelerator.py` time the ranker's model,
-  engine and device layers as a floor under the fleet's numbers, `bench/headline/canary.py` the host's
-  unit and its canary pass; `bench/micro/serving/in_process.py` times
+  process, without gRPC (`bench/lib/floor.py` and `bench/micro/accelerator/device.py` time the ranker's
+  model, engine and device layers as a floor under the fleet's numbers, `bench/headline/canary.py` the
+  host's unit and its canary pass; `bench/micro/serving/in_process.py` times
   the same passes in process against the ranker's, `bench/micro/null_model.py` serves the ranker with its
   model passes made free, and `bench/micro/simulated_device.py` with passes that hold a shared simulated
-  device; `bench/micro/dram_precision.py` measures the scores of the ranker's DRAM precisions through its
-  model and tier copier; `bench/studies/gain_stability.py` fits the trigger's cost
-  model): they may import that service's internals and config, never its handlers.
+  device; `bench/micro/accelerator/dram_precision.py` measures the scores of the ranker's DRAM precisions
+  through its model and tier copier, and `bench/micro/accelerator/config.py` names the ranker's model
+  presets): they may import that service's internals and config, never its handlers.
   `tools/docs.py` renders every command's settings class into docs/configuration.md, which is its job: it
   loads them by name, out of this check's sight;
 - the ranker's packages are layers, `model` < `device` < `engine` < `cache` < its top-level modules: a
@@ -60,12 +60,12 @@ RANKER_AFFINITY = ("membership", "ring", "settings")
 IN_PROCESS = {
     "bench/lib/floor.py": "ranker",
     "bench/headline/canary.py": "ranker",
-    "bench/micro/accelerator.py": "ranker",
+    "bench/micro/accelerator/config.py": "ranker",
+    "bench/micro/accelerator/device.py": "ranker",
+    "bench/micro/accelerator/dram_precision.py": "ranker",
     "bench/micro/serving/in_process.py": "ranker",
     "bench/micro/null_model.py": "ranker",
     "bench/micro/simulated_device.py": "ranker",
-    "bench/micro/dram_precision.py": "ranker",
-    "bench/studies/gain_stability.py": "trigger",
 }
 # Modules that hold a service's request handling: only the service itself may import them.
 HANDLERS = ("servicer", "proxy", "dataplane")

@@ -144,12 +144,8 @@ PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
 class BenchConfig:
     profile: str = setting(
         "quick",
-        "quick (make bench: about 20 minutes on 2 cores, 200 requests a point, up to 3 load seeds a "
-        "verdict), full (make bench-full: about 1.5-2 hours, 1000 requests a point, refined loads, up to 5 "
-        "load seeds a verdict), headline (make bench-headline: the README's experiments only, points "
-        "sized by time, 45-50 minutes) or gpu (one ranker on a GPU, about 6 minutes within "
-        "--time-budget-s: baseline and RelayGR only, the length sweep and the throughput sweep; its own "
-        "defaults: bench.lib.config.PROFILE_DEFAULTS)",
+        "the run's profile: quick (make bench), full (make bench-full), headline (make bench-headline) or "
+        "gpu (one ranker on a GPU, within --time-budget-s)",
         choices=PROFILES,
     )
     name: str = setting("", "results go to bench/results/<name>/ (empty: the profile's name)")
@@ -268,17 +264,14 @@ class BenchConfig:
     )
     floor_drift_limit: float = setting(
         0.10,
-        "a run whose host unit moved by more than this share within one of its phases, or whose in-process "
-        "floor (summed full forwards at the lengths both timed) did from the previous committed run of its "
-        "profile on the same host (absolute bounds) or from its own start to its end (a run without phases "
-        "or with absolute bounds), is flagged (bench.lib.checks)",
+        "share by which the host's unit may move within a phase, or the in-process floor, before the run "
+        "is flagged (bench.lib.checks)",
         above=0,
     )
     stop_when_flagged: bool = setting(
         False,
-        "stop the run right after its first in-process floor when that already moved more than "
-        "--floor-drift-limit from the previous committed run's there, before any fleet starts (on in the "
-        "headline profile, whose figures are meant for the README)",
+        "stop the run before any fleet starts when its first in-process floor already moved more than "
+        "--floor-drift-limit from the previous committed run's",
     )
     foreign_cores_limit: float = setting(
         0.2,

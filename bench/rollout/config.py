@@ -58,9 +58,8 @@ class RolloutConfig(FleetSettings):
     )
     population: int = setting(
         0,
-        "a closed population of this many users instead of the revisits: each user's first visit in turn "
-        "(all within the warm-up), then every call a return of a user drawn uniformly (0: the revisits of "
-        "--revisit-probability, whose new users are cold in every mode)",
+        "a closed population of this many users, each first seen in the warm-up, then returning uniformly at "
+        "random (0: the revisits of --revisit-probability)",
         minimum=0,
     )
     revisit_window_s: float = setting(

@@ -28,16 +28,13 @@ _DNS_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?")
 class AffinitySettings:
     rankers: str = setting(
         "",
-        "the rankers as name=host:port,... (each name that ranker's --instance-name): given, a trigger or "
-        "retrieval stub routes its own PreInfer and Rank calls to them with the router's policy (direct "
-        "routing) instead of calling --router, and a ranker hands its prefixes off to them and reads misses "
-        "through from them on the same ring",
+        "the rankers as name=host:port,... (each name that ranker's --instance-name), for direct routing "
+        "instead of through --router and for the cache handoff",
     )
     rankers_srv: str = setting(
         "",
-        "SRV record name listing the rankers, in Kubernetes that of the headless Service's port named grpc "
-        "(_grpc._tcp.ranker-headless.relaygr.svc.cluster.local): each target is a member named by its "
-        "first label (the pod name) and dialled by its DNS name and port; overrides --rankers",
+        "SRV record name listing the rankers, overriding --rankers: each target is a member named by its "
+        "first label (in Kubernetes, the pod's name)",
     )
     dns_refresh_s: float = setting(10.0, "seconds between DNS re-resolutions of --rankers-srv", above=0)
     virtual_nodes: int = setting(

@@ -213,18 +213,23 @@ def load(
     return config
 
 
-def markdown_table(cls: type, beyond: type | None = None) -> str:
-    """The settings of `cls` as a Markdown table: flag, environment variable, default, meaning; with
-    `beyond`, only those `cls` adds to that settings class of its bases."""
+def default_text(field: dataclasses.Field) -> str:
+    """A setting's default as the configuration pages print it (None: unset unless given; its help says what
+    applies then)."""
+    if field.default is None:
+        return "(unset)"
+    return "(empty)" if field.default == "" else f"`{field.default}`"
+
+
+def markdown_table(cls: type, beyond: Iterable[type] = ()) -> str:
+    """The settings of `cls` as a Markdown table: flag, environment variable, default, meaning; only those
+    it adds to the settings classes `beyond`."""
     rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
-    inherited = {field.name for field in dataclasses.fields(beyond)} if beyond is not None else set()
+    inherited = {field.name for base in beyond for field in dataclasses.fields(base)}
     for field in (field for field in dataclasses.fields(cls) if field.name not in inherited):
-        # None: the setting is unset unless given (see its help for what applies then).
-        default = (
-            "(unset)" if field.default is None else "(empty)" if field.default == "" else f"`{field.default}`"
-        )
         rows.append(
-            f"| `{flag_name(field.name)}` | `{env_name(field.name)}` | {default} | {field.metadata['help']} |"
+            f"| `{flag_name(field.name)}` | `{env_name(field.name)}` | {default_text(field)} | "
+            f"{field.metadata['help']} |"
         )
     return "\n".join(rows)
 

@@ -29,12 +29,8 @@ class RelaySettings:
 
     relay_window_ms: float = setting(
         30.0,
-        "the relay window, ms from an Admit until its request's Rank reaches the ranker: the retrieval "
-        "stub's pre-processing time between the two; the trigger, routing directly, sends a prefix that "
-        "the user's ring owner is predicted, by its reported queues, not to have ready by then to the next "
-        "member on the user's ring walk that can (the Rank follows the relay hint there; through a router, "
-        "whose ring places PreInfer, and at 0, every prefix stays on its owner). The same in the trigger "
-        "and the stubs of one fleet",
+        "the relay window, ms from an Admit to its Rank: the retrieval stub's pre-processing time, against "
+        "which the trigger places prefixes (0: each on its ring owner)",
         minimum=0,
     )
 

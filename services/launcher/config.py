@@ -34,16 +34,14 @@ class FleetConfig:
     )
     rankers_per_device: int = setting(
         1,
-        "rankers that share each accelerator (K): ranker i runs on --devices' (i // K)th device, and each "
-        "ranker's auto HBM and DRAM budgets are 1/K of one ranker's (its --device-sharers); one Python "
-        "process cannot keep a fast accelerator busy",
+        "rankers that share each accelerator (K): ranker i runs on the (i // K)th of --devices, with 1/K of "
+        "the auto HBM and DRAM budgets (its --device-sharers)",
         above=0,
     )
     devices: str = setting(
         "",
-        "the accelerators the rankers run on, comma-separated (e.g. cuda:0,cuda:1): --rankers must then be "
-        "--rankers-per-device times their number; empty: every ranker on its own --device (auto: the first "
-        "accelerator, else the CPU)",
+        "the accelerators the rankers run on, comma-separated (e.g. cuda:0,cuda:1), --rankers-per-device "
+        "rankers each (empty: every ranker on its own --device)",
     )
     model_preset: str = setting("cpu-small", "every ranker's model preset", choices=MODEL_PRESET_NAMES)
     checkpoint: str | None = setting(
@@ -66,16 +64,14 @@ class FleetConfig:
     )
     relay_window_ms: float | None = setting(
         None,
-        "the relay window, ms: passed to both the trigger and the retrieval stub, which read it as one "
-        "setting (the stub's pre-processing time, the window the trigger places prefixes against); unset: "
-        "their shared default",
+        "the relay window, ms, passed to both the trigger and the retrieval stub, which read it as one "
+        "setting (unset: their shared default)",
     )
     relay: bool = setting(True, "run the relay; false starts the baseline (retrieval stub without Admit)")
     routing: str = setting(
         "direct",
-        "how the trigger and the retrieval stub reach the rankers: direct (each routes its own PreInfer and "
-        "Rank with the router's policy, given the rankers: one hop less each way) or router (through the "
-        "router); the router runs either way, for clients that call RankerService",
+        "how the trigger and the retrieval stub reach the rankers: direct (each routes its own calls, one "
+        "hop less each way) or router (the router runs either way)",
         choices=ROUTINGS,
     )
     base_port: int = setting(50050, "gRPC port of the router; the others follow it (0: free ports)")
@@ -84,9 +80,8 @@ class FleetConfig:
     startup_timeout_s: float = setting(300.0, "seconds each service gets to become healthy", above=0)
     ranker_args: str = setting(
         "--profile-lengths 128,512,2048",
-        "extra flags for every ranker (the default: a quick warm-up). Without --torch-threads among them, "
-        "each ranker gets its share of the launcher's CPUs (its affinity and cgroup quota, divided by "
-        "--rankers, at least one)",
+        "extra flags for every ranker (the default: a quick warm-up), each ranker getting its share of the "
+        "launcher's CPUs unless these set --torch-threads",
     )
     router_args: str = setting("", "extra flags for the router")
     trigger_args: str = setting("", "extra flags for the trigger")

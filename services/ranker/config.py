@@ -28,29 +28,25 @@ class RankerConfig(HandoffSettings, AffinitySettings, RequestLimits, ServiceConf
     model_preset: str = setting("cpu-small", f"model preset: {', '.join(PRESETS)}", choices=PRESETS)
     checkpoint: str = setting(
         "",
-        "a model directory (model.json + weights.pt, e.g. from services.ranker.convert: its architecture "
-        "replaces --model-preset), or a state_dict file of the preset's model; weights_only=True; empty: "
-        "seeded weights",
+        "a model directory (model.json + weights.pt, its architecture replacing --model-preset) or a "
+        "state_dict file of the preset's model (empty: seeded weights)",
     )
     device: str = setting("auto", "npu, cuda, cpu, or auto (first available in that order); e.g. cuda:1")
     device_sharers: int = setting(
         1,
-        "ranker processes that share this ranker's device (K rankers per accelerator, each a ring member): "
-        "its auto HBM and DRAM budgets are 1/K of what the device and the host leave (explicit budgets are "
-        "its own)",
+        "ranker processes that share this ranker's device (K), each a ring member with 1/K of the auto HBM "
+        "and DRAM budgets (explicit budgets are its own)",
         above=0,
     )
     hbm_budget_mb: float = setting(
         -1.0,
-        "byte budget of the HBM tier (prefix KV in device memory), MiB (0: no caching); -1: auto, from the "
-        "preset and the device's memory: 256 on CPU, on an accelerator the preset's share (gpu-dlrmv3: 0.6) "
-        "of the memory the weights and the largest request leave free",
+        "byte budget of the HBM tier (prefix KV in device memory), MiB (0: no caching; -1: auto, from the "
+        "preset and the device's memory)",
     )
     dram_budget_mb: float = setting(
         -1.0,
-        "byte budget of the server-local DRAM tier, MiB (0 disables it); -1: auto, from the preset and the "
-        "host's memory: 1024 on CPU, on an accelerator 0.25 of the host's memory (the container's limit "
-        "where lower), at most 4x the auto HBM budget",
+        "byte budget of the server-local DRAM tier, MiB (0 disables it; -1: auto, from the preset and the "
+        "host's memory)",
     )
     dram_ttl_s: float = setting(60.0, "seconds a DRAM entry may live without being used", minimum=0)
     dram_policy: str = setting(
@@ -58,9 +54,8 @@ class RankerConfig(HandoffSettings, AffinitySettings, RequestLimits, ServiceConf
     )
     dram_precision: str = setting(
         "exact",
-        "what DRAM copies are stored in: exact (the model's dtype), bf16 (half of fp32's bytes) or fp8 (e4m3 "
-        "with a float32 scale a layer, keys or values and head: a quarter of fp32's bytes); bf16 and fp8 "
-        "move the scores of Ranks served from a DRAM copy by a measured ε, and those Ranks say so (lossy)",
+        "what DRAM copies are stored in: exact (the model's dtype), or bf16 or fp8 (a half or a quarter of "
+        "fp32's bytes, lossy for the Ranks served from them)",
         choices=DRAM_PRECISIONS,
     )
     lease_ttl_ms: int = setting(
@@ -90,9 +85,8 @@ class RankerConfig(HandoffSettings, AffinitySettings, RequestLimits, ServiceConf
     )
     cuda_graphs: bool = setting(
         False,
-        "replay cached ranks through CUDA graphs captured per (users, prefix-length bucket, short-term and "
-        "candidate slots) on first use (CUDA only; excludes --candidate-microbatch). Off by default: "
-        "bench/results/gpu-accelerator has its measured speed-up",
+        "replay cached ranks through CUDA graphs captured per shape bucket on first use (CUDA only; not with "
+        "--candidate-microbatch)",
     )
     cuda_graph_length_buckets: str = setting(
         "512,1024,2048,3072,4096,6144,8192,12288,16384",
@@ -121,9 +115,8 @@ class RankerConfig(HandoffSettings, AffinitySettings, RequestLimits, ServiceConf
     )
     max_pre_infer_backlog_ms: float = setting(
         1000.0,
-        "a PreInfer is refused (REJECTED_BACKLOG) when the pre-inference already queued on this ranker takes "
-        "this many ms of device time (by a curve not provisional): it would not start before its Rank, so "
-        "could save it nothing (one that starts in time saves its Rank what it finished)",
+        "device ms of pre-inference already queued on this ranker at which a PreInfer is refused "
+        "(REJECTED_BACKLOG)",
         above=0,
     )
     max_tombstones: int = setting(
@@ -167,9 +160,8 @@ class RankerConfig(HandoffSettings, AffinitySettings, RequestLimits, ServiceConf
     )
     profile_retry_rounds: int = setting(
         6,
-        "rounds the warm-up may add for the lengths measured disturbed in every round so far (or while the "
-        "curve is inverted); a curve still disturbed after them is served provisional and measured again in "
-        "the background",
+        "rounds the warm-up may add for the lengths measured disturbed in every round so far, after which a "
+        "curve still disturbed is served provisional",
         minimum=0,
     )
     profile_recheck_s: float = setting(

@@ -15,9 +15,8 @@ class TriggerConfig(RequestLimits, RelaySettings, AffinitySettings, ServiceConfi
     metrics_port: int = setting(9102, "Prometheus metrics port (0 picks a free port; -1 disables)")
     router: str = setting(
         "127.0.0.1:50050",
-        "gRPC target of the routers (or of one ranker) for PreInfer and GetProfile: host:port, "
-        "dns:///name:port (every address, balanced by --lb-policy) or ipv4:a:p,b:q; unused when "
-        "--rankers or --rankers-srv route directly",
+        "gRPC target of the routers (or one ranker) for PreInfer and GetProfile: host:port, dns:///name:port "
+        "or ipv4:a:p,b:q (unused with --rankers or --rankers-srv)",
     )
     slo_ms: float = setting(
         50.0,
@@ -56,17 +55,14 @@ class TriggerConfig(RequestLimits, RelaySettings, AffinitySettings, ServiceConfi
     )
     max_backlog_ms: float = setting(
         1000.0,
-        "brake: device ms of pre-inference queued on one ranker at which no prefix is admitted to it: one "
-        "would not start before its Rank, so could save it nothing (the rankers' --max-pre-infer-backlog-ms; "
-        "a prefix its Rank arrives before is joined by that Rank and still saves what it computed, so a "
-        "lower bound only turns relays into misses)",
+        "brake: device ms of pre-inference queued on one ranker at which no prefix is admitted to it (as the "
+        "rankers' --max-pre-infer-backlog-ms)",
         above=0,
     )
     unknown_curve_min_events: int = setting(
         256,
-        "while the fleet's latency curve is provisional (a ranker warmed up disturbed and has not measured "
-        "it again yet), histories of at least this many events are relayed: its figures are read as "
-        "unknown, not as slow, so neither the gain test nor the backlog brake reads them",
+        "while the fleet's latency curve is provisional, histories of at least this many events are relayed, "
+        "without the gain test or the backlog brake",
         above=0,
     )
     shed_high_water: float = setting(
@@ -85,10 +81,8 @@ class TriggerConfig(RequestLimits, RelaySettings, AffinitySettings, ServiceConfi
     )
     pre_infer_batch_window_ms: float = setting(
         10.0,
-        "routing directly, the PreInfers bound for one ranker within this many ms go as one PreInferBatch "
-        "call (each Admit waits at most this long more for its answer); 0 sends each alone. A prefix whose "
-        "predicted pre-inference plus this window exceeds --relay-window-ms goes alone at once, and so does "
-        "one for a ranker whose PreInfers come further apart than the window",
+        "routing directly, ms within which the PreInfers bound for one ranker go as one PreInferBatch call "
+        "(0: each sent alone)",
         minimum=0,
     )
     pre_infer_batch_max: int = setting(

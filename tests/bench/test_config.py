@@ -14,7 +14,7 @@ from bench.lib.config import PROFILE_SETTINGS, BenchConfig, load_config
 from bench.lib.driving import Plan, users
 from bench.lib.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet, FleetShape
 from bench.lib.workload import mix_universe
-from bench.micro.grpc_floor import GrpcFloorConfig
+from bench.micro.floors import FloorsConfig
 from bench.micro.serving.config import ServingConfig
 from bench.mlperf.config import MlperfConfig, parse
 from bench.tracing.config import TracingBench
@@ -66,7 +66,7 @@ def test_list_settings_read_from_their_flag_or_their_environment_twin_and_refuse
     assert load(BenchConfig, [], environ={"RELAYGR_LOADS": "2, 4,8"}).load_grid() == [2.0, 4.0, 8.0]
     assert load(BenchConfig, ["--loads", "3"], environ={"RELAYGR_LOADS": "2,4"}).load_grid() == [3.0]
     assert listed(load(ServingConfig, [], environ={"RELAYGR_LENGTHS": "256, 1024"}), "lengths") == [256, 1024]
-    assert load(GrpcFloorConfig, ["--rates", "0,50"], environ={}).rates == "0,50"  # 0: the closed loop
+    assert load(FloorsConfig, ["--rates", "0,50"], environ={}).rates == "0,50"  # 0: the closed loop
     assert load(TracingBench, ["--sample-ratios", "0.5,1"], environ={}).ratios() == [0.5, 1.0]
     with pytest.raises(SystemExit):
         load(TracingBench, ["--sample-ratios", "0.5,2"], environ={})

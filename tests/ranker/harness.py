@@ -122,7 +122,8 @@ SHORT = [11, 12, 13]
 CANDIDATES = np.array([5, 99, 1234, 7], dtype=np.int64)
 
 # The largest |score - full pass| the tests allow a Rank served from a lossy DRAM copy of cpu-tiny, by
-# --dram-precision: a few times what `python -m bench.micro.dram_precision` measures (docs/models.md).
+# --dram-precision: a few times what `python -m bench accelerator --measures dram-precision` measures
+# (docs/models.md).
 LOSSY_TOLERANCE = {"bf16": 5e-3, "fp8": 1e-2}
 
 

@@ -1,11 +1,11 @@
 """NVIDIA recsys-examples HSTU checkpoints, converted and served with relay, equal THEIR math.
 
-A random checkpoint in their layout (tests/ranker/recsys_examples.py writes it: static model-parallel tables,
-a fused data-parallel table, a dynamicemb dump; bf16 dense weights) is converted with
+A random checkpoint in their layout (`bench.lib.recsys_checkpoints` writes it: static
+model-parallel tables, a fused data-parallel table, a dynamicemb dump; bf16 dense weights) is converted with
 `python -m services.ranker.convert`, served by an in-process ranker behind an in-process router (gRPC over
-loopback), and every score equals the independent fp32 reference of their inference forward at
-`assert_close` defaults — from HBM, DRAM, extended and miss paths alike. Malformed checkpoints and configs,
-non-closed options and unknown item ids are refused by name.
+loopback), and every score equals the independent fp32 reference of their inference forward
+(tests/ranker/recsys_examples.py) at `assert_close` defaults — from HBM, DRAM, extended and miss paths
+alike. Malformed checkpoints and configs, non-closed options and unknown item ids are refused by name.
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from bench.lib.recsys_checkpoints import cfg_for, write_checkpoint
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.ranker import convert
 from services.ranker.model import recsys_examples
 from services.ranker.model.store import load_model_dir
 from services.router.config import RouterConfig
 from tests.ranker.harness import running_ranker
-from tests.ranker.recsys_examples import cfg_for, reference_scores, write_checkpoint
+from tests.ranker.recsys_examples import reference_scores
 from tests.router.harness import running_router
 from tests.support.polling import eventually
 

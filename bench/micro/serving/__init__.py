@@ -36,8 +36,15 @@ spin-waits, so there the host's CPU counts waiting for the GPU as work: the wait
 scores' copy back ends every rank) fall within the pass's thread CPU time and are subtracted with the model;
 what remains, the event loop, the copy thread and the rest, is the serving path's own.
 
+With `--in-turn-against`, it drives no sweep: this checkout's ranker and its contenders (`stand-ins`: the
+serving floor and the free-pass ranker; `before`: the ranker of another checkout, `--before-tree`) are up at
+once and answer the same pairs in turn, `--rounds` rounds whose order rotates, at each of `--shapes`, and it
+prints a table of each one's CPU a pair that is not the model (`in_turn`). Figures measured minutes apart on
+a shared machine do not compare; figures measured in turn do.
+
 The package, by role: `config` (the settings), `pairs` (the requests, the driver, one point), `generator`
 (the driver in a process of its own), `cpu` (the ranker's CPU by thread and its model passes'),
 `in_process` (the same passes in this process), `stages` (py-spy's split), `run` (the processes, the
-capacity searches and the loads), `summary` (results.json and summary.md).
+capacity searches and the loads), `summary` (results.json and summary.md), `in_turn` (the contenders
+driven in turn and their table).
 """

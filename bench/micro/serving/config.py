@@ -1,13 +1,17 @@
-"""`python -m bench serving`'s settings, each a flag with a `RELAYGR_…` environment twin."""
+"""`python -m bench serving`'s settings, each a flag with a `RELAYGR_…` environment twin: the sweep's, and
+those of driving rankers in turn (`--in-turn-against`, `in_turn`)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from services.common.config import numbers, setting
+from services.common.config import listed, numbers, setting
 
 RANKER_SERVICE = "relaygr.v1.RankerService"
 DEVICES = ("cpu", "cuda")
+# What --in-turn-against may name: the serving floor and the free-pass ranker, or --before-tree's ranker.
+IN_TURN = ("stand-ins", "before")
+SHAPES = "256:20,1024:12"  # --shapes' default: long-term events:pairs a second
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +36,9 @@ class ServingConfig:
         above=0,
         maximum=1,
     )
-    pairs: int = setting(300, "measured pairs of a low-rate point", above=0)
+    pairs: int = setting(
+        300, "measured pairs of a low-rate point (and of each point driven in turn)", above=0
+    )
     max_point_s: float = setting(
         40.0, "a point at a rate too low for its pairs measures fewer, to last about this long", above=0
     )
@@ -40,9 +46,8 @@ class ServingConfig:
     warmup_pairs: int = setting(30, "pairs sent at the point's rate before its measured ones", minimum=0)
     capacity_p99_ms: float = setting(
         25.0,
-        "a process holds a rate when every Rank is answered, within this P99 (plus twice a pair's model "
-        "passes with real ones), at 95 % of the rate, and every ranker's Rank finds its prefix; its capacity "
-        "is the highest rate it holds",
+        "Rank P99, ms, within which a process holds a rate (plus twice a pair's model passes with real "
+        "ones): its capacity is the highest rate it holds",
         above=0,
     )
     capacity_start: float = setting(
@@ -63,9 +68,8 @@ class ServingConfig:
     )
     windows_ms: str = numbers(
         "2,5,10",
-        "coalescing windows measured against single PreInfers at each ranker's capacity (the floor at the "
-        "free-pass ranker's), at the first length: pairs whose PreInfers go in PreInferBatch windows, and "
-        "pairs through a trigger with that window (comma list; empty: no coalescing points)",
+        "PreInferBatch windows, ms, measured against single PreInfers at each ranker's capacity at the first "
+        "length (comma list; empty: no coalescing points)",
         increasing=True,
         may_be_empty=True,
     )
@@ -73,10 +77,53 @@ class ServingConfig:
         100, "sequential pairs on an idle ranker for the cached Rank's latency", minimum=0
     )
     stages: bool = setting(False, "sample the ranker with py-spy (250 Hz) and split its CPU by stage")
-    out: str = setting("bench/results/serving", "folder of results.json and summary.md (empty: none)")
+    out: str = setting(
+        "bench/results/serving", "folder of the sweep's results.json and summary.md (empty: none)"
+    )
     seed: int = setting(0, "seed of the users' histories and candidates", minimum=0)
+    in_turn_against: str = setting(
+        "",
+        "contenders, comma-separated, driven in turn with this checkout's ranker at --shapes instead of the "
+        "sweep (it prints a table of their CPU a pair that is not the model): stand-ins (the serving floor "
+        "and the ranker with free passes), before (--before-tree's ranker); empty: the sweep",
+        items=str,
+        choices=IN_TURN,
+        distinct=True,
+        may_be_empty=True,
+    )
+    before_tree: str = setting(
+        "", "another checkout, with its generated stubs, whose ranker --in-turn-against before drives"
+    )
+    shapes: str = setting(
+        SHAPES,
+        "in turn: the points, long-term events:pairs a second, comma-separated (e.g. 256:20); events at most "
+        "the longest of --lengths (the rankers' --max-long-term-events)",
+    )
+    rounds: int = setting(
+        3, "in turn: rounds; each drives every contender once, in an order that rotates", above=0
+    )
 
     def validate(self) -> None:
         from bench.micro.serving.generator import split_cpus
 
         split_cpus(self.generator_cpus)  # CPUs this process may not use, or none left for the ranker
+        longest = max(listed(self, "lengths"))
+        shapes = self.shape_list()  # checked in every mode; its lengths matter only to rankers in turn
+        if listed(self, "in_turn_against") and any(length > longest for length, _ in shapes):
+            raise ValueError(f"--shapes: {self.shapes!r} is longer than the longest --lengths, {longest}")
+        if bool(self.before_tree) != ("before" in listed(self, "in_turn_against")):
+            raise ValueError("--before-tree and --in-turn-against before go together")
+
+    def shape_list(self) -> list[tuple[int, float]]:
+        """`--shapes` as (long-term events, pairs a second); a ValueError naming the flag for a bad one."""
+        shapes = []
+        for shape in self.shapes.split(","):
+            length, _, rate = shape.partition(":")
+            try:
+                parsed = int(length), float(rate)
+            except ValueError:
+                parsed = (0, 0.0)
+            if parsed[0] <= 0 or not parsed[1] > 0:
+                raise ValueError(f"--shapes: {shape!r} is not events:pairs-a-second (e.g. 256:20)")
+            shapes.append(parsed)
+        return shapes

@@ -13,10 +13,8 @@ from services.common.config import setting
 class HandoffSettings:
     handoff_budget_s: float = setting(
         10.0,
-        "from SIGTERM, seconds a ranker spends pushing its cached prefixes (DRAM entries and HBM entries "
-        "still resident, most recently used first) to each user's next owner on the ring (--rankers or "
-        "--rankers-srv), while it drains and once more after, for what the drain made; what does not fit "
-        "is dropped (0: no handoff). The pod's terminationGracePeriodSeconds must cover it",
+        "seconds from SIGTERM that a draining ranker spends pushing its cached prefixes to each user's next "
+        "owner on the ring (0: no handoff)",
         minimum=0,
     )
     handoff_rate_mb_s: float = setting(
@@ -26,10 +24,8 @@ class HandoffSettings:
     )
     handoff_staging_mb: float = setting(
         128.0,
-        "MiB of host memory, beside the DRAM budget, that a receiver holds at most in entries still arriving "
-        "from peers that need DRAM room made: their victims are evicted only once the entry is whole and "
-        "its checksum verified; an entry that fits the DRAM tier's free bytes arrives straight into DRAM, "
-        "and one that needs room beyond this is refused (0: entries are admitted only into free DRAM)",
+        "MiB of host memory, beside the DRAM budget, in which a receiver stages arriving entries that need "
+        "DRAM room made (0: entries are admitted only into free DRAM)",
         minimum=0,
     )
     handoff_chunk_timeout_s: float = setting(
@@ -40,24 +36,20 @@ class HandoffSettings:
     )
     handoff_peer_names: str = setting(
         "*.ranker-headless.relaygr.svc.cluster.local",
-        "under mutual TLS (--tls-ca), the certificate names (a DNS name or IP of its subject alternative "
-        "names, or its common name, as issued) of which a caller of CacheHandoffService must carry one: the "
-        "rankers' (deploy/components/tls/certificates.yaml); comma-separated",
+        "under mutual TLS (--tls-ca), the certificate names, comma-separated, of which a caller of "
+        "CacheHandoffService must carry one (the rankers')",
         items=str,
     )
     handoff_secret: str = setting(
         "",
-        "without mutual TLS, a secret shared by the fleet's rankers that every caller of CacheHandoffService "
-        "must present (the rankers send it); empty: only callers on loopback are served. Set it through the "
-        "environment (from a Kubernetes Secret): a flag's value shows in the process list",
+        "without mutual TLS, the rankers' shared secret, set through the environment, that every caller of "
+        "CacheHandoffService must present (empty: loopback callers only)",
         secret=True,
     )
     read_through_grace_s: float = setting(
         120.0,
-        "seconds after start-up or a change of the routable rankers during which a ranker that misses a "
-        "user's prefix asks the user's next owner without itself (where a drain pushed it, or who served "
-        "the user meanwhile) before computing; a PreInfer's ask is a prefetch off the critical path, a "
-        "Rank's is made only when the transfer is predicted to beat the recomputation (0: never)",
+        "seconds after start-up or a change of the routable rankers during which a ranker asks a user's next "
+        "owner for a prefix it misses before computing it (0: never)",
         minimum=0,
     )
     read_through_timeout_ms: float = setting(

@@ -1,32 +1,31 @@
-"""`python -m bench dram-precision`: what each `--dram-precision` of the ranker does to its scores, measured
-in process.
+"""What each `--dram-precision` of the ranker does to its scores, measured in process on CPU
+(`--measures dram-precision`).
 
 For each CPU preset (seeded weights, as a ranker without `--checkpoint` serves them) and for an imported
 NVIDIA recsys-examples HSTU checkpoint (a random one in their layout at gpu-dlrmv3's shape, D 512, 4 heads of
-128, 5 layers, bf16 dense weights served in fp32, written by the suite's writer
-`tests/ranker/recsys_examples.py` and read by `services.ranker.model.recsys_examples`, as the converter
-(`services.ranker.convert`) reads one), it ranks `--users` users of each of `--lengths` history lengths
-(random events, `--short-term` short-term events, `--candidates` candidates): once by the model's full fp32
-pass over the whole sequence, the reference, and once from the user's prefix demoted to DRAM and reloaded by
-the ranker's own `TierCopier` at each precision (exact, bf16, fp8). It prints, per model and precision, the
-bytes a DRAM copy takes against fp32's, and over every user and candidate the largest |score - reference| and
-the largest |score - reference| / reference.
-
-Needs the repository's tests/ (the checkpoint writer); runs on CPU in a few seconds to a minute.
+128, 5 layers, bf16 dense weights served in fp32, written by `bench.lib.recsys_checkpoints`
+and read by `services.ranker.model.recsys_examples`, as the converter (`services.ranker.convert`) reads one),
+it ranks `--dram-users` users of each of `--dram-lengths` history lengths (random events,
+`--dram-short-term` short-term events, `--dram-candidates` candidates): once by the model's full fp32 pass
+over the whole sequence, the reference, and once from the user's prefix demoted to DRAM and reloaded by the
+ranker's own `TierCopier` at each precision (exact, bf16, fp8). It prints, per model and precision, the bytes
+a DRAM copy takes against fp32's, and over every user and candidate the largest |score - reference| and the
+largest |score - reference| / reference. Runs on CPU in a few seconds to a minute, whatever `--device`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from services.common.config import listed, load, numbers, setting
+from bench.lib.recsys_checkpoints import cfg_for, write_checkpoint
+from bench.micro.accelerator.config import AcceleratorBenchConfig
+from services.common.config import listed
 from services.ranker.device.accelerator import Accelerator
 from services.ranker.device.copier import TierCopier
 from services.ranker.model import recsys_examples
@@ -36,15 +35,6 @@ from services.ranker.model.presets import PRESETS
 from services.ranker.model.store import load_model_dir, save_model_dir
 
 CPU = torch.device("cpu")
-
-
-@dataclasses.dataclass(frozen=True)
-class DramPrecisionConfig:
-    users: int = setting(4, "users ranked per history length", above=0)
-    lengths: str = numbers("64,256,1024", "history lengths of the users, in events", kind=int)
-    short_term: int = setting(4, "short-term events of each Rank", minimum=0)
-    candidates: int = setting(16, "candidates of each Rank", above=0)
-    seed: int = setting(0, "seed of the weights and of the users' events", minimum=0)
 
 
 @dataclasses.dataclass
@@ -58,8 +48,6 @@ class Row:
 
 def recsys_examples_model(directory: Path, seed: int) -> tuple[str, HSTURanker, int]:
     """A random recsys-examples checkpoint at gpu-dlrmv3's shape, imported: its name, model and item count."""
-    from tests.ranker.recsys_examples import cfg_for, write_checkpoint  # the suite's writer of their layout
-
     cfg = cfg_for(heads=4, scaling_seqlen=8192, act="gelu", items=300, actions=8)
     write_checkpoint(directory / "ckpt", cfg, dim=512, head_dim=128, layers=5, positions=40,
                      head=(256, 64, 3), seed=seed)  # fmt: skip
@@ -82,9 +70,9 @@ def models(directory: Path, seed: int) -> list[tuple[str, HSTURanker, int | None
     return found
 
 
-def measure(name: str, model: HSTURanker, items: int | None, config: DramPrecisionConfig) -> list[Row]:
+def measure(name: str, model: HSTURanker, items: int | None, config: AcceleratorBenchConfig) -> list[Row]:
     preset = model.preset
-    generator = torch.Generator().manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.dram_seed)
 
     def events(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         high = items if items is not None else 2**40
@@ -96,13 +84,13 @@ def measure(name: str, model: HSTURanker, items: int | None, config: DramPrecisi
     }
     errors = {p: (0.0, 0.0) for p in DRAM_PRECISIONS}
     nbytes = dict.fromkeys(DRAM_PRECISIONS, 0)
-    for length in listed(config, "lengths"):
-        for _ in range(config.users):
+    for length in listed(config, "dram_lengths"):
+        for _ in range(config.dram_users):
             (long_items, long_actions), (short_items, short_actions) = (
                 events(length),
-                events(config.short_term),
+                events(config.dram_short_term),
             )
-            candidates = events(config.candidates)[0]
+            candidates = events(config.dram_candidates)[0]
             logits = model.full_forward(long_items, long_actions, short_items, short_actions, candidates)
             reference = torch.sigmoid(logits[..., preset.score_task])
             prefix = model.pre_infer(long_items, long_actions)
@@ -122,10 +110,10 @@ def measure(name: str, model: HSTURanker, items: int | None, config: DramPrecisi
     ]
 
 
-def report(rows: Sequence[Row], config: DramPrecisionConfig) -> str:
+def report(rows: Sequence[Row], config: AcceleratorBenchConfig) -> str:
     lines = [
-        f"{config.users} users at each of {config.lengths} events, {config.short_term} short-term events, "
-        f"{config.candidates} candidates; scores against the full fp32 pass",
+        f"{config.dram_users} users at each of {config.dram_lengths} events, {config.dram_short_term} "
+        f"short-term events, {config.dram_candidates} candidates; scores against the full fp32 pass",
         "",
         "| model | --dram-precision | DRAM bytes vs fp32 | max abs error | max relative error |",
         "|---|---|---|---|---|",
@@ -137,18 +125,18 @@ def report(rows: Sequence[Row], config: DramPrecisionConfig) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    config = load(DramPrecisionConfig, argv, prog="python -m bench dram-precision", description=__doc__)
+def run(config: AcceleratorBenchConfig) -> str:
+    """Every model's rows at every precision, as `report`'s table, measured on one torch thread (the figures
+    are errors, not times); the process's thread count is restored after, for a device path measured next."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as directory:
-        rows = [
-            row
-            for name, model, items in models(Path(directory), config.seed)
-            for row in measure(name, model, items, config)
-        ]
-    print(report(rows, config))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        with tempfile.TemporaryDirectory() as directory:
+            rows = [
+                row
+                for name, model, items in models(Path(directory), config.dram_seed)
+                for row in measure(name, model, items, config)
+            ]
+    finally:
+        torch.set_num_threads(threads)
+    return report(rows, config)

@@ -1,4 +1,4 @@
-"""`python -m bench accelerator`: the ranker's device path measured on one device, in process.
+"""The ranker's device path measured on one device, in process (`--measures device`, the default).
 
 What the fleet benchmark (`python -m bench run`) cannot show on a CPU: the absolute figures of an accelerator.
 It measures, for one preset on one device, with the ranker's own components:
@@ -20,10 +20,8 @@ the figures this script exists for.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,7 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from services.common.config import grid, listed, load, setting
+from bench.micro.accelerator.config import AcceleratorBenchConfig
+from services.common.config import listed
 from services.ranker.config import RankerConfig
 from services.ranker.device.accelerator import Accelerator, select_device, synchronize
 from services.ranker.device.copier import TierCopier
@@ -42,20 +41,7 @@ from services.ranker.engine.runner import ModelRunner
 from services.ranker.engine.scheduler import Scheduler
 from services.ranker.model.events import Events
 from services.ranker.model.hstu import HSTURanker
-from services.ranker.model.presets import PRESETS, get_preset
-
-
-@dataclasses.dataclass(frozen=True)
-class AcceleratorBenchConfig:
-    device: str = setting("cuda", "device to measure: cuda, npu, cpu (optionally with an index)")
-    model_preset: str = setting("gpu-dlrmv3", f"model preset: {', '.join(PRESETS)}", choices=PRESETS)
-    lengths: str = grid("512,1024,2048,4096,8192", "prefix lengths measured", int)
-    short_term: int = setting(32, "short-term events of each rank", above=0)
-    candidates: int = setting(512, "candidates of each rank", above=0)
-    repeats: int = setting(50, "timed repetitions per point (after 3 untimed ones)", above=0)
-    batch: int = setting(8, "users ranked together in the batched measurement", above=0)
-    chunk_tokens: int = setting(512, "pre-inference chunk size", above=0)
-    out: str = setting("bench/results/gpu-accelerator", "directory the results are written to")
+from services.ranker.model.presets import get_preset
 
 
 class Timer:
@@ -306,13 +292,3 @@ def run(config: AcceleratorBenchConfig) -> dict[str, Any]:
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "report.md").write_text(report(results))
     return results
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    config = load(AcceleratorBenchConfig, argv, prog="python -m bench accelerator", description=__doc__)
-    print(report(run(config)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
