@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.headline.report import ratio, table
+from bench.headline.report import per_block, ratio, run_unit, table
 from bench.headline.schema import Estimate, HeadlineResults
 from bench.lib.context import changed_between
 from services.common.config import listed, load, setting
@@ -77,12 +77,11 @@ def settings_apart_from_name(run: HeadlineResults) -> dict[str, object]:
 
 def unit_cell(run: HeadlineResults) -> str:
     """The run's u and L: the calibration's, or the median and range of its blocks' own."""
-    units = [block.u_ms for block in run.blocks if block.u_ms is not None]
-    rates = [block.rate for block in run.blocks if block.rate is not None]
-    if not units or not rates:
+    if not per_block(run):
         return f"{run.calibration.u_ms:g}; {run.calibration.rate:g}"
-    return (f"{statistics.median(units):g} ({min(units):g}-{max(units):g}); "
-            f"{statistics.median(rates):g} ({min(rates):g}-{max(rates):g})")  # fmt: skip
+    u, low, high = run_unit(run)
+    rates = [block.rate for block in run.blocks if block.rate is not None]
+    return f"{u:g} ({low:g}-{high:g}); {statistics.median(rates):g} ({min(rates):g}-{max(rates):g})"
 
 
 def compare(names: Sequence[str], runs: Sequence[HeadlineResults]) -> tuple[bool, str]:

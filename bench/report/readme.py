@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.headline.compare import compare
 from bench.headline.config import BASELINE, RELAY
-from bench.headline.report import PLOT, ratio
+from bench.headline.report import PLOT, per_block, ratio, run_unit
 from bench.headline.schema import HeadlineResults
 from bench.lib.intervals import t_value
 from bench.lib.schema import Run
@@ -170,7 +170,9 @@ def render(runs: Sequence[tuple[str, HeadlineResults]], side: Sequence[tuple[str
         raise ValueError("readme: the headline takes two runs")
     (first_name, first), (second_name, second) = runs
     links = " · ".join(f"[`{name}`](bench/results/{name}/report.md)" for name, _ in runs)
-    c, host, cal = first.settings, first.machine, first.calibration
+    c, host = first.settings, first.machine
+    # A run that timed u before every block loads each block at 0.7 / its own u: its u is their median.
+    per_block_note = ", the median of each run's blocks' own" if per_block(first) else ""
     reproduced, _ = compare([first_name, second_name], [first, second])
     commits = sorted({run.commit for _, run in runs})
     lines = [
@@ -179,8 +181,8 @@ def render(runs: Sequence[tuple[str, HeadlineResults]], side: Sequence[tuple[str
         "",
         f"Two runs of `python -m bench headline` at commit{'s' if len(commits) > 1 else ''} "
         f"{', '.join(commits)} on a {host.cores}-core {host.cpu_model} "
-        f"({host.cpu_capability or 'vector width not recorded'}; u = {cal.u_ms:g} and "
-        f"{second.calibration.u_ms:g} ms), {len(first.kept.blocks if first.kept else [])} and "
+        f"({host.cpu_capability or 'vector width not recorded'}; u = {run_unit(first)[0]:g} and "
+        f"{run_unit(second)[0]:g} ms{per_block_note}), {len(first.kept.blocks if first.kept else [])} and "
         f"{len(second.kept.blocks if second.kept else [])} blocks kept, each block every arm once on one "
         f"arrival seed in a Williams order; `{c.model_preset}` with {c.rankers} rankers, mix 1 (median "
         f"{c.mix_median}, cap {c.mix_max} events), SLO {c.slo_u:g} u. Intervals are 95 % block bootstraps "
