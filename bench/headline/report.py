@@ -152,7 +152,7 @@ def render_markdown(results: HeadlineResults) -> str:
     # Runs from before the rule on other processes' cores recorded none, and render as they did; so do runs
     # that timed u once, before their fleets started.
     foreign_rule = any(block.foreign_cores is not None for block in results.blocks)
-    units = per_block(results)
+    own_units = per_block(results)
     lines = [
         "# The headline: RelayGR against the baseline in randomized interleaved blocks",
         "",
@@ -161,7 +161,7 @@ def render_markdown(results: HeadlineResults) -> str:
         f"`{c.model_preset}` with {c.rankers} rankers a fleet, mix 1 (median {c.mix_median}, cap {c.mix_max} "
         "events).",
         "",
-        (unit_line(results) if units else calibration_line(results))
+        (unit_line(results) if own_units else calibration_line(results))
         + "Each block runs every arm once on one arrival seed, in a Williams order;"
         f" each trial sends {c.requests} measured Recommends "
         f"({c.baseline_requests} for the baseline) after {c.warmup_s:g} s of its own load, "
@@ -197,7 +197,7 @@ def render_markdown(results: HeadlineResults) -> str:
         trial = baseline.get(block.index)
         rows.append([
             str(block.index), str(block.seed), ", ".join(block.order), f"{block.slowdown:.3f}",
-            *([f"{block.u_ms:g}", f"{block.rate:g}"] if units else []),
+            *([f"{block.u_ms:g}", f"{block.rate:g}"] if own_units else []),
             f"{block.canary_ms:g} / {block.canary_reference_ms or cal.canary_reference_ms:g}",
             f"{block.steal_share:.1%}",
             *([f"{block.foreign_cores:g}"] if foreign_rule else []),
@@ -210,7 +210,7 @@ def render_markdown(results: HeadlineResults) -> str:
         "seed",
         "order",
         "s",
-        *(["u ms", "L req/s"] if units else []),
+        *(["u ms", "L req/s"] if own_units else []),
         "canary / reference ms",
         "steal",
         *other,

@@ -83,9 +83,8 @@ class ServingConfig:
     seed: int = setting(0, "seed of the users' histories and candidates", minimum=0)
     in_turn_against: str = setting(
         "",
-        "contenders, comma-separated, driven in turn with this checkout's ranker at --shapes instead of the "
-        "sweep (it prints a table of their CPU a pair that is not the model): stand-ins (the serving floor "
-        "and the ranker with free passes), before (--before-tree's ranker); empty: the sweep",
+        "contenders driven in turn with this ranker at --shapes instead of the sweep, comma-separated: "
+        "stand-ins (the serving floor and a free-pass ranker) or before (--before-tree's; empty: the sweep)",
         items=str,
         choices=IN_TURN,
         distinct=True,
