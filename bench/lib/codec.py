@@ -11,9 +11,10 @@ out while it holds it (a flag or a collection most records leave at its usual va
 `from_json` reads one back by the field types: a key that a field without a default needs and the object
 lacks, or a key that no field takes, is a ValueError naming where it is (`throughput_sweeps.<mix>.relay.
 points.0 lacks cost`), so a results file is checked as it is read. A field with a default may be absent:
-its default applies (its `omitted_while` value, where it has one). Every committed results file is in
-today's schema (`tests/bench/test_results.py` reads each back byte for byte). Numbers, strings and
-booleans are taken as they are.
+its default applies (its `omitted_while` value, where it has one). A key named in the class's `RETIRED`
+(a setting or field whose mechanism is gone) is read and dropped, so the committed files that record it
+still read; written back, they are byte for byte the file less those keys (`tests/bench/test_results.py`).
+Numbers, strings and booleans are taken as they are.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def from_json(cls: type[T], data: Any, where: str = "") -> T:
     if not isinstance(data, dict):
         raise ValueError(f"results: {where or 'the top level'} is not an object")
     values, used = _fields_from(cls, data, where)
-    unknown = [key for key in data if key not in used]
+    retired = getattr(cls, "RETIRED", ())
+    unknown = [key for key in data if key not in used and key not in retired]
     if unknown:
         raise ValueError(f"results: {where or 'the top level'} has unknown {', '.join(unknown)}")
     return cls(**values)

@@ -2,11 +2,9 @@
 
 The profiles run the same experiments on the same workload and grids and differ in how much they measure
 (`Profile`): `quick` (`make bench`) and `full` (`make bench-full`, refined loads, more seeds, two more
-relay windows) measure every experiment; `headline` (`make bench-headline`) only the README's, with
-points sized by time, clearly passing points stopped early and every fleet warmed up first, sized for 45
-minutes on 2 cores; `gpu` runs `bench.run.gpu` with its own defaults (`PROFILE_DEFAULTS`). How long each
-takes and why each default is what it is: docs/benchmark.md ("How long a run takes", "Why the
-defaults", "The gpu profile's defaults").
+relay windows) measure every experiment; `gpu` runs `bench.run.gpu` with its own defaults
+(`PROFILE_DEFAULTS`). How long each takes and why each default is what it is: docs/benchmark.md ("How
+long a run takes", "Why the defaults", "The gpu profile's defaults").
 """
 
 from __future__ import annotations
@@ -16,8 +14,8 @@ import dataclasses
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
-from bench.lib import codec
 from bench.lib.fleets import ABLATIONS
 from services.common.config import env_name, flag_name, grid, listed, load, setting
 from services.common.presets import MODEL_PRESET_NAMES
@@ -25,7 +23,7 @@ from services.launcher.config import ROUTINGS
 
 ABLATION_NAMES = tuple(mode.name for mode in ABLATIONS)
 
-PROFILES = ("quick", "full", "headline", "gpu")
+PROFILES = ("quick", "full", "gpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,21 +46,15 @@ class Profile:
     # The most load seeds a load's sequential verdict pools (`bench.lib.sweep.pooled_verdict`); 1: every
     # verdict is one seed's, as in every run before it (what a results file without it means).
     seed_cap: int = 1
-    # The longest a point's measured requests may take, s (0: no bound): at a few calls a second
-    # `measured_min` requests would take minutes.
-    measured_max_s: float = dataclasses.field(default=0.0, metadata=codec.omitted_while(0.0))
-    # Stop a point once it passes clearly (`bench.lib.points.clearly_passing`); absent from runs before it.
-    stop_passing: bool = dataclasses.field(default=False, metadata=codec.omitted_while(False))
-    # Seconds of load every fleet gets before its first measured point (users of their own, DRAM filled
-    # as a measured point's would be), so no fleet is judged cold against a warm one; 0: none.
-    fleet_warmup_s: float = dataclasses.field(default=0.0, metadata=codec.omitted_while(0.0))
+    # What the retired headline profile recorded: a bound on a point's seconds, points stopped once they
+    # passed clearly, and load before each fleet's first point (`bench.headline` runs its own experiment).
+    RETIRED: ClassVar[tuple[str, ...]] = ("measured_max_s", "stop_passing", "fleet_warmup_s")
 
     def measured_at(self, rate: float) -> int:
-        """Requests a point at `rate` measures (at most `measured_max_s` seconds of them, where set)."""
+        """Requests a point at `rate` measures."""
         if not self.measured_s:
             return self.measured
-        sized = min(self.measured, max(self.measured_min, round(rate * self.measured_s)))
-        return min(sized, max(round(rate * self.measured_max_s), 1)) if self.measured_max_s else sized
+        return min(self.measured, max(self.measured_min, round(rate * self.measured_s)))
 
 
 QUICK = Profile(
@@ -80,23 +72,6 @@ PROFILE_SETTINGS = {
         refine_steps=2,
         seed_cap=5,
     ),
-    # The full profile's points and verdicts on the headline experiments only (`PROFILE_DEFAULTS`): no
-    # other relay windows, one abandonment share, one ablation.
-    # Points sized by time (20 s of requests, 200-1000 of them), a clearly passing point stopped early,
-    # the floor timed three times, no cached Rank through the router (the README does not quote it).
-    "headline": dataclasses.replace(
-        QUICK,
-        measured=1000,
-        measured_s=20.0,
-        measured_min=200,
-        measured_max_s=60.0,
-        floor_repeats=3,
-        cached_rank_iterations=0,
-        refine_steps=2,
-        seed_cap=5,
-        stop_passing=True,
-        fleet_warmup_s=30.0,
-    ),
     # Points sized by their rate (4 s of requests, 150-300), the floor timed twice, one seed a verdict
     # (the time budget has no room for more).
     "gpu": dataclasses.replace(
@@ -109,9 +84,6 @@ PROFILE_SETTINGS = {
 PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
     "quick": {},
     "full": {},
-    # The experiments whose ratios the README quotes: lengths, both mixes, 30 % abandoned, and admit-all
-    # (what the trigger's selectivity is judged against).
-    "headline": {"abandon_fractions": "0,0.3", "ablations": "admit-all", "stop_when_flagged": True},
     "gpu": {
         "name": "gpu-fleet",
         "slo_ms": 80.0,
@@ -142,10 +114,18 @@ PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
+    # Settings whose mechanism is gone, which committed results record: the host-speed waits and the run
+    # checks (a run's drift is recorded, not judged; the headline measures it per block, `bench.headline`).
+    RETIRED: ClassVar[tuple[str, ...]] = (
+        "host_wait_s",
+        "floor_drift_limit",
+        "stop_when_flagged",
+        "foreign_cores_limit",
+    )
     profile: str = setting(
         "quick",
-        "the run's profile: quick (make bench), full (make bench-full), headline (make bench-headline) or "
-        "gpu (one ranker on a GPU, within --time-budget-s)",
+        "the run's profile: quick (make bench), full (make bench-full) or gpu (one ranker on a GPU, within "
+        "--time-budget-s)",
         choices=PROFILES,
     )
     name: str = setting("", "results go to bench/results/<name>/ (empty: the profile's name)")
@@ -255,29 +235,6 @@ class BenchConfig:
     )
     floor_device: str = setting(
         "cpu", "device of the in-process floor: cpu, cuda, npu or auto (as the rankers' --device)"
-    )
-    host_wait_s: float = setting(
-        600.0,
-        "retired, ignored: runs no longer wait for a slow host (the headline measures drift instead); kept "
-        "so that committed results, which record it, read back",
-        minimum=0,
-    )
-    floor_drift_limit: float = setting(
-        0.10,
-        "share by which the host's unit may move within a phase, or the in-process floor, before the run "
-        "is flagged (bench.lib.checks)",
-        above=0,
-    )
-    stop_when_flagged: bool = setting(
-        False,
-        "stop the run before any fleet starts when its first in-process floor already moved more than "
-        "--floor-drift-limit from the previous committed run's",
-    )
-    foreign_cores_limit: float = setting(
-        0.2,
-        "a run whose points' mean foreign CPU (cores other users of the machine took) is above this is "
-        "flagged (bench.lib.checks)",
-        above=0,
     )
     routing: str = setting(
         "direct",

@@ -1,4 +1,4 @@
-"""Driving a benchmark's points: `Driver` starts each mode's fleet (warmed up, `warm_up`), waits until
+"""Driving a benchmark's points: `Driver` starts each mode's fleet (`fleet`), waits until
 the other fleets are idle (`wait_idle`), sends one point's open-loop load to a retrieval stub
 (`point`) and remembers every point it measured, so that a sweep judged against another SLO reuses it
 (`point_once`). `bench.run.experiments.Bench` runs the experiments over it.
@@ -140,16 +140,6 @@ class Driver:
         self._measured[key] = (point, slo_ms)
         return point
 
-    def point_to_end(self, plan: Plan, universe: Universe, rate: float, seed_index: int) -> Point:
-        """The point with these users and arrivals (`measured_key`) run to its end: the one measured
-        before where it ran to its end, else measured now with no early stop."""
-        key = measured_key(plan, universe, rate, seed_index)
-        point, _ = self._measured.get(key, (None, None))
-        if point is None or point.aborted or point.passed_early:  # none, or a truncated sample
-            point = self.point(plan, universe, rate, seed_index, FIRST_SEED, math.inf)
-            self._measured[key] = (point, math.inf)
-        return point
-
     def spec(
         self, plan: Plan, rate: float, seed_index: int, before: Before, slo_ms: float | None = None
     ) -> PointSpec:
@@ -170,7 +160,6 @@ class Driver:
             seed=c.load_seed + seed_index,
             before=before,
             later=max(c.settings.seed_cap - seed_index - 1, 0) * measured,
-            stop_passing=c.settings.stop_passing and judged,
         )
 
     def drive(self, fleet: BenchFleet, address: str, sampler: RevisitSampler, spec: PointSpec) -> Point:
@@ -221,24 +210,8 @@ class Driver:
                 self._live.remove(fleet)
 
     def warm_up(self, fleet: BenchFleet) -> None:
-        """`Profile.fleet_warmup_s` of load on the first mix at the length sweep's rate, with users of
-        its own and revisits as in every point, none of it measured: every fleet starts its first
-        measured point with warm processes and a DRAM tier filled as the others' are."""
-        c = self.config
-        seconds = c.settings.fleet_warmup_s
-        if not seconds:
-            return
-        rate = c.length_rate
-        sampler = RevisitSampler("fleet-warmup", rate, c.revisit_probability, c.revisit_window_s, c.load_seed)
-        spec = PointSpec(
-            rate=rate, warmup=0, measured=max(round(rate * seconds), 1),
-            timeout_s=(c.relay_window_ms + c.rank_timeout_ms) / 1000 + 1.0, slo_ms=math.inf,
-            max_error_fraction=1.0, seed=c.load_seed,
-        )  # fmt: skip
-        result = asyncio.run(run_point(fleet.stub(self.mix, c.relay_window_ms), sampler, spec))
-        self.log(
-            f"{fleet.mode.name:<11} warm-up, {seconds:g} s at {rate:g}/s (not measured): {describe(result)}"
-        )
+        """Load `fleet` gets once started, before its first point: none here (a command's own `Driver`
+        may give it some, as the headline's does)."""
 
     # ---- the run ----
 

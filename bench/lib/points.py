@@ -70,7 +70,6 @@ class PointSpec:
     seed: int
     before: Before = FIRST_SEED  # the load's earlier seeds, pooled with this one's early stop
     later: int = 0  # measured calls the load's later seeds may still add (up to the seed cap)
-    stop_passing: bool = False  # stop the point once it passes clearly (`clearly_passing`)
 
 
 def admit_label(reason: int) -> str:
@@ -185,54 +184,6 @@ def summarize(
     )
 
 
-# The early pass (`clearly_passing`): looked at every this many ranked calls, from half the plan on.
-PASS_CHECK_EVERY = 50
-PASS_MIN_RANKED = 100
-PASS_CONFIDENCE = 0.95
-PASS_MARGIN = 0.8  # the P99's upper bound must sit this far under the SLO
-PASS_DRIFT = 1.1  # the second half's median and P90 may exceed the first half's by at most this factor
-
-
-def p99_upper_bound(samples: list[float], confidence: float = PASS_CONFIDENCE) -> float:
-    """A distribution-free upper `confidence` bound of the P99 of what `samples` were drawn from: the
-    smallest order statistic X_(k) with P(Binomial(n, 0.99) < k) >= confidence (inf when n is too small
-    for any sample to bound it)."""
-    n = len(samples)
-    log_n = math.lgamma(n + 1)
-
-    def mass(k: int) -> float:  # P(Binomial(n, 0.99) = k)
-        return math.exp(
-            log_n
-            - math.lgamma(k + 1)
-            - math.lgamma(n - k + 1)
-            + k * math.log(0.99)
-            + (n - k) * math.log(0.01)
-        )
-
-    below = 1.0  # P(Binomial(n, 0.99) < k), walked down from k = n + 1
-    for k in range(n, 0, -1):
-        below -= mass(k)
-        if below < confidence:
-            return sorted(samples)[k] if k < n else math.inf
-    return math.inf
-
-
-def clearly_passing(samples: list[float], planned: int, slo_ms: float) -> bool:
-    """Whether a point whose ranked calls so far took `samples` (in send order, a failure as inf) of the
-    `planned` may stop as passing: at least half its plan (and `PASS_MIN_RANKED`) ranked, no failure,
-    the P99's 95 % upper bound (`p99_upper_bound`) under `PASS_MARGIN` of the SLO, and no sign of a
-    growing queue: the second half's median and P90 at most `PASS_DRIFT` times the first half's. A queue
-    that grows slowly enough to keep the first two under the SLO lifts the second half above the first,
-    and the point runs on to its end."""
-    n = len(samples)
-    if n < max(PASS_MIN_RANKED, planned / 2) or math.isinf(max(samples)):
-        return False
-    if p99_upper_bound(samples) > PASS_MARGIN * slo_ms:
-        return False
-    first, second = samples[: n // 2], samples[n // 2 :]
-    return all(percentile(second, q) <= PASS_DRIFT * percentile(first, q) for q in (50, 90))
-
-
 def failed_for_certain(violations: int, errors: int, most_ranked: int, max_error_fraction: float) -> bool:
     """Whether a point has failed whatever its remaining calls do, when at most `most_ranked` of its
     measured calls can end up ranked: the budgets only grow with the ranked count, so this bounds them."""
@@ -247,7 +198,7 @@ async def run_point(
     `stop_at` (a `time.monotonic()` time) if the point is still running then."""
     stop = asyncio.Event()
     violations = errors = abandoned = 0
-    cut = failed = passed = False  # stopped at `stop_at`; failed for certain; passed clearly
+    cut = failed = False  # stopped at `stop_at`; failed for certain
     ranked_ms: list[float] = []
 
     def cut_now() -> None:
@@ -257,7 +208,7 @@ async def run_point(
             stop.set()
 
     def watch(record: CallRecord) -> None:
-        nonlocal violations, errors, abandoned, failed, passed
+        nonlocal violations, errors, abandoned, failed
         if record.index < spec.warmup or stop.is_set():
             return
         if record.ok and record.response.abandoned:
@@ -266,14 +217,6 @@ async def run_point(
             errors += not record.ok
             violations += not record.ok or record.response.rank_latency_ms > spec.slo_ms
             ranked_ms.append(record.response.rank_latency_ms if record.ok else math.inf)
-            if (
-                spec.stop_passing
-                and len(ranked_ms) % PASS_CHECK_EVERY == 0
-                and clearly_passing(ranked_ms, spec.measured - abandoned, spec.slo_ms)
-            ):
-                passed = True
-                stop.set()
-                return
         before = spec.before
         most_ranked = spec.measured - abandoned + before.ranked + spec.later
         if failed_for_certain(
@@ -302,8 +245,7 @@ async def run_point(
         )
     if timer is not None:
         timer.cancel()
-    result = summarize(records, spec, failed, time.perf_counter() - started, cut and not (failed or passed))
-    return dataclasses.replace(result, passed_early=passed and not failed)
+    return summarize(records, spec, failed, time.perf_counter() - started, cut and not failed)
 
 
 def describe(result: PointResult) -> str:

@@ -76,7 +76,7 @@ class PointResult:
     send_lag_p99_ms: float
     wall_s: float
     meets_slo: bool  # this measurement's own verdict (a load's pooled one: `Point.verdict`)
-    # Stopped before its plan because it passed clearly (`bench.lib.points.clearly_passing`).
+    # Stopped before its plan because it passed clearly (the retired headline profile's early pass).
     passed_early: bool = dataclasses.field(default=False, metadata=codec.omitted_while(False))
     # Each ranked call's ranking latency in send order (None: it failed), for replaying verdict rules
     # (absent from runs before it was recorded).
@@ -309,7 +309,8 @@ class Measurements:
     mix_universes: list[Universe]
     floor_end: list[FloorPoint] | None = _optional()  # timed again after the last fleet stopped
     host_unit: schema_context.HostUnit | None = _optional()  # absent: the run's bounds were absolute
-    # Each experiment's unit and SLO, in the order they ran (`bench.run.phases`; empty in runs without).
+    # Each experiment's unit and SLO, in the order they ran (runs of the retired headline profile, which
+    # timed u again around each experiment; empty in every other run).
     phases: list[schema_context.Phase] = dataclasses.field(
         default_factory=list, metadata=codec.omitted_while([])
     )
@@ -328,7 +329,7 @@ class Run:
     throughput_ratios: dict[str, float | None]  # every mix's
     length_ratio: float | None
     length_ratio_interval: list[float | None] | None = _optional()
-    checks: RunChecks | None = _optional()  # absent: a run from before the checks (`bench.lib.checks`)
+    checks: RunChecks | None = _optional()  # what the retired run checks recorded (absent: none)
     started_at: str
     duration_s: float
     machine: Machine

@@ -1,6 +1,6 @@
-"""The part of results.json that says where a run ran and whether its figures may be quoted: the in-process
-floor and the idle fleet's cached Rank (measured before any load), the machine, the versions, and the
-run's checks (`bench.lib.checks`). `bench.lib.schema` holds the rest and re-exports these."""
+"""The part of results.json that says where a run ran: the in-process floor and the idle fleet's cached Rank
+(measured before any load), the machine, the versions, and the checks and phases some committed runs
+recorded. `bench.lib.schema` holds the rest and re-exports these."""
 
 from __future__ import annotations
 
@@ -70,9 +70,9 @@ class Versions:
 
 @schema
 class RunChecks:
-    """Whether a run's figures may be quoted (`bench.lib.checks`): how far its in-process floor moved from the
-    previous committed run of its profile's on the same host, how many cores other users took during its
-    points, and the flags these raise (empty: none; a flagged run's figures never go into the README)."""
+    """The checks some committed runs recorded (no run takes them now): how far the in-process floor moved
+    from the previous committed run of the profile on the same host, how many cores other users took
+    during the points, and the flags these raised (empty: none)."""
 
     floor_reference: str | None  # the committed run compared with (None: none on this host)
     floor_drift: float | None  # relative change of the floor's summed full forwards at the shared lengths
@@ -100,8 +100,8 @@ def mix_phase(label: str) -> str:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Phase:
-    """One phase of a run (`bench.run.phases`): an experiment whose points were judged in one unit. The unit
-    was timed at its start and at its end, with every running fleet idle."""
+    """One phase of a run of the retired headline profile: an experiment whose points were judged in one
+    unit, timed at its start and at its end with every running fleet idle."""
 
     name: str
     started_s: float  # since the run's start

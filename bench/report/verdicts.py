@@ -1,7 +1,7 @@
 """The report's sections on a run's checks and on its edges as statistics, for runs that recorded them:
 older runs render without them, as they did.
 
-`checks_banner`: at the top of the report, whether the run is flagged (`bench.lib.checks`) and why; a flagged
+`checks_banner`: at the top of the report, whether the run's recorded checks flagged it, and why; a flagged
 run's figures are not for the README. `edges_section`: each sweep's bracket (its best and the lowest
 failing value above it), each ratio with its bracket-based interval, the pooled verdicts at each
 mode's bracket on every mix (the seeds, requests, pooled P99 and interval, decided or not).
@@ -176,7 +176,7 @@ def look_level(run: Run) -> float:
 
 def phases_section(run: Run) -> str:
     """Each phase's host unit at its start and end and the SLO it was judged against (empty for runs
-    without phases, `bench.run.phases`)."""
+    without phases: every run but the retired headline profile's)."""
     phases = run.measured.phases
     if not phases:
         return ""

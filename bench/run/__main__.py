@@ -1,4 +1,4 @@
-"""`python -m bench run --profile quick|full|headline|gpu`: run the benchmark and write bench/results/<name>/.
+"""`python -m bench run --profile quick|full|gpu`: run the benchmark and write bench/results/<name>/.
 
 Writes results.json, report.md and the plots there; the services' logs go to its `tmp/` folder (not
 committed). Prints one line per step and, at the end, the headline ratios: length, throughput on each
@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench import report
-from bench.lib.checks import FlaggedRun
 from bench.lib.config import BenchConfig, load_config
 from bench.lib.context import machine, versions
 from bench.lib.gpu_monitor import GpuMonitor
@@ -39,10 +38,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_gpu(config, out_dir, started_at.isoformat(), started, host)
         return
     bench = Bench(config, out_dir / "tmp" / "logs", log=lambda line: print(line, flush=True))
-    try:
-        measured = bench.run(RESULTS_DIR)
-    except FlaggedRun as refused:  # --stop-when-flagged: before any fleet started
-        raise SystemExit(f"python -m bench run: {refused}") from None
+    measured = bench.run()
     host.load_average_at_end = list(os.getloadavg())
     results = assemble(config, measured, started_at.isoformat(), time.monotonic() - started, host, versions())
     report.write(results, out_dir)

@@ -2,14 +2,14 @@
 
 Order of a run:
 
-1. the in-process floor (experiment 3, model side), before any fleet exists (timed again at the end, after
-   the last fleet stopped: `bench.lib.checks` compares the two); its full pass at the first mix's cap is the
-   host's unit u, of which the SLO and the relay window are multiples (`measure_host_unit`);
+1. the in-process floor (experiment 3, model side), before any fleet exists, each length timed in a fresh
+   process (timed again at the end, after the last fleet stopped: the run's drift, recorded); its full
+   pass at the first mix's cap is the host's unit u, of which the SLO and the relay window are multiples
+   (`measure_host_unit`);
 2. the RelayGR fleet, then the baseline fleet, both kept running (`bench.lib.driving.Driver` starts, warms
    up and drives them): the cached Rank through RelayGR's router (experiment 3, serving side); the length
    sweep (experiment 1); the throughput sweep (experiment 2) on the first length mix at each SLO
-   multiple (`capacity`), both modes at each mode's edge there (`edge_pairs`), then on the second,
-   longer mix; then, on the first mix, both
+   multiple (`capacity`), then on the second, longer mix; then, on the first mix, both
    modes' load sweeps at each non-zero abandonment share (a share of requests is filtered after
    retrieval: their Admit is sent, their Rank never comes). Every pair of sweeps runs one load seed of
    each mode in turn;
@@ -19,8 +19,9 @@ Order of a run:
    starting at the grid load at or below RelayGR's best, each in turns with a RelayGR load sweep on users
    of their own (`Ablations.relay_beside`): the machine's speed drifts over a run.
 
-Each experiment from the length sweep on is a phase (`bench.run.phases`), judged in the host's unit as timed
-at its own start.
+Every point is judged in the u timed at the run's start. The host's speed drifts on a shared VM, and a
+run records its floor at both ends rather than judging it: a drift-robust comparison is the headline's
+block experiment (`bench.headline`).
 
 A sweep finds the largest grid value that meets the SLO, refined and bracketed, each verdict pooled over
 load seeds (`bench.lib.sweep`); its first guess comes from the floor or earlier answers (a wrong one costs
@@ -35,19 +36,18 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
-from bench.lib import checks, context, intervals, probes
-from bench.lib.driving import LEASE_TTL_MS, NUM_CANDIDATES, SETTLE_S, Plan
+from bench.lib import probes
+from bench.lib.driving import LEASE_TTL_MS, NUM_CANDIDATES, SETTLE_S, Driver, Plan
 from bench.lib.fleets import ABLATIONS, BASELINE, RELAY, BenchFleet
-from bench.lib.floor import cached_rank_through_router
+from bench.lib.floor import cached_rank_through_router, in_fresh_process, model_floor
 from bench.lib.points import Before, describe_verdict
 from bench.lib.schema import (
     Abandonment,
     Ablations,
     Capacity,
-    EdgePair,
+    FloorPoint,
     Fraction,
     LengthSweep,
     Measurements,
@@ -59,21 +59,57 @@ from bench.lib.schema import (
     ratio,
     ratio_interval,
 )
-from bench.lib.schema_context import LENGTH_PHASE, mix_phase
+from bench.lib.schema_context import HostUnit
 from bench.lib.sweep import VerdictSteps, last_within, pooled_verdict, run_sweeps
 from bench.lib.workload import Universe
-from bench.run.phases import Phased
 
-EDGE_BLOCK_S = 1.0  # the paired P99's bootstrap resamples blocks of this many seconds of requests
-EDGE_SEEDS = 3  # the most load seeds of each mode at each edge (of those the edge's verdict pooled)
 # The rankers' HBM lease of a pre-inferred prefix (`LEASE_TTL_MS`): before reading wasted pre-inference, a
 # leased prefix no Rank consumes is counted when its lease expires.
 LEASE_SETTLE_S = LEASE_TTL_MS / 1000 + SETTLE_S
 T = TypeVar("T")
 
 
-class Bench(Phased):
+class Bench(Driver):
     """Runs a benchmark and collects its results (`run`); `log` receives one line per step."""
+
+    host_unit: HostUnit | None = None  # the run's unit and bounds, once `measure_host_unit` has run
+
+    def floor(self, when: str) -> list[FloorPoint]:
+        """The in-process floor at every length of the grid and the host unit's, logged."""
+        c = self.config
+        self.log(f"in-process floor {when} ({c.model_preset}, {c.torch_threads} thread(s))")
+        lengths = sorted({*c.length_grid(), c.unit_length})
+        floor = in_fresh_process(
+            model_floor, c.model_preset, c.torch_threads, lengths, c.short_term, NUM_CANDIDATES,
+            c.settings.floor_repeats, c.pre_infer_chunk_tokens, c.floor_device,
+        )  # fmt: skip
+        self.log_floor(floor)
+        return floor
+
+    def log_floor(self, floor: list[FloorPoint]) -> None:
+        """One line a length of a floor: its full pass, pre-inference and cached rank."""
+        for p in floor:
+            self.log(f"floor L={p.prefix_length}: full {p.full_ms:.1f} ms, "
+                     f"pre-infer {p.pre_infer_ms:.1f} ms, cached rank {p.rank_ms:.1f} ms")  # fmt: skip
+
+    def measure_host_unit(self, floor: list[FloorPoint]) -> HostUnit:
+        """The host's unit u from the run's first floor, and the run's settings in ms from now on
+        (`BenchConfig.in_host_unit`)."""
+        c = self.config
+        (unit,) = [point for point in floor if point.prefix_length == c.unit_length]
+        resolved = c.in_host_unit(unit.full_ms)
+        self.host_unit = HostUnit(
+            u_ms=unit.full_ms, length=c.unit_length, model_preset=c.model_preset,
+            slo_u=None if c.slo_ms else c.slo_u,
+            relay_window_u=None if c.relay_window_ms else c.relay_window_u,
+            slo_ms=resolved.slo_ms, relay_window_ms=resolved.relay_window_ms,
+            slo_multiples=c.slo_multiple_grid() if not c.slo_ms else [],
+        )  # fmt: skip
+        self.config = resolved
+        self.shape = self.fleet_shape()
+        self.log(f"host unit u = {unit.full_ms:g} ms (the full pass at {c.unit_length} events): "
+                 f"{self.host_unit.describe()}")  # fmt: skip
+        return self.host_unit
 
     def length_sweeps(self, plans: list[Plan]) -> list[Sweep]:
         """Experiment 1 for each plan: every user at one length, at the length sweep's rate."""
@@ -122,7 +158,7 @@ class Bench(Phased):
         measured: list[float] = []  # every load the sweeps so far measured
         for multiple in sorted(unit.slo_multiples, reverse=True):
             is_headline = multiple == unit.slo_u
-            slo_ms = c.slo_ms if is_headline else self.slo_at(multiple)
+            slo_ms = c.slo_ms if is_headline else round(multiple * unit.u_ms, 1)
             grid = loads if is_headline or not measured else [x for x in loads if x >= min(measured)]
             plans = [dataclasses.replace(plan, first=last_within(grid, loads[plan.first])) for plan in plans]
             self.log(f"capacity at SLO {multiple:g} u = {slo_ms:g} ms")
@@ -140,43 +176,6 @@ class Bench(Phased):
                 for plan, sweep in zip(plans, (base, rel), strict=True)
             ]
         return headline, others
-
-    def edge_pairs(
-        self, universe: Universe, baseline: Plan, relay: Plan, sweeps: list[Sweep]
-    ) -> list[EdgePair]:
-        """Both modes at each mode's best load on the first mix, with the load seeds its verdict pooled
-        there (the first `EDGE_SEEDS`) and the same users and arrivals, every point run to its end: their
-        P99s and the paired difference RelayGR - baseline (`bench.lib.intervals.p99_difference`, blocks of
-        `EDGE_BLOCK_S`)."""
-        pairs = []
-        for mode, sweep in zip(("baseline", "relay"), sweeps, strict=True):
-            if sweep.best is None:
-                continue
-            rate = sweep.best
-            (best,) = [point for point in sweep.points if point.rate == rate]
-            seeds = min(len(best.verdict.seeds) if best.verdict else 1, EDGE_SEEDS)
-
-            base = [self.point_to_end(baseline, universe, rate, k) for k in range(seeds)]
-            rel = [self.point_to_end(relay, universe, rate, k) for k in range(seeds)]
-            lengths = [
-                min(len(a.rank_samples_ms), len(b.rank_samples_ms)) for a, b in zip(base, rel, strict=True)
-            ]
-            a = [list(point.rank_samples_ms[:n]) for point, n in zip(base, lengths, strict=True)]
-            b = [list(point.rank_samples_ms[:n]) for point, n in zip(rel, lengths, strict=True)]
-            block = max(1, round(rate * EDGE_BLOCK_S))
-            difference = intervals.p99_difference(a, b, block, seed=self.config.load_seed)
-            base_p99 = intervals.p99_interval(a, block, seed=self.config.load_seed)
-            rel_p99 = intervals.p99_interval(b, block, seed=self.config.load_seed)
-            pair = EdgePair(
-                edge_of=mode, rate=rate, seeds=[point.seed for point in base],
-                baseline_p99_ms=rounded(base_p99.value), relay_p99_ms=rounded(rel_p99.value),
-                difference_ms=[rounded(difference.value), rounded(difference.low), rounded(difference.high)],
-                baseline_points=base, relay_points=rel,
-            )  # fmt: skip
-            self.log(f"paired P99 at the {mode}'s edge, {rate:g}/s: baseline {pair.baseline_p99_ms} ms, "
-                     f"RelayGR {pair.relay_p99_ms} ms, difference {pair.difference_ms}")  # fmt: skip
-            pairs.append(pair)
-        return pairs
 
     new_sweep: Callable[[], Sweep] = Sweep  # what a sweep records (the gpu profile's: `BudgetedSweep`)
 
@@ -217,24 +216,15 @@ class Bench(Phased):
         after = probes.snapshot({}, fleet.ranker_metrics())
         return result, probes.difference(before, after)["rankers"]
 
-    def run(self, results_dir: Path | None = None) -> Measurements:
-        """The run (see the module's docstring); `results_dir`: where earlier runs' results are, for the
-        estimated time left (`bench.run.phases.estimate`; None: no estimate)."""
+    def run(self) -> Measurements:
+        """The run (see the module's docstring)."""
         floor = self.floor("before the fleets")
-        checks.first_floor(self.config, floor, self.log, context.machine())
         unit = self.measure_host_unit(floor)
         c = self.config
         lengths, loads, window = c.length_grid(), c.load_grid(), c.relay_window_ms
         chosen = [mode for mode in ABLATIONS if mode.name in c.ablation_names()]
         shared = [mode for mode in chosen if mode.fleet == RELAY.fleet]
         delays = c.settings.window_delays_ms
-        self.plan_phases(
-            [LENGTH_PHASE, *(mix_phase(mix.label) for mix in self.mixes),
-             *(f"{fraction:g} abandoned" for fraction in c.abandon_grid() if fraction),
-             *(["relay windows"] if delays else []), *(["ablations on RelayGR's fleet"] if shared else []),
-             *(f"ablation {mode.name}" for mode in chosen if mode not in shared)],
-            results_dir,
-        )  # fmt: skip
         # A miss computes the prefix (in chunks) and ranks against it: the baseline's critical path. RelayGR
         # takes the relay window off it. First guesses: half the SLO left for queueing and the hops.
         no_relay_ms = [p.pre_infer_ms + p.rank_ms for p in floor]
@@ -262,22 +252,19 @@ class Bench(Phased):
                 for p in cached:
                     self.log(f"cached Rank L={p.prefix_length}: P50 {p.rank_ms_p50} ms P99 {p.rank_ms_p99} "
                              f"ms ({p.request_kib} KiB, sources {p.sources})")  # fmt: skip
-                with self.phase(LENGTH_PHASE):
-                    base_length, relay_length = self.length_sweeps(
-                        [Plan(baseline, length_guess(0.0), window), Plan(relay, length_guess(window), window)]
-                    )
+                base_length, relay_length = self.length_sweeps(
+                    [Plan(baseline, length_guess(0.0), window), Plan(relay, length_guess(window), window)]
+                )
                 for mix in self.mixes:
                     plans = [Plan(baseline, first_base, window), Plan(relay, first_relay, window)]
-                    with self.phase(mix_phase(mix.label)):
-                        if mix is self.mix:
-                            work = functools.partial(self.capacity, mix, plans)
-                            ((base_load, relay_load), capacity), counters = self.ranker_counters(relay, work)
-                            pairs = self.edge_pairs(mix, *plans, [base_load, relay_load])
-                            extra = {"capacity": capacity or None, "edge_pairs": pairs}
-                        else:
-                            work = functools.partial(self.load_sweeps, mix, plans)
-                            (base_load, relay_load), counters = self.ranker_counters(relay, work)
-                            extra = {}
+                    if mix is self.mix:
+                        work = functools.partial(self.capacity, mix, plans)
+                        ((base_load, relay_load), capacity), counters = self.ranker_counters(relay, work)
+                        extra = {"capacity": capacity or None}
+                    else:
+                        work = functools.partial(self.load_sweeps, mix, plans)
+                        (base_load, relay_load), counters = self.ranker_counters(relay, work)
+                        extra = {}
                     throughput[mix.label] = mix_result(mix, base_load, relay_load, counters, **extra)
                     # The next mix is longer: one grid step below this one's answers.
                     first_base = max(load_guess(base_load.best, first_base) - 1, 0)
@@ -287,19 +274,17 @@ class Bench(Phased):
                     abandonment[f"{fraction:g}"] = self.abandonment(fraction, baseline, relay, first_mix)
             windows: list[Sweep] = []
             if delays:
-                with self.phase("relay windows"):
-                    windows = self.length_sweeps([Plan(relay, length_guess(d), d) for d in delays])
+                windows = self.length_sweeps([Plan(relay, length_guess(d), d) for d in delays])
             # The ablations start from the grid load at or below RelayGR's best: RelayGR measured it too.
             first = last_within(loads, first_mix.relay.best or loads[0])
             ablations: dict[str, Sweep] = {}
             if shared:
                 plans = [Plan(relay, first, window, revisits=mode.revisits) for mode in shared]
-                with self.phase("ablations on RelayGR's fleet"):
-                    found = self.load_sweeps(self.mix, plans)
+                found = self.load_sweeps(self.mix, plans)
                 ablations.update(zip([mode.name for mode in shared], found, strict=True))
             beside: dict[str, Sweep] = {}
             for mode in (mode for mode in chosen if mode not in shared):
-                with self.fleet(mode) as fleet, self.phase(f"ablation {mode.name}"):
+                with self.fleet(mode) as fleet:
                     pair = [Plan(relay, first, window, tag=mode.name),  # RelayGR again, in turns with it
                             Plan(fleet, first, window, revisits=mode.revisits, tag=mode.name)]  # fmt: skip
                     beside[mode.name], ablations[mode.name] = self.load_sweeps(self.mix, pair)
@@ -318,7 +303,6 @@ class Bench(Phased):
             mix_universes=list(self.mixes),
             floor_end=self.floor("after the fleets"),
             host_unit=unit,
-            phases=self.phases,
         )
 
     def abandonment(
@@ -342,8 +326,7 @@ class Bench(Phased):
             Plan(fleet, last_within(loads, mode.best or loads[0]), window, fraction)
             for fleet, mode in ((baseline, first_mix.baseline), (relay, first_mix.relay))
         ]
-        with self.phase(f"{fraction:g} abandoned"):
-            (base, rel), counters = self.ranker_counters(relay, lambda: self.load_sweeps(self.mix, plans))
+        (base, rel), counters = self.ranker_counters(relay, lambda: self.load_sweeps(self.mix, plans))
         return Fraction(
             fraction=fraction,
             sweeps=ModePair(baseline=base, relay=rel),

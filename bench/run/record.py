@@ -1,13 +1,11 @@
 """A run's record: what `Bench.run` or `GpuBench.run` measured, with the headline ratios and the run's
-context (`assemble`; a CPU profile's run with its checks, `bench.lib.checks`), and its headline in one line
-(`summary`)."""
+context (`assemble`), and its headline in one line (`summary`). A committed run from before the host's unit
+may carry checks (`Run.checks`): the report shows them; no run records new ones."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import overload
 
-from bench.lib.checks import Reference, committed_reference, with_checks
 from bench.lib.config import BenchConfig
 from bench.lib.schema import Machine, Measurements, Run, Versions, headline_ratios
 from bench.lib.schema_gpu import GpuMeasurements, GpuRun
@@ -16,12 +14,12 @@ from bench.lib.schema_gpu import GpuMeasurements, GpuRun
 @overload
 def assemble(
     config: BenchConfig, measured: Measurements, started_at: str, duration_s: float, host: Machine,
-    package_versions: Versions, reference: Callable[[str, Machine], Reference | None] = ...,
+    package_versions: Versions,
 ) -> Run: ...  # fmt: skip
 @overload
 def assemble(
     config: BenchConfig, measured: GpuMeasurements, started_at: str, duration_s: float, host: Machine,
-    package_versions: Versions, reference: Callable[[str, Machine], Reference | None] = ...,
+    package_versions: Versions,
 ) -> GpuRun: ...  # fmt: skip
 def assemble(
     config: BenchConfig,
@@ -30,15 +28,13 @@ def assemble(
     duration_s: float,
     host: Machine,
     package_versions: Versions,
-    reference: Callable[[str, Machine], Reference | None] = committed_reference,
 ) -> Run:
     """The run's results: the headline ratios (from what it measured), the run's context, and what
-    `Bench.run` (a `Run`, with its checks against `reference(profile, host)`, by default the
-    previous committed run of its profile on this host) or `GpuBench.run` (a `GpuRun`) measured."""
+    `Bench.run` (a `Run`) or `GpuBench.run` (a `GpuRun`) measured."""
     kind = GpuRun if isinstance(measured, GpuMeasurements) else Run
     if kind is Run and measured.host_unit is not None:  # the bounds the run measured against, in ms
         config = config.in_host_unit(measured.host_unit.u_ms)
-    run = kind(
+    return kind(
         name=config.results_name,
         **headline_ratios(measured),
         started_at=started_at,
@@ -49,7 +45,6 @@ def assemble(
         profile=config.settings,
         measured=measured,
     )
-    return run if kind is GpuRun else with_checks(run, reference)
 
 
 def interval(bounds: list[float | None] | None) -> str:

@@ -153,8 +153,8 @@ def test_users_are_the_same_for_every_mode_measuring_the_same_thing_and_new_othe
     assert users(mix, 16, plan, 0) == "mix-m1024-s0.75-max2048-r16-d100"
 
 
-def test_a_headline_point_measures_20_s_of_requests_within_its_bounds_and_at_most_60_s():
-    headline = load_config(["--profile", "headline"], {}).settings
-    # 20 s of requests at 30 and 20 calls/s; at most 1000; at least 200, but never over 60 s of them.
-    assert [headline.measured_at(rate) for rate in (30, 20, 64, 3, 1)] == [600, 400, 1000, 180, 60]
+def test_a_gpu_point_measures_4_s_of_requests_within_its_bounds():
+    gpu = load_config(["--profile", "gpu"], {}).settings
+    # 4 s of requests at 50 calls/s; at least 150, at most 300.
+    assert [gpu.measured_at(rate) for rate in (50, 10, 100)] == [200, 150, 300]
     assert load_config(["--profile", "full"], {}).settings.measured_at(1) == 1000

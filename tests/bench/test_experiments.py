@@ -11,27 +11,23 @@ four of each seed do (the first seed's interval holds the SLO, two seeds' lies a
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
-import json
 import math
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import grpc
 import pytest
 
 from bench import report
-from bench.lib import checks, driving, probes
-from bench.lib.config import BenchConfig, load_config
+from bench.lib import driving, probes
+from bench.lib.config import BenchConfig
 from bench.lib.driving import Plan
-from bench.lib.fleets import ABLATIONS, RELAY
 from bench.lib.points import FIRST_SEED, Before, PointSpec, summarize
 from bench.lib.schema import CachedRankPoint, Cost, FloorPoint, Machine, Point, Run, Versions, recorded
 from bench.lib.workload import Universe
-from bench.run import experiments, phases, record
+from bench.run import experiments, record
 from bench.run.experiments import Bench
 from relaygr.v1 import common_pb2, recommend_pb2
 from services.loadgen.openloop import CallRecord
@@ -121,22 +117,10 @@ def run():
     return fake_run(CONFIG)
 
 
-@pytest.fixture(scope="module")
-def headline():
-    """The fake run of the headline profile, with its profile's defaults as `python -m bench` loads them."""
-    return fake_run(load_config(["--profile", "headline"], {}))
-
-
-def fake_run(
-    config: BenchConfig,
-    reference: list[FloorPoint] = FLOOR,
-    started: list[str] | None = None,
-    units: Callable[[], float] = lambda: U_MS,
-) -> tuple[dict, list[str], list[tuple]]:
-    """A whole run of `config` over fake fleets, against a committed run whose floor was `reference`, the
-    host's unit timed at each phase's start and end reading `units()`: results.json's content, the fleets
-    in start order (appended to `started`), and every point measured (mode, universe, rate, window,
-    abandoned share, seed index, the SLO judged against, the plan's tag), in order."""
+def fake_run(config: BenchConfig, started: list[str] | None = None) -> tuple[dict, list[str], list[tuple]]:
+    """A whole run of `config` over fake fleets, its floor `FLOOR` (u = `U_MS`): results.json's content,
+    the fleets in start order (appended to `started`), and every point measured (mode, universe, rate,
+    window, abandoned share, seed index, the SLO judged against, the plan's tag), in order."""
     monkeypatch = pytest.MonkeyPatch()
     started = [] if started is None else started
     counters: dict[str, dict[str, Any]] = {}
@@ -177,9 +161,7 @@ def fake_run(
             probes._add(rankers, counters[url])
         return {"at": 0.0, "machine_busy_s": 0.0, "cpu_s": {}, "rankers": rankers}
 
-    monkeypatch.setattr(phases, "in_fresh_process", lambda function, *args: FLOOR)
-    monkeypatch.setattr(phases, "host_unit_ms", lambda *args: units())
-    monkeypatch.setattr(phases, "UNIT_SETTLE_S", 0.0)
+    monkeypatch.setattr(experiments, "in_fresh_process", lambda function, *args: FLOOR)
     for name, value in (("LEASE_TTL_MS", 0), ("SETTLE_S", 0.0)):
         monkeypatch.setattr(driving, name, value)
     monkeypatch.setattr(
@@ -197,7 +179,6 @@ def fake_run(
         ],
     )
     monkeypatch.setattr(experiments, "LEASE_SETTLE_S", 0.0)
-    monkeypatch.setattr(checks, "committed_reference", lambda profile, host: (f"{profile}-before", reference))
     monkeypatch.setattr(probes, "snapshot", fake_snapshot)
     monkeypatch.setattr(Bench, "point", point)
     monkeypatch.setattr(Bench, "fleet", lambda self, mode: FakeFleet(mode, started, counters))
@@ -207,7 +188,6 @@ def fake_run(
         results = record.assemble(
             config, bench.run(), "2026-01-01T00:00:00+00:00", 3600.0, machine,
             Versions(torch="2.x", git_commit="abc1234"),
-            reference=checks.committed_reference,
         )  # fmt: skip
     finally:
         monkeypatch.undo()
@@ -283,26 +263,6 @@ def test_the_first_mix_has_a_capacity_at_each_slo_multiple_reusing_the_points_me
     assert len(first_mix) == len(set(first_mix))
 
 
-def test_both_modes_are_measured_at_each_modes_edge_with_the_same_seeds(run):
-    results, _, measured = run
-    baseline_edge, relay_edge = results["throughput_sweeps"][MIX1]["edge_pairs"]
-    # The baseline's 12.1 took 5 seeds (one slow request of 100 each: the pooled P99 is 40 ms); the first
-    # 3 of them are paired (`EDGE_SEEDS`). RelayGR is fast there.
-    assert (baseline_edge["edge_of"], baseline_edge["rate"]) == ("baseline", 12.1)
-    assert baseline_edge["seeds"] == [0, 1, 2]
-    assert (baseline_edge["baseline_p99_ms"], baseline_edge["relay_p99_ms"]) == (40.0, 40.0)
-    assert baseline_edge["difference_ms"] == [0.0, 0.0, 0.0]
-    # At RelayGR's 37.9 the baseline is far over its limit: every request takes 400 ms.
-    assert (relay_edge["edge_of"], relay_edge["rate"], relay_edge["seeds"]) == ("relay", 37.9, [0, 1, 2])
-    assert (relay_edge["baseline_p99_ms"], relay_edge["relay_p99_ms"]) == (400.0, 40.0)
-    assert relay_edge["difference_ms"] == [-360.0, -360.0, -360.0]
-    # The points the sweeps had run to their end are reused; the others run with no early stop.
-    run_through = [m for m in measured if m[6] == math.inf]
-    assert sorted((m[0], m[2], m[5]) for m in run_through) == sorted(
-        [("relay", 12.1, k) for k in range(3)] + [("baseline", 37.9, k) for k in range(3)]
-    )
-
-
 def test_each_load_takes_the_seeds_its_verdict_needs_and_pools_them(run):
     results, _, measured = run
     sweeps = [((mode, label, 0.0), mix[mode]) for label, mix in results["throughput_sweeps"].items()
@@ -375,120 +335,6 @@ def test_each_edge_is_bracketed_and_each_ratio_has_the_brackets_interval(run):
     assert (admit_all["best"], admit_all["first_failure"]) == (45, 49.2)
 
 
-def test_a_run_is_flagged_when_its_floor_moved_or_other_users_took_the_cpu(run):
-    results = Run.from_json(run[0])
-    # The floor was timed twice, before the first fleet and after the last one, and compared.
-    assert results.measured.floor == results.measured.floor_end == FLOOR
-    assert results.checks.flags == [] and results.checks.floor_drift == 0.0 == results.checks.floor_change
-    assert (
-        results.checks.foreign_cores_mean == FOREIGN_CORES and results.checks.floor_reference == "full-before"
-    )
-
-    def scaled(factor: float) -> checks.Reference:
-        return "before", [dataclasses.replace(p, full_ms=p.full_ms * factor) for p in FLOOR]
-
-    # In the host's unit, a floor 11.1 % slower than the committed run's is recorded, not flagged: the
-    # run's bounds moved with the machine's speed.
-    in_unit = checks.run_checks(CONFIG, results.measured, scaled(0.9))
-    assert (in_unit.in_host_unit, in_unit.floor_drift, in_unit.flags) == (True, round(1 / 0.9 - 1, 4), [])
-    # With absolute bounds it is flagged; against one 1 % faster it is not.
-    absolute = dataclasses.replace(results.measured, host_unit=None)
-    flagged = checks.run_checks(CONFIG, absolute, scaled(0.9))
-    assert flagged.floor_drift == round(1 / 0.9 - 1, 4) and len(flagged.flags) == 1
-    assert "floor moved +11.1%" in flagged.flags[0]
-    assert checks.run_checks(CONFIG, absolute, scaled(0.99)).flags == []
-    # A floor that moved from the run's start to its end flags a run in the host's unit that did not go
-    # in phases; one that did judged each phase in its own unit, and its phases' units held.
-    moved = dataclasses.replace(results.measured, floor_end=scaled_floor(1.2), phases=[])
-    (change,) = checks.run_checks(CONFIG, moved, scaled(1.0)).flags
-    assert "from the run's start to its end" in change
-    phased = dataclasses.replace(moved, phases=results.measured.phases)
-    assert checks.run_checks(CONFIG, phased, scaled(1.0)).flags == []
-    # Other users' cores: 0.3 on average is over the 0.2 limit, 0.15 is not.
-    for foreign, flags in ((0.3, 1), (0.15, 0)):
-        text = json.dumps(run[0]).replace('"foreign_cores": 0.1', f'"foreign_cores": {foreign}')
-        busy = Run.from_json(json.loads(text))
-        assert len(checks.run_checks(CONFIG, busy.measured, scaled(1.0)).flags) == flags
-    # A flagged run is refused as the README's source and says so at the top of its report and summary.
-    results.checks = flagged
-    with pytest.raises(checks.FlaggedRun, match="floor moved"):
-        checks.quotable(results)
-    markdown = report.render_markdown(results)
-    assert markdown.split("\n")[2].startswith("**FLAGGED: this run's figures are not for the README.**")
-    assert record.summary(results).startswith("FLAGGED (the in-process floor moved +11.1%")
-
-
-def scaled_floor(factor: float, floor: list[FloorPoint] = FLOOR) -> list[FloorPoint]:
-    """`floor` with every time multiplied by `factor`."""
-    return [
-        dataclasses.replace(p, full_ms=p.full_ms * factor, pre_infer_ms=p.pre_infer_ms * factor,
-                            rank_ms=p.rank_ms * factor)
-        for p in floor
-    ]  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    ("end", "before", "drift", "change", "flagged"),
-    [
-        (1.05, 1.0, 0.0, 0.05, []),  # slower at the end, within the limit: the start's floor is compared
-        (1.2, 1.0, 0.0, 0.2, ["from the run's start to its end"]),  # the machine slowed while it ran
-        # The start alone moved +11.1 % from the committed run; the end's lower times count: +5.6 %.
-        (0.95, 0.9, round(0.95 / 0.9 - 1, 4), -0.05, []),
-        (0.85, 1.0, -0.15, -0.15, ["from full-before's", "from the run's start to its end"]),
-    ],
-)
-def test_a_run_is_checked_by_the_lower_of_its_two_floors_and_by_how_far_they_differ(
-    run, end: float, before: float, drift: float, change: float, flagged: list[str]
-):
-    results = Run.from_json(run[0])
-    # Absolute bounds: the drift from the committed run flags too (in the host's unit it is only recorded).
-    measured = dataclasses.replace(results.measured, floor_end=scaled_floor(end), host_unit=None)
-    checked = checks.run_checks(CONFIG, measured, ("full-before", scaled_floor(before)))
-    assert (checked.floor_drift, checked.floor_change) == (drift, change)
-    assert len(checked.flags) == len(flagged)
-    for flag, moved in zip(checked.flags, flagged, strict=True):
-        assert moved in flag
-
-
-def test_lowest_takes_each_paths_lower_time_at_each_length_of_the_two_floors():
-    faster_long = [
-        dataclasses.replace(p, full_ms=p.full_ms * (0.5 if p.prefix_length > 2048 else 2.0), rank_ms=1.0)
-        for p in FLOOR
-    ]
-    lowered = checks.lowest(FLOOR, faster_long)
-    for mine, theirs, low in zip(FLOOR, faster_long, lowered, strict=True):
-        assert low.prefix_length == mine.prefix_length
-        assert low.full_ms == min(mine.full_ms, theirs.full_ms) and low.rank_ms == 1.0
-        assert low.pre_infer_ms == mine.pre_infer_ms
-    assert checks.lowest(FLOOR, None) == FLOOR
-
-
-def test_a_run_whose_first_floor_moved_past_the_limit_stops_before_any_fleet_when_told_to():
-    started: list[str] = []
-    absolute = dataclasses.replace(CONFIG, slo_ms=100.0, relay_window_ms=100.0)
-    config = dataclasses.replace(absolute, stop_when_flagged=True)
-    # The committed run timed everything 20 % faster: this floor moved +25 %.
-    with pytest.raises(
-        checks.FlaggedRun, match=r"floor moved \+25.0% from full-before's .*stopped before any"
-    ):
-        fake_run(config, reference=scaled_floor(0.8), started=started)
-    assert started == []
-    # Without the setting the same run goes on, flagged; within the limit (+5.3 %) it is not stopped.
-    flagged, _, _ = fake_run(absolute, reference=scaled_floor(0.8))
-    assert len(flagged["checks"]["flags"]) == 1 and flagged["checks"]["floor_drift"] == 0.25
-    within, _, _ = fake_run(config, reference=scaled_floor(0.95))
-    assert within["checks"]["flags"] == []
-    # In the host's unit the same run is neither stopped nor flagged: its bounds moved with the machine.
-    in_unit, _, _ = fake_run(dataclasses.replace(CONFIG, stop_when_flagged=True), reference=scaled_floor(0.8))
-    assert in_unit["checks"]["floor_drift"] == 0.25 and in_unit["checks"]["flags"] == []
-
-
-def test_the_headline_profile_stops_when_flagged_and_the_others_do_not():
-    assert load_config(["--profile", "headline"], {}).stop_when_flagged
-    assert not load_config(["--profile", "headline", "--stop-when-flagged", "false"], {}).stop_when_flagged
-    assert not any(load_config(["--profile", name], {}).stop_when_flagged for name in ("quick", "full"))
-
-
 def test_abandonment_sweeps_both_modes_and_counts_relays_wasted_pre_inference(run):
     results, _, measured = run
     fractions = results["abandonment"]["fractions"]
@@ -554,28 +400,6 @@ def test_each_ablation_on_a_fleet_of_its_own_is_compared_with_relay_measured_bes
     assert run_.measured.ablations.relay_for("no-revisit", mix.relay) is mix.relay
 
 
-def test_the_headline_profile_runs_the_headline_experiments_at_the_full_profiles_density(headline, tmp_path):
-    results, started, measured = headline
-    # Lengths, both mixes, 30 % abandoned, and admit-all: no other relay window, share or ablation.
-    assert started == ["relay", "baseline", "admit-all"]
-    assert {m[3] for m in measured} == {100.0}
-    assert {m[4] for m in measured} == {0.0, 0.3}
-    assert results["window_sensitivity"] == {}
-    assert set(results["ablations"]["sweeps"]) == {"admit-all"}
-    assert set(results["abandonment"]["fractions"]) == {"0", "0.3"}
-    assert set(results["throughput_sweeps"]) == {MIX1, MIX2}
-    # The full profile's points and verdicts: refined loads, up to five seeds a verdict.
-    assert results["throughput_sweeps"][MIX1]["relay"]["refined"] == [37.9, 41.3]
-    assert max(m[5] for m in measured) == 4
-    assert results["profile"]["measured"] == 1000 and results["profile"]["seed_cap"] == 5
-    # It reads back and renders, with admit-all as the only ablation.
-    run = Run.from_json(results)
-    report.write(run, tmp_path)
-    assert set(report.hit_rate_points(run)) == {"relay", "admit-all"}
-    markdown = (tmp_path / "report.md").read_text()
-    assert "(headline profile)" in markdown and "dram-only" not in markdown
-
-
 def test_the_results_render_and_the_summary_names_every_ratio(run, tmp_path):
     # results.json as the run wrote it reads back as the same run.
     results = Run.from_json(run[0])
@@ -586,10 +410,10 @@ def test_the_results_render_and_the_summary_names_every_ratio(run, tmp_path):
     markdown = (tmp_path / "report.md").read_text()
     assert "| dram-only | 19.2 | x1.59 |" in markdown and "| 10% | 12.1 | 37.9 |" not in markdown
     assert "| 10% | 13.3 | 34.8 | x2.62 |" in markdown
-    # The checks, the brackets, the ratios' intervals and the pooled verdicts at the brackets.
-    assert markdown.split("\n")[2].startswith(
-        "Checks: in-process floor +0.0% against full-before, +0.0% from the run's start to its end;"
-    )
+    # No checks are taken (the floor at both ends is recorded); the brackets, the ratios' intervals and
+    # the pooled verdicts at the brackets.
+    assert results.checks is None and "Checks:" not in markdown
+    assert results.measured.floor_end == results.measured.floor == FLOOR
     assert f"| load (req/s) on `{MIX1}` | [12.1, 13.3) | [37.9, 41.3) | x3.13 | x2.85 to x3.41 |" in markdown
     assert "| length (events) at 8 req/s | [1536, 2048) | [3072, 4096) | x2.00 | x1.50 to x2.67 |" in markdown
     undecided = "| meets | **no** (undecided at the seed cap (the pooled P99 decided)) |"
@@ -635,114 +459,3 @@ def test_a_smaller_multiple_searches_no_load_below_those_measured_before(monkeyp
                  for p in sweep["points"])  # fmt: skip
     assert two["best"] is None and two["first_failure"] == before
     assert min(p["rate"] for p in two["points"]) == before > CONFIG.load_grid()[0]
-
-
-def unit_timings(*values: float) -> Callable[[], float]:
-    """`host_unit_ms` as a run would read it: `values` in turn, then the last one again and again."""
-    left = list(values)
-    return lambda: left.pop(0) if len(left) > 1 else left[0]
-
-
-def test_each_experiment_is_a_phase_judged_in_the_unit_timed_at_its_start():
-    """The host slows 1 % at each timing of its unit: each phase's points are judged
-    against 2.87 u (and the first mix's other multiples) of the u timed at its start, which the phase
-    before timed at its end; no phase's unit moved past the limit, so nothing is flagged."""
-    timings = [U_MS * (1 + 0.01 * k) for k in range(20)]
-    results, _, measured = fake_run(CONFIG, units=unit_timings(*timings))
-    run = Run.from_json(results)
-    phases = run.measured.phases
-    own_fleets = [f"ablation {mode.name}" for mode in ABLATIONS if mode.fleet != RELAY.fleet]
-    names = ["length sweep", f"throughput, {MIX1}", f"throughput, {MIX2}", "0.1 abandoned", "0.3 abandoned",
-             "relay windows", "ablations on RelayGR's fleet", *own_fleets]  # fmt: skip
-    assert [phase.name for phase in phases] == names
-    # Each phase starts with the unit the one before ended with (timed moments apart, not again).
-    assert [(phase.u_ms, phase.u_end_ms) for phase in phases] == [
-        (round(timings[k], 4), round(timings[k + 1], 4)) for k in range(len(names))
-    ]
-    assert [phase.slo_ms for phase in phases] == [round(2.87 * timings[k], 1) for k in range(len(names))]
-    assert all(min(phase.started_s, phase.duration_s) >= 0.0 for phase in phases)
-    assert run.checks.phase_changes == {phase.name: phase.change for phase in phases}
-    assert run.checks.flags == []
-    # Every point was judged in its phase's unit: the length sweep's at 2.87 u of the first timing, the
-    # second mix's at the third's, the first mix's at 2.87 and 4 u of the second's (at 2 u it measured
-    # nothing new: the points it needed had been measured at the larger multiples).
-    judged = collections.defaultdict(set)
-    for _mode, universe, *_, slo_ms, _tag in measured:
-        judged["length" if universe.startswith("L") else universe].add(slo_ms)
-    assert judged["length"] == {phases[0].slo_ms, phases[5].slo_ms}  # the relay windows' sweeps too
-    assert judged[MIX2] == {round(2.87 * timings[2], 1)}
-    first_mix = {round(multiple * timings[1], 1) for multiple in (2, 2.87, 4)}
-    later = {phase.slo_ms for phase in phases[3:]}  # abandoned shares and ablations, on the first mix
-    edges = {math.inf}  # the edge pairs' points run to their end, judged against no SLO
-    assert first_mix - {round(2 * timings[1], 1)} <= judged[MIX1] <= first_mix | later | edges
-    # The capacity at the other multiples was judged in the first mix's phase's unit.
-    capacity = run.measured.throughput_sweeps[MIX1].capacity
-    assert {key: entry.slo_ms for key, entry in capacity.items()} == {
-        "2": round(2 * timings[1], 1), "4": round(4 * timings[1], 1)
-    }  # fmt: skip
-    # The report shows each phase's unit.
-    markdown = report.render_markdown(run)
-    assert "## Phases: the host's unit in each experiment" in markdown
-    # The headline's and the capacity's SLOs are those each experiment's phase judged against.
-    assert f"longest long-term length with ranking P99 ≤ {phases[0].slo_ms:g} ms at " in markdown
-    assert f"highest load (req/s) with ranking P99 ≤ {phases[2].slo_ms:g} ms and < " in markdown
-    assert f"| 2.87 u = {phases[1].slo_ms:g} ms (headline) |" in markdown
-    assert f"| 2 u = {round(2 * timings[1], 1):g} ms |" in markdown
-    second = phases[2]
-    assert f"| throughput, {MIX2} | 0.0 | 0.0 | {second.u_ms:g} | {second.u_end_ms:g} | +1.0% |" in markdown
-
-
-def test_a_phase_whose_unit_moved_past_the_limit_flags_the_run_and_is_named():
-    """The host slows 15 % during the second mix's phase, and stays slow (its retimings agree): that phase
-    flags the run, no other does, and the floor's start-to-end change (none here) would not have caught
-    it."""
-    results, _, _ = fake_run(CONFIG, units=unit_timings(U_MS, U_MS, U_MS, U_MS * 1.15))
-    run = Run.from_json(results)
-    assert [phase.change for phase in run.measured.phases][:4] == [0.0, 0.0, 0.15, 0.0]
-    assert run.checks.floor_change == 0.0
-    assert run.checks.flags == [
-        f"the in-process floor moved +15.0% during the phase 'throughput, {MIX2}' (the host's unit u, from "
-        "its start to its end) (limit 10%): its points were judged in a unit the machine no longer had"
-    ]
-    with pytest.raises(checks.FlaggedRun, match=f"during the phase 'throughput, {MIX2}'"):
-        checks.quotable(run)
-    assert f"throughput, {MIX2} +15.0%" in report.render_markdown(run).split("\n")[2]
-
-
-def test_a_unit_timed_far_from_the_last_is_timed_twice_more_and_the_median_counts():
-    """One timing reads u 45 % slower at the first mix's end, the next two read it as before: a disturbed
-    timing, not a slower host; the median of the three counts, the phase ends in the unit it started with
-    and nothing is flagged. A timing 4 % off is not timed again."""
-    fluke = unit_timings(U_MS, U_MS, U_MS * 1.04, U_MS * 1.45, U_MS * 1.04)
-    run = Run.from_json(fake_run(CONFIG, units=fluke)[0])
-    units = [(phase.u_ms, phase.u_end_ms) for phase in run.measured.phases][:3]
-    assert units == [(round(U_MS, 4), round(U_MS, 4)), (round(U_MS, 4), round(U_MS * 1.04, 4)),
-                     (round(U_MS * 1.04, 4), round(U_MS * 1.04, 4))]  # fmt: skip
-    assert run.checks.flags == []
-
-
-def test_the_time_left_comes_from_the_last_run_of_the_profile_with_phase_times(tmp_path):
-    def write(name: str, started: str, profile: str, duration_s: float, phases: dict[str, float]) -> None:
-        folder = tmp_path / name
-        folder.mkdir()
-        data = {"started_at": started, "duration_s": duration_s, "configuration": {"profile": profile},
-                "phases": [{"name": n, "duration_s": s} for n, s in phases.items()]}  # fmt: skip
-        (folder / "results.json").write_text(json.dumps(data))
-
-    write("a", "2026-01-01T00:00:00", "headline", 3000.0, {"length sweep": 420.0, "mix": 900.0})
-    write("b", "2026-01-02T00:00:00", "headline", 2400.0, {"length sweep": 300.0, "mix": 600.0})
-    write("c", "2026-01-03T00:00:00", "headline", 2700.0, {})  # the latest, without phase times
-    write("d", "2026-01-04T00:00:00", "full", 9000.0, {"length sweep": 1.0, "mix": 1.0})
-    (tmp_path / "e").mkdir()
-    (tmp_path / "e" / "results.json").write_text("not json")
-    assert phases.estimate(tmp_path, "headline") == ({"length sweep": 300.0, "mix": 600.0}, 2700.0)
-    assert phases.estimate(tmp_path, "quick") == ({}, None)
-
-    bench = Bench(dataclasses.replace(CONFIG, profile="headline"), log_dir=None, log=lambda line: None)
-    bench.plan_phases(["length sweep", "mix"], tmp_path)
-    assert bench.time_left(0) == "about 15 min left (by the phase times of the last run of this profile)"
-    assert bench.time_left(1) == "about 10 min left (by the phase times of the last run of this profile)"
-    bench.plan_phases(["length sweep", "another"], tmp_path)  # a phase the last run did not have
-    assert bench.time_left(0) == "about 45 min left (by the duration of the last run of this profile)"
-    bench.plan_phases(["length sweep"], None)
-    assert bench.time_left(0) == "time left unknown (no earlier run of this profile to estimate from)"
