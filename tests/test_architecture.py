@@ -281,3 +281,55 @@ def test_the_length_rule_catches_a_long_module_and_spares_the_model(tmp_path: Pa
         "services/ranker/cache/long.py: 401 lines",
         "services/trigger/long.py: 401 lines",
     ]
+
+
+def module_of(root: Path, name: str) -> Path | None:
+    """The file of the bench module `name` (`bench.lib.stats` → bench/lib/stats.py, a package → its
+    __init__.py); None for anything else."""
+    base = root.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def import_cycles(root: Path) -> list[str]:
+    """The import cycles among bench/'s modules, counting every import wherever it stands: one deferred
+    into a function body breaks a cycle at load time and hides it, so it counts as any other."""
+    graph: dict[Path, set[Path]] = {}
+    for path in sorted((root / "bench").rglob("*.py")):
+        targets = {module_of(root, module) for module in imports(path) if module.startswith("bench.")}
+        graph[path] = {target for target in targets if target is not None and target != path}
+    cycles: list[str] = []
+    state: dict[Path, int] = {}  # 1: on the current path, 2: done
+    stack: list[Path] = []
+
+    def visit(node: Path) -> None:
+        state[node] = 1
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == 1:
+                loop = stack[stack.index(target) :] + [target]
+                cycles.append(" -> ".join(p.relative_to(root).as_posix() for p in loop))
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return cycles
+
+
+def test_no_import_cycle_in_bench_deferred_imports_included() -> None:
+    assert import_cycles(ROOT) == []
+
+
+def test_the_cycle_rule_catches_a_cycle_hidden_by_a_deferred_import(tmp_path: Path) -> None:
+    (tmp_path / "bench" / "micro").mkdir(parents=True)
+    (tmp_path / "bench" / "lib").mkdir()
+    (tmp_path / "bench" / "micro" / "a.py").write_text("from bench.micro import b\n")
+    (tmp_path / "bench" / "micro" / "b.py").write_text("def f():\n    from bench.micro.a import x\n")
+    (tmp_path / "bench" / "lib" / "c.py").write_text("def g():\n    import bench.micro.a\n")
+    assert import_cycles(tmp_path) == ["bench/micro/a.py -> bench/micro/b.py -> bench/micro/a.py"]

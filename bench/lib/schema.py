@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from bench.lib import codec, schema_context
 from bench.lib.codec import FLAT, OMIT_NONE, TRANSIENT
@@ -25,9 +25,6 @@ from bench.lib.config import BenchConfig, Profile
 from bench.lib.fleets import FleetShape, Mode
 from bench.lib.schema_context import CachedRankPoint, FloorPoint, Machine, RunChecks, Versions
 from bench.lib.workload import Universe
-
-if TYPE_CHECKING:
-    from bench.lib.schema_gpu import GpuMeasurements
 
 R = TypeVar("R", bound="Run")
 P = TypeVar("P", bound="Point")
@@ -383,18 +380,3 @@ def ratio_interval(relay: Sweep, baseline: Sweep) -> list[float | None]:
     if relay.first_failure is None or not baseline.best:
         return [low, None]
     return [low, round(relay.first_failure / baseline.best, 3)]
-
-
-def headline_ratios(measured: Measurements | GpuMeasurements) -> dict[str, Any]:
-    """A run's headline ratios from what it measured: the length sweep's (with its interval), each mix's
-    and the first mix's."""
-    length = measured.length_sweep
-    ratios = {label: mix.ratio for label, mix in measured.throughput_sweeps.items()}
-    headline = {
-        "throughput_ratio": next(iter(ratios.values()), None),
-        "throughput_ratios": ratios,
-        "length_ratio": None if length is None else ratio(length.relay.best, length.baseline.best),
-    }
-    if isinstance(measured, Measurements):
-        headline["length_ratio_interval"] = ratio_interval(length.relay, length.baseline)
-    return headline

@@ -4,10 +4,10 @@ may carry checks (`Run.checks`): the report shows them; no run records new ones.
 
 from __future__ import annotations
 
-from typing import overload
+from typing import Any, overload
 
 from bench.lib.config import BenchConfig
-from bench.lib.schema import Machine, Measurements, Run, Versions, headline_ratios
+from bench.lib.schema import Machine, Measurements, Run, Versions, ratio, ratio_interval
 from bench.lib.schema_gpu import GpuMeasurements, GpuRun
 
 
@@ -84,3 +84,18 @@ def summary(results: Run) -> str:
             f"throughput ratios with requests abandoned {abandoned or 'not measured'}"
         )
     )
+
+
+def headline_ratios(measured: Measurements | GpuMeasurements) -> dict[str, Any]:
+    """A run's headline ratios from what it measured: the length sweep's (with its interval), each mix's
+    and the first mix's."""
+    length = measured.length_sweep
+    ratios = {label: mix.ratio for label, mix in measured.throughput_sweeps.items()}
+    headline = {
+        "throughput_ratio": next(iter(ratios.values()), None),
+        "throughput_ratios": ratios,
+        "length_ratio": None if length is None else ratio(length.relay.best, length.baseline.best),
+    }
+    if isinstance(measured, Measurements):
+        headline["length_ratio_interval"] = ratio_interval(length.relay, length.baseline)
+    return headline
