@@ -129,7 +129,10 @@ BENCH = [
         extends="services.ranker.config:RankerConfig",
     ),
 ]
-BENCH_GROUPS = [Group("Every fleet a benchmark starts", "bench.lib.fleets:FleetSettings")]
+BENCH_GROUPS = [
+    Group("Every fleet a benchmark starts", "bench.lib.fleets:FleetSettings"),
+    Group("The users every fleet's stub serves", "bench.lib.fleets:WorkloadSettings"),
+]
 
 
 def group_table(group: Group, takers: list[tuple[Command, type]]) -> str:

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from bench.lib.config import BenchConfig
-from bench.lib.fleets import ABLATIONS, BASELINE, RELAY, FleetSettings, Mode
+from bench.lib.fleets import ABLATIONS, BASELINE, RELAY, FleetSettings, Mode, WorkloadSettings
 from services.common.config import grid, listed, numbers, setting
 from services.launcher.procs import REPO_ROOT
 
@@ -51,7 +51,7 @@ RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
 
 @dataclasses.dataclass(frozen=True)
-class AbConfig(FleetSettings):
+class AbConfig(FleetSettings, WorkloadSettings):
     """The A/B's settings; the fleets' are `FleetSettings`' and every mode's fleet has the same ones."""
 
     name: str = setting(
@@ -103,18 +103,6 @@ class AbConfig(FleetSettings):
         "the P99 bootstrap resamples blocks of this many seconds of requests (0: single requests)",
         minimum=0,
     )
-    mix_median: int = setting(1024, "median long-term length of the users' lognormal mix", above=0)
-    mix_sigma: float = setting(0.75, "sigma of the log length of the mix", above=0)
-    mix_max: int = setting(2048, "longest long-term history of the mix", above=0)
-    short_term: int = setting(16, "short-term events per request", above=0)
-    universe_seed: int = setting(0, "seed of the user universe (the same in every mode)")
-    revisit_probability: float = setting(
-        0.5, "share of requests from a user seen within --revisit-window-s", minimum=0, below=1
-    )
-    revisit_window_s: float = setting(
-        5.0, "a revisit repeats the user of a request of the last this many s", above=0
-    )
-    rank_timeout_ms: float = setting(1000.0, "the stub's Rank deadline (a missed one is an error)", above=0)
     ranker_profile_lengths: str = grid(
         "128,256,512,2048,4096",
         "prefix lengths of each ranker's warm-up curve (the short ones place the trigger's break-even)",
@@ -125,10 +113,9 @@ class AbConfig(FleetSettings):
     )
 
     def validate(self) -> None:
+        WorkloadSettings.validate(self)
         if len(self.mode_names()) < 2:
             raise ValueError("--modes must name two or more modes")
-        if self.mix_median >= self.mix_max:
-            raise ValueError("--mix-median must be below --mix-max")
 
     def mode_names(self) -> list[str]:
         return listed(self, "modes")

@@ -41,7 +41,7 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
-from bench.lib.fleets import FleetSettings
+from bench.lib.fleets import FleetSettings, WorkloadSettings
 from services.common.config import listed, numbers, setting
 from services.launcher.procs import REPO_ROOT
 
@@ -64,7 +64,7 @@ class Arm:
 
 
 @dataclasses.dataclass(frozen=True)
-class HeadlineConfig(FleetSettings):
+class HeadlineConfig(FleetSettings, WorkloadSettings):
     """The block experiment's settings; every fleet (baseline, RelayGR, admit-all) has the same shape."""
 
     name: str = setting(
@@ -107,23 +107,10 @@ class HeadlineConfig(FleetSettings):
         15, "timed full passes whose median is u, at the start and before each block", above=0
     )
     canary_readings: int = setting(3, "canary readings on the idle host before each trial", above=0)
-    mix_median: int = setting(1024, "median long-term length of the users' lognormal mix (mix 1)", above=0)
-    mix_sigma: float = setting(0.75, "sigma of the log length of the mix", above=0)
-    mix_max: int = setting(2048, "longest long-term history of the mix; u is timed at it", above=0)
-    short_term: int = setting(16, "short-term events per request", above=0)
-    universe_seed: int = setting(0, "seed of the user universe (the same in every mode)")
-    revisit_probability: float = setting(
-        0.5, "share of requests from a user seen within --revisit-window-s", minimum=0, below=1
-    )
-    revisit_window_s: float = setting(
-        5.0, "a revisit repeats the user of a request of the last this many s", above=0
-    )
-    rank_timeout_ms: float = setting(1000.0, "the stub's Rank deadline (a missed one is an error)", above=0)
     relay_window_ms: float = setting(0.0, "the relay window, ms (0: --relay-window-u times u)", minimum=0)
 
     def validate(self) -> None:
-        if self.mix_median >= self.mix_max:
-            raise ValueError("--mix-median must be below --mix-max")
+        WorkloadSettings.validate(self)
         missing = set(listed(self, "admit_all_multiples")) - set(listed(self, "relay_multiples"))
         if missing:
             raise ValueError(

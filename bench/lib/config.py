@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-from bench.lib.fleets import ABLATIONS
+from bench.lib.fleets import ABLATIONS, WorkloadSettings
 from services.common.config import env_name, flag_name, grid, listed, load, setting
 from services.common.presets import MODEL_PRESET_NAMES
 from services.launcher.config import ROUTINGS
@@ -113,7 +113,7 @@ PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class BenchConfig:
+class BenchConfig(WorkloadSettings):
     # Settings whose mechanism is gone, which committed results record: the host-speed waits and the run
     # checks (a run's drift is recorded, not judged; the headline measures it per block, `bench.headline`).
     RETIRED: ClassVar[tuple[str, ...]] = (
@@ -176,7 +176,6 @@ class BenchConfig:
     ranker_profile_repeats: int = setting(
         2, "timed rounds across the lengths of each ranker's warm-up curve", above=0
     )
-    short_term: int = setting(16, "short-term events per request", above=0)
     lengths: str = grid(
         "512,768,1024,1536,2048,3072,4096,6144,8192",
         "long-term lengths of the length sweep (experiment 1)",
@@ -187,11 +186,6 @@ class BenchConfig:
         "1,1.5,2,3,4,6,8,11,16,23,32,45,64,90,128",
         "offered loads of the throughput sweeps (experiment 2), calls/s",
     )
-    mix_median: int = setting(
-        1024, "median long-term length of the throughput sweep's lognormal mix", above=0
-    )
-    mix_sigma: float = setting(0.75, "sigma of the log length of the mix", above=0)
-    mix_max: int = setting(2048, "longest long-term history of the mix (a cap, as production has)", above=0)
     mix2_median: int = setting(
         1536, "median long-term length of the second, longer mix (same sigma)", above=0
     )
@@ -216,15 +210,7 @@ class BenchConfig:
     growth_headroom: int = setting(
         256, "events a fixed-length history may grow by before it slides", minimum=0
     )
-    revisit_probability: float = setting(
-        0.5, "share of requests from a user seen within --revisit-window-s", minimum=0, below=1
-    )
-    revisit_window_s: float = setting(
-        5.0, "a revisit repeats the user of a request of the last this many s", above=0
-    )
     warmup_s: float = setting(5.0, "seconds of each point's load that are not measured", minimum=0)
-    rank_timeout_ms: float = setting(1000.0, "the stub's Rank deadline (a missed one is an error)", above=0)
-    universe_seed: int = setting(0, "seed of the user universe (the same in every mode)")
     load_seed: int = setting(0, "seed of arrivals and user draws (the same in every mode)")
     startup_timeout_s: float = setting(300.0, "seconds each service gets to become healthy", above=0)
     time_budget_s: float = setting(
@@ -249,8 +235,7 @@ class BenchConfig:
             raise ValueError("--hbm-budget-mb must be positive or -1 (auto)")
         if not (self.dram_budget_mb >= 0 or self.dram_budget_mb == -1):
             raise ValueError("--dram-budget-mb must not be negative, or be -1 (auto)")
-        if self.mix_median >= self.mix_max:
-            raise ValueError("--mix-median must be below --mix-max")
+        WorkloadSettings.validate(self)
         if self.mix2_median >= self.mix2_max:
             raise ValueError("--mix2-median must be below --mix2-max")
         if not self.slo_ms and self.slo_u not in self.slo_multiple_grid():

@@ -108,6 +108,29 @@ class FleetSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class WorkloadSettings:
+    """The users a fleet's retrieval stub serves (the lognormal mix of their histories, their revisits) and
+    its Rank deadline, each a flag with a `RELAYGR_…` twin."""
+
+    mix_median: int = setting(1024, "median long-term length of the users' lognormal mix", above=0)
+    mix_sigma: float = setting(0.75, "sigma of the log length of the mix", above=0)
+    mix_max: int = setting(2048, "longest long-term history of the mix (a cap, as production has)", above=0)
+    short_term: int = setting(16, "short-term events per request", above=0)
+    universe_seed: int = setting(0, "seed of the user universe (the same in every mode)")
+    revisit_probability: float = setting(
+        0.5, "share of requests from a user seen within --revisit-window-s", minimum=0, below=1
+    )
+    revisit_window_s: float = setting(
+        5.0, "a revisit repeats the user of a request of the last this many s", above=0
+    )
+    rank_timeout_ms: float = setting(1000.0, "the stub's Rank deadline (a missed one is an error)", above=0)
+
+    def validate(self) -> None:
+        if self.mix_median >= self.mix_max:
+            raise ValueError("--mix-median must be below --mix-max")
+
+
+@dataclasses.dataclass(frozen=True)
 class FleetShape:
     """What every mode's fleet shares."""
 
