@@ -2,9 +2,9 @@
 
 `schedule` is the order: seed by seed, load by load, every mode once at each (seed, load) before the next
 one starts, so a drift of the machine's other load hits every mode alike. The modes' order at a (seed,
-load) is a Latin square's row: rotated by the seed index plus the load index, so at every load each mode
-takes each place in the order (first after the previous block's settle, ..., last) equally often over
-every run of as many seeds as there are modes, and at one seed the loads start with different modes.
+load) is a Williams row (`bench.lib.orders.turn`, row seed index plus load index): at every load each mode
+takes each place in the order (first after the previous block's settle, ..., last) and follows each other
+mode equally often over every whole set of seeds, and at one seed the loads start with different modes.
 Before the first, each fleet gets `--fleet-warmup-s` of load at the first rate with users of its
 own (the seed index after the last measured one), recorded apart: a fleet's first run after its start
 read slow. `AbBench.measure` drives one run, once the other fleets are idle
@@ -31,7 +31,7 @@ import grpc
 from bench.ab.analysis import disturbed
 from bench.ab.config import AbConfig
 from bench.ab.schema import AbRun
-from bench.lib import probes
+from bench.lib import orders, probes
 from bench.lib.driving import SETTLE_S, Driver, Plan, users
 from bench.lib.fleets import BenchFleet, Mode
 from bench.lib.stats import percentile
@@ -52,13 +52,11 @@ class Job:
 
 
 def schedule(modes: Sequence[str], rates: Sequence[float], seeds: int) -> list[Job]:
-    """Every (seed, load) in turn, each mode once at each, in the order `modes` rotated by the seed index
-    plus the load index (a Latin square at each load)."""
+    """Every (seed, load) in turn, each mode once at each, in Williams row seed index plus load index."""
     jobs = []
     for seed_index in range(seeds):
         for load_index, rate in enumerate(rates):
-            turn = (seed_index + load_index) % len(modes)
-            jobs += [Job(seed_index, rate, mode) for mode in [*modes[turn:], *modes[:turn]]]
+            jobs += [Job(seed_index, rate, mode) for mode in orders.turn(modes, seed_index + load_index)]
     return jobs
 
 

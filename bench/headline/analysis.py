@@ -21,6 +21,7 @@ import numpy as np
 from bench.headline import stats
 from bench.headline.config import ADMIT_ALL, BASELINE, RELAY, HeadlineConfig
 from bench.headline.schema import Analysis, ArmSummary, Block, Calibration, Estimate, Over, Step, Trial
+from bench.lib import orders
 
 SLO_SHARE = 0.01  # a P99 meets the SLO when fewer than 1 % of the Ranks are over it
 
@@ -163,7 +164,7 @@ def analyse(
     }
     return Analysis(
         blocks=indices,
-        balanced=stats.is_balanced([b.order for b in chosen]),
+        balanced=orders.is_balanced([b.order for b in chosen]),
         arms=[summaries[arm.name] for arm in arms],
         steps=steps,
         claimed=claimed,

@@ -8,7 +8,7 @@
 2. starts the baseline's, RelayGR's and admit-all's fleets, each given `FLEET_WARMUP_S` of load at L with
    users of its own (recorded nowhere), and reads the canary's reference with them up and drained
    (`reference`);
-3. runs the blocks in their Williams orders (`bench.headline.stats.block_orders`), block b on arrival seed
+3. runs the blocks in their Williams orders (`bench.lib.orders.block_orders`), block b on arrival seed
    `--load-seed` + b. A block first times u again on the drained host: its L is λ over its own u, and its
    SLO 2.87 times it, so a host that runs slower for a while is loaded at the same share of its speed
    instead of past its knee. Before each trial every fleet
@@ -44,7 +44,7 @@ from bench.headline.analysis import trial_p99
 from bench.headline.canary import Canary, cpu_times, steal_share
 from bench.headline.config import ADMIT_ALL, BASELINE, LOAD_PER_U, RELAY, Arm, HeadlineConfig, load_rate
 from bench.headline.schema import Block, Calibration, Over, Trial
-from bench.lib import probes
+from bench.lib import orders, probes
 from bench.lib.config import BenchConfig
 from bench.lib.driving import SETTLE_S, Driver, Plan, users
 from bench.lib.fleets import ABLATIONS, BenchFleet, Mode
@@ -155,7 +155,7 @@ class HeadlineBench:
         c = self.config
         arms = c.arms()
         by_name = {arm.name: arm for arm in arms}
-        design = stats.block_orders([arm.name for arm in arms], c.blocks, c.order_seed)
+        design = orders.block_orders([arm.name for arm in arms], c.blocks, c.order_seed)
         self.design = design
         with Canary(
             c.model_preset, c.torch_threads, c.short_term, BenchConfig().pre_infer_chunk_tokens

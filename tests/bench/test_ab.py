@@ -22,6 +22,7 @@ from bench.ab.config import AbConfig
 from bench.ab.report import render_markdown
 from bench.ab.run import AbBench, Job, Load, schedule
 from bench.ab.schema import AbResults
+from bench.lib import orders
 from bench.lib.fleets import Mode
 from bench.lib.workload import RevisitSampler
 from relaygr.v1 import recommend_pb2
@@ -134,20 +135,22 @@ def test_with_two_modes_at_two_loads_each_mode_runs_first_at_each_load_as_often_
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(2, 4), st.integers(1, 4), st.integers(1, 9))
-def test_at_every_load_every_mode_takes_every_place_equally_often_give_or_take_one(modes, loads, seeds):
+def test_at_every_load_the_modes_turns_are_williams_rows_balanced_over_each_whole_set(modes, loads, seeds):
     names = [f"mode-{m}" for m in range(modes)]
     rates = [float(r + 1) for r in range(loads)]
     jobs = schedule(names, rates, seeds)
     assert len(jobs) == modes * loads * seeds
     blocks = [jobs[start : start + modes] for start in range(0, len(jobs), modes)]
     assert all(sorted(j.mode for j in block) == names for block in blocks)  # every mode once a block
+    size = len(orders.williams_rows(modes))  # a whole set: modes rows (even), twice as many (odd)
     for rate in rates:
-        at_rate = [block for block in blocks if block[0].rate == rate]
+        at_rate = [[job.mode for job in block] for block in blocks if block[0].rate == rate]
         for place in range(modes):
-            counts = [sum(block[place].mode == name for block in at_rate) for name in names]
-            assert max(counts) - min(counts) <= 1
-            if seeds % modes == 0:
-                assert set(counts) == {seeds // modes}
+            counts = [sum(order[place] == name for order in at_rate) for name in names]
+            if modes % 2 == 0:  # every run of consecutive rows is a Latin square's
+                assert max(counts) - min(counts) <= 1
+        if seeds % size == 0:  # positions and neighbours alike
+            assert orders.is_balanced(at_rate)
 
 
 def test_every_fleet_is_up_before_the_first_run_and_down_after_the_last(fake_run):

@@ -11,10 +11,11 @@ import math
 
 import pytest
 
-from bench.headline import analysis, stats
+from bench.headline import analysis
 from bench.headline.compare import compare
 from bench.headline.config import LOAD_PER_U, HeadlineConfig, load_rate
 from bench.headline.schema import HeadlineResults
+from bench.lib import orders
 from services.common.config import load
 from tests.bench.headline.fakes import ARGS, CANARY_MS, U_MS, fake_results, run_bench
 
@@ -37,9 +38,9 @@ def test_the_calibration_fixes_u_as_a_median_and_l_the_slo_and_the_window_in_it(
 
 def test_every_block_runs_every_arm_once_in_its_williams_order_and_no_trial_stops_early(fast):
     bench = run_bench(["--blocks", "14", "--order-seed", "5"])
-    design = stats.block_orders(ARMS, 14, 5)
+    design = orders.block_orders(ARMS, 14, 5)
     assert bench.design == design and [block.order for block in bench.blocks] == design
-    assert stats.is_balanced(design)
+    assert orders.is_balanced(design)
     by_block = collections.defaultdict(list)
     for trial in bench.trials:
         by_block[trial.block].append(trial.arm)
@@ -174,7 +175,7 @@ def test_the_settings_name_the_field_they_refuse():
     with pytest.raises(SystemExit):
         load(HeadlineConfig, ["--admit-all-multiples", "2.25"])
     with pytest.raises(ValueError, match="--blocks must be a positive multiple of 14"):
-        stats.block_orders(ARMS, 10, 0)
+        orders.block_orders(ARMS, 10, 0)
     assert math.isclose(load_rate(35.0), 20.0)
 
 

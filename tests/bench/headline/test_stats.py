@@ -1,13 +1,11 @@
-"""The headline's statistics (`bench.headline.stats`): the Williams design and the blocks' run orders, the
-pooled P99 ratio with its block bootstrap and t cross-check (coverage on clustered data, against the
-per-request bootstrap), the exact binomial SLO test, the fixed-sequence decision and the host's speed."""
+"""The headline's statistics (`bench.headline.stats`): the pooled P99 ratio with its block bootstrap and t
+cross-check (coverage on clustered data, against the per-request bootstrap), the exact binomial SLO test,
+the fixed-sequence decision and the host's speed."""
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections import Counter
-from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -19,95 +17,6 @@ from bench.headline.stats import RatioEstimate, Step
 from bench.lib.stats import bootstrap_ci, percentile
 
 INF = math.inf
-
-
-def _position_counts(rows: list[list[int]] | list[list[str]]) -> Counter:
-    return Counter((position, item) for row in rows for position, item in enumerate(row))
-
-
-def _neighbour_counts(rows: list[list[int]] | list[list[str]]) -> Counter:
-    return Counter((a, b) for row in rows for a, b in pairwise(row))
-
-
-@pytest.mark.parametrize("n", range(2, 10))
-def test_williams_rows_balance_positions_and_neighbours(n: int):
-    rows = stats.williams_rows(n)
-    assert len(rows) == (n if n % 2 == 0 else 2 * n)
-    assert all(sorted(row) == list(range(n)) for row in rows)
-    positions = _position_counts(rows)
-    assert set(positions) == {(p, t) for p in range(n) for t in range(n)}
-    assert set(positions.values()) == {len(rows) // n}
-    neighbours = _neighbour_counts(rows)
-    assert set(neighbours) == {(a, b) for a in range(n) for b in range(n) if a != b}
-    assert set(neighbours.values()) == {1 if n % 2 == 0 else 2}
-
-
-def test_williams_rows_first_row_and_bad_sizes():
-    assert stats.williams_rows(4) == [[0, 1, 3, 2], [1, 2, 0, 3], [2, 3, 1, 0], [3, 0, 2, 1]]
-    assert stats.williams_rows(5)[0] == [0, 1, 4, 2, 3]
-    assert stats.williams_rows(5)[5] == [3, 2, 4, 1, 0]  # the mirror image of the first row
-    for n in (1, 0, -3):
-        with pytest.raises(ValueError):
-            stats.williams_rows(n)
-
-
-@settings(max_examples=25, deadline=None)
-@given(st.integers(2, 6), st.integers(1, 3), st.integers(0, 2**32 - 1))
-def test_block_orders_balance_every_whole_set(arm_count: int, sets: int, seed: int):
-    arms = [f"arm{i}" for i in range(arm_count)]
-    size = arm_count if arm_count % 2 == 0 else 2 * arm_count
-    orders = stats.block_orders(arms, size * sets, seed)
-    assert len(orders) == size * sets
-    assert orders == stats.block_orders(arms, size * sets, seed)  # deterministic for a seed
-    for start in range(0, len(orders), size):
-        chunk = orders[start : start + size]
-        assert all(sorted(order) == sorted(arms) for order in chunk)
-        assert set(_position_counts(chunk).values()) == {size // arm_count}
-        neighbours = _neighbour_counts(chunk)
-        assert len(neighbours) == arm_count * (arm_count - 1)
-        assert set(neighbours.values()) == {1 if arm_count % 2 == 0 else 2}
-        assert stats.is_balanced(chunk)
-    assert stats.is_balanced(orders)
-
-
-def test_block_orders_differ_across_seeds_and_sets():
-    arms = ["baseline@1", "relay@2", "relay@2.5", "relay@3", "admit-all@3"]
-    orders = {seed: stats.block_orders(arms, 20, seed) for seed in range(5)}
-    assert len({str(value) for value in orders.values()}) == 5
-    first, second = orders[0][:10], orders[0][10:]
-    assert first != second  # each set has its own assignment and row order
-
-
-def test_block_orders_refuse_a_partial_set():
-    arms = ["a", "b", "c"]  # odd: a set is 6 blocks
-    for blocks in (0, 5, 7, -6):
-        with pytest.raises(ValueError, match=r"--blocks.*\b6\b"):
-            stats.block_orders(arms, blocks, 0)
-    with pytest.raises(ValueError, match=r"--blocks.*\b4\b"):
-        stats.block_orders(["a", "b", "c", "d"], 6, 0)
-    with pytest.raises(ValueError):
-        stats.block_orders(["a", "a"], 2, 0)
-
-
-def test_carryover_counts_and_a_broken_balance():
-    orders = stats.block_orders(["a", "b", "c", "d"], 8, seed=3)
-    counts = stats.carryover_counts(orders)
-    assert len(counts) == 12 and set(counts.values()) == {2}
-    assert stats.is_balanced(orders)
-    swapped = [list(order) for order in orders]
-    swapped[0][0], swapped[0][1] = swapped[0][1], swapped[0][0]
-    assert not stats.is_balanced(swapped)
-    assert stats.carryover_counts([["a", "b", "c"]]) == {
-        ("a", "b"): 1,
-        ("a", "c"): 0,
-        ("b", "a"): 0,
-        ("b", "c"): 1,
-        ("c", "a"): 0,
-        ("c", "b"): 0,
-    }
-    assert not stats.is_balanced([])
-    assert not stats.is_balanced(orders[:7])  # a set with a block dropped
-    assert not stats.is_balanced([["a", "b"], ["a", "c"]])  # not the same arms
 
 
 def test_pooled_p99_by_hand():
