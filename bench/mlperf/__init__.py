@@ -1,10 +1,6 @@
-"""MLCommons LoadGen as the benchmark's driver: `python -m bench mlperf`.
-
-LoadGen (the `mlcommons-loadgen` package, module `mlperf_loadgen`) schedules the queries and judges the
-run, as in MLPerf Inference; this package gives it a system under test that sends each sample to the
-fleet's `RecommendService.Recommend` (`sut`), a QSL of DLRMv3-shaped streaming users (`workload`),
-TestSettings for the Server and Offline scenarios (`run`), a local fleet (`fleet`, the benchmark's own
-`bench.lib.fleets`), the search for the highest VALID target QPS per mode (`search`), and reads back LoadGen's
-verdict (`summary`) beside what the answers say of the cache (`tally`), into result.json and summary.md
-(`results`, `report`). Synthetic weights and users: not an MLPerf submission.
+"""MLCommons LoadGen as the benchmark's driver: `python -m bench mlperf` (`__main__`, its settings in
+`config`). LoadGen schedules the queries and judges the run, as in MLPerf Inference; `run` gives it a QSL of
+DLRMv3-shaped streaming users and a SUT over the services' open-loop driver, a Recommend a sample; `results`
+is what a run writes, `tally` what its answers say of the cache, `report` its summary.md. Synthetic weights
+and users: not an MLPerf submission.
 """

@@ -1,21 +1,12 @@
 """`python -m bench mlperf`'s settings: one frozen dataclass, each a flag with a `RELAYGR_…` environment twin
-(see services.common.config), parsed by `parse`.
-
-Every flag has a default, so `python -m bench mlperf` alone runs one Server test of RelayGR on a local
-`cpu-small` fleet. The defaults and why:
-
-- `--p99-ms 80`: MLPerf DLRMv3's Server target (P99 of each sample's latency). LoadGen times a sample from
-  its scheduled issue to its completion: here the whole Recommend (retrieval, the relay window, Rank), so
-  the relay window (`--relay-window-ms`, 30 ms: the services' own default) counts against the 80 ms as an
-  upstream stage would.
-- `--min-query-count 1000`: LoadGen's early stopping calls a Server run at P99 VALID only with at least 459
-  queries if none is over the target, 662 with one over, 838 with two, 1001 with three. 1000 queries let a
-  run carry two slow ones (three with a few more queries); far below MLPerf's official minimum (270336 for
-  DLRM), so a run takes seconds to minutes. Lower it for smoke runs: they then end INVALID by early
-  stopping, with every figure still measured.
-- `--max-error-fraction 0`: LoadGen has no notion of a failed sample (a failed call completes, fast), so a
-  run with more failed calls than this share of its samples is INVALID here whatever LoadGen says.
-- The workload (`--history-*`, `--growth-events-per-min`, `--visits-per-user`): see `bench.mlperf.workload`.
+(services.common.config), parsed by `parse`; alone, the command runs one Server test of RelayGR on a local
+`cpu-small` fleet. `--p99-ms 80` is MLPerf DLRMv3's Server target; LoadGen times the whole Recommend, so the
+relay window (30 ms, the services' default) counts against it as an upstream stage would. LoadGen's early
+stopping calls a Server run VALID at P99 only with at least 459 queries if none is over the target (662 with
+one, 838 with two, 1001 with three): `--min-query-count 1000`, far below MLPerf's official minimum for DLRM
+(270336); shorter smoke runs end INVALID, every figure still measured. LoadGen has no failed sample, so a
+run with more failed calls than `--max-error-fraction` (0) of its samples is INVALID here. The workload: see
+`bench.mlperf.run`.
 """
 
 from __future__ import annotations
@@ -28,8 +19,6 @@ from services.common.config import grid, listed, load, setting
 
 SCENARIOS = ("Server", "Offline")
 MODES = ("relay", "baseline")
-# The offered loads the search walks (calls/s), as `python -m bench run`'s throughput sweeps.
-SEARCH_GRID = "1,1.5,2,3,4,6,8,11,16,23,32,45,64,90,128"
 DESCRIPTION = (
     "Drive the fleet's RecommendService.Recommend with MLCommons LoadGen (Server or Offline); with --search, "
     "the highest Server target QPS LoadGen calls VALID, baseline and RelayGR. Synthetic weights and users: "
@@ -83,7 +72,7 @@ class MlperfConfig(FleetSettings):
         distinct=True,
     )
     search_grid: str = grid(
-        SEARCH_GRID,
+        "1,1.5,2,3,4,6,8,11,16,23,32,45,64,90,128",
         "offered loads the search walks (from the grid value at or below --target-qps, galloping, then "
         "bisecting)",
     )
@@ -109,7 +98,7 @@ class MlperfConfig(FleetSettings):
     seed: int = setting(0, "LoadGen's schedule, sample-index and QSL seeds (the same in every mode)")
     # The local fleet (ignored with --recommend): `FleetSettings`, with the services' relay window.
     relay_window_ms: float = setting(30.0, f"{RELAY_WINDOW_HELP}, inside every sample's latency", minimum=0)
-    # The workload: DLRMv3-shaped streaming users (see bench.mlperf.workload).
+    # The workload: DLRMv3-shaped streaming users (see bench.mlperf.run).
     visits_per_user: float = setting(
         4.0, "workload: mean visits of each user in one run: sizes the QSL (users = queries / this)", above=0
     )
@@ -134,10 +123,6 @@ class MlperfConfig(FleetSettings):
     def modes(self) -> list[str]:
         """The modes a search runs, in order."""
         return listed(self, "search_modes")
-
-    def grid(self) -> list[float]:
-        """The search's offered loads, increasing."""
-        return listed(self, "search_grid")
 
     def validate(self) -> None:
         """The bounds that tie settings together (`check` has enforced each one's own)."""

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from bench.mlperf.results import ModeSearch, RunResult, RunSettings, SearchResult
-from bench.mlperf.tally import Latencies
+from bench.lib.schema import Percentiles
+from bench.mlperf.results import ModeSearch, RunResult, SearchResult
 from services.common.contract import CACHE_SOURCES
 
 CAVEAT = (
@@ -20,10 +20,9 @@ CRITICAL_PATH_NOTE = (
     "History on the critical path: the long-term events each Rank computed itself (its answer's "
     "computed_prefix_events: all of them on a MISS, the appended ones of an extension it started, 0 for a "
     "prefix found in HBM, reloaded from DRAM or joined, a MISS that joined a concurrent Rank's computation "
-    "included) plus the short-term events every Rank computes, as a "
-    "share of the ranked answers' long-term + short-term events. Prefix wait: how long a Rank waited for "
-    "its long-term prefix (prefix_wait_ms); for HBM, a relayed Rank's wait for a pre-inference still "
-    "running (bench.mlperf.tally)."
+    "included) plus the short-term events every Rank computes, as a share of the ranked answers' long-term "
+    "+ short-term events. Prefix wait: how long a Rank waited for its long-term prefix (prefix_wait_ms); "
+    "for HBM, a relayed Rank's wait for a pre-inference still running (bench.mlperf.tally)."
 )
 
 
@@ -42,21 +41,22 @@ def shown(runs: Iterable[RunResult]) -> list[str]:
     return [tier for tier in CACHE_SOURCES if tier in tallied]
 
 
-def rates(result: RunResult, later: bool = False) -> str:
-    """`hbm 61.2 % · dram 3.0 % · …` for all ranked answers (or the later visits only)."""
-    table = result.tiers.later_rates if later else result.tiers.rates
-    return " · ".join(f"{tier} {_pct(table.get(tier, 0.0))}" for tier in shown([result]))
+def _rates(run: RunResult, tiers: list[str], separator: str = " | ", named: bool = False) -> str:
+    rates = run.tiers.rates
+    return separator.join(f"{tier + ' ' if named else ''}{_pct(rates.get(tier, 0.0))}" for tier in tiers)
+
+
+def _verdict(run: RunResult) -> str:
+    return "VALID" if run.valid else f"INVALID ({why_invalid(run)})"
 
 
 def describe(result: RunResult) -> str:
     """One line: the verdict, LoadGen's P99 and throughput, failures and hit rates."""
     s, lg = result.settings, result.loadgen
-    verdict = "VALID" if result.valid else "INVALID"
-    why = "" if result.valid else f" ({why_invalid(result)})"
     return (
-        f"{s.mode:<8} {s.scenario} {s.target_qps:g} qps: {verdict}{why}, P99 {_ms(lg.p99_ms)} ms, "
+        f"{s.mode:<8} {s.scenario} {s.target_qps:g} qps: {_verdict(result)}, P99 {_ms(lg.p99_ms)} ms, "
         f"{lg.samples_per_s} samples/s, {result.completed}/{lg.issued_samples} completed, {result.failed} "
-        f"failed; {rates(result)}"
+        f"failed; {_rates(result, shown([result]), ' · ', named=True)}"
     )
 
 
@@ -69,6 +69,9 @@ def run_markdown(result: RunResult) -> str:
         "min queries": lg.min_queries,
         "early stopping": lg.early_stopping,
     }
+    window = "" if s.relay_window_ms is None else f" (relay window {s.relay_window_ms:g} ms inside it)"
+    target = f"- target P99 {s.p99_target_ms:g} ms over the whole Recommend{window}"
+    every = f"- {s.scenario}: every sample at once (at most {s.max_in_flight} in flight), no latency target"
     lines = [
         f"# LoadGen {s.scenario}: {s.mode}, target {s.target_qps:g} QPS",
         "",
@@ -76,8 +79,9 @@ def run_markdown(result: RunResult) -> str:
         "",
         f"- **{'VALID' if result.valid else 'INVALID'}** (LoadGen: {lg.result}; "
         + ", ".join(f"{name} {'yes' if ok else 'no'}" for name, ok in checks.items() if ok is not None)
-        + f"; {result.failed} of {result.completed} calls failed{_codes(result)})",
-        _target(s),
+        + f"; {result.failed} of {result.completed} calls failed"
+        + (f": {_counts(result.error_codes)})" if result.error_codes else ")"),
+        target if s.scenario == "Server" else every,
         f"- LoadGen: P50 {_ms(lg.p50_ms)} ms, P90 {_ms(lg.p90_ms)} ms, **P99 {_ms(lg.p99_ms)} ms**, "
         f"max {_ms(lg.max_ms)} ms; {lg.samples_per_s} samples/s"
         + ("" if lg.scheduled_per_s is None else f" ({lg.scheduled_per_s} scheduled)")
@@ -113,21 +117,8 @@ def run_markdown(result: RunResult) -> str:
     return "\n".join(lines)
 
 
-def _target(s: RunSettings) -> str:
-    if s.scenario != "Server":
-        return (
-            f"- {s.scenario}: every sample at once (at most {s.max_in_flight} in flight), no latency target"
-        )
-    window = "" if s.relay_window_ms is None else f" (relay window {s.relay_window_ms:g} ms inside it)"
-    return f"- target P99 {s.p99_target_ms:g} ms over the whole Recommend{window}"
-
-
-def _waits(waits: Latencies | None) -> str:
+def _waits(waits: Percentiles | None) -> str:
     return "—" if waits is None or waits.p50 is None else f"{_ms(waits.p50)} / {_ms(waits.p99)}"
-
-
-def _codes(result: RunResult) -> str:
-    return f": {_counts(result.error_codes)}" if result.error_codes else ""
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -139,21 +130,14 @@ def search_markdown(search: SearchResult) -> str:
     c = search.configuration
     preset = c["model_preset"] if "model_preset" in c else c["preset"]  # `preset` before the flags matched
     tiers = shown(run for mode in search.modes.values() for run in mode.runs)
+    u = search.host_unit_ms  # where the search timed it
+    unit = u and f"{c['p99_ms'] / u:.2f} u (the host's unit u = {u:g} ms: the full pass of `{preset}`"
     lines = [
         f"# LoadGen Server search: highest VALID target QPS at P99 ≤ {c['p99_ms']:g} ms",
         "",
         CAVEAT,
         "",
-        *(
-            [
-                f"MLPerf's P99 target is absolute; on this host it is "
-                f"{c['p99_ms'] / search.host_unit_ms:.2f} u (the host's unit u = {search.host_unit_ms:g} ms: "
-                f"the full pass of `{preset}` at 2048 events).",
-                "",
-            ]
-            if search.host_unit_ms
-            else []
-        ),
+        *([f"MLPerf's P99 target is absolute; on this host it is {unit} at 2048 events).", ""] if u else []),
         f"{preset}, {c['rankers']} rankers, relay window {c['relay_window_ms']:g} ms, streaming users "
         f"(long-term median {c['history_median']}, cap {c['history_max']}, {c['growth_events_per_min']:g} "
         f"new events a minute, {c['visits_per_user']:g} visits a user), at least {c['min_query_count']} "
@@ -183,11 +167,9 @@ def _best_row(mode: ModeSearch, tiers: list[str]) -> str:
     best = mode.best()
     if best is None:
         return f"| {mode.mode} | none VALID |" + " — |" * (5 + len(tiers))
-    r = best.tiers.rates
     return (
         f"| {mode.mode} | {mode.best_qps:g} | {_ms(best.loadgen.p99_ms)} | {_ms(best.rank_ms.p99)} | "
-        + " | ".join(_pct(r.get(tier, 0.0)) for tier in tiers)
-        + f" | {_pct(best.history.computed_share)} | {_waits(best.prefix_wait_ms.all)} | "
+        f"{_rates(best, tiers)} | {_pct(best.history.computed_share)} | {_waits(best.prefix_wait_ms.all)} | "
         f"{_waits(best.prefix_wait_ms.by_tier.get('hbm'))} |"
     )
 
@@ -207,11 +189,9 @@ def why_invalid(run: RunResult) -> str:
 
 
 def _run_row(run: RunResult, tiers: list[str]) -> str:
-    s, lg, r = run.settings, run.loadgen, run.tiers.rates
-    verdict = "VALID" if run.valid else f"INVALID ({why_invalid(run)})"
+    s, lg = run.settings, run.loadgen
     return (
-        f"| {s.mode} | {s.target_qps:g} | {verdict} | {_ms(lg.p99_ms)} | {_ms(lg.max_ms)} | "
-        f"{lg.samples_per_s} | {run.failed} | "
-        + " | ".join(_pct(r.get(tier, 0.0)) for tier in tiers)
-        + f" | {_pct(run.history.computed_share)} | {_ms(run.prefix_wait_ms.all.p99)} |"
+        f"| {s.mode} | {s.target_qps:g} | {_verdict(run)} | {_ms(lg.p99_ms)} | {_ms(lg.max_ms)} | "
+        f"{lg.samples_per_s} | {run.failed} | {_rates(run, tiers)} | {_pct(run.history.computed_share)} | "
+        f"{_ms(run.prefix_wait_ms.all.p99)} |"
     )

@@ -11,18 +11,27 @@ Rank's short-term events, none of the prefix for an HBM or DRAM answer, all of i
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
+import grpc
 import pytest
 
 from bench.mlperf import report
 from bench.mlperf.__main__ import main
-from bench.mlperf.results import RunResult, SearchResult, read_json
-from bench.mlperf.summary import DETAIL_FILE, SUMMARY_FILE, parse_summary
-from bench.mlperf.sut import OK, Answer
-from bench.mlperf.tally import history, prefix_wait
-from bench.mlperf.workload import StreamingUsers, user_count
+from bench.mlperf.results import (
+    DETAIL_FILE,
+    SUMMARY_FILE,
+    RunResult,
+    SearchResult,
+    read_json,
+    read_summary,
+    write_json,
+)
+from bench.mlperf.run import StreamingUsers, user_count
+from bench.mlperf.tally import tally
 from relaygr.v1 import common_pb2, recommend_pb2
+from services.loadgen.openloop import CallRecord
 from tests.support.processes import fleet_children
 
 CACHE_TIERS = ("hbm", "dram", "extended")
@@ -56,6 +65,8 @@ def test_a_short_server_run_against_a_local_relay_fleet(tmp_path: Path):
     assert result.failed == 0 and result.error_codes == {}
     assert result.tiers.ranked == result.completed
     assert result.loadgen.scenario == "Server" and result.loadgen.result in ("VALID", "INVALID")
+    # The SUT times each call from LoadGen's issue to its answer, inside LoadGen's own time for the sample.
+    assert 0 < result.recommend_ms.p50 <= result.recommend_ms.p99 <= result.loadgen.max_ms
 
     tiers = result.tiers
     assert sum(tiers.rates.values()) == pytest.approx(1.0, abs=1e-3)
@@ -104,42 +115,55 @@ def test_a_baseline_miss_computes_its_whole_long_term_history(tmp_path: Path):
     assert history.computed == history.computed_prefix + 16 * tiers.ranked
 
 
-def answer(user: str, source: int, long_term: int, computed: int, wait_ms: float, at_ms: int) -> Answer:
+def answer(user: int, source: int, long_term: int, computed: int, wait_ms: float, at_ms: int) -> CallRecord:
+    """An answered call of QSL sample (user) `user`, received by the stub at `at_ms`."""
     response = recommend_pb2.RecommendResponse(
         cache_source=source, long_term_length=long_term, computed_prefix_events=computed,
-        prefix_wait_ms=wait_ms, request_time_ms=at_ms,
+        prefix_wait_ms=wait_ms, request_time_ms=at_ms, rank_latency_ms=at_ms,
     )  # fmt: skip
-    return Answer(at_ms, 0, user, at_ms / 1000, 0.01, OK, "", response)
+    return CallRecord(user, at_ms / 1000, at_ms / 1000, 0.01 * at_ms, grpc.StatusCode.OK, "", response)
 
 
 def test_the_tally_counts_the_critical_path_the_answers_report():
-    answers = [
-        answer("a", MISS, 300, 300, 40.0, 1),  # computed in full
-        answer("a", HBM, 310, 0, 0.1, 2),  # pre-inferred and ready
-        answer("b", HBM, 200, 0, 12.0, 3),  # joined a pre-inference still running
-        answer("a", EXTENDED, 320, 10, 3.0, 4),  # extended by the 10 events appended
-        answer("b", DRAM, 200, 0, 2.0, 5),  # reloaded
-        Answer(6, 0, "c", 0.006, 2.0, "DEADLINE_EXCEEDED", "", None),  # failed: not counted
+    a, b, c = 0, 1, 2
+    records = [
+        answer(a, EXTENDED, 320, 10, 3.0, 4),  # extended by the 10 events appended (completed out of order)
+        answer(a, MISS, 300, 300, 40.0, 1),  # computed in full
+        answer(a, HBM, 310, 0, 0.1, 2),  # pre-inferred and ready
+        answer(b, HBM, 200, 0, 12.0, 3),  # joined a pre-inference still running
+        answer(b, DRAM, 200, 0, 2.0, 5),  # reloaded
+        CallRecord(c, 0.006, 0.006, 2.0, grpc.StatusCode.DEADLINE_EXCEEDED, "", None),  # failed: not counted
     ]
-    h = history(answers, short_term=16)
+    t = tally(records, short_term=16)
+    h = t["history"]
     assert h.tokens == 300 + 310 + 200 + 320 + 200 + 5 * 16
     assert (h.computed_prefix, h.computed_short_term, h.computed) == (310, 80, 390)
     assert h.computed_by_tier == {"hbm": 32, "dram": 16, "extended": 26, "miss": 316}
     assert h.computed_share_by_tier["miss"] == 1.0 and h.computed_share == round(390 / h.tokens, 4)
     assert h.extended_computed_mean == 10.0
-    w = prefix_wait(answers)
+    w = t["prefix_wait_ms"]
     assert w.hbm_over_1ms == 1 and w.by_tier["miss"].p99 == 40.0 and w.by_tier["hbm"].p99 > 11.0
     assert w.all.p50 == 3.0
+    # The first visit of each user, in the stub's order: a's MISS and b's HBM; the three others are later.
+    tiers = t["tiers"]
+    assert tiers.ranked == 5 and tiers.counts == {"hbm": 2, "dram": 1, "extended": 1, "miss": 1}
+    assert tiers.later_visits == 3 and tiers.later_counts == {"hbm": 1, "dram": 1, "extended": 1, "miss": 0}
+    assert tiers.later_rates["hbm"] == round(1 / 3, 4) and tiers.rates["hbm"] == 0.4
+    assert (t["distinct_users"], t["visits_per_user"]) == (2, 2.5)
+    assert (t["rank_ms"].p50, t["recommend_ms"].p99) == (3.0, 50.0)
 
 
-def test_every_sample_is_completed_when_every_call_fails(tmp_path: Path):
-    """Nothing listens at the address: each call fails at once, and is completed and counted."""
+@pytest.mark.parametrize("scenario", ["Server", "Offline"])
+def test_every_sample_is_completed_when_every_call_fails(tmp_path: Path, scenario: str):
+    """Nothing listens at the address: each call fails at once, and is completed and counted (Offline: in
+    one batch of every sample, at most --max-in-flight calls at once)."""
     out = tmp_path / "dead"
     main([
-        "--recommend", "127.0.0.1:1", "--target-qps", "20", "--duration-s", "1", "--min-query-count", "15",
-        "--timeout-s", "1", "--output", str(out),
+        "--recommend", "127.0.0.1:1", "--scenario", scenario, "--target-qps", "20", "--duration-s", "1",
+        "--min-query-count", "15", "--max-in-flight", "4", "--timeout-s", "1", "--output", str(out),
     ])  # fmt: skip
     result = read_json(RunResult, out / "result.json")
+    assert result.loadgen.scenario == scenario and (out / "summary.md").exists()
     assert result.settings.mode == "external"
     assert result.completed == result.loadgen.issued_samples >= 15
     assert result.failed == result.completed and set(result.error_codes) == {"UNAVAILABLE"}
@@ -147,18 +171,37 @@ def test_every_sample_is_completed_when_every_call_fails(tmp_path: Path):
     assert result.tiers.rates == dict.fromkeys(("hbm", "dram", "extended", "miss"), 0.0)
 
 
-def test_the_summary_parser_reads_the_verdict_and_refuses_an_unfinished_log():
+def loadgen_logs(folder: Path, summary: str, *detail: tuple[str, object]) -> Path:
+    """A folder with LoadGen's two logs: `summary`'s lines, and the detail log's entries (key, value)."""
+    folder.mkdir(exist_ok=True)
+    (folder / SUMMARY_FILE).write_text(summary)
+    entries = [f":::MLLOG {json.dumps({'key': key, 'value': value})}" for key, value in detail]
+    (folder / DETAIL_FILE).write_text("\n".join(["not an entry", *entries]) + "\n")
+    return folder
+
+
+def test_the_summary_parser_reads_the_verdict_and_refuses_an_unfinished_log(tmp_path: Path):
     text = "Scenario : Offline\nSamples per second: 12.5\nResult is : VALID\n  Min duration satisfied : Yes\n"
-    parsed = parse_summary(text, {"result_query_count": 1, "generated_samples_per_query": 40})
-    assert (parsed.scenario, parsed.valid, parsed.samples_per_s, parsed.issued_samples) == (
-        "Offline",
-        True,
-        12.5,
-        40,
+    logs = loadgen_logs(
+        tmp_path / "offline", text, ("result_query_count", 1), ("generated_samples_per_query", 40)
     )
+    parsed = read_summary(logs)
+    assert (parsed.scenario, parsed.valid, parsed.samples_per_s) == ("Offline", True, 12.5)
+    assert parsed.issued_samples == 40  # queries times samples per query
     assert parsed.min_duration is True and parsed.early_stopping is None and parsed.p99_ms is None
+    assert parsed.overlatency_queries is None and parsed.loadgen_errors == 0
+    server = "Scenario : Server\nResult is : INVALID\n99.00 percentile latency (ns) : 80123456\n"
+    logs = loadgen_logs(
+        tmp_path / "server", server, ("result_query_count", 7), ("result_overlatency_query_count", 2),
+        ("result_query_count", 99),  # only a key's first entry counts
+    )  # fmt: skip
+    parsed = read_summary(logs)
+    assert (parsed.valid, parsed.p99_ms) == (False, 80.123)
+    assert (parsed.issued_samples, parsed.overlatency_queries) == (7, 2)
     with pytest.raises(ValueError, match="Result is"):
-        parse_summary("Scenario : Server\n", {"result_query_count": 3})
+        read_summary(loadgen_logs(tmp_path / "unfinished", "Scenario : Server\n", ("result_query_count", 3)))
+    with pytest.raises(ValueError, match="result_query_count"):
+        read_summary(loadgen_logs(tmp_path / "no-count", text))
 
 
 def test_sample_indices_name_users_and_the_qsl_is_sized_by_visits():
@@ -170,16 +213,19 @@ def test_sample_indices_name_users_and_the_qsl_is_sized_by_visits():
 
 
 @pytest.mark.parametrize("name", ["mlperf", "mlperf-m512"])
-def test_the_committed_searches_read_back_and_render_as_committed(name: str):
+def test_the_committed_searches_read_back_and_render_as_committed(name: str, tmp_path: Path):
     search = read_json(SearchResult, RESULTS / name / "result.json")
     assert (RESULTS / name / "summary.md").read_text() == report.search_markdown(search)
+    write_json(search, tmp_path / "result.json")
+    assert (tmp_path / "result.json").read_text() == (RESULTS / name / "result.json").read_text()
     for mode in search.modes.values():
         assert mode.best_qps is not None and mode.best().valid
         for run in mode.runs:
+            folder = RESULTS / name / mode.mode / f"q{run.settings.target_qps:g}"
             assert run.completed == run.loadgen.issued_samples and run.failed == 0
-            assert (
-                RESULTS / name / mode.mode / f"q{run.settings.target_qps:g}" / "mlperf_log_summary.txt"
-            ).exists()
+            assert read_json(RunResult, folder / "result.json") == run
+            assert read_summary(folder) == run.loadgen  # what LoadGen's own logs say
+            assert (folder / "summary.md").read_text() == report.run_markdown(run)
 
 
 def test_a_search_states_its_absolute_p99_target_in_the_hosts_unit():
