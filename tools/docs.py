@@ -132,6 +132,7 @@ BENCH = [
 BENCH_GROUPS = [
     Group("Every fleet a benchmark starts", "bench.lib.fleets:FleetSettings"),
     Group("The users every fleet's stub serves", "bench.lib.fleets:WorkloadSettings"),
+    Group("The pairs of serving and shared-device", "bench.micro.pairs:PairSettings"),
 ]
 
 

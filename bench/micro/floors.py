@@ -1,45 +1,33 @@
 """`python -m bench floors`: the floors under every hop, each measured on loopback; `--floors` picks which.
 
-- `grpc`: the CPU one unary gRPC call costs this stack, client and server apart. It starts an echo server
-  (grpc.aio on uvloop, as every service runs) in a child process and calls it from this one (grpc.aio on
-  uvloop, as the trigger, stub and router call), open loop at each `--rates` value (0: closed loop, one call
-  at a time), with a request of `--request-kb` (a Rank of about a thousand events) and an answer of
-  `--answer-kb`. For each rate it prints the CPU time (user + system, all threads) each side spent per call,
-  measured over the calls only (start-up and warm-up excluded), and what an idle process spends meanwhile is
-  reported apart so it can be subtracted. A service's CPU per request cannot fall below the number of calls
-  it takes part in times these figures. At the fleet's rates (tens to a few hundred calls a second per
-  process) a call costs much more than in a closed loop: each one wakes the event loop and gRPC's threads
-  from idle.
-- `router-hop`: the latency the router hop adds to a Rank with a long history. It starts one ranker
-  (cpu-tiny, so model time is small) and a router in front of it as separate processes, then, from this one
-  process, sends the same Rank (an 8192-event long-term history by default, few candidates) alternately
-  straight to the ranker and through the router, and prints p50 and p99 of both and their difference, plus
-  the median of paired differences (each routed Rank against the direct one next to it). Alternating keeps
-  both paths under the same machine noise and the same cache state: after the first Rank the prefix is
-  reused from the ranker's cache tiers on every call.
-
-    python -m bench floors [--floors grpc,router-hop] [--rates 25,50,100,200,0] [--iterations 500]
+- `grpc`: the CPU one unary gRPC call costs this stack, client and server apart: an echo server (grpc.aio on
+  uvloop, as every service runs) in a child process, called from this one open loop (`pairs.open_loop`) at
+  each `--rates` value (0: closed loop), with a request of `--request-kb` and an answer of `--answer-kb`. It
+  prints each side's CPU time a call, over the calls only, the idle server's cost subtracted. A service's
+  CPU per request cannot fall below the calls it takes part in times these figures.
+- `router-hop`: the latency the router adds to a Rank with a long history. It starts one ranker (cpu-tiny,
+  so model time is small) and a router in front of it, sends the same Rank to either in turn (`pairs.Driver`
+  over both addresses) and prints the P50 and P99 of both, their difference and the median of paired
+  differences (each routed Rank against the direct one next to it), which cancels the machine's noise.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
+import multiprocessing
 import os
-import resource
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
+from multiprocessing.connection import Connection
 
 import grpc
-import numpy as np
+import uvloop
 
-from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
+from bench.lib.probes import process_cpu_s
+from bench.lib.stats import percentile
+from bench.micro.pairs import Driver, Via, make_pairs, open_loop
 from services.common.config import listed, load, setting
 from services.common.contract import RANKER_SERVICE
 from services.launcher.procs import Processes
@@ -67,7 +55,6 @@ class FloorsConfig:
     request_kb: float = setting(12.0, "grpc: request size, KiB", minimum=0)
     answer_kb: float = setting(2.0, "grpc: answer size, KiB", minimum=0)
     idle_seconds: float = setting(3.0, "grpc: seconds the idle server's cost is measured", above=0)
-    serve: str = setting("", "internal: run as grpc's echo server, writing its port to this file")
     iterations: int = setting(
         500, "router-hop: timed Ranks per path (direct, through the router), interleaved"
     )
@@ -82,77 +69,50 @@ class FloorsConfig:
 # grpc: a unary call's CPU.
 
 
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid` (every thread), from /proc."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def serve(port_file: str, answer_bytes: int) -> None:
+def serve(conn: Connection, answer_bytes: int) -> None:
+    """The echo server, in a child process: it sends its port on `conn` once serving, until terminated."""
     answer = os.urandom(answer_bytes)
 
     async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return answer
 
-    server = grpc.aio.server()
-    handler = grpc.method_handlers_generic_handler(
-        SERVICE, {METHOD: grpc.unary_unary_rpc_method_handler(echo)}
-    )
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    Path(port_file).write_text(str(port))
-    await server.wait_for_termination()
+    async def main() -> None:
+        server = grpc.aio.server()
+        methods = {METHOD: grpc.unary_unary_rpc_method_handler(echo)}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, methods),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        conn.send(port)
+        await server.wait_for_termination()
+
+    uvloop.run(main())
 
 
-async def drive(
-    address: str, rate: float, calls: int, request: bytes, server_pid: int
-) -> tuple[float, float, float]:
-    """Sends `calls` calls at `rate` a second (0: one at a time): the client's and the server's CPU seconds
-    over them (warm-up excluded) and the seconds they took."""
+async def drive(address: str, rate: float, calls: int, request: bytes, server_pid: int) -> tuple[float, ...]:
+    """Sends `calls` calls at `rate` a second (`open_loop`; 0: one at a time): the client's and the server's
+    CPU seconds over them (warm-up excluded) and the seconds they took."""
     async with grpc.aio.insecure_channel(address) as channel:
         call = channel.unary_unary(PATH)
         for _ in range(50):  # warm-up: connection, code paths
             await call(request, timeout=10)
-        server_cpu = process_cpu_seconds(server_pid)
-        started_cpu, started = cpu_seconds(), time.perf_counter()
-        pending = []
-        for i in range(calls):
-            if rate > 0:
-                pending.append(asyncio.ensure_future(call(request, timeout=10)))
-                await asyncio.sleep(max(0.0, started + (i + 1) / rate - time.perf_counter()))
-            else:
-                await call(request, timeout=10)
-        await asyncio.gather(*pending)
-        client = cpu_seconds() - started_cpu
-        return client, process_cpu_seconds(server_pid) - server_cpu, time.perf_counter() - started
+        server_cpu, started_cpu = process_cpu_s(server_pid), time.process_time()
+        wall = await open_loop(calls, rate, lambda i, at: call(request, timeout=10))
+        return time.process_time() - started_cpu, process_cpu_s(server_pid) - server_cpu, wall
 
 
 def grpc_floor(args: FloorsConfig) -> None:
-    """Starts the echo server as a child process (this module with `--serve`) and prints the table of a
-    call's CPU at each of `--rates`."""
-    import uvloop
-
-    port_file = Path(tempfile.gettempdir()) / f"relaygr-grpc-floor-{os.getpid()}.port"
-    command = [sys.executable, "-m", "bench.micro.floors", "--serve", str(port_file), *_sizes(args)]
-    child = subprocess.Popen(command)
+    """Starts the echo server as a child process and prints the table of a call's CPU at each of `--rates`."""
+    context = multiprocessing.get_context("spawn")
+    port, child_end = context.Pipe()
+    child = context.Process(target=serve, args=(child_end, int(args.answer_kb * 1024)), daemon=True)
+    child.start()
     try:
-        deadline = time.monotonic() + 30
-        while not (port_file.exists() and port_file.read_text()):
-            if time.monotonic() > deadline or child.poll() is not None:
-                raise SystemExit("the echo server did not start")
-            time.sleep(0.05)
-        address = f"127.0.0.1:{port_file.read_text()}"
-        request = os.urandom(int(args.request_kb * 1024))
-        idle = process_cpu_seconds(child.pid)
+        if not port.poll(30):
+            raise SystemExit("the echo server did not start")
+        address, request = f"127.0.0.1:{port.recv()}", os.urandom(int(args.request_kb * 1024))
+        idle = process_cpu_s(child.pid)
         time.sleep(args.idle_seconds)
-        idle_per_s = (process_cpu_seconds(child.pid) - idle) / args.idle_seconds
+        idle_per_s = (process_cpu_s(child.pid) - idle) / args.idle_seconds
         print(f"unary gRPC call, {args.request_kb:g} KiB in, {args.answer_kb:g} KiB out, grpc.aio on uvloop")
         print(f"idle server: {idle_per_s * 1000:.2f} ms CPU a second\n")
         print("| rate, calls/s | calls | client CPU µs/call | server CPU µs/call | both µs/call |")
@@ -162,35 +122,32 @@ def grpc_floor(args: FloorsConfig) -> None:
             client, server, wall = uvloop.run(drive(address, rate, calls, request, child.pid))
             client, server = client / calls, (server - idle_per_s * wall) / calls
             label = "closed loop" if rate <= 0 else f"{rate:g}"
-            cells = [
-                label,
-                str(calls),
-                *(f"{seconds * 1e6:.0f}" for seconds in (client, server, client + server)),
-            ]
+            cells = [label, str(calls), *(f"{s * 1e6:.0f}" for s in (client, server, client + server))]
             print("| " + " | ".join(cells) + " |")
     finally:
         child.terminate()
-        child.wait(10)
-        port_file.unlink(missing_ok=True)
-
-
-def _sizes(args: FloorsConfig) -> list[str]:
-    return ["--request-kb", str(args.request_kb), "--answer-kb", str(args.answer_kb)]
+        child.join(10)
 
 
 # router-hop: the latency the router adds.
 
 
-def behavior(length: int, first_item: int) -> common_pb2.BehaviorSequence:
-    return common_pb2.BehaviorSequence(
-        item_ids=range(first_item, first_item + length),
-        action_types=[i % 4 for i in range(length)],
-        timestamps_ms=range(1_700_000_000_000, 1_700_000_000_000 + length * 1000, 1000),
-    )
-
-
-def percentile(samples_ms: list[float], q: float) -> float:
-    return float(np.percentile(samples_ms, q))
+async def hop_samples(bench: FloorsConfig, ranker: str, router: str) -> tuple[dict, dict, int]:
+    """The timed Ranks' latency, ms, by path, and their prefixes' sources; the Rank's bytes. The Rank goes
+    to either path in turn, one at a time (`Driver` over both addresses), after one PreInfer of its user."""
+    (pair,) = make_pairs("hop", 1, bench.long_term_events, bench.short_term_events, bench.candidates, "", 0)
+    direct, both = Driver(ranker), Driver(ranker, router, via=Via(ranks_only=True))
+    try:
+        await direct.run([pair], 0, 0.0)
+        await both.run([pair] * 2 * bench.warmup, 0, 0.0)
+        answers = await both.run([pair] * 2 * bench.iterations, 0, 0.0)
+    finally:
+        await direct.close()
+        await both.close()
+    if answers.errors:
+        raise SystemExit(f"router-hop: Ranks failed: {answers.errors}")
+    samples = {"direct": answers.latency_ms[0::2], "router": answers.latency_ms[1::2]}
+    return samples, answers.sources, len(pair.rank)
 
 
 def router_hop(bench: FloorsConfig) -> None:
@@ -207,36 +164,11 @@ def router_hop(bench: FloorsConfig) -> None:
         router_args = ["--rankers", f"ranker-0={ranker.address}", "--log-level", "WARNING"]
         router = procs.start("router", "services.router", RANKER_SERVICE, router_args)
         router.wait_healthy(60)
-
-        request = ranker_pb2.RankRequest(
-            user_id="bench-user",
-            long_term=behavior(bench.long_term_events, 1_000),
-            short_term=behavior(bench.short_term_events, 900_000),
-            candidate_item_ids=range(500, 500 + bench.candidates),
-        )
-        payload = request.SerializeToString()
-        with grpc.insecure_channel(ranker.address) as direct, grpc.insecure_channel(router.address) as routed:
-            paths = {
-                "direct": ranker_pb2_grpc.RankerServiceStub(direct).Rank,
-                "router": ranker_pb2_grpc.RankerServiceStub(routed).Rank,
-            }
-            ranker_pb2_grpc.RankerServiceStub(direct).PreInfer(
-                ranker_pb2.PreInferRequest(user_id=request.user_id, long_term=request.long_term), timeout=60
-            )
-            samples: dict[str, list[float]] = {name: [] for name in paths}
-            sources: collections.Counter[str] = collections.Counter()
-            for i in range(bench.warmup + bench.iterations):
-                for name, rank in paths.items() if i % 2 == 0 else reversed(paths.items()):
-                    started = time.perf_counter()
-                    answer = rank(request, timeout=30)
-                    elapsed_ms = (time.perf_counter() - started) * 1000
-                    if i >= bench.warmup:
-                        samples[name].append(elapsed_ms)
-                        sources[common_pb2.CacheSource.Name(answer.cache_source)] += 1
+        samples, sources, size = asyncio.run(hop_samples(bench, ranker.address, router.address))
 
     print(f"Rank request: {bench.long_term_events} long-term events, {bench.short_term_events} short-term, "
-          f"{bench.candidates} candidates, {len(payload) / 1024:.1f} KiB on the wire; "
-          f"{bench.iterations} timed Ranks per path; prefix sources {dict(sources)}")  # fmt: skip
+          f"{bench.candidates} candidates, {size / 1024:.1f} KiB on the wire; "
+          f"{bench.iterations} timed Ranks per path; prefix sources {sources}")  # fmt: skip
     print(f"{'path':<8}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}")
     for name, values in samples.items():
         print(f"{name:<8}{percentile(values, 50):>10.3f}{percentile(values, 99):>10.3f}"
@@ -254,16 +186,7 @@ MEASURES = {"grpc": grpc_floor, "router-hop": router_hop}
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = load(FloorsConfig, argv, prog="python -m bench floors", description=__doc__.split("\n\n")[0])
-    if args.serve:  # the grpc floor's echo server, in the child process it starts
-        import uvloop
-
-        uvloop.run(serve(args.serve, int(args.answer_kb * 1024)))
-        return
     for i, name in enumerate(listed(args, "floors")):
         if i:
             print()
         MEASURES[name](args)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,12 +1,10 @@
-"""`python -m bench.micro.null_model`: a ranker whose model passes are free, for `bench.micro.serving`'s
-capacity sweep.
+"""`bench.micro.null_model`: a ranker whose model passes are free, for `bench.micro.serving`. Its scores
+mean nothing: never serve it.
 
-Everything but the model is the ranker's own, built by `RankerApp` from the same flags: the server, the
-servicer, validation, the prefix cache with its tiers, leases and byte budgets, the scheduler, the device
-and copy threads, the metrics. Only the runner's passes are replaced: a prefix is a KV buffer of its true
-size (so the budgets and the tier copies see real bytes), filled with nothing, and a rank's scores are
-zeros, one per candidate. What one ranker then sustains is the serving path's own capacity, the ceiling
-a faster accelerator meets once its model takes no time. Its scores mean nothing: never serve it.
+Everything but the model is the ranker's own, built by `RankerApp` from the same flags (server, validation,
+the prefix cache with its tiers, leases and budgets, the scheduler, the device and copy threads, metrics);
+a prefix is a KV buffer of its true size, filled with nothing, and a rank's scores are zeros. What it
+sustains is the serving path's own capacity, the ceiling a faster accelerator meets.
 """
 
 from __future__ import annotations
@@ -50,27 +48,14 @@ class NullModelRankerApp(RankerApp):
     runner_class = NullRunner
 
 
-def stand_in_main(
-    config_class: type[RankerConfig],
-    app_class: Callable[..., RankerApp],
-    argv: Sequence[str] | None,
-    label: str,
-    description: str,
-) -> None:
+def stand_in_main(config_class: type[RankerConfig], app_class: Callable, label: str, doc: str) -> None:
     """A stand-in ranker's command line: the ranker's own, its log lines named `label[instance]`."""
-    service_main(
-        config_class, app_class, argv, "ranker", description,
-        log_name=lambda config: f"{label}[{config.instance_name}]",
-    )  # fmt: skip
+
+    def log_name(config: RankerConfig) -> str:
+        return f"{label}[{config.instance_name}]"
+
+    service_main(config_class, app_class, sys.argv[1:], "ranker", doc.split("\n\n")[0], log_name=log_name)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    stand_in_main(
-        RankerConfig, NullModelRankerApp, argv, "null-model-ranker",
-        "A ranker whose model passes are free (bench.micro.serving's capacity sweep; its scores mean "
-        "nothing)",
-    )  # fmt: skip
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+if __name__ == "__main__":  # as `services.launcher` starts it
+    stand_in_main(RankerConfig, NullModelRankerApp, "null-model-ranker", __doc__)

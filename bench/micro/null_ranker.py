@@ -1,18 +1,13 @@
-"""`python -m bench.micro.null_ranker`: RankerService on the services' own server stack, with no ranker
-behind it.
-
-The serving floor of `bench.micro.serving`: the same `GrpcServer` as a ranker (interceptor and its metrics,
-health, reflection, the health-only port, uvloop), the same requests parsed by gRPC, answers of the same
-size (one score per candidate), and nothing else: no validation, no cache, no model, no device thread.
-What a ranker spends per request beyond this process is the ranker's own serving code; what this process
-spends is the floor that gRPC in Python and the shared plumbing set under every service.
+"""`bench.micro.null_ranker`: RankerService on the services' own server stack (`GrpcServer`: interceptor,
+health, reflection, uvloop) with nothing behind it, for `bench.micro.serving`: the serving floor. It answers
+with the same sizes (a score per candidate) and does nothing else: what a ranker spends beyond it is the
+ranker's own serving code.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Sequence
 
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
 from services.common.config import ServiceConfig, setting
@@ -66,9 +61,5 @@ class NullRankerApp:
         return None
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    service_main(NullRankerConfig, NullRankerApp, argv, "null_ranker", __doc__.split("\n")[0])
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+if __name__ == "__main__":  # as `services.launcher` starts it
+    service_main(NullRankerConfig, NullRankerApp, sys.argv[1:], "null_ranker", __doc__.split("\n\n")[0])

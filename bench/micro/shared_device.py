@@ -1,21 +1,12 @@
 """`python -m bench shared-device`: K rankers on one accelerator, simulated: how busy they keep it.
 
-One Python ranker process cannot keep a fast accelerator busy: on the H200 the GPU was 5 to 40 % busy while
-the ranker's host CPU was the limit (bench/results/README.md). So a device runs K rankers, each a member
-of the ring with 1/K of the tiers (`--device-sharers`). This measures what K buys without a GPU: for each
-K of `--sharers`, K rankers (`bench.micro.simulated_device`: the ranker's own serving path, with model
-passes that hold one shared simulated device for the H200's time and no CPU) are driven open loop with
-PreInfer + Rank pairs, each user's pair on one ranker, the users spread evenly, at each rate of `--rates`
-until a rate's Rank P99 exceeds `--p99-ms` (or a call fails). Each point reads:
-
-- the device's busy share: the seconds the rankers' passes held the device over the point's wall time;
-- the Rank P50 and P99, from each Rank's intended send time (every Rank a relayed HBM hit);
-- the cores the rankers used, the cores this process (the load generator) used, and the cores the rest
-  of the machine used.
-
-The highest rate each K carries within the P99 and its busy share there say how many rankers a device
-needs: K x one ranker's pairs a second, until the device or the host's cores are full. On a machine with
-fewer cores than K + 1, the host runs out first; the figures say which.
+One Python ranker cannot keep a fast accelerator busy (bench/results/README.md), so a device runs K rankers,
+each with 1/K of the tiers (`--device-sharers`). For each K of `--sharers`, K rankers of
+`bench.micro.simulated_device` (passes that hold one shared simulated device for the H200's time, with no
+CPU) are driven open loop by pairs, user i's on ranker i mod K, at each of `--rates` until the Rank P99
+exceeds `--p99-ms` or a call fails. Each point reads the device's busy share (the seconds the passes held it
+over the wall time), the Rank P50 and P99, and the cores the rankers, this process (the load generator) and
+the rest of the machine used: K helps until the device or the host's cores are full, and the cores say which.
 """
 
 from __future__ import annotations
@@ -31,7 +22,7 @@ from pathlib import Path
 
 from bench.lib import probes
 from bench.lib.stats import percentile
-from bench.micro.serving.pairs import Answers, Driver, Pair, make_pairs
+from bench.micro.pairs import Driver, Pair, PairSettings, make_pairs
 from services.common.config import grid, listed, load, numbers, setting
 from services.common.contract import RANKER_SERVICE
 from services.launcher.procs import Processes, ServiceProcess
@@ -41,34 +32,24 @@ DEVICE_SECONDS = re.compile(r"^relaygr_simulated_device_seconds_total (\S+)$", r
 
 
 @dataclasses.dataclass(frozen=True)
-class SharedDeviceConfig:
+class SharedDeviceConfig(PairSettings):
     sharers: str = numbers("1,2,4", "the rankers per device (K) to measure (comma list)", int)
     launches: str = setting(
         "graphs,eager",
         "how the simulated passes launch, each measured for every K (comma list): graphs (no host CPU, as a "
         "CUDA graph's replay) or eager (a rank first spends the H200's eager launch CPU)",
+        items=str,
+        choices=LAUNCHES,
     )
     rates: str = grid(
         "50,100,150,200,300,400", "pair rates of each K's sweep, ascending, pairs a second (comma list)"
     )
     length: int = setting(2048, "long-term events of each pair's history", above=0)
-    short_term: int = setting(16, "short-term events of each Rank", above=0)
     candidates: int = setting(128, "candidates of each Rank", above=0)
-    relay_window_ms: float = setting(30.0, "from a PreInfer to its Rank (the relay window)", minimum=0)
     seconds: float = setting(8.0, "measured seconds a point", above=0)
     warmup_pairs: int = setting(20, "pairs sent before each point's measurement", minimum=0)
     p99_ms: float = setting(50.0, "a rate whose Rank P99 exceeds this ends its K's sweep", above=0)
     out: str = setting("bench/results/shared-device", "folder of results.json and summary.md (empty: none)")
-    seed: int = setting(0, "seed of the users' histories and candidates", minimum=0)
-
-    def launch_list(self) -> list[str]:
-        names = [name.strip() for name in self.launches.split(",") if name.strip()]
-        if not names or not set(names) <= set(LAUNCHES):
-            raise ValueError(f"--launches must list {' or '.join(LAUNCHES)}, got {self.launches!r}")
-        return names
-
-    def validate(self) -> None:
-        self.launch_list()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +75,7 @@ def within(point: Point, p99_ms: float) -> bool:
     return not point.errors and point.rank_p99_ms <= p99_ms
 
 
-def start_rankers(
-    procs: Processes, config: SharedDeviceConfig, k: int, lock: Path, launches: str
-) -> list[ServiceProcess]:
+def start_rankers(procs: Processes, config: SharedDeviceConfig, k: int, lock: Path, launches: str) -> list:
     """K simulated-device rankers sharing the device `lock`, each told it shares the device with K."""
     rankers = []
     for index in range(k):
@@ -127,56 +106,37 @@ def device_seconds(rankers: list[ServiceProcess]) -> float:
     return total
 
 
-async def drive(drivers: list[Driver], pairs: list[tuple[int, Pair]], rate: float, delay_s: float) -> Answers:
-    """Every pair on its ranker's driver, one every 1/`rate` s in turn (open loop)."""
-    answers = Answers()
-    start = asyncio.get_running_loop().time() + 0.05
-    await asyncio.gather(
-        *(drivers[k].pair(pair, start + i / rate, delay_s, answers) for i, (k, pair) in enumerate(pairs))
-    )
-    return answers
-
-
-def spread(
-    config: SharedDeviceConfig, rankers: list[ServiceProcess], tag: str, count: int
-) -> list[tuple[int, Pair]]:
-    """`count` fresh users' pairs, user i's on ranker i mod K (its relay hint names that ranker)."""
-    k = len(rankers)
+def spread(config: SharedDeviceConfig, rankers: list[ServiceProcess], tag: str, count: int) -> list[Pair]:
+    """`count` fresh users' pairs, user i's for ranker i mod K (its relay hint names that ranker)."""
+    k, sizes = len(rankers), (config.length, config.short_term, config.candidates)
     per = [
-        make_pairs(f"{tag}-{r}", -(-count // k), config.length, config.short_term, config.candidates,
-                   ranker.name, config.seed + r)
+        make_pairs(f"{tag}-{r}", -(-count // k), *sizes, ranker.name, config.seed + r)
         for r, ranker in enumerate(rankers)
-    ]  # fmt: skip
-    return [(i % k, per[i % k][i // k]) for i in range(count)]
+    ]
+    return [per[i % k][i // k] for i in range(count)]
 
 
 async def measure(
     config: SharedDeviceConfig, rankers: list[ServiceProcess], rate: float, launches: str
 ) -> Point:
-    k, delay_s = len(rankers), config.relay_window_ms / 1000
-    drivers = [Driver(ranker.address) for ranker in rankers]
+    k, delay_s, tag = len(rankers), config.relay_window_ms / 1000, f"k{len(rankers)}-r{rate:g}"
+    driver = Driver(*(ranker.address for ranker in rankers))  # pair i to ranker i mod K
     try:
-        tag = f"k{k}-r{rate:g}"
         if config.warmup_pairs:
-            await drive(drivers, spread(config, rankers, f"{tag}-warm", config.warmup_pairs), rate, delay_s)
+            await driver.run(spread(config, rankers, f"{tag}-warm", config.warmup_pairs), rate, delay_s)
         count = max(round(rate * config.seconds), 1)
         measured = spread(config, rankers, tag, count)
-        pids = {ranker.name: ranker.popen.pid for ranker in rankers}
-        cpu_before = sum(probes.process_cpu_s(pid) for pid in pids.values())
-        busy_before, own_before, device_before = (
-            probes.machine_busy_s(),
-            time.process_time(),
-            device_seconds(rankers),
-        )
+        cpu_before = sum(probes.process_cpu_s(ranker.popen.pid) for ranker in rankers)
+        busy_before, own_before = probes.machine_busy_s(), time.process_time()
+        device_before = device_seconds(rankers)
         started = time.perf_counter()
-        answers = await drive(drivers, measured, rate, delay_s)
+        answers = await driver.run(measured, rate, delay_s)
         wall = time.perf_counter() - started
         device = device_seconds(rankers) - device_before
-        rankers_s = sum(probes.process_cpu_s(pid) for pid in pids.values()) - cpu_before
+        rankers_s = sum(probes.process_cpu_s(ranker.popen.pid) for ranker in rankers) - cpu_before
         own_s, machine_s = time.process_time() - own_before, probes.machine_busy_s() - busy_before
     finally:
-        for driver in drivers:
-            await driver.close()
+        await driver.close()
     return Point(
         launches=launches, sharers=k, rate=rate, pairs=count, wall_s=round(wall, 3),
         device_s=round(device, 4), device_busy=round(device / wall, 3),
@@ -188,41 +148,33 @@ async def measure(
     )  # fmt: skip
 
 
-def point_line(point: Point) -> str:
-    errors = f", errors {point.errors}" if point.errors else ""
-    return (
-        f"{point.launches} K={point.sharers} {point.rate:g} pairs/s: device busy {point.device_busy:.0%}, "
-        f"Rank P50 {point.rank_p50_ms:g} P99 {point.rank_p99_ms:g} ms, cores: rankers "
-        f"{point.ranker_cores:g}, load generator {point.generator_cores:g}, others "
-        f"{point.other_cores:g}{errors}"
-    )
-
-
 async def run(config: SharedDeviceConfig) -> list[Point]:
     points: list[Point] = []
     with tempfile.TemporaryDirectory() as scratch:
-        for launches in config.launch_list():
+        for launches in listed(config, "launches"):
             for k in listed(config, "sharers"):
                 with Processes(Path(scratch) / f"{launches}-k{k}") as procs:
-                    device = Path(scratch) / f"device-{launches}-k{k}"
-                    rankers = start_rankers(procs, config, k, device, launches)
+                    rankers = start_rankers(
+                        procs, config, k, Path(scratch) / f"device-{launches}-k{k}", launches
+                    )
                     for rate in listed(config, "rates"):
-                        point = await measure(config, rankers, rate, launches)
-                        points.append(point)
-                        print(point_line(point), flush=True)
-                        if not within(point, config.p99_ms):
+                        points.append(p := await measure(config, rankers, rate, launches))
+                        print(
+                            f"{launches} K={k} {rate:g} pairs/s: device busy {p.device_busy:.0%}, Rank P50 "
+                            f"{p.rank_p50_ms:g} P99 {p.rank_p99_ms:g} ms, cores: rankers {p.ranker_cores:g}, "
+                            f"load generator {p.generator_cores:g}, others {p.other_cores:g}"
+                            + (f", errors {p.errors}" if p.errors else ""),
+                            flush=True,
+                        )
+                        if not within(p, config.p99_ms):
                             break
     return points
 
 
 def capacity(points: list[Point], p99_ms: float) -> dict[tuple[str, int], Point | None]:
     """Each (launches, K)'s highest rate within the P99 (None: not even the first)."""
-    best: dict[tuple[str, int], Point | None] = {}
-    for point in points:
-        key = (point.launches, point.sharers)
-        best.setdefault(key, None)
-        if within(point, p99_ms):
-            best[key] = point
+    best: dict[tuple[str, int], Point | None] = {(p.launches, p.sharers): None for p in points}
+    best.update({(p.launches, p.sharers): p for p in points if within(p, p99_ms)})
     return best
 
 
@@ -240,12 +192,12 @@ def summary(config: SharedDeviceConfig, points: list[Point]) -> str:
         "others | errors |",
         "|---|---|---|---|---|---|---|",
     ]
-    for p in points:
-        cores = f"{p.ranker_cores:g} / {p.generator_cores:g} / {p.other_cores:g}"
-        lines.append(
-            f"| {p.launches} | {p.sharers} | {p.rate:g} | {p.device_busy:.0%} | "
-            f"{p.rank_p50_ms:g} / {p.rank_p99_ms:g} | {cores} | {p.errors or ''} |"
-        )
+    lines += [
+        f"| {p.launches} | {p.sharers} | {p.rate:g} | {p.device_busy:.0%} | {p.rank_p50_ms:g} / "
+        f"{p.rank_p99_ms:g} | {p.ranker_cores:g} / {p.generator_cores:g} / {p.other_cores:g} | "
+        f"{p.errors or ''} |"
+        for p in points
+    ]
     lines += ["", "Each K's highest rate within the P99:", ""]
     for (launches, k), best in capacity(points, config.p99_ms).items():
         held = "none" if best is None else f"{best.rate:g} pairs/s, the device busy {best.device_busy:.0%}"
@@ -254,15 +206,12 @@ def summary(config: SharedDeviceConfig, points: list[Point]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = load(
-        SharedDeviceConfig, argv, prog="python -m bench shared-device", description=__doc__.split("\n")[0]
-    )
+    prog, description = "python -m bench shared-device", __doc__.split("\n")[0]
+    config = load(SharedDeviceConfig, argv, prog=prog, description=description)
     points = asyncio.run(run(config))
-    text = summary(config, points)
-    print(text)
+    print(text := summary(config, points))
     if config.out:
-        out = Path(config.out)
-        out.mkdir(parents=True, exist_ok=True)
+        (out := Path(config.out)).mkdir(parents=True, exist_ok=True)
         record = {
             "configuration": dataclasses.asdict(config),
             "points": [dataclasses.asdict(p) for p in points],

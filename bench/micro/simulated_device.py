@@ -1,26 +1,14 @@
-"""`python -m bench.micro.simulated_device`: a ranker whose model passes take an H200's time on a device
-that several rankers share, while holding no CPU, for `bench.micro.shared_device`.
+"""`bench.micro.simulated_device`: a ranker whose model passes hold a device that several rankers share
+for an H200's time, sleeping (no CPU), for `bench.micro.shared_device`. Its scores mean nothing.
 
-Everything but the model is the ranker's own, as in `bench.micro.null_model` (whose right-sized,
-unfilled prefixes and zero scores it keeps). Each pass instead holds the *simulated device* for as long as
-the pass took on the H200 the committed results measured (`DeviceTimes`), sleeping, so it takes no CPU:
-
-- the device is a file lock (`--device-lock`): the rankers given the same file share one device, and a
-  pass waits while another ranker's holds it, as kernels of several processes on one GPU queue;
-- a pre-inference of N events holds it for the H200's in-process pre-inference at N events
-  (bench/results/gpu-fleet: eager, 2048-token chunks), one chunk at a time, so a Rank waits at most one
-  chunk as on the device;
-- a cached rank of a prefix of N events holds it for the H200's rank at N events through a CUDA graph
-  (bench/results/gpu-accelerator), and a batch of B users for the graphed batch of 8's time scaled
-  between the single rank's and the batch's: what the device itself does, not the eager path's kernel
-  launches, which are host CPU;
-- with `--simulated-launches eager`, a rank first spends the host CPU its eager kernel launches took on
-  the H200 (its eager time less its graphed time, about 3 ms), in the device thread with the GIL held,
-  as Python launching kernels does; `graphs` (the default) spends none, as a CUDA graph's replay;
-- the seconds a ranker held the device are its `relaygr_simulated_device_seconds_total`, so the share
-  of the device the rankers kept busy is the sum of their counters over the wall time.
-
-Its scores mean nothing: never serve it.
+Everything else is the ranker's own, as in `bench.micro.null_model` (whose right-sized, unfilled prefixes
+and zero scores it keeps). The device is a file lock (`--device-lock`): the rankers given one file share a
+device, a pass waiting while another's holds it. A pre-inference of N events holds it for the H200's at N
+events (bench/results/gpu-fleet), a chunk at a time; a cached rank for the H200's graphed rank at N events
+(bench/results/gpu-accelerator), a batch scaled between the single rank's and the batch of 8's. With
+`--simulated-launches eager` a rank first spends the H200's eager launch CPU (its eager rank less its
+graphed one) in the device thread, the GIL held. The seconds held are
+`relaygr_simulated_device_seconds_total`: the rankers' sum over the wall time is the device's busy share.
 """
 
 from __future__ import annotations
@@ -28,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -197,13 +184,5 @@ class SimulatedDeviceRankerApp(RankerApp):
         self.runner.simulated = device  # type: ignore[attr-defined]
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    stand_in_main(
-        SimulatedDeviceConfig, SimulatedDeviceRankerApp, argv, "simulated-device-ranker",
-        "A ranker whose model passes hold a shared simulated device for an H200's time "
-        "(bench.micro.shared_device; its scores mean nothing)",
-    )  # fmt: skip
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+if __name__ == "__main__":  # as `services.launcher` starts it
+    stand_in_main(SimulatedDeviceConfig, SimulatedDeviceRankerApp, "simulated-device-ranker", __doc__)

@@ -3,7 +3,6 @@ each DRAM precision's score error against the full pass (`--measures dram-precis
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from bench.micro.accelerator import device, dram_precision
@@ -21,7 +20,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(dram_precision.run(config))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,21 +1,9 @@
-"""The ranker's device path measured on one device, in process (`--measures device`, the default).
-
-What the fleet benchmark (`python -m bench run`) cannot show on a CPU: the absolute figures of an accelerator.
-It measures, for one preset on one device, with the ranker's own components:
-
-- epsilon: the cached rank against the full recomputation, max |Δscore| per prefix length, in the preset's
-  dtype (bf16 for gpu-dlrmv3; fp32 presets are exact to float rounding);
-- reload: DRAM → HBM bandwidth of `TierCopier.to_hbm` (one copy per layer from a pinned host-pool slab)
-  against the measured peak of one pinned host-to-device copy of the same bytes;
-- rank latency: P50/P99 of a cached rank against prefix lengths up to the longest, and the same ranks run
-  `--batch` users at a time (per-user time of a batch against one at a time);
-- CUDA graphs (`--cuda-graphs` of the ranker, on CUDA only): the same ranks, one user and `--batch` users,
-  replayed through `RankGraphs` with the ranker's default length buckets, against the eager path: P50s,
-  the speed-up, the one-off capture time, and max |graphed - eager| score.
-
-Writes results.json and report.md to `--out`. Made for a GPU (`--device cuda`); on CPU (`--device cpu`,
-with the host pool forced) it runs the same code, which is how the suite checks it, but its times are not
-the figures this script exists for.
+"""The ranker's device path on one device, in process, with the ranker's own components (`--measures
+device`): the cached rank's error against the full recomputation by prefix length (in the preset's dtype);
+the DRAM → HBM reload of `TierCopier.to_hbm` against one pinned host-to-device copy's peak; cached-rank
+P50/P99 by length, one user and `--batch` users at a time; and on CUDA the same ranks replayed through
+`RankGraphs` against the eager path. Writes results.json and report.md to `--out`. On CPU (the host pool
+forced) it runs the same code, which is how the suite checks it; its times there mean nothing.
 """
 
 from __future__ import annotations
@@ -44,21 +32,17 @@ from services.ranker.model.hstu import HSTURanker
 from services.ranker.model.presets import get_preset
 
 
-class Timer:
-    """Wall time of device work: waits for the device before reading the clock (the host runs ahead)."""
+def timer(accelerator: Accelerator) -> Callable[[Callable[[], Any]], float]:
+    """Wall ms of device work: waits for the device before reading the clock (the host runs ahead)."""
 
-    def __init__(self, accelerator: Accelerator) -> None:
-        self.accelerator = accelerator
-
-    def ms(self, fn: Callable[[], Any]) -> float:
-        self._sync()
+    def ms(fn: Callable[[], Any]) -> float:
+        synchronize(accelerator.device)  # measurement only, never on the serving path
         started = time.perf_counter()
         fn()
-        self._sync()
+        synchronize(accelerator.device)
         return (time.perf_counter() - started) * 1000
 
-    def _sync(self) -> None:
-        synchronize(self.accelerator.device)  # measurement only, never on the serving path
+    return ms
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -85,7 +69,7 @@ def measure_epsilon(runner: ModelRunner, config: AcceleratorBenchConfig) -> list
 
 def measure_reload(runner: ModelRunner, accelerator: Accelerator, config: AcceleratorBenchConfig) -> dict:
     """Reload bandwidth of the longest prefix through the host pool, against one pinned H2D copy's peak."""
-    preset, timer = runner.model.preset, Timer(accelerator)
+    preset, ms = runner.model.preset, timer(accelerator)
     length = listed(config, "lengths")[-1]
     kv = runner.build_sync(synthetic(length, 3, preset.num_action_types), False).wait()
     nbytes = kv.nbytes()
@@ -101,20 +85,14 @@ def measure_reload(runner: ModelRunner, accelerator: Accelerator, config: Accele
 
     source = pool.view(pool.slabs()[0], (nbytes,), torch.uint8)
     target = torch.empty(nbytes, dtype=torch.uint8, device=accelerator.device)
-    peak_ms = [timer.ms(lambda: target.copy_(source, non_blocking=True)) for _ in range(config.repeats)]
-    reload_ms = [timer.ms(reload) for _ in range(config.repeats)]
+    peak_ms = [ms(lambda: target.copy_(source, non_blocking=True)) for _ in range(config.repeats)]
+    reload_ms = [ms(reload) for _ in range(config.repeats)]
     reloaded = copier.to_hbm(dram).wait()
     assert torch.equal(reloaded.buffer, kv.buffer), "the reloaded entry differs from the original"
     peak, achieved = nbytes / min(peak_ms) / 1e6, nbytes / statistics.median(reload_ms) / 1e6
-    return {
-        "length": length,
-        "bytes": nbytes,
-        "layers": preset.num_layers,
-        "pinned_h2d_peak_gb_s": peak,
-        "reload_median_gb_s": achieved,
-        "reload_median_ms": statistics.median(reload_ms),
-        "fraction_of_peak": achieved / peak,
-    }
+    return {"length": length, "bytes": nbytes, "layers": preset.num_layers, "pinned_h2d_peak_gb_s": peak,
+            "reload_median_gb_s": achieved, "reload_median_ms": statistics.median(reload_ms),
+            "fraction_of_peak": achieved / peak}  # fmt: skip
 
 
 def rank_items(runner: ModelRunner, config: AcceleratorBenchConfig, length: int, seed: int) -> list:
@@ -133,22 +111,20 @@ def measure_ranks(
     runner: ModelRunner, accelerator: Accelerator, config: AcceleratorBenchConfig
 ) -> list[dict]:
     """Cached rank P50/P99 per length; and a batch of `--batch` users against the same ranks one at a time."""
-    timer, rows = Timer(accelerator), []
+    ms, rows = timer(accelerator), []
     for length in listed(config, "lengths"):
         items = rank_items(runner, config, length, seed=4)
         for _ in range(3):
             runner.rank_sync(*items[0])
             runner.rank_batch_sync(items)
-        alone = [timer.ms(lambda i=items: runner.rank_sync(*i[0])) for _ in range(config.repeats)]
-        batched = [timer.ms(lambda i=items: runner.rank_batch_sync(i)) for _ in range(config.repeats)]
+        alone = [ms(lambda i=items: runner.rank_sync(*i[0])) for _ in range(config.repeats)]
+        batched = percentile(
+            [ms(lambda i=items: runner.rank_batch_sync(i)) for _ in range(config.repeats)], 50
+        )
         rows.append({
-            "length": length,
-            "rank_p50_ms": percentile(alone, 50),
-            "rank_p99_ms": percentile(alone, 99),
-            "batch": config.batch,
-            "batch_p50_ms": percentile(batched, 50),
-            "batch_per_user_ms": percentile(batched, 50) / config.batch,
-            "batch_speedup": percentile(alone, 50) * config.batch / percentile(batched, 50),
+            "length": length, "rank_p50_ms": percentile(alone, 50), "rank_p99_ms": percentile(alone, 99),
+            "batch": config.batch, "batch_p50_ms": batched, "batch_per_user_ms": batched / config.batch,
+            "batch_speedup": percentile(alone, 50) * config.batch / batched,
         })  # fmt: skip
     return rows
 
@@ -159,15 +135,15 @@ def measure_graphs(
     """Per length: the cached rank (one user, and `--batch` users) eager against replayed from a CUDA
     graph, with the ranker's default length buckets; the first graphed call of each shape is its capture.
     Off CUDA nothing is captured: the padded inputs run eagerly (`captured` false), which tests the path."""
-    timer, rows = Timer(accelerator), []
+    ms, rows = timer(accelerator), []
     buckets = RankerConfig().cuda_graph_bucket_list()
     graphs = RankGraphs(runner.model, accelerator, buckets, max_graphs=4 * len(buckets))
     graphed = ModelRunner(runner.model, runner.worker, config.chunk_tokens, None, runner.model_version,
                           accelerator, rank_batch_max=config.batch, graphs=graphs)  # fmt: skip
     for length in listed(config, "lengths"):
         items = rank_items(runner, config, length, seed=6)
-        capture_ms = timer.ms(lambda i=items: graphed.rank_sync(*i[0]))
-        batch_capture_ms = timer.ms(lambda i=items: graphed.rank_batch_sync(i))
+        capture_ms = ms(lambda i=items: graphed.rank_sync(*i[0]))
+        batch_capture_ms = ms(lambda i=items: graphed.rank_batch_sync(i))
         eager_scores = torch.tensor(runner.rank_batch_sync(items))
         graph_scores = torch.tensor(graphed.rank_batch_sync(items))
         for _ in range(3):
@@ -175,26 +151,16 @@ def measure_graphs(
             runner.rank_batch_sync(items)
             graphed.rank_sync(*items[0])
             graphed.rank_batch_sync(items)
-        timings = {}
-        for name, fn in (
-            ("eager", lambda i=items: runner.rank_sync(*i[0])),
-            ("graph", lambda i=items: graphed.rank_sync(*i[0])),
-            ("eager_batch", lambda i=items: runner.rank_batch_sync(i)),
-            ("graph_batch", lambda i=items: graphed.rank_batch_sync(i)),
-        ):
-            timings[name] = percentile([timer.ms(fn) for _ in range(config.repeats)], 50)
+        eager, graph, eager_batch, graph_batch = (
+            percentile([ms(fn) for _ in range(config.repeats)], 50)
+            for fn in (lambda i=items: runner.rank_sync(*i[0]), lambda i=items: graphed.rank_sync(*i[0]),
+                       lambda i=items: runner.rank_batch_sync(i), lambda i=items: graphed.rank_batch_sync(i))
+        )  # fmt: skip
         rows.append({
-            "length": length,
-            "bucket": next(b for b in buckets if b >= length),
-            "captured": graphs.capture,
-            "eager_p50_ms": timings["eager"],
-            "graph_p50_ms": timings["graph"],
-            "speedup": timings["eager"] / timings["graph"],
-            "batch": config.batch,
-            "eager_batch_p50_ms": timings["eager_batch"],
-            "graph_batch_p50_ms": timings["graph_batch"],
-            "batch_speedup": timings["eager_batch"] / timings["graph_batch"],
-            "capture_ms": capture_ms,
+            "length": length, "bucket": next(b for b in buckets if b >= length), "captured": graphs.capture,
+            "eager_p50_ms": eager, "graph_p50_ms": graph, "speedup": eager / graph, "batch": config.batch,
+            "eager_batch_p50_ms": eager_batch, "graph_batch_p50_ms": graph_batch,
+            "batch_speedup": eager_batch / graph_batch, "capture_ms": capture_ms,
             "batch_capture_ms": batch_capture_ms,
             "max_abs_vs_eager": float((graph_scores - eager_scores).abs().max()),
         })  # fmt: skip
@@ -242,7 +208,7 @@ def report(results: dict[str, Any]) -> str:
         ),
         "",
     ]
-    if results["graphs"]:
+    if results.get("graphs"):  # absent from runs before the CUDA graphs were measured
         captured = all(row["captured"] for row in results["graphs"])
         off_cuda = "" if captured else " (not captured off CUDA: padded, eager)"
         lines += [
@@ -273,18 +239,13 @@ def run(config: AcceleratorBenchConfig) -> dict[str, Any]:
                          rank_batch_max=config.batch)  # fmt: skip
     try:
         results = {
-            "preset": preset.name,
-            "device": str(device),
-            "device_name": device_name(device),
-            "torch": torch.__version__,
-            "short_term": config.short_term,
-            "candidates": config.candidates,
-            "repeats": config.repeats,
-            "epsilon": measure_epsilon(runner, config),
+            "preset": preset.name, "device": str(device), "device_name": device_name(device),
+            "torch": torch.__version__, "short_term": config.short_term, "candidates": config.candidates,
+            "repeats": config.repeats, "epsilon": measure_epsilon(runner, config),
             "reload": measure_reload(runner, accelerator, config),
             "ranks": measure_ranks(runner, accelerator, config),
             "graphs": measure_graphs(runner, accelerator, config),
-        }
+        }  # fmt: skip
     finally:
         scheduler.close()
     out = Path(config.out)

@@ -1,16 +1,12 @@
-"""What each `--dram-precision` of the ranker does to its scores, measured in process on CPU
-(`--measures dram-precision`).
+"""What each `--dram-precision` of the ranker does to its scores, in process on CPU (`--measures
+dram-precision`), whatever `--device`.
 
-For each CPU preset (seeded weights, as a ranker without `--checkpoint` serves them) and for an imported
-NVIDIA recsys-examples HSTU checkpoint (a random one in their layout at gpu-dlrmv3's shape, D 512, 4 heads of
-128, 5 layers, bf16 dense weights served in fp32, written by `bench.lib.recsys_checkpoints`
-and read by `services.ranker.model.recsys_examples`, as the converter (`services.ranker.convert`) reads one),
-it ranks `--dram-users` users of each of `--dram-lengths` history lengths (random events,
-`--dram-short-term` short-term events, `--dram-candidates` candidates): once by the model's full fp32 pass
-over the whole sequence, the reference, and once from the user's prefix demoted to DRAM and reloaded by the
-ranker's own `TierCopier` at each precision (exact, bf16, fp8). It prints, per model and precision, the bytes
-a DRAM copy takes against fp32's, and over every user and candidate the largest |score - reference| and the
-largest |score - reference| / reference. Runs on CPU in a few seconds to a minute, whatever `--device`.
+For each CPU preset (seeded weights) and an imported recsys-examples HSTU checkpoint (a random one at
+gpu-dlrmv3's shape, written by `bench.lib.recsys_checkpoints`, read by
+`services.ranker.model.recsys_examples`) it ranks `--dram-users` users of each of `--dram-lengths`: by the
+model's full fp32 pass (the reference), and from the user's prefix demoted to DRAM and reloaded by the
+ranker's `TierCopier` at each precision. It prints the bytes a DRAM copy takes against fp32's and the
+largest absolute and relative score error.
 """
 
 from __future__ import annotations
@@ -82,14 +78,11 @@ def measure(name: str, model: HSTURanker, items: int | None, config: Accelerator
     copiers = {
         p: TierCopier(Accelerator(CPU), preset.dtype, dram_dtype(p, preset.dtype)) for p in DRAM_PRECISIONS
     }
-    errors = {p: (0.0, 0.0) for p in DRAM_PRECISIONS}
-    nbytes = dict.fromkeys(DRAM_PRECISIONS, 0)
+    errors, nbytes = {p: (0.0, 0.0) for p in DRAM_PRECISIONS}, dict.fromkeys(DRAM_PRECISIONS, 0)
     for length in listed(config, "dram_lengths"):
         for _ in range(config.dram_users):
-            (long_items, long_actions), (short_items, short_actions) = (
-                events(length),
-                events(config.dram_short_term),
-            )
+            long_items, long_actions = events(length)
+            short_items, short_actions = events(config.dram_short_term)
             candidates = events(config.dram_candidates)[0]
             logits = model.full_forward(long_items, long_actions, short_items, short_actions, candidates)
             reference = torch.sigmoid(logits[..., preset.score_task])
@@ -105,24 +98,19 @@ def measure(name: str, model: HSTURanker, items: int | None, config: Accelerator
                     max(worst_rel, (error / reference.abs()).max().item()),
                 )
     fp32 = nbytes["exact"] * 4 // preset.dtype.itemsize
-    return [
-        Row(name, precision, nbytes[precision] / fp32, *errors[precision]) for precision in DRAM_PRECISIONS
-    ]
+    return [Row(name, p, nbytes[p] / fp32, *errors[p]) for p in DRAM_PRECISIONS]
 
 
 def report(rows: Sequence[Row], config: AcceleratorBenchConfig) -> str:
-    lines = [
+    return "\n".join([
         f"{config.dram_users} users at each of {config.dram_lengths} events, {config.dram_short_term} "
         f"short-term events, {config.dram_candidates} candidates; scores against the full fp32 pass",
         "",
         "| model | --dram-precision | DRAM bytes vs fp32 | max abs error | max relative error |",
         "|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {row.model} | {row.precision} | {row.bytes_vs_fp32:.4f} | {row.max_abs:.2e} | {row.max_rel:.2e} |"
-        for row in rows
-    ]
-    return "\n".join(lines)
+        *(f"| {r.model} | {r.precision} | {r.bytes_vs_fp32:.4f} | {r.max_abs:.2e} | {r.max_rel:.2e} |"
+          for r in rows),
+    ])  # fmt: skip
 
 
 def run(config: AcceleratorBenchConfig) -> str:
@@ -132,11 +120,8 @@ def run(config: AcceleratorBenchConfig) -> str:
     torch.set_num_threads(1)
     try:
         with tempfile.TemporaryDirectory() as directory:
-            rows = [
-                row
-                for name, model, items in models(Path(directory), config.dram_seed)
-                for row in measure(name, model, items, config)
-            ]
+            found = models(Path(directory), config.dram_seed)
+            rows = [row for name, model, items in found for row in measure(name, model, items, config)]
     finally:
         torch.set_num_threads(threads)
     return report(rows, config)

@@ -22,7 +22,3 @@ def main(argv: list[str] | None = None) -> None:
     print(summary(result))
     if config.out:
         write(result, Path(config.out))
-
-
-if __name__ == "__main__":
-    main()

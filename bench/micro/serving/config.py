@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from bench.micro.pairs import PairSettings
 from services.common.config import listed, numbers, setting
 
-RANKER_SERVICE = "relaygr.v1.RankerService"
 DEVICES = ("cpu", "cuda")
 # What --in-turn-against may name: the serving floor and the free-pass ranker, or --before-tree's ranker.
 IN_TURN = ("stand-ins", "before")
@@ -15,7 +15,7 @@ SHAPES = "256:20,1024:12"  # --shapes' default: long-term events:pairs a second
 
 
 @dataclasses.dataclass(frozen=True)
-class ServingConfig:
+class ServingConfig(PairSettings):
     model_preset: str = setting("cpu-tiny", "the ranker's model preset")
     device: str = setting(
         "cpu",
@@ -26,8 +26,6 @@ class ServingConfig:
     torch_threads: int = setting(1, "torch threads of the ranker (and of the in-process passes)", above=0)
     lengths: str = numbers("256,1024,4096", "long-term lengths of the points (comma list)", int)
     candidates: int = setting(512, "candidates of each Rank", above=0)
-    short_term: int = setting(16, "short-term events of each Rank", above=0)
-    relay_window_ms: float = setting(30.0, "from a PreInfer to its Rank (the relay window)", minimum=0)
     rate: float = setting(20.0, "pairs a second at the low-rate points (open loop)", above=0)
     max_low_share: float = setting(
         0.6,
@@ -80,7 +78,6 @@ class ServingConfig:
     out: str = setting(
         "bench/results/serving", "folder of the sweep's results.json and summary.md (empty: none)"
     )
-    seed: int = setting(0, "seed of the users' histories and candidates", minimum=0)
     in_turn_against: str = setting(
         "",
         "contenders driven in turn with this ranker at --shapes instead of the sweep, comma-separated: "

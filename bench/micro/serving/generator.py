@@ -1,23 +1,22 @@
-"""The load generator: a process of its own, on CPUs of its own, that drives PreInfer + Rank pairs.
-
-A benchmark that drives a ranker from its own event loop shares the host's cores with it, and on a small
-host the ranker's figures then hold some of the driver's work (its wake-ups, its gRPC client, the CPU it
-takes from the ranker's core). `Generator` runs the open-loop driver (`pairs.Driver`) in a child process
-born on `cpus` (the ranker gets the rest), builds each point's requests there before the clock starts, and
-reports with each point's answers the CPU the generator itself took, so a report can say how much that was
-and whether it was the generator, not the ranker, that ran out of core.
-"""
+"""What sends a point's pairs: `LocalLoad`, `pairs.Driver` in this process, or `Generator`, the same in a
+process of its own born on CPUs of its own, so that the measured ranker's figures hold none of the driver's
+work; it builds each point's requests before the clock and returns with the answers the CPU it took."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import multiprocessing
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 
-from bench.micro.serving.pairs import SINGLE, Driven, LocalLoad, PairSpec, Via
+from bench.micro.pairs import SINGLE, Answers, Driver, Pair, Via
+
+# What builds a run's pairs, picklable for the generator: a `functools.partial` of `pairs.make_pairs`.
+Pairs = Callable[[], list[Pair]]
 
 
 @contextlib.contextmanager
@@ -53,8 +52,37 @@ def split_cpus(generator: str) -> tuple[frozenset[int] | None, frozenset[int] | 
     return rest, chosen
 
 
+@dataclasses.dataclass(frozen=True)
+class Driven:
+    """One run of pairs: the answers and the CPU seconds the driver's process took over it."""
+
+    answers: Answers
+    cpu_s: float
+
+
+class LocalLoad:
+    """Pairs sent from this process's event loop, a driver per address and `Via`."""
+
+    def __init__(self) -> None:
+        self.drivers: dict[tuple[str, Via], Driver] = {}
+
+    async def run(self, address: str, pairs: Pairs, rate: float, delay_s: float, via: Via = SINGLE) -> Driven:
+        """The pairs `pairs` builds, sent to `address` as `Driver.run` sends them, their PreInfers as `via`
+        says."""
+        driver = self.drivers.get((address, via))
+        if driver is None:
+            driver = self.drivers[(address, via)] = Driver(address, via=via)
+        built, cpu = pairs(), time.process_time()
+        answers = await driver.run(built, rate, delay_s)
+        return Driven(answers, time.process_time() - cpu)
+
+    async def close(self) -> None:
+        for driver in self.drivers.values():
+            await driver.close()
+
+
 class Generator:
-    """The driver in a child process (see the module); `run` sends it one run and waits for the result."""
+    """`LocalLoad` in a child process (see the module); `run` sends it one run and waits for the result."""
 
     def __init__(self, cpus: frozenset[int] | None) -> None:
         context = multiprocessing.get_context("spawn")
@@ -63,14 +91,10 @@ class Generator:
             self._process = context.Process(target=_serve, args=(child,), name="generator", daemon=True)
             self._process.start()
         child.close()
-        self.pid = self._process.pid
 
-    async def run(
-        self, address: str, spec: PairSpec, rate: float, delay_s: float, via: Via = SINGLE
-    ) -> Driven:
-        """As `pairs.LocalLoad.run`, in the generator's process."""
+    async def run(self, address: str, pairs: Pairs, rate: float, delay_s: float, via: Via = SINGLE) -> Driven:
         return await asyncio.get_running_loop().run_in_executor(
-            None, self._call, (address, spec, rate, delay_s, via)
+            None, self._call, (address, pairs, rate, delay_s, via)
         )
 
     def _call(self, job: tuple) -> Driven:
@@ -90,13 +114,15 @@ class Generator:
         self._conn.close()
 
 
+Load = LocalLoad | Generator
+
+
 def _serve(conn: Connection) -> None:
     asyncio.run(_loop(conn))
 
 
 async def _loop(conn: Connection) -> None:
-    load = LocalLoad()
-    loop = asyncio.get_running_loop()
+    load, loop = LocalLoad(), asyncio.get_running_loop()
     try:
         while (job := await loop.run_in_executor(None, conn.recv)) is not None:
             try:

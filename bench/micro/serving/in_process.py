@@ -1,4 +1,5 @@
-"""The model alone, in this process: the same passes as the ranker's, timed by thread CPU time."""
+"""The ranker's model passes alone, in this process: the same passes as the ranker's, on the same preset,
+device and threads, timed by thread CPU time (a pre-inference and a cached rank) and wall time."""
 
 from __future__ import annotations
 
@@ -9,39 +10,34 @@ import numpy as np
 
 from bench.micro.serving.config import ServingConfig
 
-# ---- the model alone, in this process ----
-
 
 class InProcess:
-    """The ranker's model passes in this process: thread CPU time of a pre-inference and a cached rank."""
-
     def __init__(self, config: ServingConfig) -> None:
         from services.ranker.app import build_model
         from services.ranker.config import RankerConfig
         from services.ranker.engine.runner import ModelRunner
         from services.ranker.engine.scheduler import Scheduler
 
-        ranker_config = RankerConfig(
+        ranker = RankerConfig(
             model_preset=config.model_preset, device=config.device, torch_threads=config.torch_threads
         )
-        model, version, _ = build_model(ranker_config)
+        model, version, _ = build_model(ranker)
         self.worker = Scheduler("in-process")
-        self.runner = ModelRunner(
-            model, self.worker, ranker_config.pre_infer_chunk_tokens, None, version,
-            rank_batch_max=ranker_config.rank_batch_max,
-        )  # fmt: skip
-        self.rng = np.random.default_rng(config.seed)
-        self.short_term = config.short_term
+        chunk, batch = ranker.pre_infer_chunk_tokens, ranker.rank_batch_max
+        self.runner = ModelRunner(model, self.worker, chunk, None, version, rank_batch_max=batch)
+        self.rng, self.short_term = np.random.default_rng(config.seed), config.short_term
 
-    def _events(self, length: int):
+    def _inputs(self, length: int, candidates: int) -> tuple:
         from services.ranker.model.events import Events
 
-        return Events.of(self.rng.integers(0, 10**6, length), self.rng.integers(0, 8, length))
+        long, short = (
+            (self.rng.integers(0, 10**6, n), self.rng.integers(0, 8, n)) for n in (length, self.short_term)
+        )
+        return Events.of(*long), Events.of(*short), self.rng.integers(0, 10**6, candidates)
 
     def pair_ms(self, length: int, candidates: int, repeats: int = 7) -> tuple[float, float]:
         """Median thread CPU ms of (a pre-inference + a cached rank, the cached rank alone)."""
-        long, short = self._events(length), self._events(self.short_term)
-        items = self.rng.integers(0, 10**6, candidates)
+        long, short, items = self._inputs(length, candidates)
         pair, rank = [], []
         for _ in range(repeats + 1):
             started = time.thread_time()
@@ -55,10 +51,8 @@ class InProcess:
 
     def rank_wall_ms(self, length: int, candidates: int, repeats: int = 30) -> float:
         """Median wall ms of a cached rank in process (what a Rank through the service is compared with)."""
-        long, short = self._events(length), self._events(self.short_term)
-        items = self.rng.integers(0, 10**6, candidates)
-        prefix = self.runner.build_sync(long, background=True)
-        times = []
+        long, short, items = self._inputs(length, candidates)
+        prefix, times = self.runner.build_sync(long, background=True), []
         for _ in range(repeats + 1):
             started = time.perf_counter()
             self.runner.rank_sync(prefix, short, items)

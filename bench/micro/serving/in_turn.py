@@ -1,21 +1,12 @@
 """`python -m bench serving --in-turn-against …`: rankers driven in turn by the same pairs, so that their
-CPU a pair compares.
+CPU a pair compares (a shared machine's speed drifts over minutes: only figures measured together do).
 
-The contenders are up at once and are driven in turn at the same rate (the sweep's driver and CPU probes,
-`pairs.measure_point`), `--rounds` rounds whose order rotates, at each of `--shapes`; it prints a markdown
-table of each one's CPU a pair that is not the model. They are this checkout's ranker, and:
-
-- with `before`, another checkout's ranker (`--before-tree`), which needs its generated stubs:
-
-      git worktree add /tmp/before <commit> && cp -r relaygr /tmp/before/
-      python -m bench serving --in-turn-against before --before-tree /tmp/before > bench/results/<name>/ab.md
-
-- with `stand-ins`, this checkout's serving floor (`bench.micro.null_ranker`) and its ranker with free
-  model passes (`bench.micro.null_model`); each ranker's row then also says what it spends beyond the
-  floor driven beside it.
-
-Only ratios within the run count: a shared machine's speed drifts over minutes, which is why the contenders
-take turns instead of being measured one after another, as the sweep measures them.
+The contenders are up at once and driven in turn at the same rate (`point.measure_point`), `--rounds`
+rounds whose order rotates, at each of `--shapes`; it prints a markdown table of each one's CPU a pair that
+is not the model. They are this checkout's ranker and: with `before`, another checkout's (`--before-tree`,
+with its generated stubs: `git worktree add /tmp/before <commit> && cp -r relaygr /tmp/before/`); with
+`stand-ins`, the serving floor and the free-pass ranker, each ranker's row then saying what it spends
+beyond the floor driven beside it.
 """
 
 from __future__ import annotations
@@ -23,12 +14,13 @@ from __future__ import annotations
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.micro.serving.config import ServingConfig
-from bench.micro.serving.pairs import LocalLoad, Point, Shape, measure_point
-from bench.micro.serving.run import start_null_ranker, start_ranker
+from bench.micro.serving.generator import LocalLoad
+from bench.micro.serving.point import Point, Shape, measure_point
+from bench.micro.serving.run import NULL_RANKER, start
 from services.common.config import listed
 from services.launcher import procs as launcher_procs
 from services.launcher.procs import Processes, ServiceProcess
@@ -36,24 +28,21 @@ from services.launcher.procs import Processes, ServiceProcess
 BEFORE, AFTER, FLOOR, FREE = "before", "this checkout", "serving floor", "free passes"  # the table's names
 
 
-def contenders(config: ServingConfig) -> list[tuple[str, Callable[[Processes], ServiceProcess]]]:
-    """(name, start) of each process driven, in the table's order."""
-    against = listed(config, "in_turn_against")
-    found: list[tuple[str, Callable[[Processes], ServiceProcess]]] = []
+def contenders(config: ServingConfig) -> list[tuple[str, str, str]]:
+    """(name, module, tree: another checkout's, or empty) of each process driven, in the table's order."""
+    against, found = listed(config, "in_turn_against"), []
     if "stand-ins" in against:
-        found.append((FLOOR, start_null_ranker))
-        found.append((FREE, lambda procs: start_ranker(procs, config, "bench.micro.null_model")))
+        found += [(FLOOR, NULL_RANKER, ""), (FREE, "bench.micro.null_model", "")]
     if "before" in against:
-        found.append((BEFORE, lambda procs: _ranker_of(procs, config, Path(config.before_tree))))
-    found.append((AFTER, lambda procs: start_ranker(procs, config, "services.ranker")))
-    return found
+        found.append((BEFORE, "services.ranker", config.before_tree))
+    return [*found, (AFTER, "services.ranker", "")]
 
 
-def _ranker_of(procs: Processes, config: ServingConfig, tree: Path) -> ServiceProcess:
+def _start(procs: Processes, config: ServingConfig, module: str, tree: str) -> ServiceProcess:
     here = launcher_procs.REPO_ROOT
-    launcher_procs.REPO_ROOT = tree  # the child runs from that tree, its code
+    launcher_procs.REPO_ROOT = Path(tree) if tree else here  # the child runs from that tree, its code
     try:
-        return start_ranker(procs, config, "services.ranker")
+        return start(procs, config, module)
     finally:
         launcher_procs.REPO_ROOT = here
 
@@ -62,7 +51,7 @@ async def compare(config: ServingConfig) -> list[tuple[int, float, str, list[Poi
     """Every contender's points, by shape: (events, pairs a second, name, one point a round)."""
     rows = []
     with tempfile.TemporaryDirectory() as logs, Processes(Path(logs)) as procs:
-        running = [(name, start(procs)) for name, start in contenders(config)]
+        running = [(name, _start(procs, config, *where)) for name, *where in contenders(config)]
         for length, rate in config.shape_list():
             seen: dict[str, list[Point]] = {name: [] for name, _ in running}
             for round_ in range(config.rounds):
@@ -75,11 +64,10 @@ async def compare(config: ServingConfig) -> list[tuple[int, float, str, list[Poi
                     finally:
                         await load.close()
                     seen[name].append(point)
+                    own, loop_ms = point.non_model_ms, point.cpu_ms["event_loop"]
                     print(
-                        f"# {name} L={length}: not the model {point.non_model_ms:.2f} ms, event loop "
-                        f"{point.cpu_ms['event_loop']:.2f}",
+                        f"# {name} L={length}: not the model {own:.2f} ms, event loop {loop_ms:.2f}",
                         file=sys.stderr,
-                        flush=True,
                     )
             rows.extend((length, rate, name, points) for name, points in seen.items())
     return rows

@@ -6,14 +6,21 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from bench.lib.context import commit
 from bench.micro.serving.config import ServingConfig
-from bench.micro.serving.pairs import Point
+from bench.micro.serving.point import Point
+
+PROCESSES = {"floor": "serving floor", "null_model": "ranker, free passes", "ranker": "ranker, real passes"}
+HOW = {
+    "ranks_alone": "Ranks alone",
+    "direct": "pairs, straight",
+    "through_trigger": "pairs, through a trigger",
+}
 
 
 def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -23,36 +30,30 @@ def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     return float(np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)[0])
 
 
-def result_of(
-    config: ServingConfig,
-    placement: dict,
-    capacity: dict[str, dict[int, float]],
-    searches: dict[str, dict[int, list[Point]]],
-    floor: list[Point],
-    points: list[Point],
-    null_model: list[Point],
-    idle: dict,
-    idle_cpu: dict,
-    coalescing: dict[str, list[dict]],
-) -> dict:
-    """Each point's row (the ranker's, with real passes; the null-model ranker's, with free ones) with the
-    serving floor's CPU at the same length and rate, and what the ranker spends beyond it."""
-    floors = {(p.length, p.rate): p for p in floor}
+def result_of(config: ServingConfig, measured: dict) -> dict:
+    """results.json of `run`'s `measured` (by key below): each ranker's point (the ranker's, with real
+    passes; the null-model ranker's, with free ones) with the serving floor's CPU at the same length and
+    rate, and what the ranker spends beyond it."""
+    floors = {(p.length, p.rate): p for p in measured["floor"]}
 
     def row(point: Point) -> dict:
         floor_ms = floors[(point.length, point.rate)].cpu_ms["total"]
-        return {
-            **dataclasses.asdict(point),
-            "floor_ms": floor_ms,
-            "ranker_own_ms": round(point.non_model_ms - floor_ms, 3),
-        }
+        return {**dataclasses.asdict(point), "floor_ms": floor_ms,
+                "ranker_own_ms": round(point.non_model_ms - floor_ms, 3)}  # fmt: skip
 
-    rows, free = [row(p) for p in points], [row(p) for p in null_model]
+    import torch
+
+    short, dirty = commit()
+    provenance = {"commit": short, "dirty": dirty, "torch": torch.__version__, "cores": os.cpu_count()}
+    provenance["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    searches = measured["searches"]
+    rows = [row(p) for p in measured["points"]]
     lows = [r for r in rows if r["load"] == "low"]
+    lengths = [r["length"] for r in lows]
     return {
         "configuration": dataclasses.asdict(config),
-        "provenance": {**_provenance(), **placement},
-        "idle_cpu_ms_per_s": {k: round(v, 3) for k, v in idle_cpu.items()},
+        "provenance": {**provenance, **measured["placement"]},
+        "idle_cpu_ms_per_s": {k: round(v, 3) for k, v in measured["idle_cpu"].items()},
         # Of each process (floor, null_model, ranker), at each length: the rate found and the search's steps.
         "capacity": {
             name: {
@@ -62,67 +63,50 @@ def result_of(
                 }
                 for length, rate in found.items()
             }
-            for name, found in capacity.items()
+            for name, found in measured["capacity"].items()
         },
-        "floor": [dataclasses.asdict(p) for p in floor],
+        "floor": [dataclasses.asdict(p) for p in measured["floor"]],
         "points": rows,
-        "null_model": free,
-        "idle": idle,
-        "coalescing": coalescing,
-        "non_model_ns_per_event": round(
-            slope([r["length"] for r in lows], [r["non_model_ms"] for r in lows]) * 1e6, 1
-        ),
-        "beyond_floor_ns_per_event": round(
-            slope([r["length"] for r in lows], [r["ranker_own_ms"] for r in lows]) * 1e6, 1
-        ),
+        "null_model": [row(p) for p in measured["null_model"]],
+        "idle": measured["idle"],
+        "coalescing": measured["coalescing"],
+        "non_model_ns_per_event": round(slope(lengths, [r["non_model_ms"] for r in lows]) * 1e6, 1),
+        "beyond_floor_ns_per_event": round(slope(lengths, [r["ranker_own_ms"] for r in lows]) * 1e6, 1),
     }
 
 
 def point_line(p: Point) -> str:
+    c = p.cpu_ms
     return (
-        f"L={p.length} {p.load} {p.rate:.1f}/s (answered {p.achieved_rate:.1f}/s): CPU/pair "
-        f"{p.cpu_ms['total']:.2f} ms (event loop {p.cpu_ms['event_loop']:.2f}, "
-        f"device {p.cpu_ms['device']:.2f}, "
-        f"other {p.cpu_ms['other']:.2f}); model {p.model_ms:.2f} (in process {p.in_process_model_ms:.2f}); "
-        f"not the model {p.non_model_ms:.2f}; Rank P50/P99 {p.rank_p50_ms:.1f}/{p.rank_p99_ms:.1f} ms; "
-        f"generator {p.generator_cores * 100:.0f} % of a core; {p.sources} {p.errors or ''}"
+        f"L={p.length} {p.load} {p.rate:.1f}/s (answered {p.achieved_rate:.1f}/s): CPU/pair {c['total']:.2f} "
+        f"ms (event loop {c['event_loop']:.2f}, device {c['device']:.2f}, other {c['other']:.2f}); model "
+        f"{p.model_ms:.2f} (in process {p.in_process_model_ms:.2f}); not the model {p.non_model_ms:.2f}; "
+        f"Rank P50/P99 {p.rank_p50_ms:.1f}/{p.rank_p99_ms:.1f} ms; generator {p.generator_cores * 100:.0f} % "
+        f"of a core; {p.sources} {p.errors or ''}"
     )
 
 
-def _provenance() -> dict:
-    import torch
-
-    short, dirty = commit()
-    return {
-        "commit": short,
-        "dirty": dirty,
-        "torch": torch.__version__,
-        "cores": os.cpu_count(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+def _md(header: str, rows: Iterable[str]) -> list[str]:
+    """A markdown table: `header`'s cells (' | ' between them) and its rows, already written."""
+    return [f"| {header} |", "|" + "---|" * (header.count(" | ") + 1), *rows]
 
 
 def _table(rows: list[dict]) -> list[str]:
-    # A GPU's busy share where a point read it (`--device cuda`).
-    gpu = any(p.get("gpu_busy") is not None for p in rows)
-    lines = [
-        "| long-term events | load | pairs/s (answered) | CPU per pair | model (service) "
-        "| model (in process) | not the model | event loop | device | other | serving floor "
-        "| beyond the floor | switches | page faults | Rank P50 / P99 | generator | answers |"
-        + (" GPU busy |" if gpu else ""),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if gpu else ""),
-    ]
-    for p in rows:
-        c = p["cpu_ms"]
-        lines.append(
-            f"| {p['length']} | {p['load']} | {p['rate']:.1f} ({p['achieved_rate']:.1f}) | {c['total']:.2f} "
-            f"| {p['model_ms']:.2f} | {p['in_process_model_ms']:.2f} | {p['non_model_ms']:.2f} "
-            f"| {c['event_loop']:.2f} | {c['device']:.2f} | {c['other']:.2f} | {p['floor_ms']:.2f} "
-            f"| {p['ranker_own_ms']:.2f} | {p['switches']:.0f} | {p['page_faults']:.0f} "
-            f"| {p['rank_p50_ms']:.1f} / {p['rank_p99_ms']:.1f} | {_share(p['generator_cores'])} "
-            f"| {_answers(p)} |" + (f" {_share(p.get('gpu_busy'))} |" if gpu else "")
-        )
-    return lines
+    gpu = any(p.get("gpu_busy") is not None for p in rows)  # a GPU's busy share, where a point read it
+    header = (
+        "long-term events | load | pairs/s (answered) | CPU per pair | model (service) | model (in process) "
+        "| not the model | event loop | device | other | serving floor | beyond the floor | switches "
+        "| page faults | Rank P50 / P99 | generator | answers" + (" | GPU busy" if gpu else "")
+    )
+    return _md(header, (
+        f"| {p['length']} | {p['load']} | {p['rate']:.1f} ({p['achieved_rate']:.1f}) | {c['total']:.2f} "
+        f"| {p['model_ms']:.2f} | {p['in_process_model_ms']:.2f} | {p['non_model_ms']:.2f} "
+        f"| {c['event_loop']:.2f} | {c['device']:.2f} | {c['other']:.2f} | {p['floor_ms']:.2f} "
+        f"| {p['ranker_own_ms']:.2f} | {p['switches']:.0f} | {p['page_faults']:.0f} "
+        f"| {p['rank_p50_ms']:.1f} / {p['rank_p99_ms']:.1f} | {_share(p['generator_cores'])} "
+        f"| {_answers(p)} |" + (f" {_share(p.get('gpu_busy'))} |" if gpu else "")
+        for p, c in ((p, p["cpu_ms"]) for p in rows)
+    ))  # fmt: skip
 
 
 def _answers(p: dict) -> str:
@@ -137,56 +121,52 @@ def _share(fraction: float | None) -> str:
 def _beyond(result: dict) -> list[str]:
     """The ranker's own code beyond the floor, by length and load, with free and with real passes."""
     real = {(r["length"], r["load"]): r for r in result["points"]}
-    lines = [
-        "| long-term events | load | free passes: pairs/s | beyond the floor | Rank P99 "
-        "| real passes: pairs/s | beyond the floor | Rank P99 |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for free in result["null_model"]:
-        r = real[(free["length"], free["load"])]
-        lines.append(
-            f"| {free['length']} | {free['load']} | {free['rate']:.1f} | {free['ranker_own_ms']:.2f} ms "
-            f"| {free['rank_p99_ms']:.1f} ms | {r['rate']:.1f} | {r['ranker_own_ms']:.2f} ms "
-            f"| {r['rank_p99_ms']:.1f} ms |"
-        )
-    return lines
+    header = (
+        "long-term events | load | free passes: pairs/s | beyond the floor | Rank P99 | real passes: pairs/s "
+        "| beyond the floor | Rank P99"
+    )
+    return _md(header, (
+        f"| {f['length']} | {f['load']} | {f['rate']:.1f} | {f['ranker_own_ms']:.2f} ms "
+        f"| {f['rank_p99_ms']:.1f} ms | {r['rate']:.1f} | {r['ranker_own_ms']:.2f} ms "
+        f"| {r['rank_p99_ms']:.1f} ms |"
+        for f, r in ((f, real[(f["length"], f["load"])]) for f in result["null_model"])
+    ))  # fmt: skip
 
 
 def _capacity(result: dict) -> list[str]:
-    lines = [
-        "| process | long-term events | capacity, pairs/s "
-        "| the search's steps (pairs/s: Rank P99, held or not) |",
-        "|---|---|---|---|",
-    ]
     p99 = result["configuration"]["capacity_p99_ms"]
-    for name, found in result["capacity"].items():
-        for length, one in found.items():
-            steps = ", ".join(
-                f"{s['rate']:.1f}: {s['rank_p99_ms']:.1f} ms {'held' if _held(s, p99) else 'not'}"
-                for s in one["search"]
-            )
-            lines.append(f"| {PROCESSES[name]} | {length} | {one['pairs_per_s']:.1f} | {steps} |")
-    return lines
 
+    def held(step: dict) -> str:  # as the search judged it: twice a pair's real passes on top of the P99
+        return "held" if Point(**step).holds(p99 + 2 * step["in_process_model_ms"]) else "not"
 
-PROCESSES = {"floor": "serving floor", "null_model": "ranker, free passes", "ranker": "ranker, real passes"}
-
-
-def _held(step: dict, p99_ms: float) -> bool:
-    """As the search judged the step: its P99 bound has twice a pair's real passes on top."""
-    return Point(**step).holds(p99_ms + 2 * step["in_process_model_ms"])
-
-
-HOW = {
-    "ranks_alone": "Ranks alone",
-    "direct": "pairs, straight",
-    "through_trigger": "pairs, through a trigger",
-}
+    header = (
+        "process | long-term events | capacity, pairs/s | the search's steps (pairs/s: Rank P99, held or not)"
+    )
+    return _md(header, (
+        f"| {PROCESSES[name]} | {length} | {one['pairs_per_s']:.1f} | "
+        + ", ".join(f"{s['rate']:.1f}: {s['rank_p99_ms']:.1f} ms {held(s)}" for s in one["search"]) + " |"
+        for name, found in result["capacity"].items()
+        for length, one in found.items()
+    ))  # fmt: skip
 
 
 def _coalescing(result: dict) -> list[str]:
     """Per process: the Ranks alone, then by window pairs straight to it and through a trigger."""
-    lines = [
+    rows = []
+    for name, found in result["coalescing"].items():
+        single = next((r["pre_infer_ms"] for r in found if r["how"] == "direct" and not r["window_ms"]), None)
+        for row in found:
+            own, through = row["pre_infer_ms"], row["how"] == "through_trigger"
+            ratio = f"x{own / single:.2f}" if own is not None and single else ""
+            admit = f"{row['admit_p50_ms']:.1f} / {row['admit_p99_ms']:.1f} ms" if through else ""
+            ready = f"{row['ready'] / max(1, sum(row['sources'].values())) * 100:.1f} %" if through else ""
+            rows.append(
+                f"| {PROCESSES[name]} | {HOW[row['how']]} | {row['window_ms']:g} ms | {row['rate']:.0f} "
+                f"| {row['per_call'] or ''} | {row['non_model_ms']:.3f} ms "
+                f"| {'' if own is None else f'{own:.3f} ms'} | {ratio} | {admit} "
+                f"| {ready} | {row['rank_p99_ms']:.1f} ms | {_answers(row)} |"
+            )
+    return [
         "## Coalesced PreInfers, at each ranker's capacity rate (the floor at the free-pass ranker's; first "
         "length)",
         "",
@@ -195,36 +175,20 @@ def _coalescing(result: dict) -> list[str]:
         "Rank's alone, and against a single call's. Through a trigger (admitting all, its coalescing window "
         "as given): the Admit's latency from the client, the Ranks whose prefix was ready in HBM on arrival.",
         "",
-        "| process | how | window | pairs/s | PreInfers a call | CPU not the model, a pair | the PreInfer "
-        "| against a single one | Admit P50 / P99 | ready | Rank P99 | answers |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, rows in result["coalescing"].items():
-        single = next((r["pre_infer_ms"] for r in rows if r["how"] == "direct" and not r["window_ms"]), None)
-        for row in rows:
-            own, through = row["pre_infer_ms"], row["how"] == "through_trigger"
-            ratio = f"x{own / single:.2f}" if own is not None and single else ""
-            admit = f"{row['admit_p50_ms']:.1f} / {row['admit_p99_ms']:.1f} ms" if through else ""
-            answered = max(1, sum(row["sources"].values()))
-            ready = f"{row['ready'] / answered * 100:.1f} %" if through else ""
-            lines.append(
-                f"| {PROCESSES[name]} | {HOW[row['how']]} | {row['window_ms']:g} ms | {row['rate']:.0f} "
-                f"| {row['per_call'] or ''} | {row['non_model_ms']:.3f} ms "
-                f"| {'' if own is None else f'{own:.3f} ms'} | {ratio} | {admit} "
-                f"| {ready} | {row['rank_p99_ms']:.1f} ms | {_answers(row)} |"
-            )
-    return lines
+        *_md("process | how | window | pairs/s | PreInfers a call | CPU not the model, a pair | the PreInfer "
+             "| against a single one | Admit P50 / P99 | ready | Rank P99 | answers", rows),
+    ]  # fmt: skip
 
 
 def summary(result: dict) -> str:
     provenance, configuration = result["provenance"], result["configuration"]
-    idle_cpu = result["idle_cpu_ms_per_s"]
     placement = (
         f"the ranker on CPUs {provenance['ranker_cpus']}, the load generator (a process of its own) on "
         f"{provenance['generator_cpus']}"
         if provenance.get("ranker_cpus")
         else "the ranker and the load generator sharing the one CPU"
     )
+    idle_cpu = ", ".join(f"{name} {ms:.1f} ms" for name, ms in result["idle_cpu_ms_per_s"].items())
     lines = [
         f"# Serving overhead at {provenance['commit']}{' (dirty)' if provenance['dirty'] else ''}",
         "",
@@ -237,9 +201,7 @@ def summary(result: dict) -> str:
         "answered by `bench.micro.null_ranker` (the services' server stack, no ranker); the loads are "
         f"`low` ({configuration['rate']:g} pairs/s, or less for a process that cannot carry it), `half` and "
         "`capacity` (of the driven process's capacity at that length). The generator column is its "
-        "process's CPU over the point, in share of a core. Idle, each process spends a second: "
-        + ", ".join(f"{name} {ms:.1f} ms" for name, ms in idle_cpu.items())
-        + ".",
+        f"process's CPU over the point, in share of a core. Idle, each process spends a second: {idle_cpu}.",
         "",
         "## The ranker's own code beyond the serving floor",
         "",
@@ -265,20 +227,14 @@ def summary(result: dict) -> str:
     if any(result.get("coalescing", {}).values()):
         lines += ["", *_coalescing(result)]
     if result["idle"]:
-        lines += [
-            "",
-            "## A cached Rank on an idle ranker, one pair at a time",
-            "",
-            "| long-term events | through the service, P50 | in process, P50 | difference |",
-            "|---|---|---|---|",
-        ]
-        for length, idle in result["idle"].items():
-            service, alone = idle["service_p50_ms"], idle["in_process_p50_ms"]
-            lines.append(f"| {length} | {service:.2f} ms | {alone:.2f} ms | {service - alone:+.2f} ms |")
+        lines += ["", "## A cached Rank on an idle ranker, one pair at a time", ""]
+        idle = [(length, i["service_p50_ms"], i["in_process_p50_ms"]) for length, i in result["idle"].items()]
+        lines += _md("long-term events | through the service, P50 | in process, P50 | difference", (
+            f"| {length} | {s:.2f} ms | {a:.2f} ms | {s - a:+.2f} ms |" for length, s, a in idle
+        ))  # fmt: skip
     for p in result["points"] + result["null_model"]:
         if p["stages"]:
-            passes = "real" if p in result["points"] else "free"
-            where = f"{p['length']} events, {p['load']}, {passes} passes"
+            where = f"{p['length']} events, {p['load']}, {'real' if p in result['points'] else 'free'} passes"
             lines += ["", f"Where the ranker's sampled CPU went at {where} (py-spy):", ""]
             lines += [f"- {stage}: {share * 100:.1f} %" for stage, share in p["stages"].items()]
     return "\n".join(lines) + "\n"

@@ -9,11 +9,9 @@ import os
 
 import pytest
 
+from bench.micro.pairs import BATCH_MAX, admit_bytes, batch_bytes, windows
 from bench.micro.serving.__main__ import main
-from bench.micro.serving.coalesced import admit_bytes, batch_bytes, windows
-from bench.micro.serving.cpu import THREAD_GROUPS
-from bench.micro.serving.pairs import Pair, Via
-from bench.micro.serving.stages import classify
+from bench.micro.serving.point import THREAD_GROUPS, classify, stage_shares
 from bench.micro.serving.summary import summary
 from relaygr.v1 import common_pb2, ranker_pb2, trigger_pb2
 
@@ -201,7 +199,7 @@ def test_coalesced_pre_infers_are_measured_straight_and_through_a_trigger_agains
         assert ranks["calls"] == 0
         direct = [r for r in rows if r["how"] == "direct"]
         # Single calls carry one PreInfer each; in 20 ms windows, the PreInfers sent within each.
-        windows_sent = windows([None] * direct[1]["pairs"], direct[1]["rate"], Via(window_s=0.02))
+        windows_sent = windows(direct[1]["pairs"], direct[1]["rate"], 0.02)
         assert direct[0]["per_call"] == 1.0
         assert direct[1]["per_call"] == pytest.approx(direct[1]["pairs"] / len(windows_sent), abs=0.01)
         for row in direct:  # a PreInfer's own CPU: the pair's less the Ranks' alone
@@ -214,14 +212,20 @@ def test_coalesced_pre_infers_are_measured_straight_and_through_a_trigger_agains
 
 
 def test_a_window_holds_the_prefers_sent_within_it_of_its_first_and_is_sent_that_long_after():
-    pairs = [Pair(bytes([i]), b"") for i in range(10)]
-    # 1000 a second, 3.5 ms windows: 0-3 ms, 4-7 ms, 8-9 ms.
-    sent = windows(pairs, 1000.0, Via(window_s=0.0035, pre_infers_only=True))
-    assert [[p.pre_infer[0] for p in group] for _, group in sent] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    assert [at for at, _ in sent] == pytest.approx([0.0035, 0.0075, 0.0115])
+    # 1000 a second, 3.5 ms windows: 0-3 ms, 4-7 ms, 8-9 ms, each by its first pair's index.
+    sent = windows(10, 1000.0, 0.0035)
+    assert {first: group for first, (_, group) in sent.items()} == {
+        0: [0, 1, 2, 3], 4: [4, 5, 6, 7], 8: [8, 9]
+    }  # fmt: skip
+    assert [at for at, _ in sent.values()] == pytest.approx([0.0035, 0.0075, 0.0115])
     # No window: each alone, at its own time.
-    alone = windows(pairs, 1000.0, Via(pre_infers_only=True))
-    assert [len(group) for _, group in alone] == [1] * 10 and alone[3][0] == pytest.approx(0.003)
+    alone = windows(10, 1000.0, 0.0)
+    assert [len(group) for _, group in alone.values()] == [1] * 10 and alone[3][0] == pytest.approx(0.003)
+    # A window that fills is sent when its last PreInfer arrives, and the next one starts after it.
+    full = windows(BATCH_MAX + 2, 1000.0, 1.0)
+    assert [(len(group), at) for at, group in full.values()] == [
+        (BATCH_MAX, pytest.approx((BATCH_MAX - 1) / 1000)), (2, pytest.approx(BATCH_MAX / 1000 + 1.0))
+    ]  # fmt: skip
 
 
 def test_a_batch_and_an_admit_are_built_from_serialized_prefers_as_the_contract_reads_them():
@@ -237,8 +241,6 @@ def test_a_batch_and_an_admit_are_built_from_serialized_prefers_as_the_contract_
 
 
 def test_stage_shares_count_the_sampled_stacks_and_skip_lines_that_are_not_one(tmp_path):
-    from bench.micro.serving.stages import stage_shares
-
     raw = tmp_path / "raw.txt"
     device = "thread (2): device;Scheduler._loop (services/ranker/engine/scheduler.py:1)"
     raw.write_text(

@@ -10,10 +10,10 @@ import re
 
 import pytest
 
+from bench.micro.pairs import HBM
 from bench.micro.serving import in_turn
 from bench.micro.serving.config import ServingConfig
 from bench.micro.serving.in_turn import AFTER, FLOOR, FREE
-from bench.micro.serving.pairs import HBM
 from services.common.config import listed, load
 
 

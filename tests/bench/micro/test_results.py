@@ -1,0 +1,45 @@
+"""The committed results of the micro-benchmarks read back and render as committed, with the renderers of
+today: the device path's report.md, shared-device's and serving's summary.md."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.micro import shared_device
+from bench.micro.accelerator import device
+from bench.micro.serving.summary import summary
+
+RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results"
+
+
+@pytest.mark.parametrize("name", ["gpu-accelerator", "accelerator-cpu-small"])  # the latter before graphs
+def test_a_committed_device_path_renders_as_committed(name):
+    results = json.loads((RESULTS / name / "results.json").read_text())
+    assert device.report(results) == (RESULTS / name / "report.md").read_text()
+
+
+def test_the_committed_shared_device_run_renders_as_committed():
+    record = json.loads((RESULTS / "shared-device" / "results.json").read_text())
+    config = shared_device.SharedDeviceConfig(**record["configuration"])
+    points = [shared_device.Point(**point) for point in record["points"]]
+    assert [dataclasses.asdict(point) for point in points] == record["points"]
+    assert shared_device.summary(config, points) == (RESULTS / "shared-device" / "summary.md").read_text()
+
+
+def test_the_committed_serving_sweep_renders_every_figure_as_committed():
+    rendered = summary(json.loads((RESULTS / "serving" / "results.json").read_text())).splitlines()
+    committed = (RESULTS / "serving" / "summary.md").read_text().splitlines()
+    differ = [(a, b) for a, b in zip(rendered, committed, strict=True) if a != b]
+    # Only the coalescing table's heading has been reworded since (its rates are the same: the floor's are
+    # the free-pass ranker's).
+    assert differ == [
+        (
+            "## Coalesced PreInfers, at each ranker's capacity rate (the floor at the free-pass ranker's; "
+            "first length)",
+            "## Coalesced PreInfers, at each process's capacity rate (first length)",
+        )
+    ]
