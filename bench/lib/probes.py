@@ -1,15 +1,18 @@
-"""What a point cost the fleet: CPU seconds per process, and the rankers' own counters.
+"""What a point cost the fleet: CPU seconds per process, and the rankers' own counters; and the one scrape
+of a ranker's Prometheus metrics (`scrape`), read flat by family (`metric_values`).
 
-`snapshot` reads the machine's busy CPU time (/proc/stat), for every process of a fleet its CPU time
-(user + system, from /proc/<pid>/stat) and, from every
-ranker's Prometheus endpoint, the prefix productions by kind (compute, reload, extend), the PreInfer
-outcomes, the joins of in-flight productions, the device-thread seconds by operation, and the tokens
-pre-inferred by fate (consumed by a Rank, or wasted: the lease expired or the entry was dropped first)
-with the wasted ones' device seconds. A counter a ranker does not export reads as 0. `difference`
-of two snapshots taken around a point says where that point's CPU went: how much the rankers spent on
-pre-inference against ranking, how much the router, trigger, stub and load generator took, and how much
-went to processes that are not ours (`foreign_cores`: other users of a shared machine, the noise).
-A pre-inference's device seconds include the Ranks it let run between its chunks.
+`metric_values` reads the families (`FAMILIES`) of the keys it is given from one exposition as `key` (a
+family not split) or `key/label value`, summed over the family's samples of the suffix it names; a family
+a ranker does not export is absent. `snapshot` reads the machine's busy CPU time (/proc/stat), for every
+process of a fleet its CPU time (user + system, from /proc/<pid>/stat) and, from every ranker's endpoint,
+`RANKER_KEYS`: the prefix productions by kind (compute, reload, extend), the PreInfer outcomes, the joins
+of in-flight productions, the device-thread seconds by operation, and the tokens pre-inferred by fate
+(consumed by a Rank, or wasted: the lease expired or the entry was dropped first) with the wasted ones'
+device seconds. A counter a ranker does not export reads as 0. `difference` of two snapshots taken around
+a point says where that point's CPU went: how much the rankers spent on pre-inference against ranking, how
+much the router, trigger, stub and load generator took, and how much went to processes that are not ours
+(`foreign_cores`: other users of a shared machine, the noise). A pre-inference's device seconds include
+the Ranks it let run between its chunks.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,15 +29,26 @@ LOAD_GENERATOR = "bench (load generator)"
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 SCRAPE_TIMEOUT_S = 5.0
 
-# Prometheus family -> (the key it gets here, the label that splits it, the sample suffix to read).
-RANKER_FAMILIES = {
+# Every ranker family a benchmark reads: Prometheus family -> (the key it gets here, the label that splits
+# it, the sample suffix to read).
+FAMILIES = {
     "relaygr_productions": ("productions", "kind", "_total"),
     "relaygr_pre_infer": ("pre_infer", "outcome", "_total"),
     "relaygr_production_joins": ("joins", None, "_total"),
     "relaygr_model_seconds": ("device_s", "op", "_sum"),
     "relaygr_pre_infer_tokens": ("pre_infer_tokens", "fate", "_total"),
     "relaygr_pre_infer_wasted_seconds": ("pre_infer_wasted_s", None, "_total"),
+    "relaygr_handoff_sent_entries": ("handoff_sent", "outcome", "_total"),
+    "relaygr_handoff_sent_bytes": ("handoff_sent_bytes", None, "_total"),
+    "relaygr_handoff_received_entries": ("handoff_received", "outcome", "_total"),
+    "relaygr_handoff_received_bytes": ("handoff_received_bytes", None, "_total"),
+    "relaygr_read_through": ("read_through", "outcome", "_total"),
+    "relaygr_read_through_bytes": ("read_through_bytes", None, "_total"),
+    "relaygr_handoff_duration_seconds": ("handoff_duration_s", None, ""),
+    "relaygr_kv_cache_bytes": ("kv_bytes", "tier", ""),
 }
+# The keys a point's snapshot reads.
+RANKER_KEYS = ("productions", "pre_infer", "joins", "device_s", "pre_infer_tokens", "pre_infer_wasted_s")
 
 
 def process_cpu_s(pid: int) -> float:
@@ -55,26 +69,37 @@ def machine_busy_s() -> float:
     return (sum(fields[:8]) - idle - iowait) / _TICKS_PER_S  # guest time is already in user
 
 
-def ranker_counters(metrics_url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(metrics_url, timeout=SCRAPE_TIMEOUT_S) as answer:
-        return counters_from_text(answer.read().decode())
+def scrape(metrics_url: str, timeout_s: float = SCRAPE_TIMEOUT_S) -> str:
+    """A service's Prometheus exposition (an OSError when it does not answer)."""
+    with urllib.request.urlopen(metrics_url, timeout=timeout_s) as answer:
+        return answer.read().decode()
+
+
+def metric_values(text: str, keys: Collection[str]) -> dict[str, float]:
+    """The families of `keys` (`FAMILIES`) in one exposition, flat: `key` or `key/label value`."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        key, label, suffix = FAMILIES.get(family.name, ("", None, ""))
+        if key not in keys:
+            continue
+        for sample in family.samples:
+            if sample.name == family.name + suffix:
+                name = key if label is None else f"{key}/{sample.labels[label]}"
+                values[name] = values.get(name, 0.0) + sample.value
+    return values
 
 
 def counters_from_text(text: str) -> dict[str, Any]:
-    """The counters of one ranker's Prometheus exposition."""
-    counters: dict[str, Any] = {key: ({} if label else 0.0) for key, label, _ in RANKER_FAMILIES.values()}
-    for family in text_string_to_metric_families(text):
-        spec = RANKER_FAMILIES.get(family.name)
-        if spec is None:
-            continue
-        key, label, suffix = spec
-        for sample in family.samples:
-            if sample.name != family.name + suffix:
-                continue
-            if label is None:
-                counters[key] += sample.value
-            else:
-                counters[key][sample.labels[label]] = sample.value
+    """The `RANKER_KEYS` counters of one ranker's exposition, a split family's as a dict by label."""
+    counters: dict[str, Any] = {
+        key: ({} if label else 0.0) for key, label, _ in FAMILIES.values() if key in RANKER_KEYS
+    }
+    for name, value in metric_values(text, RANKER_KEYS).items():
+        key, _, label = name.partition("/")
+        if label:
+            counters[key][label] = value
+        else:
+            counters[key] = value
     return counters
 
 
@@ -84,7 +109,7 @@ def snapshot(pids: Mapping[str, int], ranker_metrics: Mapping[str, str]) -> dict
     cpu[LOAD_GENERATOR] = time.process_time()
     rankers: dict[str, Any] = {}
     for url in ranker_metrics.values():
-        _add(rankers, ranker_counters(url))
+        _add(rankers, counters_from_text(scrape(url)))
     return {"at": time.monotonic(), "machine_busy_s": machine_busy_s(), "cpu_s": cpu, "rankers": rankers}
 
 

@@ -1,37 +1,66 @@
-"""The rollout benchmark's arithmetic, pure functions over one run's records (`bench.rollout.run`).
+"""The rollout benchmark's arithmetic, pure functions over one run's records (`bench.rollout.run`); the
+figures' definitions: docs/benchmark.md ("Cache handoff through a rollout").
 
-- A call *hits* when it was answered from a cached prefix: HBM, DRAM, a peer's (the first use of a prefix
-  another ranker pushed or was fetched from) or extended (`HITS`); a failed call does not hit. It is
-  *returning* when its user's previous call was made within the DRAM TTL before it.
-- Phases split calls by their intended send time (`bench.rollout.plan`), the same in every mode of a seed.
-- A drained ranker's *resident users* (`drain_outcome`): the users whose last call answered before its
-  SIGTERM was answered by it, within the DRAM TTL of the SIGTERM: their prefix was in its DRAM (or HBM)
-  when it began to drain. Their *next call* is their first one sent at or after the SIGTERM. The ranker
-  itself may answer it while it drains (*draining*: it serves Ranks until the routing processes have seen
-  it go NOT_SERVING); otherwise it went elsewhere (*moved*: the ranker was down, its users with their next
-  owner, where a handoff pushed the prefix) or back to the ranker (*back*: restarted, it reads a miss
-  through from whoever served the user meanwhile). Users with no call after the SIGTERM are not counted.
-- After the scale-out (`scale_out`): the spare's returning users' first calls it answered, and all its
-  returning calls, against the steady phase's returning calls.
-- Device seconds recomputing: the rankers' model seconds of whole prefixes computed (`RECOMPUTE_OPS`: a
-  pre-inference, for a PreInfer or a Rank that missed, and an uncached rank), from their metrics.
+A call *hits* when its prefix came from a cache (`HITS`; a failed call does not hit), and is *returning*
+when its user's previous call was sent within the DRAM TTL before it. Phases split calls by their intended
+send time. A drained ranker's *resident users* (`drain_outcome`) are those whose last call answered before
+its SIGTERM was answered by it within the DRAM TTL; their *next call* is their first one sent at or after
+the SIGTERM, answered by the ranker while it drains, by another (*moved*) or by it once restarted (*back*).
+Counters are read as increases over a window (`increase`) across restarts: every sample carries its
+process's id, a process's counters before its first sample read as that sample's when it was the load's
+baseline, else as 0 (started during the run), and gauges (`GAUGES`) are levels, never increases.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from bench.lib.stats import percentile
-from bench.rollout.plan import Phase
-from bench.rollout.run import Call, Change
-from bench.rollout.scrape import Sample, increase, last_before
+from bench.rollout.config import Phase
+from bench.rollout.run import Call, Change, Sample
 
 HITS = frozenset(("hbm", "dram", "peer", "extended"))
 SOURCES = ("hbm", "dram", "peer", "extended", "miss")  # runs before the peer was a source have no `peer`
 RECOMPUTE_OPS = ("pre_infer", "uncached")
 HANDOFF_SETTLE_S = 1.0  # after a drained ranker exits, what its peers received by then is its handoff's
+GAUGES = ("handoff_duration_s", "kv_bytes")  # keys (or key prefixes) read as levels, never as increases
+
+
+def _level(samples: list[Sample], at_s: float) -> Mapping[str, float]:
+    """One process's counters at `at_s`, from its samples in time order (see the module docstring)."""
+    last: Mapping[str, float] = samples[0].values if samples[0].baseline else {}
+    for sample in samples:
+        if sample.at_s > at_s:
+            break
+        last = sample.values
+    return last
+
+
+def increase(
+    samples: Iterable[Sample], start_s: float, end_s: float, rankers: Iterable[str] | None = None
+) -> dict[str, float]:
+    """Every counter's increase over [start_s, end_s], summed over the processes of `rankers` (None:
+    every ranker); gauges are left out."""
+    wanted = None if rankers is None else set(rankers)
+    processes: dict[tuple[str, int], list[Sample]] = collections.defaultdict(list)
+    for sample in sorted(samples, key=lambda s: s.at_s):
+        if wanted is None or sample.ranker in wanted:
+            processes[(sample.ranker, sample.pid)].append(sample)
+    total: dict[str, float] = collections.defaultdict(float)
+    for process in processes.values():
+        before, after = _level(process, start_s), _level(process, end_s)
+        for key, value in after.items():
+            if key.split("/")[0] not in GAUGES:
+                total[key] += value - before.get(key, 0.0)
+    return {key: round(value, 6) for key, value in sorted(total.items())}
+
+
+def last_before(samples: Iterable[Sample], ranker: str, at_s: float) -> Sample | None:
+    """The last sample of `ranker` taken at or before `at_s`."""
+    found = [s for s in samples if s.ranker == ranker and s.at_s <= at_s]
+    return max(found, key=lambda s: s.at_s) if found else None
 
 
 def hit(call: Call) -> bool:
@@ -92,23 +121,18 @@ def phase_stats(calls: Sequence[Call], phase: Phase, samples: Sequence[Sample], 
     device = {key.split("/")[1]: value for key, value in counters.items() if key.startswith("device_s/")}
     again = [call for call in inside if call.index in back]
     return PhaseStats(
-        phase=phase.name,
-        calls=len(inside),
-        failed=len(inside) - len(answered),
+        phase=phase.name, calls=len(inside), failed=len(inside) - len(answered),
         failure_codes=dict(collections.Counter(call.code for call in inside if not call.ok)),
         sources={source: sum(call.source == source for call in answered) for source in SOURCES},
-        miss_reasons=dict(
-            collections.Counter(call.miss_reason for call in answered if call.source == "miss")
-        ),
-        returning=len(again),
-        returning_hits=sum(hit(call) for call in again),
+        miss_reasons=dict(collections.Counter(c.miss_reason for c in answered if c.source == "miss")),
+        returning=len(again), returning_hits=sum(hit(call) for call in again),
         recommend_ms=latency([call.recommend_ms for call in inside]),
         rank_ms=latency([call.rank_ms for call in inside]),
         computed_events=sum(call.computed_events for call in answered),
         device_s={op: round(seconds, 3) for op, seconds in sorted(device.items()) if op != "profile"},
         recompute_s=round(sum(device.get(op, 0.0) for op in RECOMPUTE_OPS), 3),
         rankers={key: value for key, value in counters.items() if not key.startswith("device_s/")},
-    )
+    )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,41 +180,28 @@ def next_calls(calls: Sequence[Call], users: Iterable[str], at_s: float) -> dict
 def drain_outcome(
     calls: Sequence[Call], change: Change, samples: Sequence[Sample], ttl_s: float
 ) -> DrainOutcome:
-    at_s = change.signalled_s
-    assert at_s is not None and change.exited_s is not None, "a drain has a SIGTERM and an exit"
+    at_s, exited_s = change.signalled_s, change.exited_s
+    assert at_s is not None and exited_s is not None, "a drain has a SIGTERM and an exit"
     following = next_calls(calls, resident_users(calls, change.ranker, at_s, ttl_s), at_s)
     answered = [call for call in following.values() if call.ok]
     moved = [call for call in answered if call.instance != change.ranker]
-    draining = [c for c in answered if c.instance == change.ranker and c.answered_s <= change.exited_s]
-    back = [c for c in answered if c.instance == change.ranker and c.answered_s > change.exited_s]
+    draining = [c for c in answered if c.instance == change.ranker and c.answered_s <= exited_s]
+    back = [c for c in answered if c.instance == change.ranker and c.answered_s > exited_s]
     peers = {sample.ranker for sample in samples} - {change.ranker}
-    received = increase(samples, at_s, change.exited_s + HANDOFF_SETTLE_S, peers).get(
-        "handoff_received_bytes", 0.0
-    )
-    last = last_before(samples, change.ranker, change.exited_s)
-    handoff = {
-        k: v
-        for k, v in (last.values if last else {}).items()
-        if k.startswith(("handoff_sent", "handoff_dur"))
-    }
+    received = increase(samples, at_s, exited_s + HANDOFF_SETTLE_S, peers).get("handoff_received_bytes", 0.0)
+    last = last_before(samples, change.ranker, exited_s)
+    held = last.values if last else {}
     return DrainOutcome(
-        action=change.action,
-        ranker=change.ranker,
-        signalled_s=at_s,
-        resident=len(following),
-        hits=sum(hit(call) for call in following.values()),
-        failed=sum(not call.ok for call in following.values()),
-        draining=len(draining),
-        draining_hits=sum(hit(call) for call in draining),
-        moved=len(moved),
-        moved_hits=sum(hit(call) for call in moved),
-        back=len(back),
-        back_hits=sum(hit(call) for call in back),
+        action=change.action, ranker=change.ranker, signalled_s=at_s, resident=len(following),
+        hits=sum(map(hit, following.values())), failed=sum(not call.ok for call in following.values()),
+        draining=len(draining), draining_hits=sum(hit(call) for call in draining),
+        moved=len(moved), moved_hits=sum(hit(call) for call in moved),
+        back=len(back), back_hits=sum(hit(call) for call in back),
         next_hit={user: hit(call) for user, call in sorted(following.items())},
         resident_bytes=change.resident_bytes,
-        sent=handoff,
+        sent={k: v for k, v in held.items() if k.startswith(("handoff_sent", "handoff_dur"))},
         received_bytes=received,
-    )
+    )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,14 +224,9 @@ def scale_out(calls: Sequence[Call], ranker: str, ready_s: float, end_s: float, 
     ]
     again = [call for call in served if call.index in back]
     return ScaleOut(
-        ranker=ranker,
-        ready_s=ready_s,
-        end_s=end_s,
-        first_visits=len(first),
-        first_hits=sum(hit(call) for call in first),
-        calls=len(again),
-        hits=sum(hit(call) for call in again),
-    )
+        ranker, ready_s, end_s, len(first), sum(hit(call) for call in first), len(again),
+        sum(hit(call) for call in again),
+    )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,22 +244,18 @@ class Bucket:
 def timeline(
     calls: Sequence[Call], samples: Sequence[Sample], width_s: float, duration_s: float
 ) -> list[Bucket]:
-    buckets = []
-    count = int(duration_s / width_s + 0.5)
     by_bucket: dict[int, list[Call]] = collections.defaultdict(list)
     for call in calls:
         by_bucket[int(call.intended_s // width_s)].append(call)
-    for k in range(count):
+    buckets = []
+    for k in range(int(duration_s / width_s + 0.5)):
         inside = by_bucket.get(k, [])
         device = increase(samples, k * width_s, (k + 1) * width_s)
-        buckets.append(
-            Bucket(
-                start_s=round(k * width_s, 3),
-                calls=len(inside),
-                sources={s: sum(c.ok and c.source == s for c in inside) for s in SOURCES},
-                failed=sum(not c.ok for c in inside),
-                recommend_p99_ms=latency([c.recommend_ms for c in inside])["p99"],
-                recompute_s=round(sum(device.get(f"device_s/{op}", 0.0) for op in RECOMPUTE_OPS), 4),
-            )
-        )
+        buckets.append(Bucket(
+            start_s=round(k * width_s, 3), calls=len(inside),
+            sources={s: sum(c.ok and c.source == s for c in inside) for s in SOURCES},
+            failed=sum(not c.ok for c in inside),
+            recommend_p99_ms=latency([c.recommend_ms for c in inside])["p99"],
+            recompute_s=round(sum(device.get(f"device_s/{op}", 0.0) for op in RECOMPUTE_OPS), 4),
+        ))  # fmt: skip
     return buckets

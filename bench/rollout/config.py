@@ -1,37 +1,37 @@
-"""`python -m bench rollout`'s settings, each a flag with a `RELAYGR_…` environment twin.
+"""`python -m bench rollout`'s settings (`RolloutConfig`, each a flag with a `RELAYGR_…` environment twin)
+and the plan they make (`plan`): the phases and the fleet changes that open them, in seconds since the
+run's load started. Why the defaults are what they are, and the phases: docs/benchmark.md ("Cache handoff
+through a rollout"); the relay is off by default so that a Rank's cache source says whether the cache
+followed its user (with it on, a moved user's PreInfer recomputes or reloads the prefix off the critical
+path, and the handoff shows only in the device seconds and PreInfer outcomes).
 
-Defaults, and why:
-
-- `cpu-tiny`, 3 rankers with one thread each, one spare member: a fleet of four ranker processes, a
-  router, a trigger, a retrieval stub and the load generator share 2 cores; a bigger model would measure
-  the machine's queueing, not where each prefix came from.
-- The relay off (`--relay false`: no Admit, no PreInfer): a Rank's cache source then says whether the
-  cache followed its user. With the relay on, a moved user's PreInfer recomputes (handoff off) or
-  reloads (on) the prefix off the critical path and the Rank finds it in HBM either way: the handoff
-  shows in the rankers' device seconds and PreInfer outcomes, not in the tiers (`--relay true` runs it).
-- 16 Recommend/s with 90 % of requests from a user of the last 30 s (`bench.lib.workload.RevisitSampler`):
-  returning users dominate, each within the rankers' 60 s DRAM TTL; every user has 1024 long-term events
-  (256 of room to grow, so a return extends its prefix instead of sliding it).
-- Phases: 20 s of warm-up (not measured: the users' first visits), 30 s steady, the rolling restart (a
-  20 s slot per ranker: SIGTERM, the drain and its handoff, gone after about 2 s on this machine, Ready
-  again about 3 s later, then the users settle back), 30 s after the scale-out, 20 s after the scale-in,
-  10 s of tail: 170 s of load a run, 3.0 minutes measured with the fleet's start and stop; 3 seeds of
-  both modes take about 18-19 minutes.
+The load runs from 0 to `Plan.duration_s` whatever the fleet does, so every mode of a seed sends the same
+requests at the same times; a change is made at its planned time, or later when the previous one is not
+done (a restart waits for Ready, as a rollout does). The rolling restart takes the rankers in the order
+`kubectl rollout restart` takes a StatefulSet's pods (`restart_order`); the scale-out starts the spare
+member (declared on every ring from the start, unroutable until it serves), the scale-in SIGTERMs it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 
 from bench.lib.fleets import FleetSettings
 from services.common.config import listed, setting
+from services.common.presets import MODEL_PRESET_NAMES
+from services.launcher.fleet import ranker_name
 
-SHORT_TERM = 16
-NUM_CANDIDATES = 128
-GROWTH_HEADROOM = 256  # long-term events a user may gain before its history slides
 MODES = ("off", "on")
-CPU_PRESETS = ("cpu-tiny", "cpu-small")
+CPU_PRESETS = tuple(name for name in MODEL_PRESET_NAMES if name.startswith("cpu-"))
+
+WARMUP, STEADY, ROLLOUT = "warm-up", "steady", "rollout"
+SCALE_OUT, SCALE_IN, TAIL = "scale-out", "scale-in", "tail"
+MEASURED_PHASES = (STEADY, ROLLOUT, SCALE_OUT, SCALE_IN, TAIL)
+# The fleet changes: a restart SIGTERMs a ranker and starts it again, a start brings the spare up, a stop
+# SIGTERMs it for good.
+RESTART, START, STOP = "restart", "start", "stop"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,3 +117,85 @@ class RolloutConfig(FleetSettings):
     def block(self) -> int:
         """Requests per bootstrap block."""
         return max(1, round(self.rate * self.block_s))
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    name: str
+    start_s: float
+    end_s: float
+
+    def holds(self, at_s: float) -> bool:
+        return self.start_s <= at_s < self.end_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One planned fleet change: `action` on `ranker` at `at_s`."""
+
+    action: str
+    ranker: str
+    at_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    phases: tuple[Phase, ...]
+    changes: tuple[Change, ...]
+    rankers: tuple[str, ...]  # started with the fleet
+    spare: str
+
+    @property
+    def duration_s(self) -> float:
+        return self.phases[-1].end_s
+
+    def phase(self, name: str) -> Phase:
+        return next(phase for phase in self.phases if phase.name == name)
+
+
+def ordinal(name: str) -> int:
+    """A StatefulSet pod's ordinal: the number its name ends with."""
+    found = re.search(r"(\d+)$", name)
+    if found is None:
+        raise ValueError(f"{name!r} has no ordinal")
+    return int(found.group(1))
+
+
+def restart_order(names: list[str] | tuple[str, ...]) -> list[str]:
+    """The order `kubectl rollout restart` updates a StatefulSet's pods in (RollingUpdate): the highest
+    ordinal first, down to 0, one at a time."""
+    return sorted(names, key=ordinal, reverse=True)
+
+
+def plan(config: RolloutConfig) -> Plan:
+    c = config
+    rankers = tuple(ranker_name(i) for i in range(c.rankers))
+    lengths = [
+        (WARMUP, c.warmup_s), (STEADY, c.steady_s), (ROLLOUT, c.restart_slot_s * len(rankers)),
+        (SCALE_OUT, c.scale_out_s), (SCALE_IN, c.scale_in_s), (TAIL, c.tail_s),
+    ]  # fmt: skip
+    phases, start = [], 0.0
+    for name, length in lengths:
+        phases.append(Phase(name, start, start + length))
+        start += length
+    made = Plan(tuple(phases), (), rankers, ranker_name(c.rankers))
+    restarts = [
+        Change(RESTART, name, made.phase(ROLLOUT).start_s + k * c.restart_slot_s)
+        for k, name in enumerate(restart_order(rankers))
+    ]
+    spare = [Change(START, made.spare, made.phase(SCALE_OUT).start_s),
+             Change(STOP, made.spare, made.phase(SCALE_IN).start_s)]  # fmt: skip
+    return dataclasses.replace(made, changes=(*restarts, *spare))
+
+
+def describe(made: Plan, runs: int, overhead_s: float) -> str:
+    """The plan in a few lines, with the whole run's duration: `runs` runs of the load, each with
+    `overhead_s` of fleet start and stop."""
+    phases = ", ".join(f"{p.name} {p.end_s - p.start_s:g} s" for p in made.phases if p.end_s > p.start_s)
+    order = " → ".join(change.ranker for change in made.changes if change.action == RESTART)
+    total_s = runs * (made.duration_s + overhead_s)
+    return (
+        f"plan: {made.duration_s:g} s of load a run ({phases}); restart order {order}; spare {made.spare}\n"
+        f"{runs} run(s), each with about {overhead_s:g} s of fleet start and stop: "
+        f"about {total_s / 60:.1f} min"
+    )

@@ -1,12 +1,11 @@
-"""One rollout run (`run_once`): a fresh fleet in one handoff mode, the plan's load on it from a thread of
-its own (`Load`), the plan's fleet changes made on time (`Rollout`), and the rankers' metrics scraped
-throughout (`bench.rollout.scrape`). What it records (`RunRecord`): every Recommend (`Call`), every
-change as it happened (`Change`: when planned, SIGTERMed, gone, Ready; what the ranker held just before
-its SIGTERM) and every metrics sample.
-
-The fleet (`fleet_config`): the plan's rankers started, one spare declared to every process (its users go
-to their next member until it starts), routing direct, the relay as `--relay` says; the off mode's rankers
-get `--handoff-off-flags`, the on mode's nothing beyond the rest (their defaults hand off).
+"""One rollout run (`run_once`): a fresh fleet (the launcher's `Fleet`: the plan's rankers, one spare declared
+to every process, routing direct, the relay as `--relay` says; the off mode's rankers get
+`--handoff-off-flags`), the plan's open-loop load on it (`drive`), and the plan's fleet changes made on
+time on a thread of their own while the rankers' metrics (`KEYS`) are scraped throughout (`Rollout`). What it
+records (`RunRecord`): every Recommend (`Call`), every change as it happened (`Change`: when planned,
+SIGTERMed, gone, Ready; what the ranker held just before its SIGTERM) and every metrics sample (`Sample`).
+A draining ranker is scraped every `DRAINING_INTERVAL_S`, so what it did in its last tenth of a second may
+be missing from its last sample; its peers' counters (bytes received) miss nothing.
 """
 
 from __future__ import annotations
@@ -18,25 +17,32 @@ import shlex
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import grpc
 
+from bench.lib.config import BenchConfig
+from bench.lib.driving import NUM_CANDIDATES
 from bench.lib.points import miss_label
-from bench.lib.probes import machine_busy_s
+from bench.lib.probes import machine_busy_s, metric_values, scrape
 from bench.lib.workload import Population, RevisitSampler, fixed_length_universe
-from bench.rollout.config import GROWTH_HEADROOM, NUM_CANDIDATES, SHORT_TERM, RolloutConfig
-from bench.rollout.plan import RESTART, START, Plan
-from bench.rollout.plan import Change as Planned
-from bench.rollout.scrape import Sample, Scraper
+from bench.rollout.config import RESTART, START, Plan, RolloutConfig
+from bench.rollout.config import Change as Planned
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc
 from services.common.contract import cache_source_label
 from services.launcher.fleet import STUB, Fleet, FleetConfig
 from services.loadgen.openloop import CallRecord, run_open_loop
 
 TOP_K = 10
-LOAD_START_TIMEOUT_S = 30.0
+DRAINING_INTERVAL_S = 0.1
+SCRAPE_TIMEOUT_S = 2.0
+# The metrics read (`bench.lib.probes.FAMILIES`): device seconds by op, PreInfer outcomes, the handoff's
+# entries and bytes sent and received, read-throughs and their bytes, the last handoff's duration, the tiers.
+KEYS = (
+    "device_s", "pre_infer", "handoff_sent", "handoff_sent_bytes", "handoff_received",
+    "handoff_received_bytes", "read_through", "read_through_bytes", "handoff_duration_s", "kv_bytes",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +86,17 @@ class Change:
 
 
 @dataclasses.dataclass(frozen=True)
+class Sample:
+    """One scrape of one ranker process, `at_s` seconds after the load started: `KEYS`, flat."""
+
+    at_s: float
+    ranker: str
+    pid: int
+    values: dict[str, float]
+    baseline: bool = False  # taken at the load's start
+
+
+@dataclasses.dataclass(frozen=True)
 class RunRecord:
     mode: str
     seed: int
@@ -107,12 +124,12 @@ def call_of(record: CallRecord, user: str) -> Call:
 
 
 def fleet_config(config: RolloutConfig, mode: str, log_dir: Path) -> FleetConfig:
-    c = config
-    universe = fixed_length_universe(c.long_term, SHORT_TERM, GROWTH_HEADROOM, seed=0)
+    c, short_term = config, BenchConfig.short_term
+    universe = fixed_length_universe(c.long_term, short_term, BenchConfig.growth_headroom, seed=0)
     ranker_args = [
         "--torch-threads", str(c.torch_threads), "--dram-ttl-s", f"{c.dram_ttl_s:g}",
         "--profile-lengths", c.ranker_profile_lengths, "--profile-repeats", "1",
-        "--profile-candidates", str(NUM_CANDIDATES), "--profile-short-term", str(SHORT_TERM),
+        "--profile-candidates", str(NUM_CANDIDATES), "--profile-short-term", str(short_term),
         *(shlex.split(c.handoff_off_flags) if mode == "off" else []),
     ]  # fmt: skip
     stub_args = [
@@ -120,124 +137,143 @@ def fleet_config(config: RolloutConfig, mode: str, log_dir: Path) -> FleetConfig
         *universe.stub_args,
     ]  # fmt: skip
     return FleetConfig(
-        rankers=c.rankers,
-        spare_rankers=1,
-        model_preset=c.model_preset,
-        hbm_budget_mb=c.hbm_budget_mb,
-        dram_budget_mb=c.dram_budget_mb,
-        relay_window_ms=c.relay_window_ms,
-        relay=c.relay,
-        routing="direct",
-        base_port=0,
-        metrics_base_port=0,
-        log_dir=str(log_dir),
-        startup_timeout_s=c.startup_timeout_s,
-        ranker_args=shlex.join(ranker_args),
-        stub_args=shlex.join(stub_args),
-    )
-
-
-class Load(threading.Thread):
-    """The plan's open-loop Recommend load against one stub, on a thread with its own event loop."""
-
-    def __init__(
-        self,
-        address: str,
-        sampler: RevisitSampler | Population,
-        config: RolloutConfig,
-        duration_s: float,
-        seed: int,
-    ):
-        super().__init__(name="rollout-load", daemon=True)
-        self.address, self.sampler, self.config = address, sampler, config
-        self.duration_s, self.seed = duration_s, seed
-        self.origin = math.nan  # time.monotonic() when the first arrival's clock started
-        self.started = threading.Event()
-        self.records: list[CallRecord] = []
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.records = asyncio.run(self._drive())
-        except BaseException as exc:  # re-raised by `calls`, on the run's thread
-            self.error = exc
-            self.started.set()
-
-    async def _drive(self) -> list[CallRecord]:
-        c = self.config
-        async with grpc.aio.insecure_channel(self.address) as channel:
-            recommend = recommend_pb2_grpc.RecommendServiceStub(channel).Recommend
-            self.origin = asyncio.get_running_loop().time()  # the loop's clock is time.monotonic()
-            self.started.set()
-            return await run_open_loop(
-                recommend,
-                lambda index: recommend_pb2.RecommendRequest(user_id=self.sampler.user(index), top_k=TOP_K),
-                c.rate,
-                duration_s=self.duration_s,
-                timeout_s=(c.relay_window_ms + c.rank_timeout_ms) / 1000 + 1.0,
-                seed=self.seed,
-            )
-
-    def calls(self) -> list[Call]:
-        """Waits for the load's end; every call, in send order."""
-        self.join()
-        if self.error is not None:
-            raise self.error
-        return [call_of(record, self.sampler.user(record.index)) for record in self.records]
+        rankers=c.rankers, spare_rankers=1, model_preset=c.model_preset, hbm_budget_mb=c.hbm_budget_mb,
+        dram_budget_mb=c.dram_budget_mb, relay_window_ms=c.relay_window_ms, relay=c.relay, routing="direct",
+        base_port=0, metrics_base_port=0, log_dir=str(log_dir), startup_timeout_s=c.startup_timeout_s,
+        ranker_args=shlex.join(ranker_args), stub_args=shlex.join(stub_args),
+    )  # fmt: skip
 
 
 class Rollout:
-    """Makes a plan's fleet changes on one running fleet, each at its time or as soon as the previous is
-    done, and keeps the scraper watching the rankers that run."""
+    """Makes a plan's fleet changes on one running fleet (`make_all`, from one thread: the fleet is not
+    thread-safe), each at its time or as soon as the previous is done, and scrapes the rankers it watches
+    every `interval_s` (a draining one every `DRAINING_INTERVAL_S`) on a thread of its own, from `with` until
+    its end; that thread reads only what is watched (`_targets`, under the lock), never the fleet."""
 
-    def __init__(self, fleet: Fleet, scraper: Scraper, origin: float, log: Callable[[str], None]) -> None:
-        self.fleet, self.scraper, self.origin, self.log = fleet, scraper, origin, log
+    def __init__(self, fleet: Fleet, interval_s: float, log: Callable[[str], None]) -> None:
+        self.fleet, self.interval_s, self.log = fleet, interval_s, log
+        self.origin = math.nan  # time.monotonic() at the load's start
+        self.samples: list[Sample] = []
+        self._targets: dict[str, list] = {}  # ranker -> [metrics URL, pid, interval, next due]
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rollout-scraper", daemon=True)
 
     def now_s(self) -> float:
         return round(time.monotonic() - self.origin, 3)
 
-    def watch(self, name: str) -> None:
+    def watch(self, name: str, interval_s: float | None = None) -> None:
         endpoint = self.fleet.endpoints()[name]
-        self.scraper.watch(name, endpoint.metrics_url, endpoint.pid)
+        with self._lock:
+            self._targets[name] = [endpoint.metrics_url, endpoint.pid, interval_s or self.interval_s, 0.0]
+
+    def scrape(self, rankers: Iterable[str], baseline: bool = False) -> dict[str, Sample]:
+        """Scrapes `rankers` now; the samples taken (a ranker that did not answer has none)."""
+        with self._lock:
+            targets = {name: self._targets[name][:2] for name in rankers if name in self._targets}
+        taken = {}
+        for name, (url, pid) in targets.items():
+            try:
+                values = metric_values(scrape(url, SCRAPE_TIMEOUT_S), KEYS)
+            except OSError:  # gone, or not serving metrics yet: no sample
+                continue
+            taken[name] = Sample(self.now_s(), name, pid, values, baseline)
+        with self._lock:
+            self.samples.extend(taken.values())
+        return taken
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            with self._lock:
+                due = [name for name, target in self._targets.items() if target[3] <= now]
+                for name in due:
+                    self._targets[name][3] = now + self._targets[name][2]
+            self.scrape(due)
+            self._stop.wait(DRAINING_INTERVAL_S / 2)
+
+    def __enter__(self) -> Rollout:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def make_all(self, plan: Plan) -> list[Change]:
+        """Watches the plan's rankers, takes the baseline samples and makes the plan's changes, each at its
+        time or as soon as the previous is done; stops early once the `with` block ends."""
+        for name in plan.rankers:
+            self.watch(name)
+        self.scrape(plan.rankers, baseline=True)
+        made = []
+        for planned in plan.changes:
+            if self._stop.wait(max(planned.at_s - self.now_s(), 0.0)):
+                break
+            made.append(self.make(planned))
+        return made
 
     def make(self, planned: Planned) -> Change:
-        time.sleep(max(planned.at_s - self.now_s(), 0.0))
-        began = self.now_s()
+        """The change, made: a start waits until the spare is Ready; a restart or stop SIGTERMs the ranker
+        (it drains and hands off) and waits until it is gone, and a restart starts it again on its name and
+        ports and waits until it is Ready."""
+        name, began = planned.ranker, self.now_s()
         if planned.action == START:
-            self.fleet.start_ranker(planned.ranker)
-            self.watch(planned.ranker)
-            change = Change(planned.action, planned.ranker, planned.at_s, began, ready_s=self.now_s())
+            self.fleet.start_ranker(name)
+            self.watch(name)
+            change = Change(planned.action, name, planned.at_s, began, ready_s=self.now_s())
         else:
-            change = self._drain(planned, began)
+            peers = [
+                other
+                for other in self.fleet.endpoints()
+                if other in self.fleet.member_names and other != name
+            ]
+            before = self.scrape([name, *peers]).get(name)
+            held = before.values if before is not None else {}
+            resident = {
+                key.split("/")[1]: value for key, value in held.items() if key.startswith("kv_bytes/")
+            }
+            self.watch(name, DRAINING_INTERVAL_S)
+            signalled = self.now_s()
+            self.fleet.kill(name, signal.SIGTERM)
+            exited = self.now_s()
+            with self._lock:
+                del self._targets[name]
+            self.scrape(peers)  # what they received, to the end of the handoff
+            code, ready = self.fleet.children[name].popen.returncode, None
+            if planned.action == RESTART:
+                self.fleet.restart(name)
+                self.watch(name)
+                ready = self.now_s()
+            change = Change(
+                planned.action, name, planned.at_s, began, signalled, exited, code, ready, resident
+            )
         late = f" ({began - planned.at_s:.1f} s late)" if began - planned.at_s > 0.5 else ""
         times = {"SIGTERM": change.signalled_s, "gone": change.exited_s, "Ready": change.ready_s}
         steps = ", ".join(f"{what} at {at:.1f} s" for what, at in times.items() if at is not None)
-        self.log(f"{planned.action} {planned.ranker}, planned at {planned.at_s:g} s{late}: {steps}")
+        self.log(f"{planned.action} {name}, planned at {planned.at_s:g} s{late}: {steps}")
         return change
 
-    def _drain(self, planned: Planned, began: float) -> Change:
-        """SIGTERM (the ranker drains and hands off), wait until it is gone, and for a restart start it
-        again on its name and ports and wait until it is Ready."""
-        name = planned.ranker
-        peers = [
-            other for other in self.fleet.endpoints() if other in self.fleet.member_names and other != name
-        ]
-        before = self.scraper.scrape([name, *peers]).get(name)
-        held = before.values if before is not None else {}
-        resident = {key.split("/")[1]: value for key, value in held.items() if key.startswith("kv_bytes/")}
-        self.scraper.hurry(name)
-        signalled = self.now_s()
-        self.fleet.kill(name, signal.SIGTERM)
-        exited = self.now_s()
-        self.scraper.forget(name)
-        self.scraper.scrape(peers)  # what they received, to the end of the handoff
-        code = self.fleet.children[name].popen.returncode
-        ready = None
-        if planned.action == RESTART:
-            self.fleet.restart(name)
-            self.watch(name)
-            ready = self.now_s()
-        return Change(planned.action, name, planned.at_s, began, signalled, exited, code, ready, resident)
+
+async def drive(
+    rollout: Rollout, plan: Plan, sampler: RevisitSampler | Population, c: RolloutConfig, seed: int
+) -> tuple[list[CallRecord], list[Change]]:
+    """The plan's open-loop load on this thread's event loop, its fleet changes (`Rollout.make_all`) on a
+    thread of their own meanwhile; the load's records and the changes."""
+    async with grpc.aio.insecure_channel(rollout.fleet.address(STUB)) as channel:
+        load = asyncio.ensure_future(run_open_loop(
+            recommend_pb2_grpc.RecommendServiceStub(channel).Recommend,
+            lambda index: recommend_pb2.RecommendRequest(user_id=sampler.user(index), top_k=TOP_K),
+            c.rate, duration_s=plan.duration_s, seed=seed,
+            timeout_s=(c.relay_window_ms + c.rank_timeout_ms) / 1000 + 1.0,
+        ))  # fmt: skip
+        await asyncio.sleep(0)  # the load's clock starts
+        rollout.origin = time.monotonic()
+        with rollout:
+            changes = await asyncio.to_thread(rollout.make_all, plan)
+            records = await load
+            rollout.scrape(list(rollout.fleet.endpoints()))
+    return records, changes
 
 
 def run_once(
@@ -250,32 +286,23 @@ def run_once(
     log: Callable[[str], None],
 ) -> RunRecord:
     """One run of `plan` in handoff `mode` with load seed `seed` on a fresh fleet."""
-    c = config
     started = time.monotonic()
+    c = config
     sampler: RevisitSampler | Population = (
         Population(f"rollout-s{seed}", c.population, seed)
         if c.population
         else RevisitSampler(f"rollout-s{seed}", c.rate, c.revisit_probability, c.revisit_window_s, seed)
     )
+
     with Fleet(fleet_config(c, mode, log_dir)) as fleet:
-        up_s = time.monotonic() - started
-        log(f"{mode} seed {seed}: fleet up in {up_s:.0f} s; {plan.duration_s:g} s of load")
+        log(f"{mode} seed {seed}: fleet up in {time.monotonic() - started:.0f} s; {plan.duration_s:g} s of "
+            "load")  # fmt: skip
         busy_before = machine_busy_s()
-        load = Load(fleet.address(STUB), sampler, c, plan.duration_s, seed)
-        load.start()
-        if not load.started.wait(LOAD_START_TIMEOUT_S) or load.error is not None:
-            raise RuntimeError(f"the load did not start: {load.error}")
-        with Scraper(c.scrape_interval_s, load.origin) as scraper:
-            rollout = Rollout(fleet, scraper, load.origin, log)
-            for name in plan.rankers:
-                rollout.watch(name)
-            scraper.scrape(plan.rankers, baseline=True)
-            changes = [rollout.make(planned) for planned in plan.changes]
-            calls = load.calls()
-            scraper.scrape(list(fleet.endpoints()))
+        rollout = Rollout(fleet, c.scrape_interval_s, log)
+        records, changes = asyncio.run(drive(rollout, plan, sampler, c, seed))
         fleet.check()  # no child died on its own
-        busy = (machine_busy_s() - busy_before) / max(time.monotonic() - load.origin, 1e-9)
+        busy = (machine_busy_s() - busy_before) / max(time.monotonic() - rollout.origin, 1e-9)
     return RunRecord(
-        mode, seed, order, calls, changes, sorted(scraper.samples, key=lambda s: s.at_s),
-        round(time.monotonic() - started, 1), round(busy, 3),
+        mode, seed, order, [call_of(record, sampler.user(record.index)) for record in records], changes,
+        sorted(rollout.samples, key=lambda s: s.at_s), round(time.monotonic() - started, 1), round(busy, 3),
     )  # fmt: skip

@@ -1,17 +1,10 @@
 """A rollout run's summary (`summarize_run`) and the figures across runs (`figures`), handoff off against
-on, paired by seed: each seed's runs had the same arrivals and the same users.
-
-The done-when figures:
-1. `drained`: of the drained rankers' resident users (`bench.rollout.analysis.drain_outcome`, every
-   drain of a run: the rolling restart's and the scale-in's), the share whose next call hit, per mode,
-   with a Wilson interval on the seeds' effective counts and the on-off difference with Newcombe's
-   (`bench.lib.intervals.proportion` and `proportion_difference`: a hit is a sample of 1, a miss of 0).
-2. `failed`: failed calls, every measured phase's, per mode (0 expected).
-3. `rollout_p99`: the Recommend P99 over the calls sent during the rolling restart, per mode with its
-   block-bootstrap interval, and on less off with the paired interval (`bench.lib.intervals.p99_difference`:
-   the same resampled positions in both modes, so the shared arrivals cancel), with each seed's ratio.
-4. `scale_out`: the spare's returning users' hit share on their first call to it, against the steady
-   phase's returning calls' hit share.
+on, paired by seed (each seed's runs had the same arrivals and users): (1) `drained`, the drained rankers'
+resident users whose next call hit, with a Wilson interval on the seeds' effective counts and the on-off
+difference with Newcombe's; (2) `failed` calls over the measured phases; (3) `rollout_p99`, the rolling
+restart's Recommend P99 with its block-bootstrap interval and on less off with the paired one
+(`bench.lib.intervals.p99_difference`); (4) `scale_out`, the spare's returning users' first-call hit
+share, against the steady phase's returning calls'.
 """
 
 from __future__ import annotations
@@ -22,19 +15,9 @@ from collections.abc import Sequence
 
 from bench.lib.intervals import Interval, p99_difference, p99_interval, proportion, proportion_difference
 from bench.lib.stats import percentile
-from bench.rollout.analysis import (
-    Bucket,
-    DrainOutcome,
-    PhaseStats,
-    ScaleOut,
-    drain_outcome,
-    phase_stats,
-    returning,
-    scale_out,
-    timeline,
-)
-from bench.rollout.config import RolloutConfig
-from bench.rollout.plan import MEASURED_PHASES, ROLLOUT, SCALE_IN, START, STEADY, Plan
+from bench.rollout import analysis
+from bench.rollout.analysis import Bucket, DrainOutcome, PhaseStats, ScaleOut
+from bench.rollout.config import MEASURED_PHASES, ROLLOUT, SCALE_IN, START, STEADY, Plan, RolloutConfig
 from bench.rollout.run import Change, RunRecord
 
 
@@ -56,30 +39,23 @@ class RunSummary:
 
 
 def summarize_run(record: RunRecord, plan: Plan, config: RolloutConfig) -> RunSummary:
-    calls, samples, ttl_s = record.calls, record.samples, config.dram_ttl_s
-    back = returning(calls, ttl_s)
-    started = next((c for c in record.changes if c.action == START and c.ready_s is not None), None)
-    spare = None
-    if started is not None:
-        spare = scale_out(calls, started.ranker, started.ready_s, plan.phase(SCALE_IN).start_s, back)
+    calls, samples, ttl_s, r = record.calls, record.samples, config.dram_ttl_s, record
+    back = analysis.returning(calls, ttl_s)
+    started = next((c for c in r.changes if c.action == START and c.ready_s is not None), None)
+    end_s = plan.phase(SCALE_IN).start_s
+    spare = (
+        None if started is None else analysis.scale_out(calls, started.ranker, started.ready_s, end_s, back)
+    )
     rollout = plan.phase(ROLLOUT)
     return RunSummary(
-        mode=record.mode,
-        seed=record.seed,
-        order=record.order,
-        wall_s=record.wall_s,
-        machine_busy_cores=record.machine_busy_cores,
-        send_lag_p99_ms=round(percentile([c.send_lag_ms for c in calls], 99), 3) if calls else 0.0,
-        latest_change_s=round(max((c.began_s - c.planned_s for c in record.changes), default=0.0), 3),
-        changes=record.changes,
-        phases=[phase_stats(calls, phase, samples, back) for phase in plan.phases],
-        drains=[drain_outcome(calls, c, samples, ttl_s) for c in record.changes if c.signalled_s is not None],
-        scale_out=spare,
-        timeline=timeline(calls, samples, config.bucket_s, plan.duration_s),
-        rollout_recommend_ms=[
-            c.recommend_ms for c in sorted(calls, key=lambda c: c.index) if rollout.holds(c.intended_s)
-        ],
-    )
+        r.mode, r.seed, r.order, r.wall_s, r.machine_busy_cores,
+        round(percentile([c.send_lag_ms for c in calls], 99), 3) if calls else 0.0,
+        round(max((c.began_s - c.planned_s for c in r.changes), default=0.0), 3),
+        r.changes, [analysis.phase_stats(calls, phase, samples, back) for phase in plan.phases],
+        [analysis.drain_outcome(calls, c, samples, ttl_s) for c in r.changes if c.signalled_s is not None],
+        spare, analysis.timeline(calls, samples, config.bucket_s, plan.duration_s),
+        [c.recommend_ms for c in sorted(calls, key=lambda c: c.index) if rollout.holds(c.intended_s)],
+    )  # fmt: skip
 
 
 def phase(run: RunSummary, name: str) -> PhaseStats:
@@ -89,6 +65,10 @@ def phase(run: RunSummary, name: str) -> PhaseStats:
 def _share(samples: list[list[float]], confidence: float) -> dict:
     count, total, effect, share = proportion(samples, 0.5, confidence)
     return {"hits": count, "of": total, "design_effect": round(effect, 3), "share": share}
+
+
+def _hits(hits: int, total: int) -> list[float]:
+    return [1.0] * hits + [0.0] * (total - hits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,35 +95,31 @@ def drained_samples(run: RunSummary) -> list[float]:
 
 
 def mode_figures(runs: Sequence[RunSummary], confidence: float, block: int) -> ModeFigures:
-    first = [[1.0] * s.first_hits + [0.0] * (s.first_visits - s.first_hits) for s in _spares(runs)]
+    spares = [run.scale_out for run in runs if run.scale_out is not None]
+    first = [_hits(s.first_hits, s.first_visits) for s in spares]
     steady = [phase(run, STEADY) for run in runs]
     drains = [drain for run in runs for drain in run.drains]
+
+    def count(kind: str) -> list[int]:
+        return [sum(getattr(d, f"{kind}_hits") for d in drains), sum(getattr(d, kind) for d in drains)]
+
     return ModeFigures(
-        mode=runs[0].mode,
-        seeds=[run.seed for run in runs],
+        mode=runs[0].mode, seeds=[run.seed for run in runs],
         drained=_share([drained_samples(run) for run in runs], confidence),
-        drained_draining=[sum(d.draining_hits for d in drains), sum(d.draining for d in drains)],
-        drained_moved=[sum(d.moved_hits for d in drains), sum(d.moved for d in drains)],
-        drained_back=[sum(d.back_hits for d in drains), sum(d.back for d in drains)],
+        drained_draining=count("draining"), drained_moved=count("moved"), drained_back=count("back"),
         failed=sum(phase(run, name).failed for run in runs for name in MEASURED_PHASES),
         failed_by_phase={name: sum(phase(run, name).failed for run in runs) for name in MEASURED_PHASES},
         rollout_p99_ms=p99_interval([run.rollout_recommend_ms for run in runs], block, confidence),
         scale_out_first=_share(first, confidence) if any(first) else {},
-        scale_out_calls=[sum(s.hits for s in _spares(runs)), sum(s.calls for s in _spares(runs))],
-        steady_returning=_share(
-            [[1.0] * s.returning_hits + [0.0] * (s.returning - s.returning_hits) for s in steady], confidence
-        ),
+        scale_out_calls=[sum(s.hits for s in spares), sum(s.calls for s in spares)],
+        steady_returning=_share([_hits(s.returning_hits, s.returning) for s in steady], confidence),
         recompute_s={
             name: round(sum(phase(run, name).recompute_s for run in runs) / len(runs), 3)
             for name in MEASURED_PHASES
         },
         resident_bytes=_mean([sum(d.resident_bytes.values()) for d in drains]),
         received_bytes=_mean([d.received_bytes for d in drains]),
-    )
-
-
-def _spares(runs: Sequence[RunSummary]) -> list[ScaleOut]:
-    return [run.scale_out for run in runs if run.scale_out is not None]
+    )  # fmt: skip
 
 
 def _mean(values: list[float]) -> float:
@@ -167,17 +143,14 @@ def compare(off: Sequence[RunSummary], on: Sequence[RunSummary], confidence: flo
     b = [run.rollout_recommend_ms for run in on]
     paired = [len(x) for x in a] == [len(y) for y in b] and all(map(len, a))
     p99 = lambda samples: percentile([x for seed in samples for x in seed], 99)  # noqa: E731
-    per_seed = [
-        {
-            "seed": x.seed,
-            "off_p99_ms": _finite(percentile(x.rollout_recommend_ms, 99)),
-            "on_p99_ms": _finite(percentile(y.rollout_recommend_ms, 99)),
-            "ratio": _ratio(percentile(y.rollout_recommend_ms, 99), percentile(x.rollout_recommend_ms, 99)),
-            "off_drained_hit": _rate(drained_samples(x)),
+    per_seed = []
+    for x, y in zip(off, on, strict=True):
+        x_p99, y_p99 = percentile(x.rollout_recommend_ms, 99), percentile(y.rollout_recommend_ms, 99)
+        per_seed.append({
+            "seed": x.seed, "off_p99_ms": _finite(x_p99), "on_p99_ms": _finite(y_p99),
+            "ratio": _ratio(y_p99, x_p99), "off_drained_hit": _rate(drained_samples(x)),
             "on_drained_hit": _rate(drained_samples(y)),
-        }
-        for x, y in zip(off, on, strict=True)
-    ]
+        })  # fmt: skip
     return Comparison(
         seeds=[run.seed for run in off],
         drained_difference=proportion_difference(

@@ -1,40 +1,327 @@
-"""`python -m bench tracing`: the overhead of OpenTelemetry tracing on the relay fleet, and a picture.
+"""`python -m bench tracing`: what OpenTelemetry tracing costs the relay fleet, and one relayed request's
+timeline.
 
-Runs the same RelayGR fleet shape three times, a fresh fleet each (tracing is read at a process's start):
-tracing off, then exporting with `--trace-sample-ratio` 0.01 and 1.0 (`--sample-ratios`). Each fleet gets
-the same open-loop Recommend load, the same users and the same arrivals (`bench.lib.points.run_point`), and
-its processes' CPU is read around it (`bench.lib.probes`); every service exports to one OTLP/gRPC receiver
-process on loopback (`bench.tracing.otlp`). From the highest ratio's spans it picks one relayed request and
-draws its timeline. Writes results.json, report.md and timeline.png to `--output`; the services' logs and the
-received spans go to its tmp/ folder (not committed).
+One fresh RelayGR fleet per setting (tracing is read at a process's start): off, then exporting at each of
+`--sample-ratios` to one OTLP/gRPC receiver process on loopback (`bench.tracing.otlp`). Each gets the same
+open-loop Recommend load, users and arrivals (`bench.lib.points.run_point`; the users and the ranker flags
+as `python -m bench run`'s), its processes' CPU read around it (`bench.lib.probes`) and split by
+service (`cpu_ms_per_request`, warm-up included; `total` is the fleet's four services, not the load
+generator or the receiver); `overhead` divides each setting's latencies and CPU by tracing off's and gives
+the CPU added per request in ms. From the highest ratio's spans it draws one relayed request
+(`bench.tracing.timeline`). Writes results.json, report.md and timeline.png to `--output`; logs and spans
+go to its tmp/.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import datetime
 import json
-from collections.abc import Sequence
+import os
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from unittest import mock
 
-from bench.tracing.config import TracingBench
-from bench.tracing.overhead import markdown
-from bench.tracing.run import busy_processes, record, wait_until_quiet
+from bench.lib import probes
+from bench.lib.context import git_commit, load_average
+from bench.lib.driving import LEASE_TTL_MS, NUM_CANDIDATES
+from bench.lib.fleets import RELAY, BenchFleet, FleetShape
+from bench.lib.points import PointSpec, run_point
+from bench.lib.workload import RevisitSampler, Universe, mix_universe
+from bench.report.figures import cpu_service
+from bench.tracing.config import BUSY_PATTERN, TracingBench
+from bench.tracing.otlp import ReceiverProcess, SpanRecord
+from bench.tracing.timeline import Timeline, group_traces, picture, root
 from services.common.config import load
 from services.launcher.procs import REPO_ROOT
 
+BSP_DEFAULT_DELAY_MS = 5000  # the SDK's batch span processor's delay unless OTEL_BSP_SCHEDULE_DELAY says
+QUIET_POLL_S = 30.0
+RECEIVER = "otlp receiver"
+SERVICES = ("retrieval stub", "trigger", "router", "rankers")
+# CPU columns: the fleet's services and their total, then the processes beside the fleet.
+CPU_COLUMNS = (*SERVICES, "total", "load generator", RECEIVER)
+
+
+def cpu_ms_per_request(cpu_s: Mapping[str, float], requests: int) -> dict[str, float]:
+    """Ms of CPU per request by column of `CPU_COLUMNS`, from each process's CPU seconds."""
+    seconds = dict.fromkeys(CPU_COLUMNS, 0.0)
+    for process, used in cpu_s.items():
+        seconds[cpu_service(process)] = seconds.get(cpu_service(process), 0.0) + used
+    seconds["total"] = sum(seconds[service] for service in SERVICES)
+    return {column: round(1000 * used / requests, 3) if requests else 0.0 for column, used in seconds.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class SpanCounts:
+    """What the receiver got in one setting."""
+
+    spans: int
+    traces: int  # distinct trace ids
+    roots: int  # traces whose Recommend (root) span arrived
+    orphans: int  # spans whose parent is in no span received (a lost or never-exported parent)
+    spans_per_trace: float | None
+    by_name: dict[str, int]  # spans by "service span-name"
+
+
+def count_spans(spans: Sequence[SpanRecord]) -> SpanCounts:
+    traces, ids = group_traces(spans), {span.span_id for span in spans}
+    by_name = Counter(f"{span.service.removeprefix('relaygr-')} {span.name}" for span in spans)
+    return SpanCounts(
+        spans=len(spans), traces=len(traces), roots=sum(root(trace) is not None for trace in traces.values()),
+        orphans=sum(1 for span in spans if span.parent_id and span.parent_id not in ids),
+        spans_per_trace=round(len(spans) / len(traces), 2) if traces else None,
+        by_name=dict(sorted(by_name.items())),
+    )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One setting's measurement."""
+
+    name: str  # off, or the sample ratio
+    sample_ratio: float | None  # None: tracing off
+    rate: float
+    requests: int  # sent, warm-up included (what the CPU is divided by)
+    measured: int  # of those, measured (latency)
+    errors: int
+    recommend_ms: dict[str, float | None]  # end-to-end Recommend latency percentiles (p50, p90, p99)
+    rank_ms: dict[str, float | None]  # the Rank stage, as the stub timed it
+    cache_sources: dict[str, int]
+    cpu_ms: dict[str, float]  # per request, by `CPU_COLUMNS`
+    foreign_cores: float  # cores other users of the machine took meanwhile
+    send_lag_p99_ms: float
+    wall_s: float
+    received: SpanCounts
+
+
+@dataclasses.dataclass(frozen=True)
+class Overhead:
+    """One setting against tracing off: ratios (setting / off) and CPU added per request (ms)."""
+
+    name: str
+    recommend_p50: float | None
+    recommend_p99: float | None
+    rank_p50: float | None
+    rank_p99: float | None
+    cpu: dict[str, float | None]  # ratio by service and total
+    cpu_added_ms: dict[str, float]  # setting minus off, ms per request, by service and total
+
+
+def ratio(value: float | None, base: float | None) -> float | None:
+    return None if value is None or not base else round(value / base, 3)
+
+
+def overhead(setting: Setting, off: Setting) -> Overhead:
+    columns, latencies = (*SERVICES, "total"), ("recommend_ms", "rank_ms")
+    return Overhead(
+        setting.name,
+        *(ratio(getattr(setting, f)[p], getattr(off, f)[p]) for f in latencies for p in ("p50", "p99")),
+        cpu={c: ratio(setting.cpu_ms[c], off.cpu_ms[c]) for c in columns},
+        cpu_added_ms={c: round(setting.cpu_ms[c] - off.cpu_ms[c], 3) for c in columns},
+    )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class TracingRun:
+    """results.json of `python -m bench tracing`."""
+
+    started_at: str
+    wall_s: float
+    git_commit: str
+    machine: dict[str, object]  # cores, load average at start and end, other benchmarks seen at start
+    configuration: dict[str, object]  # the command's settings, the fleet's shape and the universe
+    settings: list[Setting]
+    overhead: list[Overhead]
+    timeline: Timeline | None
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def times(value: float | None) -> str:
+    return "n/a" if value is None else f"x{value:.2f}"
+
+
+def markdown(run: TracingRun) -> str:
+    """report.md: the overhead tables, the picture and the trace it draws."""
+    c, m = run.configuration, run.machine
+    lines = [
+        "# Tracing overhead and one relayed request's timeline",
+        "",
+        f"`python -m bench tracing` at {run.git_commit}, {run.started_at}, {run.wall_s:.0f} s. One fresh "
+        f"RelayGR fleet per setting ({c['rankers']} `{c['model_preset']}` rankers, router, trigger, "
+        f"retrieval stub), each at the same open-loop load: {c['rate']:g} Recommend/s, {c['warmup']} warm-up "
+        f"+ {c['requests']} measured requests, mix `{c['universe']}`, relay window "
+        f"{c['relay_window_ms']:g} ms, the same users and arrivals in every setting. Spans go over "
+        f"OTLP/gRPC to a receiver process on loopback (the SDK's batch processor, schedule delay "
+        f"{c['bsp_schedule_delay_ms']} ms).",
+        "",
+        f"Machine: {m['cores']} cores, load average at start {m['load_average_at_start']}, at end "
+        f"{m['load_average_at_end']}; other benchmarks or tests running at start: "
+        f"{m['busy_at_start'] or 'none'}. On a shared CPU only the ratios count.",
+        "",
+        "| setting | Recommend P50 / P99 ms | Rank P50 / P99 ms | errors | CPU ms/request: stub | trigger "
+        "| router | rankers | **total** | spans (traces) | foreign cores |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *(f"| {s.name} | {fmt(s.recommend_ms['p50'], 1)} / {fmt(s.recommend_ms['p99'], 1)} | "
+          f"{fmt(s.rank_ms['p50'], 1)} / {fmt(s.rank_ms['p99'], 1)} | {s.errors} | "
+          f"{s.cpu_ms['retrieval stub']:.2f} | {s.cpu_ms['trigger']:.2f} | {s.cpu_ms['router']:.2f} | "
+          f"{s.cpu_ms['rankers']:.2f} | **{s.cpu_ms['total']:.2f}** | {s.received.spans} "
+          f"({s.received.traces}) | {s.foreign_cores:.2f} |" for s in run.settings),
+        "",
+        "Against tracing off, measured in the same run (ratios; CPU added in ms per request):",
+        "",
+        "| setting | Recommend P50 | Recommend P99 | Rank P99 | CPU stub | trigger | router | rankers "
+        "| **total** | CPU added, total ms/request |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *(f"| {o.name} | {times(o.recommend_p50)} | {times(o.recommend_p99)} | {times(o.rank_p99)} | "
+          f"{times(o.cpu['retrieval stub'])} | {times(o.cpu['trigger'])} | {times(o.cpu['router'])} | "
+          f"{times(o.cpu['rankers'])} | **{times(o.cpu['total'])}** | {o.cpu_added_ms['total']:+.2f} |"
+          for o in run.overhead),
+        "",
+        "CPU per request counts every request sent (warm-up included) and the fleet's four services; the "
+        "load generator and the OTLP receiver are beside the fleet:",
+        "",
+        "| setting | load generator ms/request | OTLP receiver ms/request | spans/trace | orphan spans |",
+        "|---|---|---|---|---|",
+        *(f"| {s.name} | {s.cpu_ms['load generator']:.2f} | {s.cpu_ms[RECEIVER]:.2f} | "
+          f"{fmt(s.received.spans_per_trace, 1)} | {s.received.orphans} |" for s in run.settings),
+        "",
+        "## One relayed request",
+        "",
+    ]  # fmt: skip
+    if run.timeline is None:
+        return "\n".join([*lines, "No complete relayed trace was received: no picture.", ""])
+    f = run.timeline.facts
+    lines += [
+        f"![timeline]({run.timeline.picture})",
+        "",
+        f"Trace `{f.trace_id}` (from the highest sample ratio's run: the relayed trace whose Recommend "
+        f"took closest to the median, preferring PreInfers that computed the whole prefix): Recommend "
+        f"{f.recommend_ms:.1f} ms, {f.long_term_length} long-term events on {f.instance}, the PreInfer's "
+        f"production `{f.production_kind}`. The prefix was computed from {f.compute_ms[0]:.1f} to "
+        f"{f.compute_ms[1]:.1f} ms, {f.compute_in_window:.0%} of it inside the pre-processing window "
+        f"({f.window_ms[0]:.1f} to {f.window_ms[1]:.1f} ms); the ranker's Rank ({f.rank_ms[0]:.1f} to "
+        f"{f.rank_ms[1]:.1f} ms) waited {f.prefix_wait_ms:.2f} ms for it (`{f.production}`).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def busy_processes(wait_s: float = 0.0) -> list[str]:
+    """Command lines of the other benchmarks and tests running (this process and its parent excluded), once
+    none runs or `wait_s` has passed, polling every `QUIET_POLL_S`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        answer = subprocess.run(["pgrep", "-af", BUSY_PATTERN], capture_output=True, text=True, check=False)
+        found = (line.partition(" ") for line in answer.stdout.splitlines())
+        ours = (os.getpid(), os.getppid())
+        busy = [command[:120] for pid, _, command in found if pid.isdigit() and int(pid) not in ours]
+        if not busy or time.monotonic() >= deadline:
+            return busy
+        print(f"waiting for a quiet machine: {len(busy)} other benchmark/test process(es) running")
+        time.sleep(min(QUIET_POLL_S, max(deadline - time.monotonic(), 0.0)))
+
+
+def measure(
+    c: TracingBench, shape: FleetShape, universe: Universe, spec: PointSpec, tmp: Path, ratio: float | None,
+    log: Callable[[str], None],
+) -> tuple[Setting, list[SpanRecord]]:  # fmt: skip
+    """One setting: a receiver, a fresh fleet exporting to it (None: not), the load, the CPU read after the
+    settle; the spans once the fleet has stopped (each service exports its last batch then)."""
+    name = "off" if ratio is None else f"{ratio:g}"
+    with ReceiverProcess(tmp / f"spans-{name}.jsonl") as receiver:
+        exported = {
+            "RELAYGR_OTLP_ENDPOINT": receiver.endpoint if ratio is not None else "",
+            "RELAYGR_TRACE_SAMPLE_RATIO": f"{ratio if ratio is not None else 0.01:g}",
+        }
+        with mock.patch.dict(os.environ, exported):  # the fleet's processes take it when it is built
+            fleet = BenchFleet(RELAY, shape, universe, c.relay_window_ms, tmp / "logs" / name)
+        log(f"{name}: starting the fleet")
+        with fleet:
+            address = fleet.stub(universe, c.relay_window_ms)
+            pids = {**fleet.pids(), RECEIVER: receiver.pid}
+            sampler = RevisitSampler(
+                "tracing", c.rate, c.revisit_probability, c.revisit_window_s, c.load_seed
+            )
+            log(f"{name}: {spec.warmup} + {spec.measured} requests at {c.rate:g}/s")
+            before = probes.snapshot(pids, fleet.ranker_metrics())
+            point = asyncio.run(run_point(address, sampler, spec))
+            time.sleep(c.settle_s)
+            cost = probes.difference(before, probes.snapshot(pids, fleet.ranker_metrics()))
+        receiver.stop()
+        spans = receiver.records()
+    requests = spec.warmup + point.measured
+    s = Setting(
+        name=name, sample_ratio=ratio, rate=c.rate, requests=requests, measured=point.measured,
+        errors=point.errors, recommend_ms=dataclasses.asdict(point.e2e_ms),
+        rank_ms=dataclasses.asdict(point.rank_ms),
+        cache_sources=point.cache_sources, cpu_ms=cpu_ms_per_request(cost["cpu_s"], requests),
+        foreign_cores=cost["foreign_cores"], send_lag_p99_ms=point.send_lag_p99_ms, wall_s=cost["wall_s"],
+        received=count_spans(spans),
+    )  # fmt: skip
+    log(
+        f"{name}: Recommend P50 {s.recommend_ms['p50']} P99 {s.recommend_ms['p99']} ms, {s.errors} errors, "
+        f"CPU {s.cpu_ms['total']:.2f} ms/request, {s.received.spans} spans in {s.received.traces} traces, "
+        f"foreign cores {s.foreign_cores:.2f}"
+    )
+    return s, spans
+
 
 def main(argv: Sequence[str] | None = None) -> None:
-    config = load(TracingBench, argv, prog="python -m bench tracing", description=__doc__)
-    out_dir = (REPO_ROOT / config.output).resolve()
+    c = load(TracingBench, argv, prog="python -m bench tracing", description=__doc__)
+    out_dir = (REPO_ROOT / c.output).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    busy = wait_until_quiet(config.quiet_wait_s, print) if config.quiet_wait_s else busy_processes()
-    run = record(config, out_dir, busy)
+    busy = busy_processes(c.quiet_wait_s)
+    started_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
+    load_at_start, started = load_average(), time.monotonic()
+    universe = mix_universe(c.mix_median, c.mix_sigma, c.mix_max, c.short_term, c.universe_seed)
+    shape = FleetShape(
+        rankers=c.rankers, model_preset=c.model_preset, hbm_budget_mb=c.hbm_budget_mb,
+        dram_budget_mb=c.dram_budget_mb, slo_ms=100.0,
+        ranker_args=(
+            f"--torch-threads {c.torch_threads} --pre-infer-chunk-tokens 512 --profile-lengths "
+            f"128,256,512,2048 --profile-repeats 1 --profile-candidates {NUM_CANDIDATES} "
+            f"--profile-short-term {c.short_term} --lease-ttl-ms {LEASE_TTL_MS}"
+        ),
+        max_long_term=c.mix_max, startup_timeout_s=c.startup_timeout_s,
+        stub_args=f"--rank-timeout-ms {c.rank_timeout_ms:g} --num-candidates {NUM_CANDIDATES}",
+    )  # fmt: skip
+    spec = PointSpec(
+        rate=c.rate, warmup=round(c.rate * c.warmup_s), measured=c.requests,
+        timeout_s=(c.relay_window_ms + c.rank_timeout_ms) / 1000 + 1.0,
+        slo_ms=float("inf"),  # no verdict here: a slow point is measured to its end, never cut short
+        max_error_fraction=0.1, seed=c.load_seed,
+    )  # fmt: skip
+
+    def log(text: str) -> None:
+        print(f"[{time.monotonic() - started:5.0f}s] {text}", flush=True)
+
+    settings: list[Setting] = []
+    for ratio in [None, *sorted(c.ratios())]:  # the picture draws the last: the highest ratio's spans
+        setting, spans = measure(c, shape, universe, spec, out_dir / "tmp", ratio, log)
+        settings.append(setting)
+    timeline = picture(spans, out_dir)
+    run = TracingRun(
+        started_at=started_at, wall_s=round(time.monotonic() - started, 1), git_commit=git_commit(),
+        machine={"cores": os.cpu_count(), "load_average_at_start": load_at_start,
+                 "load_average_at_end": load_average(), "busy_at_start": busy},
+        configuration={
+            **dataclasses.asdict(c), "warmup": spec.warmup, "universe": universe.label,
+            "fleet": dataclasses.asdict(shape),
+            "bsp_schedule_delay_ms": int(os.environ.get("OTEL_BSP_SCHEDULE_DELAY", BSP_DEFAULT_DELAY_MS)),
+        },
+        settings=settings, overhead=[overhead(s, settings[0]) for s in settings[1:]],
+        timeline=timeline,
+    )  # fmt: skip
     (out_dir / "results.json").write_text(json.dumps(dataclasses.asdict(run), indent=1) + "\n")
     (out_dir / "report.md").write_text(markdown(run))
     for o in run.overhead:
         print(f"ratio {o.name} against off: Recommend P50 x{o.recommend_p50} P99 x{o.recommend_p99}, "
               f"CPU total x{o.cpu['total']} ({o.cpu_added_ms['total']:+.2f} ms/request)")  # fmt: skip
     print(f"wrote {out_dir / 'report.md'}")
-
-
-if __name__ == "__main__":
-    main()

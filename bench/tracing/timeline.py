@@ -1,16 +1,13 @@
-"""One relayed Recommend's timeline, drawn from its spans: the relay race as a picture.
+"""One relayed Recommend's timeline, drawn from its spans: the relay race as a picture (`picture`).
 
-`pick_relayed` chooses the trace: one whose ranker `prefix` span consumed a pre-inference (its
-`relaygr.production` is `hit` or `joined`, and it links to the ranker's PreInfer span of the same trace),
-complete enough to draw the race (the Recommend, its pre-processing window, the production's compute and
-the Rank's model pass); preferably one whose PreInfer computed the whole prefix (not a reload or an
-extension of a prefix kept in DRAM), and among those the one whose Recommend took closest to the median of
-every sampled Recommend.
-
-`draw` gives each service a lane (a ranker instance one of its own), packs each lane's spans into rows
-(a span below its parent, side by side where they do not overlap), and marks the relay: the
-pre-processing window as a band over every lane, and an arrow from the end of the prefix's compute to the
-Rank's `prefix` span that consumed it. Time is in ms from the Recommend's start.
+`pick_relayed` chooses a trace whose ranker `prefix` span consumed a pre-inference (`hit` or `joined`,
+linked to the ranker's PreInfer span of the same trace) and that holds every span the picture needs
+(`REQUIRED`); preferably one whose PreInfer computed the whole prefix (not a reload or an extension of a
+prefix kept in DRAM), and of those the one whose Recommend took closest to the median of every Recommend.
+`draw` gives each service a lane (each ranker instance its own), packs each lane's spans into rows (a span
+below its parent, side by side where they do not overlap), shades the pre-processing window and draws an
+arrow from the end of the prefix's computation to the Rank's `prefix` span; time is in ms from the
+Recommend's start. `relay_facts` states the same in figures.
 """
 
 from __future__ import annotations
@@ -31,37 +28,23 @@ from matplotlib.patches import Patch
 
 from bench.tracing.otlp import SpanRecord
 
-STUB, TRIGGER, ROUTER, RANKER = (
-    "relaygr-retrieval-stub",
-    "relaygr-trigger",
-    "relaygr-router",
-    "relaygr-ranker",
-)
-LANE_ORDER = (STUB, TRIGGER, ROUTER, RANKER)
+STUB, TRIGGER = "relaygr-retrieval-stub", "relaygr-trigger"
+ROUTER, RANKER = "relaygr-router", "relaygr-ranker"
 LANE_TITLES = {STUB: "retrieval stub", TRIGGER: "trigger", ROUTER: "router", RANKER: "ranker"}
 RECOMMEND = "/relaygr.v1.RecommendService/Recommend"
-RANKER_METHOD = "/relaygr.v1.RankerService/"
+PRE_INFER, RANK = "/relaygr.v1.RankerService/PreInfer", "/relaygr.v1.RankerService/Rank"
 RELAYED = ("hit", "joined")  # a `prefix` span's relaygr.production when the Rank consumed a pre-inference
 # What a drawable relayed trace must hold, as (service, span name).
 REQUIRED = {
-    (STUB, RECOMMEND), (STUB, "preprocess"), (RANKER, RANKER_METHOD + "PreInfer"), (RANKER, "production"),
-    (RANKER, "compute"), (RANKER, RANKER_METHOD + "Rank"), (RANKER, "prefix"), (RANKER, "model"),
+    (STUB, RECOMMEND), (STUB, "preprocess"), (RANKER, PRE_INFER), (RANKER, "production"), (RANKER, "compute"),
+    (RANKER, RANK), (RANKER, "prefix"), (RANKER, "model"),
 }  # fmt: skip
-
 # Bar colours: the pre-inference's path in oranges, the Rank's in blues, waits in grey.
 COLOURS = {
-    "Recommend": "#ced4da",
-    "preprocess": "#8ce99a",
-    "Admit": "#ffc078",
-    "PreInfer": "#ff922b",
-    "production": "#ffe066",
-    "compute": "#e8590c",
-    "reload": "#e8590c",
-    "Rank": "#74c0fc",
-    "prefix": "#a5d8ff",
-    "model": "#1864ab",
-    "queue": "#adb5bd",
-}
+    "Recommend": "#ced4da", "preprocess": "#8ce99a", "Admit": "#ffc078", "PreInfer": "#ff922b",
+    "production": "#ffe066", "compute": "#e8590c", "reload": "#e8590c", "Rank": "#74c0fc",
+    "prefix": "#a5d8ff", "model": "#1864ab", "queue": "#adb5bd",
+}  # fmt: skip
 OTHER_COLOUR = "#dee2e6"
 ROW_HEIGHT = 0.8
 
@@ -79,50 +62,46 @@ def root(trace: Sequence[SpanRecord]) -> SpanRecord | None:
     return next((s for s in trace if s.service == STUB and s.name == RECOMMEND and not s.parent_id), None)
 
 
+def find(trace: Sequence[SpanRecord], service: str, name: str) -> SpanRecord:
+    return next(s for s in trace if (s.service, s.name) == (service, name))
+
+
 def consumed_prefix(trace: Sequence[SpanRecord]) -> SpanRecord | None:
     """The ranker's `prefix` span that consumed a pre-inference of the same trace (a link to that trace's
     ranker PreInfer span, and `hit` or `joined`), if there is one."""
-    pre_infer = RANKER_METHOD + "PreInfer"
-    pre_infers = {s.span_id for s in trace if (s.service, s.name, s.kind) == (RANKER, pre_infer, "server")}
+    pre_infers = {s.span_id for s in trace if (s.service, s.name, s.kind) == (RANKER, PRE_INFER, "server")}
     for span in trace:
-        if (span.service, span.name) != (RANKER, "prefix"):
+        if (span.service, span.name) != (RANKER, "prefix") or span.attributes.get(
+            "relaygr.production"
+        ) not in RELAYED:
             continue
-        linked = any(trace_id == span.trace_id and span_id in pre_infers for trace_id, span_id in span.links)
-        if linked and span.attributes.get("relaygr.production") in RELAYED:
+        if any(trace_id == span.trace_id and span_id in pre_infers for trace_id, span_id in span.links):
             return span
     return None
 
 
 def drawable(trace: Sequence[SpanRecord]) -> bool:
     """A relayed trace holding every span the picture needs."""
-    return (
-        root(trace) is not None
-        and {(s.service, s.name) for s in trace} >= REQUIRED
-        and (consumed_prefix(trace) is not None)
-    )
+    has = {(s.service, s.name) for s in trace} >= REQUIRED
+    return root(trace) is not None and has and consumed_prefix(trace) is not None
 
 
 def relayed_production(trace: Sequence[SpanRecord]) -> SpanRecord | None:
     """The `production` span of the PreInfer whose prefix the Rank consumed (None when not relayed)."""
     prefix = consumed_prefix(trace)
-    if prefix is None:
-        return None
-    linked = {span_id for _, span_id in prefix.links}
+    linked = {span_id for _, span_id in prefix.links} if prefix is not None else set()
     return next((s for s in trace if s.name == "production" and s.parent_id in linked), None)
 
 
 def pick_relayed(spans: Iterable[SpanRecord]) -> str | None:
-    """The id of the drawable relayed trace to draw (None when no trace is drawable): one whose PreInfer
-    computed the whole prefix (a `compute` production, not a reload or an extension from DRAM) where there
-    is one, and of those the one whose Recommend took closest to the median Recommend of all traces."""
+    """The id of the drawable relayed trace to draw (None when no trace is drawable): see the module's
+    docstring."""
     traces = group_traces(spans)
     roots = [r for r in map(root, traces.values()) if r is not None]
-    if not roots:
-        return None
-    median_ms = statistics.median(r.duration_ms for r in roots)
     candidates = [r for r in roots if drawable(traces[r.trace_id])]
     if not candidates:
         return None
+    median_ms = statistics.median(r.duration_ms for r in roots)
 
     def preference(r: SpanRecord) -> tuple[bool, float, str]:
         production = relayed_production(traces[r.trace_id])
@@ -152,7 +131,7 @@ def colour(span: SpanRecord) -> str:
 
 def lane_of(span: SpanRecord) -> tuple[int, str]:
     """(order, title) of a span's lane: one per service, one per ranker instance."""
-    order = LANE_ORDER.index(span.service) if span.service in LANE_ORDER else len(LANE_ORDER)
+    order = list(LANE_TITLES).index(span.service) if span.service in LANE_TITLES else len(LANE_TITLES)
     title = LANE_TITLES.get(span.service, span.service.removeprefix("relaygr-"))
     if span.service == RANKER and span.instance:
         # The ranker names its instance `ranker[<instance name>]`: the lane takes the instance name.
@@ -198,32 +177,29 @@ def draw(trace: Sequence[SpanRecord], path: Path, title: str = "") -> None:
     start = root(trace)
     if start is None:
         raise ValueError("the trace has no Recommend root span")
-    t0 = start.start_ns
-    last_ns = max(span.end_ns for span in trace)
+    t0, last_ns = start.start_ns, max(span.end_ns for span in trace)
 
     def ms(ns: float) -> float:
         return (ns - t0) / 1e6
 
     # About 1/140 of the drawn time per character at fontsize 7 in an 11-inch figure.
     char_ns = (last_ns - t0) * 1.15 / 140
+    char_ms = ms(t0 + char_ns)
     bars = layout(trace, char_ns)
     lanes = sorted({bar.lane for bar in bars})
     depth = {lane: 1 + max(bar.row for bar in bars if bar.lane == lane) for lane in lanes}
     top: dict[tuple[int, str], float] = {}
-    y = 0.0
+    height = 0.0
     for lane in lanes:
-        top[lane] = y
-        y += depth[lane] + 0.6  # a gap between lanes
-    height = y
+        top[lane] = height
+        height += depth[lane] + 0.6  # a gap between lanes
 
     fig, ax = plt.subplots(figsize=(11, 1.6 + 0.4 * height))
     centre: dict[str, float] = {}
     for bar in bars:
-        span = bar.span
-        left, width = ms(span.start_ns), max(ms(span.end_ns) - ms(span.start_ns), ms(t0 + char_ns) / 4)
-        middle = top[bar.lane] + bar.row + 0.5
-        centre[span.span_id] = middle
-        client = span.kind == "client"
+        span, client = bar.span, bar.span.kind == "client"
+        left, width = ms(span.start_ns), max(ms(span.end_ns) - ms(span.start_ns), char_ms / 4)
+        middle = centre[span.span_id] = top[bar.lane] + bar.row + 0.5
         ax.barh(
             middle, width, left=left, height=ROW_HEIGHT, color=colour(span), alpha=0.55 if client else 1.0,
             edgecolor="#343a40", linewidth=0.6, hatch="//" if client else None,
@@ -233,15 +209,12 @@ def draw(trace: Sequence[SpanRecord], path: Path, title: str = "") -> None:
             ax.text(left + width / 2, middle, text(span), ha="center", va="center", fontsize=7,
                     color="white" if dark else "black")  # fmt: skip
         else:
-            ax.text(
-                left + width + ms(t0 + char_ns) / 2, middle, text(span), ha="left", va="center", fontsize=7
-            )
+            ax.text(left + width + char_ms / 2, middle, text(span), ha="left", va="center", fontsize=7)
 
-    window = next(s for s in trace if s.service == STUB and s.name == "preprocess")
+    window = find(trace, STUB, "preprocess")
     ax.axvspan(ms(window.start_ns), ms(window.end_ns), color="#2b8a3e", alpha=0.08, zorder=0)
-    ax.text(ms(window.start_ns) + ms(t0 + char_ns), -0.2, "relay window (pre-processing)", fontsize=8,
+    ax.text(ms(window.start_ns) + char_ms, -0.2, "relay window (pre-processing)", fontsize=8,
             color="#2b8a3e", va="bottom")  # fmt: skip
-
     # The relay: from the end of the prefix's computation to the Rank's `prefix` span that consumed it.
     prefix = consumed_prefix(trace)
     compute = [s for s in trace if s.name == "compute" and s.service == RANKER]
@@ -257,7 +230,7 @@ def draw(trace: Sequence[SpanRecord], path: Path, title: str = "") -> None:
     for lane in lanes[1:]:
         ax.axhline(top[lane] - 0.3, color="#868e96", lw=0.5)
     ax.set_ylim(height - 0.4, -0.7)
-    ax.set_xlim(min(0.0, min(ms(b.span.start_ns) for b in bars)) - ms(t0 + char_ns), ms(last_ns) * 1.15)
+    ax.set_xlim(min(0.0, min(ms(b.span.start_ns) for b in bars)) - char_ms, ms(last_ns) * 1.15)
     ax.set_xlabel("ms from the Recommend's start")
     ax.grid(axis="x", alpha=0.3)
     shown = ("preprocess", "Admit", "PreInfer", "production", "compute", "Rank", "prefix", "model", "queue")
@@ -291,32 +264,48 @@ class RelayFacts:
 
 def relay_facts(trace: Sequence[SpanRecord]) -> RelayFacts:
     """The figures of a drawable relayed trace that the report states beside its picture."""
-    start = root(trace)
-    prefix = consumed_prefix(trace)
+    start, prefix = root(trace), consumed_prefix(trace)
     if start is None or prefix is None:
         raise ValueError("not a relayed trace")
 
-    def ms(ns: int) -> float:
-        return round((ns - start.start_ns) / 1e6, 2)
+    def ms(*ns: int) -> tuple[float, ...]:
+        return tuple(round((n - start.start_ns) / 1e6, 2) for n in ns)
 
-    window = next(s for s in trace if s.service == STUB and s.name == "preprocess")
+    window = find(trace, STUB, "preprocess")
     compute = max((s for s in trace if s.service == RANKER and s.name == "compute"), key=lambda s: s.end_ns)
-    rank = next(
-        s for s in trace if s.service == RANKER and s.name == RANKER_METHOD + "Rank" and s.kind == "server"
-    )
+    rank = next(s for s in trace if (s.service, s.name, s.kind) == (RANKER, RANK, "server"))
     inside = max(0, min(compute.end_ns, window.end_ns) - max(compute.start_ns, window.start_ns))
     length = rank.attributes.get("relaygr.long_term_length")
     made = relayed_production(trace)
     return RelayFacts(
-        trace_id=start.trace_id,
-        recommend_ms=round(start.duration_ms, 2),
-        window_ms=(ms(window.start_ns), ms(window.end_ns)),
-        compute_ms=(ms(compute.start_ns), ms(compute.end_ns)),
+        trace_id=start.trace_id, recommend_ms=round(start.duration_ms, 2),
+        window_ms=ms(window.start_ns, window.end_ns), compute_ms=ms(compute.start_ns, compute.end_ns),
         compute_in_window=round(inside / max(compute.end_ns - compute.start_ns, 1), 3),
-        rank_ms=(ms(rank.start_ns), ms(rank.end_ns)),
-        prefix_wait_ms=round(prefix.duration_ms, 2),
+        rank_ms=ms(rank.start_ns, rank.end_ns), prefix_wait_ms=round(prefix.duration_ms, 2),
         production=str(prefix.attributes.get("relaygr.production")),
         production_kind=str(made.attributes.get("relaygr.kind", "")) if made is not None else "",
         long_term_length=int(length) if isinstance(length, int) else None,
         instance=str(rank.attributes.get("relaygr.instance", rank.instance)),
-    )
+    )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+    """The relayed trace the picture draws, with its spans (so it can be drawn again)."""
+
+    picture: str  # file name in the results folder
+    facts: RelayFacts
+    spans: list[SpanRecord]
+
+
+def picture(spans: Sequence[SpanRecord], out_dir: Path, name: str = "timeline.png") -> Timeline | None:
+    """The picked relayed trace (`pick_relayed`) drawn to `out_dir`/`name` (None when no trace qualifies)."""
+    trace_id = pick_relayed(spans)
+    if trace_id is None:
+        return None
+    trace = sorted(group_traces(spans)[trace_id], key=lambda s: (s.start_ns, s.span_id))
+    facts = relay_facts(trace)
+    draw(trace, out_dir / name, f"One relayed Recommend: {facts.long_term_length} long-term events, the "
+         f"PreInfer's production {facts.production_kind}, the Rank's prefix {facts.production} (trace "
+         f"{trace_id[:12]}…)")  # fmt: skip
+    return Timeline(name, facts, trace)

@@ -7,17 +7,19 @@ import math
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from bench.lib.probes import metric_values
 from bench.rollout.analysis import (
     drain_outcome,
+    increase,
+    last_before,
     phase_stats,
     resident_users,
     returning,
     scale_out,
     timeline,
 )
-from bench.rollout.plan import Phase
-from bench.rollout.run import Call, Change
-from bench.rollout.scrape import Sample, increase, last_before, parse
+from bench.rollout.config import Phase
+from bench.rollout.run import KEYS, Call, Change, Sample
 
 TTL_S = 60.0
 
@@ -184,7 +186,7 @@ def test_the_exposition_is_read_flat_by_family_and_label():
     Counter("relaygr_handoff_received_bytes", "", registry=registry).inc(6 * 2**20)
     Gauge("relaygr_kv_cache_bytes", "", ["tier"], registry=registry).labels("dram").set(524288)
     Counter("relaygr_rank_requests", "", ["cache_source"], registry=registry).labels("hbm").inc(7)
-    assert parse(generate_latest(registry).decode()) == {
+    assert metric_values(generate_latest(registry).decode(), KEYS) == {
         "device_s/uncached": 0.75, "handoff_received/admitted": 12.0, "handoff_received/checksum": 1.0,
         "handoff_received_bytes": 6.0 * 2**20, "kv_bytes/dram": 524288.0,
     }  # fmt: skip

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.lib.workload import Population
-from bench.rollout.config import RolloutConfig
-from bench.rollout.plan import RESTART, START, STOP, Change, describe, plan, restart_order
+from bench.rollout.config import RESTART, START, STOP, Change, RolloutConfig, describe, plan, restart_order
 from services.common.config import load
 
 
@@ -37,9 +36,6 @@ def test_the_default_plan_restarts_each_ranker_in_its_slot_then_scales_out_and_i
         "ranker-3",
         170.0,
     )
-    assert [made.phase_at(t) for t in (0.0, 49.9, 50.0, 169.9, 170.0)] == [
-        "warm-up", "steady", "rollout", "tail", None
-    ]  # fmt: skip
     runs = config.seeds * len(config.mode_names())
     assert runs == 6
     text = describe(made, runs, overhead_s=15.0)

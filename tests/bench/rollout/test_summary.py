@@ -9,12 +9,9 @@ import json
 import pytest
 
 from bench.lib.intervals import p99_difference, proportion_difference
-from bench.rollout import report
-from bench.rollout.__main__ import jsonable
-from bench.rollout.config import RolloutConfig
-from bench.rollout.plan import plan
-from bench.rollout.run import Call, Change, RunRecord
-from bench.rollout.scrape import Sample
+from bench.rollout.__main__ import jsonable, markdown, plot, write_timeline
+from bench.rollout.config import RolloutConfig, plan
+from bench.rollout.run import Call, Change, RunRecord, Sample
 from bench.rollout.summary import figures, summarize_run
 from services.common.config import load
 
@@ -111,19 +108,19 @@ def test_one_mode_alone_has_its_figures_and_no_comparison(runs):
 
 def test_the_summary_the_timeline_and_results_json_are_written_from_the_figures(runs, tmp_path):
     found = figures(runs, CONFIG)
-    text = report.markdown(["header line"], found, runs, CONFIG.mode_names())
+    text = markdown(["header line"], found, runs, CONFIG.mode_names())
     assert "| (1) drained rankers' resident users whose next call hit | 20.0 % [" in text
     assert "(4 of 20) | 80.0 % [" in text and "| +60.0 pp [" in text
     assert "| (2) failed calls, measured phases | 0 (none) | 1 (scale-in 1) |" in text
     assert "| (3) Recommend P99 during the rolling restart, ms | 300.0 [" in text and "-100.0 ms [" in text
     assert "| on | 1 | restart ranker-2 | 10.0 | 2.0 | 3.0 | 8 of 10 | 5.0 MiB | 4.0 MiB |" in text
-    report.write_timeline(runs, tmp_path / "timeline.csv")
+    write_timeline(runs, tmp_path / "timeline.csv")
     rows = (tmp_path / "timeline.csv").read_text().splitlines()
     assert (
         rows[0] == "mode,seed,start_s,calls,hbm,dram,peer,extended,miss,failed,recommend_p99_ms,recompute_s"
     )
     assert len(rows) == 1 + 4 * 60  # a bucket a second of each run
-    report.plot(runs, PLAN, tmp_path / "timeline.png")
+    plot(runs, PLAN, tmp_path / "timeline.png")
     assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     written = json.loads(json.dumps(jsonable({"figures": found, "runs": runs}), allow_nan=False))
     assert written["figures"]["modes"][1]["rollout_p99_ms"]["value"] == 200.0

@@ -1,22 +1,25 @@
 """`python -m bench tracing` without a fleet: the relayed trace it picks and draws from a synthetic span list
 shaped like the fleet's (every span the trace test shows, with its parents, kinds, attributes and the
-prefix's link), the overhead arithmetic, the OTLP receiver's records, and the command's --help."""
+prefix's link), the overhead arithmetic, the OTLP receiver's records and its process, and the command's
+--help."""
 
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import grpc
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from bench.lib.probes import LOAD_GENERATOR
-from bench.tracing.otlp import SpanRecord, read_records, records
-from bench.tracing.overhead import (
+from bench.tracing.__main__ import (
     RECEIVER,
     Setting,
     SpanCounts,
@@ -26,6 +29,7 @@ from bench.tracing.overhead import (
     markdown,
     overhead,
 )
+from bench.tracing.otlp import ReceiverProcess, SpanRecord, records
 from bench.tracing.timeline import draw as draw_timeline
 from bench.tracing.timeline import drawable, layout, pick_relayed, relay_facts
 from services.launcher.procs import REPO_ROOT
@@ -244,10 +248,16 @@ def test_records_of_an_export_request(tmp_path) -> None:
     assert record.trace_id == bytes(range(16)).hex() and record.parent_id == ""
     assert record.attributes == {"relaygr.production": "hit", "relaygr.batch_size": 3}
     assert record.links == ((bytes(range(16)).hex(), "07" * 8),)
-    path = tmp_path / "spans.jsonl"
-    path.write_text(record.to_json() + "\n")
-    assert read_records(path) == [record]
     assert isinstance(count_spans([record]), SpanCounts)
+
+    # A receiver process gets the same over OTLP/gRPC, writes it and reads it back once stopped.
+    with ReceiverProcess(tmp_path / "spans.jsonl") as receiver:
+        assert receiver.endpoint == f"http://127.0.0.1:{receiver.port}" and receiver.pid != os.getpid()
+        with grpc.insecure_channel(f"127.0.0.1:{receiver.port}") as channel:
+            trace_service_pb2_grpc.TraceServiceStub(channel).Export(request, timeout=30)
+        receiver.stop()
+        assert receiver.records() == [record]
+    assert not Path(f"/proc/{receiver.pid}").exists()  # stopped and reaped: nothing left behind
 
 
 def test_the_command_line_help() -> None:
