@@ -2,21 +2,19 @@
 
 Defaults, and why:
 
-- baseline against RelayGR at 20 and 40 Recommend/s on the benchmark's first length mix (median 1024,
-  cap 2048 events), cpu-small with 2 rankers and a 100 ms relay window: the shape of `python -m bench`'s
-  CPU runs, whose last full run (90fa212, docs/benchmark.md) put the baseline's edge between about 21 and
-  25 req/s and RelayGR's between about 45 and 70: 20/s is just below the baseline's, 40/s between them.
-- 5 load seeds (the issue's least), each run 1000 measured Recommends after 5 s of warm-up, with no early
-  stop: 5000 Ranks per mode and load, so a share over the SLO of 1 % is about 50 Ranks and its interval
-  is about ±0.3 percentage points before the seeds' design effect.
-- Each fleet gets 30 s of load at the first rate before its first measured run (`--fleet-warmup-s`), with
-  users of their own, recorded apart and counted nowhere: in the first A/B (ab-mix1-admit-all, without
-  it) RelayGR's first run after its fleet started had 16 of 600 Ranks over the SLO, and none of its
-  other seeds more than 2 at that load.
-- Recommends have their own SLO: a Recommend includes the relay window (the stub's pre-processing time)
-  before its Rank, so by default its bound is the Rank's SLO plus the window.
-- P99 intervals resample blocks of 1 s of requests (`--block-s`), long enough to keep a burst of
-  arrivals and the queue it builds together (`bench.lib.intervals`).
+- baseline against RelayGR at 20 and 40 Recommend/s on the first length mix (median 1024, cap 2048
+  events), cpu-small with 2 rankers and a 100 ms relay window: the shape of `python -m bench`'s CPU runs,
+  whose last full run (90fa212) put the baseline's edge between about 21 and 25 req/s and RelayGR's
+  between about 45 and 70: 20/s is just below the baseline's, 40/s between them.
+- 5 load seeds, each run 1000 measured Recommends after 5 s of warm-up, no early stop: 5000 Ranks per mode
+  and load, so a share over the SLO of 1 % is about 50 Ranks, ±0.3 percentage points before the seeds'
+  design effect.
+- 30 s of load for each fleet at the first rate before its first measured run (`--fleet-warmup-s`), with
+  users of its own, recorded apart and counted nowhere: without it (ab-mix1-admit-all) RelayGR's first
+  run after its fleet started had 16 of 600 Ranks over the SLO, no other seed more than 2 at that load.
+- A Recommend's bound is by default the Rank's SLO plus the relay window, which it waits first.
+- P99 intervals resample blocks of 1 s of requests (`--block-s`), long enough to keep a burst of arrivals
+  and the queue it builds together (`bench.lib.intervals`).
 """
 
 from __future__ import annotations
@@ -25,21 +23,18 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
-from bench.lib.config import BenchConfig
 from bench.lib.fleets import ABLATIONS, BASELINE, RELAY, FleetSettings, Mode, WorkloadSettings
 from services.common.config import grid, listed, numbers, setting
 from services.launcher.procs import REPO_ROOT
 
-# The placement study's other arm (bench/results/placement-ab/README.md): RelayGR whose trigger puts every
-# prefix on its ring owner instead of placing it by the rankers' queues within the relay window.
+# The placement study's other arm (bench/results/placement-ab/README.md), placing no prefix by the queues.
 OWNER_ONLY = dataclasses.replace(
     RELAY,
     name="relay-owner-only",
     description="RelayGR whose trigger puts every prefix on its ring owner (its --relay-window-ms 0)",
     trigger_args="--relay-window-ms 0",
 )
-# The coalescing check's other arm: RelayGR whose trigger sends every PreInfer in a call of its own instead
-# of coalescing those bound for one ranker within its --pre-infer-batch-window-ms.
+# The coalescing check's other arm (ab-mix1-coalescing), coalescing no PreInfers bound for one ranker.
 SINGLE_PRE_INFERS = dataclasses.replace(
     RELAY,
     name="relay-single-pre-infers",
@@ -66,7 +61,7 @@ class AbConfig(FleetSettings, WorkloadSettings):
         choices=tuple(MODES),
     )
     rates: str = numbers("20,40", "offered loads, Recommend calls/s; every mode runs at each", distinct=True)
-    seeds: int = setting(5, "load seeds per load (the issue asks for at least 5)", above=0)
+    seeds: int = setting(5, "load seeds per load, the clusters of every interval", above=0)
     load_seed: int = setting(0, "the first load seed: seeds are load_seed … load_seed + seeds - 1")
     requests: int = setting(
         1000, "measured Recommends of each run, after the warm-up; none stops early", above=0
@@ -138,17 +133,3 @@ class AbConfig(FleetSettings, WorkloadSettings):
         if self.name:
             return RESULTS_DIR / self.name
         return Path(tempfile.gettempdir()) / "relaygr-ab"
-
-    def bench_config(self) -> BenchConfig:
-        """The benchmark's settings that start this A/B's fleets (`bench.run.experiments.Bench`): the shared
-        ones from here, the rest at their defaults, and one mix (the rankers' longest history is its cap)."""
-        shared = {field.name for field in dataclasses.fields(BenchConfig)}
-        mine = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in shared}
-        return dataclasses.replace(
-            BenchConfig(),
-            **mine,
-            lengths=str(self.mix_max),
-            growth_headroom=0,
-            mix2_median=self.mix_median,
-            mix2_max=self.mix_max,
-        )

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import math
 
-from bench.ab.analysis import disturbed, latencies
-from bench.ab.schema import AbResults, AbRun
+from bench.ab.schema import AbResults, AbRun, disturbed, latencies, number
 from bench.lib.intervals import Interval
 from bench.lib.stats import percentile
-
-
-def _number(value: float | None, scale: float = 1.0, digits: int = 1, signed: bool = False) -> str:
-    if value is None:
-        return "∞"
-    return f"{value * scale:+.{digits}f}" if signed else f"{value * scale:.{digits}f}"
 
 
 def interval(value: Interval, scale: float = 1.0, digits: int = 1, signed: bool = False) -> str:
     if value.value is None and value.low is None and value.high is None:
         return "n/a"
-    low, high = (_number(bound, scale, digits, signed) for bound in (value.low, value.high))
-    return f"{_number(value.value, scale, digits, signed)} [{low}, {high}]"
+    low, high = (number(bound, scale, digits, signed) for bound in (value.low, value.high))
+    return f"{number(value.value, scale, digits, signed)} [{low}, {high}]"
+
+
+def over_slo(run: AbRun, slo_ms: float) -> str:
+    """`rank P99 40.0 ms, 3 of 300 Ranks over`: a run's Rank P99, its Ranks over `slo_ms` (failures too)."""
+    ranks = latencies(run.rank_ms)
+    over = sum(ms > slo_ms for ms in ranks)
+    return f"rank P99 {percentile(ranks, 99):.1f} ms, {over} of {len(ranks)} Ranks over"
 
 
 def warmups(results: AbResults) -> list[str]:
@@ -28,12 +28,7 @@ def warmups(results: AbResults) -> list[str]:
     if not results.warmups:
         return []
     c = results.settings
-    each = "; ".join(
-        f"{run.mode} rank P99 {percentile([math.inf if ms is None else ms for ms in run.rank_ms], 99):.1f} "
-        f"ms, {sum(ms is None or ms > c.slo_ms for ms in run.rank_ms)} of {len(run.rank_ms)} Ranks over "
-        "the SLO"
-        for run in results.warmups
-    )
+    each = "; ".join(f"{run.mode} {over_slo(run, c.slo_ms)} the SLO" for run in results.warmups)
     rate = results.warmups[0].rate
     return [
         f"Before its first run each fleet got {c.fleet_warmup_s:g} s of load at {rate:g} Recommend/s, with "
@@ -166,7 +161,7 @@ def render_markdown(results: AbResults) -> str:
         foreign = "-" if run.foreign_cores is None else f"{run.foreign_cores:.2f}"
         ranks = latencies(run.rank_ms)
         p99 = percentile(ranks, 99) if ranks else math.nan
-        p99_text = _number(None if math.isinf(p99) else p99)
+        p99_text = number(None if math.isinf(p99) else p99)
         lines.append(
             f"| {run.order} | {run.mode} | {run.rate:g} | {run.seed} | "
             f"{sum(ms > c.slo_ms for ms in ranks)} of {len(ranks)} | {p99_text} | "

@@ -1,23 +1,19 @@
 """The host's unit u and its slowdown s, measured in one helper process beside the fleets.
 
 A `Canary` spawns one process that builds the preset's model once (with the rankers' thread count) and
-answers two questions on demand:
+answers on demand:
 
-- `unit_timings(n)`: n full passes at the mix's cap, wall time each, after one untimed pass. u is their
-  median (`bench.headline.stats.host_unit`), never a running minimum, which can only fall as timings
-  accumulate and would tighten the SLO as a run goes on. The run times it before its fleets start (their
-  SLO and relay window in ms) and again on the drained host before every block, whose loads and SLO
-  follow that block's u.
+- `unit_timings(n)`: n full passes at the mix's cap, wall time each, after one untimed pass; u is their
+  median (`bench.headline.stats.host_unit`). The run times it before its fleets start and again on the
+  drained host before every block.
 - `readings(n)`: n canary readings, each the CPU time of the calling thread for one small fixed pass
   (`CANARY_LENGTH` events, `CANARY_CANDIDATES` candidates: a few ms). CPU time, not wall time: a reading
-  does not grow when the canary waits for a core behind the fleet's own work, only when the same
-  instructions take longer (a slower or shared physical core). What the hypervisor takes outright is
-  steal, read from /proc/stat (`steal_share`), and the slowdown combines both
-  (`bench.headline.stats.slowdown`).
+  grows when the same instructions take longer (a slower or shared physical core), not when it waits for
+  a core behind the fleets' work. What the hypervisor takes outright is steal, read from /proc/stat
+  (`steal_share`); `bench.headline.stats.slowdown` combines both.
 
-The experiment reads the canary on the idle host before every trial (`--canary-readings` readings, the
-fleets drained) and, in the background, once a second during every trial (`beside`): the idle readings
-decide a block's slowdown, the readings under load are reported beside them.
+The run reads the canary on the drained host before every trial, which decides a block's slowdown, and
+once a second during every trial (`beside`), reported beside it.
 """
 
 from __future__ import annotations
@@ -40,17 +36,24 @@ CANARY_PERIOD_S = 1.0
 _TIMERS: dict[tuple, Timer] = {}  # in the canary's process: the models, built on first use
 
 
-def _timer_of(preset: str, threads: int, length: int, short_term: int, candidates: int, chunk: int) -> Timer:
+def passes(
+    preset: str,
+    threads: int,
+    short_term: int,
+    chunk: int,
+    length: int,
+    candidates: int,
+    count: int,
+    clock: str,
+) -> list[float]:
+    """In the canary's process: `count` full passes at `length` after an untimed one, each pass's wall
+    (`clock` "wall") or thread-CPU ms, the model built on first use."""
     key = (preset, threads, length, short_term, candidates, chunk)
     if key not in _TIMERS:
         _TIMERS[key] = _timer(
             preset, threads, [length], short_term, candidates, 1, chunk, Scheduler("canary")
         )
-    return _TIMERS[key]
-
-
-def _passes(timer: Timer, length: int, count: int, clock: str) -> list[float]:
-    """`count` full passes at `length` after an untimed one: each pass's wall or thread-CPU ms."""
+    timer = _TIMERS[key]
     read = time.perf_counter if clock == "wall" else time.thread_time
     runner, history = timer.runner, timer.histories[length]
     runner.uncached_sync(history, timer.short_events, timer.candidate_ids)
@@ -60,18 +63,6 @@ def _passes(timer: Timer, length: int, count: int, clock: str) -> list[float]:
         runner.uncached_sync(history, timer.short_events, timer.candidate_ids)
         out.append(round((read() - started) * 1000, 4))
     return out
-
-
-def unit_passes(
-    preset: str, threads: int, length: int, short_term: int, chunk: int, count: int
-) -> list[float]:
-    timer = _timer_of(preset, threads, length, short_term, UNIT_CANDIDATES, chunk)
-    return _passes(timer, length, count, "wall")
-
-
-def canary_passes(preset: str, threads: int, short_term: int, chunk: int, count: int) -> list[float]:
-    timer = _timer_of(preset, threads, CANARY_LENGTH, short_term, CANARY_CANDIDATES, chunk)
-    return _passes(timer, CANARY_LENGTH, count, "cpu")
 
 
 def cpu_times() -> tuple[int, int]:
@@ -103,14 +94,15 @@ class Canary:
     def __exit__(self, *exc_info: object) -> None:
         self._pool.shutdown()
 
-    def unit_timings(self, length: int, count: int) -> list[float]:
-        preset, threads, short_term, chunk = self._args
+    def _passes(self, length: int, candidates: int, count: int, clock: str) -> list[float]:
         with self._lock:
-            return self._pool.submit(unit_passes, preset, threads, length, short_term, chunk, count).result()
+            return self._pool.submit(passes, *self._args, length, candidates, count, clock).result()
+
+    def unit_timings(self, length: int, count: int) -> list[float]:
+        return self._passes(length, UNIT_CANDIDATES, count, "wall")
 
     def readings(self, count: int) -> list[float]:
-        with self._lock:
-            return self._pool.submit(canary_passes, *self._args, count).result()
+        return self._passes(CANARY_LENGTH, CANARY_CANDIDATES, count, "cpu")
 
     @contextlib.contextmanager
     def beside(self, period_s: float = CANARY_PERIOD_S) -> Iterator[list[float]]:

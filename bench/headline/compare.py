@@ -1,25 +1,18 @@
 """`python -m bench reproduce --runs A,B`: whether two runs of the block experiment agree.
 
-Two runs of `python -m bench headline` reproduce when
-
-- they are two runs, one after the other (the second started after the first ended; they may be made in
-  different sessions), of one code: the same commit, clean, or two commits that differ only in
-  bench/results/ (the first run committed before the second is made);
-- with the same settings (the results folder's name aside): the same arms, blocks, trial sizes and rules;
-- each kept blocks to analyse, and both claim the same k;
-- at every multiple of L, their r_k intervals (block bootstrap) overlap, and so do their intervals of
-  RelayGR's P99 over admit-all's.
-
-Each run's u, L and the machine are shown beside them: in the host's unit, two hosts of different speed
-measure the same experiment, so a change of host is recorded, not refused. Prints the comparison as
-markdown (and writes it to `--out`); exits 1 unless every condition holds, so `make bench-reproduce`
-fails where it should.
+They reproduce when they are two runs, the second started after the first ended, of one code (one clean
+commit, or two that differ only in bench/results/), with the same settings (the folder's name aside); both
+kept blocks and claim the same k; and at every multiple of L their r_k intervals (block bootstrap) overlap,
+as do their intervals of RelayGR's P99 over admit-all's. Each run's u, L and machine are shown beside them:
+in the host's unit two hosts measure one experiment, so a change of host is recorded, not refused. Prints
+the comparison as markdown (and writes it to `--out`); exits 1 unless every condition holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import statistics
 import sys
 from collections.abc import Sequence
@@ -49,11 +42,12 @@ class ReproduceConfig:
 
 
 def overlap(a: Estimate, b: Estimate) -> bool:
-    """Whether two estimates' block-bootstrap intervals overlap (a missing bound is an infinite one)."""
+    """Whether two estimates' block-bootstrap intervals overlap (a missing high bound is an infinite one;
+    a missing low one overlaps nothing)."""
     if a.low is None or b.low is None:
         return False
-    return a.low <= (b.high if b.high is not None else float("inf")) and b.low <= (
-        a.high if a.high is not None else float("inf")
+    return a.low <= (math.inf if b.high is None else b.high) and b.low <= (
+        math.inf if a.high is None else a.high
     )
 
 
@@ -98,19 +92,14 @@ def compare(names: Sequence[str], runs: Sequence[HeadlineResults]) -> tuple[bool
     if first.kept is not None and second.kept is not None:
         a, b = first.kept, second.kept
         checks.append((f"the same k claimed ({a.claimed}, {b.claimed})", a.claimed == b.claimed))
-        b_steps = {step.multiple: step for step in b.steps}
-        for step in a.steps:
-            other = b_steps.get(step.multiple)
-            agree = other is not None and overlap(step.ratio, other.ratio)
-            checks.append((f"r_{step.multiple:g}: the intervals overlap", agree))
-            rows.append([f"r_{step.multiple:g}", ratio(step.ratio), ratio(other.ratio) if other else "n/a",
-                         "yes" if agree else "no"])  # fmt: skip
-        for multiple, estimate in a.against_admit_all.items():
-            other_estimate = b.against_admit_all.get(multiple)
-            agree = other_estimate is not None and overlap(estimate, other_estimate)
-            checks.append((f"RelayGR / admit-all at {multiple} L: the intervals overlap", agree))
-            rows.append([f"RelayGR / admit-all at {multiple} L", ratio(estimate),
-                         ratio(other_estimate), "yes" if agree else "no"])  # fmt: skip
+        theirs = {step.multiple: step.ratio for step in b.steps}
+        estimates = [(f"r_{step.multiple:g}", step.ratio, theirs.get(step.multiple)) for step in a.steps]
+        estimates += [(f"RelayGR / admit-all at {k} L", estimate, b.against_admit_all.get(k))
+                      for k, estimate in a.against_admit_all.items()]  # fmt: skip
+        for name, mine, other in estimates:
+            agree = other is not None and overlap(mine, other)
+            checks.append((f"{name}: the intervals overlap", agree))
+            rows.append([name, ratio(mine), ratio(other), "yes" if agree else "no"])
         rows.append(["k claimed", str(a.claimed), str(b.claimed), "yes" if a.claimed == b.claimed else "no"])
     reproduced = all(ok for _, ok in checks)
     lines = [

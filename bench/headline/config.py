@@ -1,38 +1,28 @@
 """`python -m bench headline`'s settings, each a flag with a `RELAYGR_…` twin, and the rule fixing L.
 
-The experiment's loads are multiples of one load L, fixed before the run by a declared rule in the host's
-unit u (the in-process full pass of the preset at the mix's cap, `bench.headline.canary.Calibration`):
-
-    L = LOAD_PER_U / u        (LOAD_PER_U = 0.7 requests per u)
-
-so that on any host the baseline runs at the same share of its own capacity. The rule is applied per
-block: u is timed again on the drained host before every block, and the block's loads and SLO follow it,
-so a host that runs slower for a spell is loaded at the same share of its speed. 0.7 comes from the committed
-runs: `full` (90fa212, u = 34.9 ms) put the baseline's highest load meeting the SLO at 23 req/s, 0.80 per u,
-and a probe of this design on a host with u ≈ 50 ms held the baseline within the SLO at 14 req/s, 0.70 per
-u. L sits at or below that edge, where the baseline's P99 is its own longest histories' service time and
-drifts only with the host. The SLO and the relay window are multiples of u too (2.87 u each: 100 ms at
-34.9 ms, the committed runs' absolute bounds).
+The loads are multiples of L, fixed by a declared rule in the host's unit u (the in-process full pass of
+the preset at the mix's cap, `bench.headline.canary`): L = LOAD_PER_U / u, 0.7 requests per u, so that on
+any host the baseline runs at the same share of its own capacity. u is timed again before every block,
+whose loads and SLO follow it. 0.7 comes from the committed runs: `full` (90fa212, u = 34.9 ms) put the
+baseline's highest load meeting the SLO at 0.80 per u, and a probe on a host with u ≈ 50 ms held it
+within the SLO at 0.70 per u: at or below that edge the baseline's P99 is its longest histories' service
+time. The SLO and the relay window are 2.87 u each (100 ms at 34.9 ms, the committed runs' bounds).
 
 Defaults, and why:
 
-- the arms: the baseline at L; RelayGR at L (the README's first figure: its P99 against the baseline's at
-  the same load), 2, 3, 3.5 and 4 L (finer near its knee, which a probe found at about 3 L); admit-all at
-  3 L, where the trigger's selectivity matters. Seven arms: one balanced set of Williams orders is 14
+- the arms: the baseline at L; RelayGR at 1, 2, 3, 3.5 and 4 L (finer near its knee, about 3 L); admit-all
+  at 3 L, where the trigger's selectivity matters. Seven arms: one balanced set of Williams orders is 14
   blocks (an odd number of arms needs each order and its mirror).
 - 14 blocks, each trial 300 measured Recommends after 5 s of its own load, the baseline's 600 (every ratio
-  divides by its P99); no trial stops early. A block lasts about 3.5 minutes on a 2-core host with
-  u = 75 ms (every trial's length is proportional to u), so a run fits its 60-minute budget
-  (`--budget-min`) with room for top-ups; pooled over 14 blocks an arm has 4,200 Ranks (the baseline
-  8,400), 42 of them above its P99.
-  Where the budget allows, more arms (`--relay-multiples`, `--admit-all-multiples 2.5,3`) or longer trials
-  (`--requests 600 --baseline-requests 1200`) sharpen it; `--blocks` must stay a whole number of sets.
-- a block whose host ran more than 15 % slower than at the calibration (`--drift-limit`), or in one of
-  whose trials processes other than the fleets and the load generator took more than 0.3 cores
-  (`--foreign-limit`), is reported but left out of the headline, and the run tops up with a block of the
-  same order, within `--budget-min`. The canary reads the drained host between trials, so a competing
-  process that yields to it (a niced test run) slips past s but not past the machine's busy time; with
-  the fleets idle and the canary beside a trial, other processes take about 0.1 cores on a 2-core host.
+  divides by its P99), no early stop. A block lasts about 3.5 minutes on a 2-core host with u = 75 ms,
+  so a run fits its 60-minute budget (`--budget-min`) with room for top-ups; pooled over 14 blocks an arm
+  has 4,200 Ranks (the baseline 8,400), 42 of them above its P99. More arms or longer trials sharpen it
+  where the budget allows; `--blocks` must stay a whole number of sets.
+- a block whose host ran more than 15 % slow (`--drift-limit`), or in one of whose trials other processes
+  took more than 0.3 cores (`--foreign-limit`: with the fleets idle and the canary beside a trial, they
+  take about 0.1 on a 2-core host), is reported but left out of the headline, and the run tops up with a
+  block of the same order within `--budget-min`. A niced process yields to the canary on the drained
+  host, so it slips past s but not past the machine's busy time.
 """
 
 from __future__ import annotations
@@ -45,8 +35,7 @@ from bench.lib.fleets import FleetSettings, WorkloadSettings
 from services.common.config import listed, numbers, setting
 from services.launcher.procs import REPO_ROOT
 
-# Requests per u of the baseline's load L (module docstring): fixed in the code, recorded in every run.
-LOAD_PER_U = 0.7
+LOAD_PER_U = 0.7  # requests per u of the baseline's load L: fixed in the code, recorded in every run
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 BASELINE, RELAY, ADMIT_ALL = "baseline", "relay", "admit-all"
 
@@ -118,17 +107,10 @@ class HeadlineConfig(FleetSettings, WorkloadSettings):
                 "compared with RelayGR at the same load)"
             )
 
-    def relay_list(self) -> list[float]:
-        return sorted(listed(self, "relay_multiples"))
-
     def arms(self) -> list[Arm]:
         """Every arm of a block: the baseline at L first, then RelayGR's and admit-all's by multiple."""
-        admit_all = sorted(listed(self, "admit_all_multiples"))
-        return [
-            Arm(BASELINE, 1.0),
-            *(Arm(RELAY, k) for k in self.relay_list()),
-            *(Arm(ADMIT_ALL, k) for k in admit_all),
-        ]
+        relay, admit_all = (sorted(listed(self, name)) for name in ("relay_multiples", "admit_all_multiples"))
+        return [Arm(BASELINE, 1.0), *(Arm(RELAY, k) for k in relay), *(Arm(ADMIT_ALL, k) for k in admit_all)]
 
     def measured_requests(self, arm: Arm) -> int:
         return self.baseline_requests if arm.mode == BASELINE else self.requests

@@ -1,10 +1,8 @@
-"""The block experiment's report.md and plot (`render_markdown`, `draw`), from its results.json alone.
-
-The report leads with the claim (`claim`): the largest multiple k of the baseline's load at which RelayGR's
-P99 is no higher than the baseline's at L, with r_k and r_{k+1}; then RelayGR's P99 at L against the
-baseline's, every multiple's step of the fixed sequence, RelayGR against admit-all, the blocks with their
-slowdown, the same analysis over every block, the Ranks over the SLO by why, and the calibration.
-"""
+"""The block experiment's report.md and plot (`render_markdown`, `draw`), from its results.json alone: the
+calibration and design, the claim (`claim`: the largest multiple k of the baseline's load at which
+RelayGR's P99 is no higher than the baseline's at L, with r_k and r_{k+1}), every arm with its step of the
+fixed sequence, RelayGR against admit-all, the blocks with their slowdown, the same analysis over every
+block where it differs, and the Ranks over the SLO by why."""
 
 from __future__ import annotations
 
@@ -12,9 +10,8 @@ import math
 import statistics
 from pathlib import Path
 
-from bench.headline.analysis import trial_p99
 from bench.headline.config import ADMIT_ALL, BASELINE, RELAY
-from bench.headline.schema import Analysis, Estimate, HeadlineResults, Step
+from bench.headline.schema import Analysis, Estimate, HeadlineResults, trial_p99
 
 PLOT = "p99-by-load.png"
 
@@ -36,7 +33,7 @@ def t_check(e: Estimate) -> str:
     return f"[{e.t_low:.2f}, {e.t_high:.2f}]"
 
 
-def claim(results: HeadlineResults, analysis: Analysis | None) -> str:
+def claim(analysis: Analysis | None) -> str:
     """The headline sentence, with r_k and r_{k+1} and their intervals."""
     if analysis is None:
         return "No block was kept: nothing is claimed."
@@ -50,15 +47,12 @@ def claim(results: HeadlineResults, analysis: Analysis | None) -> str:
     after = next((step for step in steps if step.multiple > k), None)
     sentence = f"**RelayGR carries {k:g}x the baseline's load at no worse P99**: r_{k:g} = {ratio(at.ratio)}"
     if after is not None:
-        why = _failed(after)
+        upper = after.ratio.upper
+        why = "its P99 misses the SLO" if not after.meets_slo else "not tested"
+        if upper is None or upper > 1:
+            why = f"upper bound {'∞' if upper is None else f'{upper:.2f}'} > 1"
         sentence += f"; r_{after.multiple:g} = {ratio(after.ratio)} ({why})"
     return sentence + "."
-
-
-def _failed(step: Step) -> str:
-    if step.ratio.upper is None or step.ratio.upper > 1:
-        return f"upper bound {'∞' if step.ratio.upper is None else f'{step.ratio.upper:.2f}'} > 1"
-    return "its P99 misses the SLO" if not step.meets_slo else "not tested"
 
 
 def per_block(results: HeadlineResults) -> bool:
@@ -107,7 +101,7 @@ def arms_table(results: HeadlineResults, analysis: Analysis) -> list[str]:
 
 def analysis_lines(results: HeadlineResults, analysis: Analysis) -> list[str]:
     lines = [
-        claim(results, analysis),
+        claim(analysis),
         "",
         f"{len(analysis.blocks)} blocks ({'' if analysis.balanced else 'not '}a balanced Williams set).",
         "",
@@ -204,22 +198,10 @@ def render_markdown(results: HeadlineResults) -> str:
             "" if trial is None else f"{trial_p99(trial):.1f}",
             "kept" if block.kept else "left out", f"{block.duration_s:.0f}",
         ])  # fmt: skip
-    other = ["other cores"] if foreign_rule else []
-    header = [
-        "block",
-        "seed",
-        "order",
-        "s",
-        *(["u ms", "L req/s"] if own_units else []),
-        "canary / reference ms",
-        "steal",
-        *other,
-        "baseline P99 ms",
-        "",
-        "seconds",
-    ]
-    lines += table(header, rows)
-    lines += [""]
+    header = ["block", "seed", "order", "s", *(["u ms", "L req/s"] if own_units else []),
+              "canary / reference ms", "steal", *(["other cores"] if foreign_rule else []), "baseline P99 ms",
+              "", "seconds"]  # fmt: skip
+    lines += [*table(header, rows), ""]
     if every is not None and (kept is None or every.blocks != kept.blocks):
         lines += ["## Every block, the left-out ones included", "", *analysis_lines(results, every)]
     if kept is not None:

@@ -1,41 +1,23 @@
-"""The headline's statistics, pure functions: the ratio of two arms' P99s with its
-intervals, the SLO test, the decision over the multiples of the baseline's load, and the host's speed.
+"""The headline's statistics, pure functions: the ratio of two arms' P99s with its intervals, the SLO test,
+the decision over the multiples of the baseline's load, and the host's speed.
 
-The design. Every arm runs once in each block (one arrival seed), in a Williams order
-(`bench.lib.orders.block_orders`); blocks are the unit of replication.
+Every arm runs once in each block (one arrival seed, `bench.lib.orders.block_orders`); blocks are the unit
+of replication. r_k is the pooled P99 of RelayGR at k·L over the baseline's at L (`pooled_p99`: nearest
+rank over the blocks' latencies, a failed request infinitely slow). Requests cluster by block (an arrival
+seed's bursts, a slow spell of the host), so `p99_ratio` resamples whole blocks, the same ones for both
+arms (they are paired by seed), never single requests: the percentile interval of the resampled ratios is
+the two-sided interval, their `confidence` quantile the one-sided upper bound the decision uses. On
+lognormal latencies with a block effect of sd 0.25 in the log and request noise of sd 0.3, 16 blocks of
+150 requests, the block bootstrap's 95 % interval held the true ratio in 0.90-0.92 of the replications,
+`request_bootstrap_ratio` (single requests resampled, wrong on clustered data) in 0.42-0.49. Beside it,
+a cross-check that does not resample: the per-block log ratios' mean ± Student's t times their standard
+error, back through exp (0.94-0.98 there).
 
-The statistic. r_k is the pooled P99 of RelayGR at k·L over the pooled P99 of the baseline at L
-(`pooled_p99`: nearest rank over the kept blocks' latencies, a failed request infinitely slow).
-
-Its interval. Requests cluster by block (an arrival seed's bursts, a slow spell of the host), so `p99_ratio`
-resamples whole blocks, the same indices for both arms (they are paired by seed), pools each arm's chosen
-blocks and takes the ratio of the pooled P99s; single requests are never resampled. The percentile interval of
-those ratios is the two-sided interval, their `confidence` quantile the one-sided upper bound the decision
-uses. A ratio of two infinite P99s counts as infinite, a finite one over an infinite one as 0. Only each
-block's top percent can become a resample's P99: the bootstrap finds every resample's P99 by one vectorised
-bisection over those. `request_bootstrap_ratio` resamples single requests instead, to show why that is wrong:
-on lognormal latencies with a block effect of sd 0.25 in the log and request noise of sd 0.3, 16 blocks of 150
-requests, its 95 % interval held the true ratio in 0.42-0.49 of the replications, the block bootstrap's in
-0.90-0.92 (the percentile bootstrap's shortfall with few clusters). So `p99_ratio` also gives a cross-check
-that does not resample: the per-block log ratios' mean ± Student's t (blocks - 1 degrees of freedom) times
-their standard error, back through exp; it held the true ratio in 0.94-0.98. A block whose ratio is 0 or
-infinite leaves the cross-check from 0 to infinity: it then decides nothing.
-
-The SLO. `over_slo_test` is the exact one-sided binomial test that the P99 meets the SLO: under the null that
-at least `share` (1 %) of the Ranks are over it, seeing `over` or fewer of `total` has probability
-P(X <= over); a p-value under 1 - confidence rejects the null. It is exact at any count, 0 over included.
-
-The decision. `fixed_sequence` tests the multiples in ascending order, each at the full level, and stops at
-the first failure: a multiple passes when the one-sided upper bound of r_k is at most 1 and it meets the
-SLO. A larger multiple is tested only after every smaller one passed, so the chance of claiming any false
-multiple stays within 1 - confidence without splitting the level. The multiples after the first failure
-are reported as not tested.
-
-The host. `slowdown` compares the host with a reference: the median canary reading (the CPU time of a
-fixed small task) over the reference, scaled by the share of wall time the hypervisor left the guest
-(1 - steal) against the reference's. `kept_blocks` keeps a block whose slowdown is at most the limit and
-whose neighbours (other processes) took at most their limit of cores.
-`host_unit` is the host's unit u: the median of the timings of one pass, for the reason its docstring gives.
+`over_slo_test` is the exact one-sided binomial test that the P99 meets the SLO (fewer than `share` of the
+Ranks over it). `fixed_sequence` tests the multiples in ascending order, each at the full level, and stops
+at the first failure, so the chance of claiming any false multiple stays within 1 - confidence.
+`slowdown` compares the host's canary with a reference, `kept_blocks` applies the limits, and `host_unit`
+is the host's unit u.
 """
 
 from __future__ import annotations
@@ -90,20 +72,26 @@ def _p99(values: np.ndarray) -> np.ndarray:
     return np.partition(values, int(_rank(values.size)))[int(_rank(values.size))]
 
 
-def _blocks(arm: Sequence[Sequence[float]], name: str) -> list[np.ndarray]:
-    """The blocks of one arm as arrays, checked: none empty, every value positive (math.inf allowed)."""
-    arrays = [np.asarray(block, dtype=np.float64) for block in arm]
-    for array in arrays:
-        if not array.size:
-            raise ValueError(f"{name} has an empty block")
-        if not np.all(array > 0):  # NaN fails too
-            raise ValueError(f"{name} has a latency that is not positive")
-    return arrays
-
-
-def _check(numerator: Sequence[Sequence[float]], denominator: Sequence[Sequence[float]]) -> None:
+def _arms(
+    numerator: Sequence[Sequence[float]], denominator: Sequence[Sequence[float]], confidence: float,
+    resamples: int,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:  # fmt: skip
+    """Both arms' blocks as arrays, checked: as many blocks in each, at least 1, none empty, every value
+    positive (math.inf allowed); `confidence` in (0.5, 1); at least one resample. Else ValueError."""
     if not len(numerator) or len(numerator) != len(denominator):
         raise ValueError("numerator and denominator need the same number of blocks, at least 1")
+    if not 0.5 < confidence < 1:
+        raise ValueError("confidence must be in (0.5, 1)")
+    if resamples < 1:
+        raise ValueError("resamples must be at least 1")
+    arms = []
+    for name, arm in (("numerator", numerator), ("denominator", denominator)):
+        arms.append([np.asarray(block, dtype=np.float64) for block in arm])
+        if not all(array.size for array in arms[-1]):
+            raise ValueError(f"{name} has an empty block")
+        if not all(np.all(array > 0) for array in arms[-1]):  # NaN fails too
+            raise ValueError(f"{name} has a latency that is not positive")
+    return arms[0], arms[1]
 
 
 def _resampled_p99(blocks: list[np.ndarray], counts: np.ndarray) -> np.ndarray:
@@ -141,11 +129,10 @@ def _quantile(sorted_values: np.ndarray, level: float) -> float:
     return float(sorted_values[max(math.ceil(level * sorted_values.size) - 1, 0)])
 
 
-def _check_confidence(confidence: float, resamples: int) -> None:
-    if not 0.5 < confidence < 1:
-        raise ValueError("confidence must be in (0.5, 1)")
-    if resamples < 1:
-        raise ValueError("resamples must be at least 1")
+def _interval(ratios: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The two-sided percentile interval of sorted resampled ratios."""
+    tail = (1 - confidence) / 2
+    return _quantile(ratios, tail), _quantile(ratios, 1 - tail)
 
 
 def p99_ratio(
@@ -158,18 +145,14 @@ def p99_ratio(
     """The ratio of the pooled P99s of two arms, `numerator[b]` and `denominator[b]` being their latencies
     (ms, math.inf for a failed request) in block b, with its block-bootstrap interval and upper bound
     (`resamples` resamples of whole blocks, the same blocks for both arms) and the t cross-check of the
-    per-block log ratios. ValueError when the arms' numbers of blocks differ or are 0, a block is empty, a
-    latency is not positive (NaN included) or `confidence` is not in (0.5, 1)."""
-    _check(numerator, denominator)
-    _check_confidence(confidence, resamples)
-    top, bottom = _blocks(numerator, "numerator"), _blocks(denominator, "denominator")
+    per-block log ratios (from 0 to infinity where a block's ratio is 0 or infinite: it decides nothing)."""
+    top, bottom = _arms(numerator, denominator, confidence, resamples)
     count = len(top)
     value = float(_ratio(_p99(np.concatenate(top)), _p99(np.concatenate(bottom))))
     drawn = np.random.default_rng(seed).integers(0, count, size=(resamples, count))
     counts = np.zeros((resamples, count), dtype=np.int64)
     np.add.at(counts, (np.arange(resamples)[:, None], drawn), 1)
     ratios = np.sort(_ratio(_resampled_p99(top, counts), _resampled_p99(bottom, counts)))
-    tail = (1 - confidence) / 2
     t_low = t_high = t_upper = None
     if count >= 2:
         per_block = _ratio(
@@ -183,16 +166,8 @@ def p99_ratio(
             t_upper = math.exp(mean + t_value(2 * confidence - 1, count - 1) * error)
         else:  # a block's ratio is 0 or infinite: the cross-check holds every ratio and decides nothing
             t_low, t_high, t_upper = 0.0, math.inf, math.inf
-    return RatioEstimate(
-        value=value,
-        low=_quantile(ratios, tail),
-        high=_quantile(ratios, 1 - tail),
-        upper=_quantile(ratios, confidence),
-        t_low=t_low,
-        t_high=t_high,
-        t_upper=t_upper,
-        blocks=count,
-    )
+    low, high = _interval(ratios, confidence)
+    return RatioEstimate(value, low, high, _quantile(ratios, confidence), t_low, t_high, t_upper, count)
 
 
 def _request_resamples(pooled: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
@@ -218,16 +193,12 @@ def request_bootstrap_ratio(
 ) -> tuple[float, float]:
     """The naive two-sided percentile interval (low, high) of the same ratio that resamples single requests
     of each arm's pooled sample independently. Wrong on clustered data (too narrow); kept to show it."""
-    _check(numerator, denominator)
-    _check_confidence(confidence, resamples)
-    top = np.concatenate(_blocks(numerator, "numerator"))
-    bottom = np.concatenate(_blocks(denominator, "denominator"))
+    top, bottom = (np.concatenate(arm) for arm in _arms(numerator, denominator, confidence, resamples))
     rng = np.random.default_rng(seed)
     ratios = np.sort(
         _ratio(_request_resamples(top, resamples, rng), _request_resamples(bottom, resamples, rng))
     )
-    tail = (1 - confidence) / 2
-    return _quantile(ratios, tail), _quantile(ratios, 1 - tail)
+    return _interval(ratios, confidence)
 
 
 def over_slo_test(over: int, total: int, share: float = 0.01, confidence: float = 0.95) -> tuple[float, bool]:
@@ -265,10 +236,9 @@ class Step:
 
 
 def fixed_sequence(steps: Sequence[tuple[float, float, bool]]) -> tuple[float | None, list[Step]]:
-    """The fixed-sequence decision over (multiple, upper bound of r_k, meets the SLO) triples: in ascending
-    order of multiple, each at the full level, a multiple passes when its upper bound is at most 1 and it
-    meets the SLO; the first failure stops the sequence. Returns the largest multiple claimed (None when the
-    smallest fails) and every step."""
+    """The decision over (multiple, upper bound of r_k, meets the SLO) triples: in ascending order, a
+    multiple passes when its upper bound is at most 1 and it meets the SLO; the first failure stops the
+    sequence. The largest multiple claimed (None when the smallest fails) and every step."""
     ordered = sorted(steps, key=lambda step: step[0])
     if len({multiple for multiple, _, _ in ordered}) != len(ordered):
         raise ValueError("multiples must be distinct")
@@ -288,9 +258,8 @@ def fixed_sequence(steps: Sequence[tuple[float, float, bool]]) -> tuple[float | 
 def slowdown(
     canary_ms: Sequence[float], reference_ms: float, steal_share: float, reference_steal_share: float
 ) -> float:
-    """The host's slowdown during a trial against the reference: (median canary reading / reference) x
-    (1 - reference_steal_share) / (1 - steal_share). A canary reading is the CPU time of a fixed small task;
-    a steal share is the share of wall time the hypervisor took."""
+    """The host's slowdown against the reference: (median canary reading / reference) x (1 - reference's
+    steal share) / (1 - steal share); a steal share is the share of wall time the hypervisor took."""
     if not canary_ms:
         raise ValueError("no canary readings")
     if not reference_ms > 0:
@@ -302,8 +271,11 @@ def slowdown(
 
 
 def kept_blocks(
-    slowdowns: Sequence[float], limit=1.15, foreign: Sequence[float] = (), foreign_limit=math.inf
-):
+    slowdowns: Sequence[float],
+    limit: float = 1.15,
+    foreign: Sequence[float] = (),
+    foreign_limit: float = math.inf,
+) -> list[bool]:
     """The blocks kept: slowdown at most `limit`, other processes' cores (`foreign`: the most in one of each
     block's trials; empty: none recorded) at most `foreign_limit`. One value a block, else ValueError."""
     others = foreign or [0.0] * len(slowdowns)
@@ -311,14 +283,9 @@ def kept_blocks(
 
 
 def host_unit(timings: Sequence[float]) -> float:
-    """The host's unit u: the median of `timings` of one pass at the host's speed.
-
-    Never a running minimum. Timing noise on one reading is one-sided upward (an interruption only adds),
-    but the minimum of many readings keeps drifting down as readings accumulate, because it picks the luckiest
-    reading and a longer run has luckier ones. A unit kept as the running minimum can therefore only fall; an
-    SLO expressed in u then tightens as the run goes on, which penalises the arms measured later and so
-    favours whichever arm runs faster. The median of one pass is centred on the host's typical speed and
-    does not move with the number of readings."""
+    """The host's unit u: the median of `timings` of one pass. Never a running minimum: that picks the
+    luckiest reading, so it only falls as readings accumulate, and an SLO in u would tighten as a run goes
+    on, against the arms measured later; the median stays at the host's typical speed."""
     if not timings:
         raise ValueError("no timings")
     return float(statistics.median(timings))

@@ -16,14 +16,13 @@ from hypothesis import strategies as st
 from bench.ab import __main__ as ab_main
 from bench.ab import config as ab_config
 from bench.ab import report as ab_report
-from bench.ab import run as ab_run
-from bench.ab.analysis import analyse
+from bench.ab.__main__ import AbBench, Job, schedule
 from bench.ab.config import AbConfig
 from bench.ab.report import render_markdown
-from bench.ab.run import AbBench, Job, Load, schedule
-from bench.ab.schema import AbResults
+from bench.ab.schema import AbResults, analyse
 from bench.lib import orders
 from bench.lib.fleets import Mode
+from bench.lib.recommends import Load, bench_config
 from bench.lib.workload import RevisitSampler
 from relaygr.v1 import recommend_pb2
 from services.common.config import load
@@ -94,7 +93,7 @@ def fake_run(tmp_path_factory):
     monkeypatch = pytest.MonkeyPatch()
     out = tmp_path_factory.mktemp("results")
     monkeypatch.setattr(ab_config, "RESULTS_DIR", out)
-    monkeypatch.setattr(ab_run, "SETTLE_S", 0.0)
+    monkeypatch.setattr(ab_main, "SETTLE_S", 0.0)
     FakeAbBench.events = []
     try:
         results = ab_main.main([*ARGS, "--name", "fake"], bench_class=FakeAbBench)
@@ -280,8 +279,8 @@ def test_settings_need_two_modes_and_name_only_known_ones():
     assert config.out_dir().name == "relaygr-ab"
     singles = load(AbConfig, ["--modes", "relay,relay-single-pre-infers"], environ={})
     assert [mode.trigger_args for mode in singles.mode_list()] == ["", "--pre-infer-batch-window-ms 0"]
-    bench_config = config.bench_config()
-    assert (bench_config.relay_window_ms, bench_config.longest_long_term) == (80.0, 2048)
+    fleets = bench_config(config)
+    assert (fleets.relay_window_ms, fleets.longest_long_term) == (80.0, 2048)
 
 
 @pytest.mark.slow
@@ -334,7 +333,7 @@ def test_the_committed_ab_runs_read_back_and_render_their_reports(name: str, war
 
 @pytest.mark.parametrize("name", ["ab-mix1-admit-all", "ab-mix1-admit-all-warm"])
 def test_the_committed_ab_statistics_are_what_the_analysis_computes_from_their_runs(name: str):
-    """Every cell and comparison a committed A/B stores is what `bench.ab.analysis` computes again from
+    """Every cell and comparison a committed A/B stores is what `bench.ab.schema.analyse` computes again from
     its runs' latencies and its settings."""
     folder = Path(__file__).resolve().parents[2] / "bench" / "results" / name
     results = AbResults.load(folder / "results.json")

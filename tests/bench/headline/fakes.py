@@ -1,6 +1,7 @@
 """The block experiment over fake fleets and a fake canary whose answers are known: `FakeBench` runs the
-real `HeadlineBench` (its calibration, orders, trials, slowdowns and top-ups) with `drive` answering every
-request at once with a latency set by the arm, and `fake_results` runs the whole command with it."""
+real `HeadlineBench` (its calibration, fleet warm-ups, orders, trials, slowdowns and top-ups) with `drive`
+answering every request at once with a latency set by the arm, and `fake_results` runs the whole command
+with it."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from pathlib import Path
 import grpc
 
 from bench.headline import __main__ as headline_main
-from bench.headline import run as headline_run
+from bench.headline.__main__ import HeadlineBench
 from bench.headline.config import HeadlineConfig, load_rate
-from bench.headline.run import HeadlineBench
 from bench.headline.schema import HeadlineResults
+from bench.lib.recommends import Load
 from bench.lib.workload import RevisitSampler
 from relaygr.v1 import common_pb2, recommend_pb2
 from services.common.config import load
@@ -33,6 +34,9 @@ class FakeFleet:
 
     def pids(self) -> dict[str, int]:
         return {}
+
+    def stub(self, universe: object, delay_ms: float) -> str:
+        return f"fake://{self.mode.name}"  # type: ignore[attr-defined]
 
 
 def rank_ms(mode: str, rate: float, index: int, load: float, speed: float = 1.0) -> float:
@@ -77,7 +81,7 @@ class FakeCanary:
 
 class FakeBench(HeadlineBench):
     """`HeadlineBench` with fake fleets, drive and canary (`slow`: the canary's factor for each block
-    index); `driven` records every trial's (mode, rate, total, seed)."""
+    index); `driven` records every run's (mode, rate, total, seed), the fleets' warm-ups first."""
 
     slow: Callable[[int], float] = staticmethod(lambda block: 1.0)
     # How much slower than U_MS the host runs through each block, its u timing included, by block index.
@@ -92,24 +96,20 @@ class FakeBench(HeadlineBench):
         FakeBench.made.append(self)
 
     def fleets(self, driver: object, stack: contextlib.ExitStack) -> dict[str, FakeFleet]:
-        return {name: FakeFleet(mode) for name, mode in headline_run.MODES.items()}
+        return {name: FakeFleet(mode) for name, mode in headline_main.MODES.items()}
 
-    def cpu_snapshot(self, fleet: object) -> dict[str, object]:
-        return {}
-
-    def foreign_cores(self, before: dict[str, object], fleet: object) -> float:
+    def foreign_cores(self, fleet: object, before: dict[str, object]) -> float:
         return self.busy(len(self.blocks))
 
-    def drive(self, fleet: FakeFleet, sampler: RevisitSampler, rate: float, total: int, seed: int) -> list:
+    def drive(self, address: str, sampler: RevisitSampler, load: Load) -> list[CallRecord]:
         assert self.calibration is not None
-        mode = fleet.mode.name  # type: ignore[attr-defined]
-        self.driven.append((mode, rate, total, seed))
-        speed = self.speed(len(self.blocks))  # the fake fleets warm up nowhere: every call is a trial's
-        load = load_rate(U_MS * speed)
+        mode, rate = address.removeprefix("fake://"), load.rate
+        self.driven.append((mode, rate, load.total, load.seed))
+        speed = self.speed(len(self.blocks))
         source = common_pb2.CACHE_SOURCE_MISS if mode == "baseline" else common_pb2.CACHE_SOURCE_HBM
         out = []
-        for index in range(total):
-            ms = rank_ms(mode, rate, index, load, speed)
+        for index in range(load.total):
+            ms = rank_ms(mode, rate, index, load_rate(U_MS * speed), speed)
             response = recommend_pb2.RecommendResponse(
                 rank_latency_ms=ms, cache_source=source, long_term_length=1024
             )

@@ -11,10 +11,9 @@ import math
 
 import pytest
 
-from bench.headline import analysis
 from bench.headline.compare import compare
 from bench.headline.config import LOAD_PER_U, HeadlineConfig, load_rate
-from bench.headline.schema import HeadlineResults
+from bench.headline.schema import HeadlineResults, analyse
 from bench.lib import orders
 from services.common.config import load
 from tests.bench.headline.fakes import ARGS, CANARY_MS, U_MS, fake_results, run_bench
@@ -29,6 +28,9 @@ def test_the_calibration_fixes_u_as_a_median_and_l_the_slo_and_the_window_in_it(
     assert cal.rate == load_rate(U_MS) == round(LOAD_PER_U * 1000 / U_MS, 3) == 10.0
     assert (cal.slo_ms, cal.relay_window_ms) == (round(2.87 * U_MS, 1), round(2.87 * U_MS, 1))
     assert cal.canary_reference_ms == CANARY_MS
+    # Every fleet, once all are up, gets 30 s at L (300 Recommends) before the first block, in no trial.
+    assert bench.driven[:3] == [(mode, 10.0, 300, 0) for mode in ("baseline", "relay", "admit-all")]
+    assert len(bench.driven) == 3 + len(bench.trials)
     # The fleets start with the bounds in ms, and every trial runs at its multiple of L.
     assert bench.driver.config.slo_ms == cal.slo_ms
     assert {(trial.arm, trial.rate) for trial in bench.trials} == {
@@ -47,7 +49,7 @@ def test_every_block_runs_every_arm_once_in_its_williams_order_and_no_trial_stop
     assert [by_block[b] for b in range(14)] == design
     # Every trial sent its warm-up and its whole count, each arm the same seed in a block; the baseline's
     # every 50th Rank over the SLO stopped nothing.
-    for (mode, rate, total, seed), trial in zip(bench.driven, bench.trials, strict=True):
+    for (mode, rate, total, seed), trial in zip(bench.driven[3:], bench.trials, strict=True):
         count = 60 if mode == "baseline" else 40
         assert total == round(rate * 1.0) + count and len(trial.rank_ms) == count
         assert seed == trial.block and trial.warmup == round(rate * 1.0)
@@ -93,7 +95,7 @@ def test_each_block_loads_and_judges_the_host_at_the_u_it_times_first(fast):
     assert max(ms for t in baseline if t.block in slow_blocks for ms in t.rank_ms) == 300.0
     assert all([o.rank_ms for o in t.over] == [300.0 if t.block in slow_blocks else 240.0] for t in baseline)
     config = load(HeadlineConfig, [*ARGS, "--blocks", "14"])
-    kept = analysis.analyse(bench.blocks, bench.trials, bench.calibration, config, kept_only=True)
+    kept = analyse(bench.blocks, bench.trials, bench.calibration, config, kept_only=True)
     base = next(arm for arm in kept.arms if arm.mode == "baseline")
     assert (base.p99_ms, base.p99_u, base.over, base.rate) == (240.0, round(240 / U_MS, 3), 14, 10.0)
     steps = {step.multiple: step for step in kept.steps}
