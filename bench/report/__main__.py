@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bench.lib.schema import Run
 from bench.lib.schema_gpu import GpuRun
-from bench.report import renderer
+from bench.report import write
 from services.common.config import load, setting
 
 
@@ -38,14 +38,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if config.plots:
             draw(results, results_dir)
         (results_dir / "report.md").write_text(render_markdown(results))
-        print(results_dir / "report.md")
-        return
-    kind = GpuRun if data.get("configuration", {}).get("profile") == "gpu" else Run
-    run = kind.from_json(data)
-    render, draw = renderer(run)
-    if config.plots:
-        draw(run, results_dir)
-    (results_dir / "report.md").write_text(render(run))
+    else:
+        kind = GpuRun if data.get("configuration", {}).get("profile") == "gpu" else Run
+        write(kind.from_json(data), results_dir, config.plots, results=False)
     print(results_dir / "report.md")
 
 

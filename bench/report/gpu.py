@@ -1,22 +1,30 @@
-"""The gpu profile's outputs: results.json, report.md and two plots, from its results alone (`GpuRun`).
+"""The gpu profile's report.md and two plots, from its results alone (`GpuRun`).
 
 The report leads with the two headline ratios (a sweep the time budget cut short shows what it had
 measured, never a ratio), then, at each mode's limit in each experiment, the GPU's busy fraction and the
-host CPU per request by service (`bench.report.cpu_ms_per_request`): on a GPU the host's serving path is
-the likely ceiling. Then the floor, the cached Rank, every point, and the machine with its GPU.
+host CPU per request by service (`figures.cpu_ms_per_request`): on a GPU the host's serving path is the
+likely ceiling. Then the floor, the cached Rank, every point, and the machine with its GPU.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from bench.lib.schema_gpu import BudgetedSweep, GpuLengthSweep, GpuMix, GpuPoint, GpuRun
-from bench.report.figures import CPU_SERVICES, cores_needed, cpu_ms_per_request, point_at
-from bench.report.plots import plot_sweeps
-from bench.report.tables import POINT_HEADER, machine_section, ms, point_row, table, times
-
-PLOTS = {"length": "p99_vs_length.png", "load": "p99_vs_load.png"}
-EXTRA_HEADER = ("GPU busy", "host CPU ms/request", "send lag P99 ms")
+from bench.report.figures import (
+    CPU_SERVICES,
+    POINT_HEADER,
+    cores_needed,
+    cpu_ms_per_request,
+    machine_section,
+    ms,
+    point_at,
+    point_row,
+    table,
+    times,
+)  # fmt: skip
+from bench.report.plots import PLOTS, plot_sweeps
 
 
 def busy(point: GpuPoint | None) -> str:
@@ -32,16 +40,11 @@ def limit(sweep: BudgetedSweep, key: str) -> tuple[str, GpuPoint | None]:
         passed, failed = sweep.passed_up_to, sweep.failed_from
         text = "cut short: " + (f"passes at {passed:g}" if passed is not None else "nothing passed yet")
         text += f", fails at {failed:g}" if failed is not None else ""
-        return text, _gpu_point(point_at(sweep, key, passed))
+        return text, cast(GpuPoint | None, point_at(sweep, key, passed))
     if sweep.best is None:
         return "none on the grid", None
     top = " (grid top: may be higher)" if sweep.at_grid_top else ""
-    return f"{sweep.best:g}{top}", _gpu_point(point_at(sweep, key, sweep.best))
-
-
-def _gpu_point(point: object) -> GpuPoint | None:
-    assert point is None or isinstance(point, GpuPoint)
-    return point
+    return f"{sweep.best:g}{top}", cast(GpuPoint | None, point_at(sweep, key, sweep.best))
 
 
 def ratio_cell(entry: GpuLengthSweep | GpuMix) -> str:
@@ -54,18 +57,17 @@ def ratio_cell(entry: GpuLengthSweep | GpuMix) -> str:
 
 def experiments(run: GpuRun) -> list[tuple[str, str, GpuLengthSweep | GpuMix]]:
     """(title, point key, entry with `baseline`, `relay`, `ratio`) of every experiment measured."""
-    found: list[tuple[str, str, GpuLengthSweep | GpuMix]] = []
     length = run.measured.length_sweep
-    if length is not None:
-        title = f"longest length under the SLO at {length.rate:g} req/s, events"
-        found.append((title, "long_term", length))
-    for label, mix in run.measured.throughput_sweeps.items():
-        found.append((f"highest SLO-compliant load, {label}, req/s", "rate", mix))
-    return found
+    found = [] if length is None else [(f"longest length under the SLO at {length.rate:g} req/s, events",
+                                        "long_term", length)]  # fmt: skip
+    return found + [(f"highest SLO-compliant load, {label}, req/s", "rate", mix)
+                    for label, mix in run.measured.throughput_sweeps.items()]  # fmt: skip
 
 
-def modes(entry: GpuLengthSweep | GpuMix) -> dict[str, BudgetedSweep]:
-    return {"baseline": entry.baseline, "relay": entry.relay}
+def sweeps(run: GpuRun) -> list[tuple[str, str, str, BudgetedSweep]]:
+    """(experiment's title, point key, mode, sweep) of every sweep measured."""
+    return [(title, key, mode, sweep) for title, key, entry in experiments(run)
+            for mode, sweep in (("baseline", entry.baseline), ("relay", entry.relay))]  # fmt: skip
 
 
 def render_markdown(run: GpuRun) -> str:
@@ -76,35 +78,27 @@ def render_markdown(run: GpuRun) -> str:
     lines = [
         f"# RelayGR on a GPU: `{run.name}` ({c.profile} profile)",
         f"{run.started_at}, {run.duration_s:.0f} s of a {budget.seconds if budget else 0:g} s budget; "
-        f"GPU: {gpu_names or 'none found'}; {machine.cores} host cores "
-        f"({machine.cpu_model}); torch {versions.torch} "
-        f"(CUDA {versions.torch_cuda}); "
-        f"preset `{c.model_preset}`, {c.rankers} ranker(s), SLO P99 {c.slo_ms:g} ms, relay window "
-        f"{c.relay_window_ms:g} ms; commit `{versions.git_commit}`.",
+        f"GPU: {gpu_names or 'none found'}; {machine.cores} host cores ({machine.cpu_model}); torch "
+        f"{versions.torch} (CUDA {versions.torch_cuda}); preset `{c.model_preset}`, {c.rankers} ranker(s), "
+        f"SLO P99 {c.slo_ms:g} ms, relay window {c.relay_window_ms:g} ms; commit `{versions.git_commit}`.",
     ]
-    skipped = budget.skipped if budget else {}
-    notes = [f"- skipped {name}: {why}" for name, why in skipped.items()]
-    for title, _, entry in experiments(run):
-        for mode, sweep in modes(entry).items():
-            if sweep.cut_short:
-                notes.append(f"- cut short by the time budget: {title}, {mode}: {sweep.cut_reason}")
+    notes = [f"- skipped {name}: {why}" for name, why in (budget.skipped if budget else {}).items()]
+    notes += [f"- cut short by the time budget: {title}, {mode}: {sweep.cut_reason}"
+              for title, _, mode, sweep in sweeps(run) if sweep.cut_short]  # fmt: skip
     notes += [f"- error in {error}" for error in run.measured.errors]
     if notes:
         lines.append("**Not everything ran:**\n\n" + "\n".join(notes))
-    rows = []
-    for title, key, entry in experiments(run):
-        base, _ = limit(entry.baseline, key)
-        relay, _ = limit(entry.relay, key)
-        rows.append([title, base, relay, ratio_cell(entry)])
-    headline = table(("", "baseline", "RelayGR", "ratio"), rows) if rows else "Nothing measured."
-    lines += ["## Headline", headline]
-    lines.append(_at_limits(run))
-    lines.append(_floor(run))
-    for title, key, entry in experiments(run):
-        for mode, sweep in modes(entry).items():
-            lines.append(f"### {title}: {mode}\n\n{_sweep_table(run, sweep, key)}")
-    lines.append(machine_section(run))
-    return "\n\n".join(lines) + "\n"
+    rows = [[title, limit(entry.baseline, key)[0], limit(entry.relay, key)[0], ratio_cell(entry)]
+            for title, key, entry in experiments(run)]  # fmt: skip
+    lines += [
+        "## Headline",
+        table(("", "baseline", "RelayGR", "ratio"), rows) if rows else "Nothing measured.",
+    ]
+    lines += [_at_limits(run), _floor(run)]
+    lines += [
+        f"### {title}: {mode}\n\n{_sweep_table(run, sweep, key)}" for title, key, mode, sweep in sweeps(run)
+    ]
+    return "\n\n".join([*lines, machine_section(run)]) + "\n"
 
 
 def _at_limits(run: GpuRun) -> str:
@@ -112,18 +106,17 @@ def _at_limits(run: GpuRun) -> str:
     header = ("experiment", "mode", "limit", "rank P99 ms", "GPU busy", *services, "host total ms",
               "host cores at that load")  # fmt: skip
     rows = []
-    for title, key, entry in experiments(run):
-        for mode, sweep in modes(entry).items():
-            text, point = limit(sweep, key)
-            if point is None:
-                rows.append([title, mode, text, "", "", *[""] * len(CPU_SERVICES), "", ""])
-                continue
-            used = cpu_ms_per_request(run, point)
-            rows.append([
-                title, mode, text, ms(point.rank_ms.p99), busy(point),
-                *(f"{used[service]:.2f}" for service in CPU_SERVICES), f"{used['total']:.2f}",
-                f"{cores_needed(run, point):.2f} of {run.machine.cores}",
-            ])  # fmt: skip
+    for title, key, mode, sweep in sweeps(run):
+        text, point = limit(sweep, key)
+        if point is None:
+            rows.append([title, mode, text, "", "", *[""] * len(CPU_SERVICES), "", ""])
+            continue
+        used = cpu_ms_per_request(run, point)
+        rows.append([
+            title, mode, text, ms(point.rank_ms.p99), busy(point),
+            *(f"{used[service]:.2f}" for service in CPU_SERVICES), f"{used['total']:.2f}",
+            f"{cores_needed(run, point):.2f} of {run.machine.cores}",
+        ])  # fmt: skip
     return (
         "## GPU busy and host CPU per request at each mode's limit\n\n"
         "GPU busy: NVML's share of time a kernel ran, over the point's measured requests. Host CPU: every "
@@ -160,13 +153,13 @@ def _sweep_table(run: GpuRun, sweep: BudgetedSweep, key: str) -> str:
         rows.append([*row, busy(point), f"{total:.2f}", f"{point.send_lag_p99_ms:.1f}"])
     if not rows:
         return "No point measured."
-    return table((key, *POINT_HEADER, *EXTRA_HEADER), rows)
+    return table((key, *POINT_HEADER, "GPU busy", "host CPU ms/request", "send lag P99 ms"), rows)
 
 
 def plot_all(run: GpuRun, out_dir: Path) -> None:
+    """P99 against length and against load on the first mix, where a sweep measured any point."""
     for title, key, entry in experiments(run)[:2]:
-        sweeps = dict(modes(entry))
-        name = PLOTS["length"] if key == "long_term" else PLOTS["load"]
-        xlabel = "long-term length (events)" if key == "long_term" else "offered load (Recommend calls/s)"
-        if any(sweep.points for sweep in sweeps.values()):
-            plot_sweeps(run, sweeps, key, xlabel, title, out_dir / name)
+        pair = {"baseline": entry.baseline, "relay": entry.relay}
+        if entry.baseline.points or entry.relay.points:
+            name = PLOTS["length" if key == "long_term" else "load"]
+            plot_sweeps(pair, key, title, out_dir / name, run.configuration.slo_ms)

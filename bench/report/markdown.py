@@ -6,28 +6,33 @@ import math
 
 from bench.lib.schema import Run, Sweep
 from bench.lib.schema_context import LENGTH_PHASE, mix_phase
-from bench.report.capacity import capacity_section
-from bench.report.figures import first_failure, hit_rate_points, point_at, verdict, within_noise
-from bench.report.plots import PLOTS
-from bench.report.tables import (
-    best_cell,
+from bench.report.figures import (
     ceiling_table,
-    cores,
+    core_count,
     cpu_per_request_table,
-    machine_cores,
+    hit_rate_points,
     machine_section,
     ms,
     p99_with_ci,
+    point_at,
     point_row,
-    ratio_cell,
     repeats_table,
     results_table,
     share,
     sweep_table,
     table,
     times,
-)  # fmt: skip
-from bench.report.verdicts import checks_banner, edges_section, over_slo_sentence, phases_section
+    verdict,
+    within_noise,
+)
+from bench.report.plots import PLOTS
+from bench.report.verdicts import (
+    capacity_section,
+    checks_banner,
+    edges_section,
+    limits_section,
+    phases_section,
+)
 
 PAPER_LENGTH_RATIO = 1.5
 PAPER_THROUGHPUT_RATIO = 3.6
@@ -44,7 +49,7 @@ def render_markdown(run: Run) -> str:
         capacity_section(run),
         edges_section(run),
         _against_no_relay_and_admit_all(run),
-        _limits(run),
+        limits_section(run),
         _length_section(run),
         _throughput_section(run),
         _abandonment(run),
@@ -64,7 +69,7 @@ def _introduction(run: Run) -> str:
         f"# RelayGR benchmark: `{run.name}` ({c.profile} profile)\n\n"
         + (f"{banner}\n\n" if banner else "")
         + f"{run.started_at}, {run.duration_s / 60:.1f} minutes on "
-        f"{machine_cores(run)} cores ({run.machine.cpu_model}), torch {versions.torch}, "
+        f"{core_count(run) or 'unknown'} cores ({run.machine.cpu_model}), torch {versions.torch}, "
         f"preset `{c.model_preset}`, {c.rankers} rankers with {c.torch_threads} thread(s) each, "
         f"commit `{versions.git_commit}`.\n\n"
         "**This ran on a CPU shared with other work: only the ratios between the modes are "
@@ -75,36 +80,27 @@ def _introduction(run: Run) -> str:
 
 
 def _headline(run: Run) -> str:
-    c = run.configuration
-    length = run.measured.length_sweep
-    slo, measured, judged = (
-        c.slo_ms,
-        run.profile.measured,
-        run.measured.judged_slo_ms,
-    )  # each in its phase's u
-
-    rows = [
+    c, length, measured = run.configuration, run.measured.length_sweep, run.profile.measured
+    slo, judged = c.slo_ms, run.measured.judged_slo_ms  # each experiment's SLO in its phase's u
+    answers = [
         (
             f"longest long-term length with ranking P99 ≤ {judged(LENGTH_PHASE, slo):g} ms at "
             f"{length.rate:g} req/s",
-            best_cell(length.baseline),
-            best_cell(length.relay),
-            ratio_cell(run.length_ratio, length.baseline, length.relay, "long_term", "events"),
-            f"x{PAPER_LENGTH_RATIO}",
+            length,
+            run.length_ratio,
+            "long_term",
+            PAPER_LENGTH_RATIO,
         )
     ]
-    rows += [
-        (
-            f"highest load (req/s) with ranking P99 ≤ {judged(mix_phase(label), slo):g} ms and < "
-            f"{c.max_error_fraction:.1%} errors "
-            f"on the mix `{label}`",
-            best_cell(mix.baseline),
-            best_cell(mix.relay),
-            ratio_cell(mix.ratio, mix.baseline, mix.relay, "rate", "req/s"),
-            f"x{PAPER_THROUGHPUT_RATIO}",
-        )
-        for label, mix in run.measured.throughput_sweeps.items()
-    ]
+    answers += [(f"highest load (req/s) with ranking P99 ≤ {judged(mix_phase(label), slo):g} ms and < "
+                 f"{c.max_error_fraction:.1%} errors on the mix `{label}`", mix, mix.ratio, "rate",
+                 PAPER_THROUGHPUT_RATIO)
+                for label, mix in run.measured.throughput_sweeps.items()]  # fmt: skip
+    rows = [
+        [what, *("none" if s.best is None else f"{s.best:g}" for s in (pair.baseline, pair.relay)),
+         ratio_cell(ratio, pair.baseline, pair.relay, key), f"x{paper}"]
+        for what, pair, ratio, key, paper in answers
+    ]  # fmt: skip
     violations = measured - math.ceil(0.99 * measured)
     unit = run.measured.host_unit
     in_unit = (
@@ -131,6 +127,19 @@ def _headline(run: Run) -> str:
     )
 
 
+def ratio_cell(ratio: float | None, baseline: Sweep, relay: Sweep, key: str) -> str:
+    """A ratio, said as the bound it is where a sweep ran off its grid: RelayGR met the SLO at the grid's
+    end (the ratio is at least this), or the baseline met it nowhere (at least RelayGR's best over the
+    lowest value the baseline failed at)."""
+    if ratio is None and baseline.best is None and relay.best is not None and baseline.points:
+        lowest = min(getattr(p, key) for p in baseline.points)
+        unit = "events" if key == "long_term" else "req/s"
+        failed = f"the baseline met the SLO nowhere; it failed even at {lowest:g} {unit}"
+        return f"> x{relay.best / lowest:.2f} ({failed})"
+    at_top = " (lower bound: RelayGR met the SLO at the grid's end)" if relay.at_grid_top else ""
+    return times(ratio) + at_top
+
+
 def _against_no_relay_and_admit_all(run: Run) -> str:
     """RelayGR on the first mix against the strongest no-relay serving (`dram-only`) and against admitting
     every request (`admit-all`), the two comparisons the trigger is judged by."""
@@ -150,7 +159,7 @@ def _against_no_relay_and_admit_all(run: Run) -> str:
             "revisit reloads or extends the prefix its last Rank computed, and only new users' prefixes "
             f"are computed on the Rank's path. On the mix `{label}` it met the SLO up to "
             f"{'no load' if dram_only.best is None else format(dram_only.best, 'g') + ' req/s'}, "
-            f"RelayGR up to {relay.best:g} req/s: {ratio_cell(ratio, dram_only, relay, 'rate', 'req/s')}."
+            f"RelayGR up to {relay.best:g} req/s: {ratio_cell(ratio, dram_only, relay, 'rate')}."
         )
     admit_all = sweeps.get("admit-all")
     if admit_all is not None:
@@ -173,57 +182,6 @@ def _against_no_relay_and_admit_all(run: Run) -> str:
     return "\n\n".join(parts) if sweeps.keys() & {"dram-only", "admit-all"} else ""
 
 
-def _limit_line(run: Run, sweep: Sweep, mode: str, key: str, title: str) -> str:
-    failure = first_failure(sweep, key)
-    if failure is None:
-        return f"- {title}, {mode}: no point above its best failed; the grid ends there."
-    counters = failure.cost.rankers
-    unit = "events" if key == "long_term" else "req/s"
-    value = getattr(failure, key)
-    text = (
-        f"- {title}, {mode}: at {value:g} {unit} the ranking P99 was {ms(failure.rank_ms.p99)} "
-        f"ms (P50 {ms(failure.rank_ms.p50)} ms, {failure.errors} errors); the rankers used "
-        f"{cores(failure, rankers=True):.2f} cores, our other processes {cores(failure, rankers=False):.2f}, "
-        f"other users of the machine {failure.cost.foreign_cores:.2f}.{over_slo_sentence(failure)}"
-    )
-    if mode == "relay":
-        computed = counters.get("productions", {}).get("compute", 0)
-        text += (
-            f" {counters.get('joins', 0):g} Ranks (of {computed:g} prefix computations) arrived before "
-            "their prefix was ready and waited for it"
-        )
-        pre_infer_s = counters.get("device_s", {}).get("pre_infer", 0.0)
-        if computed:
-            text += (
-                f"; a prefix computation held a ranker's device thread {1000 * pre_infer_s / computed:.0f} "
-                "ms on average (Ranks it let through between chunks included)"
-            )
-        text += "."
-        floor = [p for p in run.measured.floor if p.prefix_length == value]
-        if key == "long_term" and floor:
-            text += (
-                f" In-process, pre-inferring {value} events takes {floor[0].pre_infer_ms:.0f} ms, "
-                f"against a relay window of {run.configuration.relay_window_ms:g} ms."
-            )
-    return text
-
-
-def _limits(run: Run) -> str:
-    lines = ["## What stopped each mode (measured at the first failing point)", ""]
-    length = run.measured.length_sweep
-    pairs = [("long_term", "Length", length.baseline, length.relay)]
-    pairs += [
-        ("rate", f"Throughput on `{name}`", mix.baseline, mix.relay)
-        for name, mix in run.measured.throughput_sweeps.items()
-    ]
-    for key, title, baseline, relay in pairs:
-        lines += [
-            _limit_line(run, baseline, "baseline", key, title),
-            _limit_line(run, relay, "relay", key, title),
-        ]
-    return "\n".join(lines)
-
-
 def _length_section(run: Run) -> str:
     c, sweep = run.configuration, run.measured.length_sweep
     parts = [
@@ -232,9 +190,7 @@ def _length_section(run: Run) -> str:
         f"load {sweep.rate:g} req/s.",
         f"![P99 against length]({PLOTS['length']})",
     ]
-    for mode, modes_sweep in (("baseline", sweep.baseline), ("relay", sweep.relay)):
-        parts += [f"**{mode}**", sweep_table(modes_sweep, "long_term", "long-term length")]
-    return "\n\n".join(parts)
+    return "\n\n".join(parts + _sweep_tables({"baseline": sweep.baseline, "relay": sweep.relay}, "long_term"))
 
 
 _ROUTING_NOTE = {
@@ -256,9 +212,9 @@ def _throughput_section(run: Run) -> str:
         f"warm-up included, so the requests are the warm-up's ({c.warmup_s:g} s at the point's rate) "
         "plus the measured ones (abandoned ones included). The targets are the serving path's, for RelayGR's "
         "best point. The machine's ceiling: the cores our whole fleet needs at that load (its CPU per "
-        f"request times the offered load) against the machine's {machine_cores(run)} cores, beside the cores "
-        "it used as measured (CPU seconds over the point's wall time) and those other users of the machine "
-        "took." + _ROUTING_NOTE.get(c.routing, ""),
+        f"request times the offered load) against the machine's {core_count(run) or 'unknown'} cores, beside "
+        "the cores it used as measured (CPU seconds over the point's wall time) and those other users of the "
+        "machine took." + _ROUTING_NOTE.get(c.routing, ""),
     ]
     for number, (label, mix) in enumerate(run.measured.throughput_sweeps.items()):
         pair = {"baseline": mix.baseline, "relay": mix.relay}
@@ -266,13 +222,14 @@ def _throughput_section(run: Run) -> str:
         parts += [f"### Mix `{label}`", results_table(sweeps)]
         if number == 0:
             parts.append(f"![P99 against load]({PLOTS['load']})")
-        parts += [cpu_per_request_table(run, sweeps), ceiling_table(run, sweeps)]
-        repeats = repeats_table(pair)
-        if repeats:
-            parts.append(repeats)
-        for mode, sweep in pair.items():
-            parts += [f"**{mode}**", sweep_table(sweep, "rate", "load req/s")]
-    return "\n\n".join(parts)
+        parts += [cpu_per_request_table(run, sweeps), ceiling_table(run, sweeps), repeats_table(pair)]
+        parts += _sweep_tables(pair)
+    return "\n\n".join(part for part in parts if part)
+
+
+def _sweep_tables(sweeps: dict[str, Sweep], key: str = "rate") -> list[str]:
+    """Each sweep's table of points under its title in bold."""
+    return [part for title, sweep in sweeps.items() for part in (f"**{title}**", sweep_table(sweep, key))]
 
 
 def _abandonment(run: Run) -> str:
@@ -304,9 +261,10 @@ def _abandonment(run: Run) -> str:
     ]
     for fraction, entry in fractions.items():
         if entry.sweeps is not None:
-            for mode, sweep in (("baseline", entry.sweeps.baseline), ("relay", entry.sweeps.relay)):
-                title = f"**{mode}, {float(fraction):.0%} abandoned**"
-                parts += [title, sweep_table(sweep, "rate", "load req/s")]
+            modes = {"baseline": entry.sweeps.baseline, "relay": entry.sweeps.relay}
+            parts += _sweep_tables(
+                {f"{mode}, {float(fraction):.0%} abandoned": s for mode, s in modes.items()}
+            )
     return "\n\n".join(parts)
 
 
@@ -373,10 +331,10 @@ def _ablations(run: Run) -> str:
         f"Modes: {modes}.",
     ]
     for name, sweep in ablations.sweeps.items():
-        parts += [f"**{name}**", sweep_table(sweep, "rate", "load req/s")]
+        parts += _sweep_tables({name: sweep})
         if name in ablations.relay_beside:
             parts += [f"**relay, beside {name}** (in turns with it, on the same users)",
-                      sweep_table(ablations.relay_beside[name], "rate", "load req/s")]  # fmt: skip
+                      sweep_table(ablations.relay_beside[name], "rate")]  # fmt: skip
     return "\n\n".join(parts)
 
 

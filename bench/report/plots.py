@@ -1,5 +1,6 @@
-"""The report's PNG plots: ranking P99 against length and against load (each mode's sweep), where each
-Rank's prefix came from at the ablations' rate, and where the time goes."""
+"""The reports' PNG plots: ranking P99 against length and against load (each mode's sweep), each mode's
+capacity against the SLO, where each Rank's prefix came from at the ablations' rate, and where the time
+goes."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import matplotlib.pyplot as plt
 
 from bench.lib.schema import Run, Sweep
 from bench.lib.schema_context import LENGTH_PHASE, mix_phase
-from bench.report.capacity import CAPACITY_PLOT, capacity_rows
 from bench.report.figures import SHOWN_SOURCES, hit_rate_points, load_modes, shares
+from bench.report.verdicts import CAPACITY_PLOT, capacity_rows
 
 SOURCE_COLOURS = {
     "hbm": "#2b8a3e",
@@ -43,38 +44,24 @@ PLOTS = {
 
 
 def plot_all(run: Run, out_dir: Path) -> None:
-    length = run.measured.length_sweep
-    length_title = f"Ranking P99 against length at {length.rate:g} req/s"
-    modes = {"baseline": length.baseline, "relay": length.relay}
-    plot_sweeps(run, modes, "long_term", "long-term length (events)", length_title, out_dir / PLOTS["length"],
-                run.measured.judged_slo_ms(LENGTH_PHASE, run.configuration.slo_ms))  # fmt: skip
-    load_title = f"Ranking P99 against load, mix {run.first_mix[0]}"
-    plot_sweeps(
-        run,
-        load_modes(run),
-        "rate",
-        "offered load (Recommend calls/s)",
-        load_title,
-        out_dir / PLOTS["load"],
-        run.measured.judged_slo_ms(mix_phase(run.first_mix[0]), run.configuration.slo_ms),
+    length, judged, slo = run.measured.length_sweep, run.measured.judged_slo_ms, run.configuration.slo_ms
+    modes, title = (
+        {"baseline": length.baseline, "relay": length.relay},
+        f"against length at {length.rate:g} req/s",
     )
+    plot_sweeps(
+        modes, "long_term", f"Ranking P99 {title}", out_dir / PLOTS["length"], judged(LENGTH_PHASE, slo)
+    )
+    label = run.first_mix[0]
+    title, slo = f"Ranking P99 against load, mix {label}", judged(mix_phase(label), slo)
+    plot_sweeps(load_modes(run), "rate", title, out_dir / PLOTS["load"], slo)
     plot_capacity(run, out_dir / CAPACITY_PLOT)
     _plot_hit_rates(run, out_dir / PLOTS["hits"])
     _plot_floor(run, out_dir / PLOTS["floor"])
 
 
-def plot_sweeps(
-    run: Run,
-    sweeps: dict[str, Sweep],
-    key: str,
-    xlabel: str,
-    title: str,
-    path: Path,
-    slo_ms: float | None = None,
-) -> None:
-    """Each mode's sweep's P99 against `key` (`long_term`, `rate`), against the SLO (`slo_ms`; None: the
-    run's)."""
-    slo = run.configuration.slo_ms if slo_ms is None else slo_ms
+def plot_sweeps(sweeps: dict[str, Sweep], key: str, title: str, path: Path, slo: float) -> None:
+    """Each mode's sweep's P99 against `key` (`long_term`, `rate`) and the SLO, `slo` ms."""
     cap = 5 * slo  # failed requests and far misses are drawn at the cap
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for mode, sweep in sweeps.items():
@@ -87,6 +74,7 @@ def plot_sweeps(
         if stopped:
             ax.scatter(*zip(*stopped, strict=True), facecolors="white", edgecolors=colour, zorder=3, s=60)
     ax.axhline(slo, color="#c92a2a", linestyle="--", label=f"SLO {slo:g} ms")
+    xlabel = "long-term length (events)" if key == "long_term" else "offered load (Recommend calls/s)"
     ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="ranking P99 (ms, capped)")
     ax.set_ylim(top=cap * 1.1)
     on_grid = {
@@ -99,8 +87,13 @@ def plot_sweeps(
     ax.set_title(
         f"{title}\nhollow: stopped early (P99 of the requests sent); CPU: compare ratios only", fontsize=9
     )
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    _save(fig, ax, path)
+
+
+def _save(fig: plt.Figure, ax: plt.Axes, path: Path, grid: bool = True, **legend: object) -> None:
+    ax.legend(fontsize=8, **legend)
+    if grid:
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -126,10 +119,7 @@ def _plot_hit_rates(run: Run, path: Path) -> None:
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     ax.set_ylabel("share of Ranks")
     ax.set_title(f"Where each Rank's prefix came from, {run.measured.ablations.rate:g} req/s on the mix")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, ax, path, grid=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
 def _plot_floor(run: Run, path: Path) -> None:
@@ -150,11 +140,7 @@ def _plot_floor(run: Run, path: Path) -> None:
     ax.set(xlabel="long-term length (events)", ylabel="latency (ms)", xscale="log", yscale="log")
     _plain_ticks(ax, xs)
     ax.set_title("Where the time goes (CPU: compare ratios only)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, ax, path)
 
 
 def plot_capacity(run: Run, path: Path) -> None:
@@ -163,21 +149,11 @@ def plot_capacity(run: Run, path: Path) -> None:
     if not rows:
         return
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for mode, colour, pick in (
-        ("baseline", "#868e96", lambda row: row.baseline),
-        ("RelayGR", "#1c7ed6", lambda row: row.relay),
-    ):
-        xs, ys, lows, highs = [], [], [], []
-        for row in rows:
-            sweep = pick(row)
-            if sweep.best is None:
-                continue
-            top = sweep.first_failure if sweep.first_failure is not None else sweep.best
-            xs.append(row.multiple)
-            ys.append(sweep.best)
-            lows.append(0.0)
-            highs.append(top - sweep.best)
-        ax.errorbar(xs, ys, yerr=[lows, highs], color=colour, marker="o", capsize=4, label=mode)
+    for mode, colour, field in (("baseline", "#868e96", "baseline"), ("RelayGR", "#1c7ed6", "relay")):
+        passed = [(row.multiple, getattr(row, field)) for row in rows if getattr(row, field).best is not None]
+        xs, ys = [x for x, _ in passed], [sweep.best for _, sweep in passed]
+        highs = [(s.best if s.first_failure is None else s.first_failure) - s.best for _, s in passed]
+        ax.errorbar(xs, ys, yerr=[[0.0] * len(xs), highs], color=colour, marker="o", capsize=4, label=mode)
     headline = next(row for row in rows if row.headline)
     ax.axvline(
         headline.multiple, color="#c92a2a", linestyle="--", label=f"headline SLO {headline.multiple:g} u"
@@ -187,8 +163,4 @@ def plot_capacity(run: Run, path: Path) -> None:
         f"Capacity against the SLO, mix {run.first_mix[0]}\nbars: up to the lowest failing load above",
         fontsize=9,
     )
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, ax, path)

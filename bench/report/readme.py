@@ -1,13 +1,9 @@
 """`python -m bench readme`: the README's Results, rendered from committed runs and written between its
-markers in README.md (`BEGIN`, `END`); nothing else of the README changes.
-
-Two tables:
+markers in README.md (`BEGIN`, `END`); nothing else of the README changes. Two tables:
 
 - the headline, from two runs of the block experiment (`--runs`, `python -m bench headline`; each cell
-  gives both runs, separated by ` · `): RelayGR's P99 at L against the baseline's, the k claimed, r_k at
-  each multiple, the baseline's P99 at L and RelayGR's at each multiple in ms and in u, RelayGR against
-  admit-all; and, beside them, the length sweep's ratio and mix 2, over the committed runs of
-  `python -m bench run` (`--side-runs`), as the range they span;
+  gives both runs, separated by ` · `), and beside it the length sweep's ratio and mix 2 over the
+  committed runs of `python -m bench run` (`--side-runs`), as the range they span;
 - the cache handoff through a rollout (`--rollout`, `python -m bench rollout`), handoff off → on, each
   difference with its t interval over the seeds (the seed, not the request, is the unit that repeats).
 
@@ -20,16 +16,17 @@ import dataclasses
 import json
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.headline.compare import compare
 from bench.headline.config import BASELINE, RELAY
 from bench.headline.report import PLOT, per_block, ratio, run_unit
-from bench.headline.schema import HeadlineResults
+from bench.headline.schema import Analysis, HeadlineResults, Step
 from bench.lib.intervals import t_value
 from bench.lib.schema import Run
+from bench.report.figures import table
 from services.common.config import listed, load, setting
 from services.launcher.procs import REPO_ROOT
 
@@ -41,46 +38,40 @@ NEXT_CALL = "a drained ranker's resident users whose next call hit"
 RESTART_P99 = "Recommend P99 through the rolling restart (mean of the seeds' P99s)"
 
 
-def _both(cells: Sequence[str]) -> str:
-    return " · ".join(cells)
-
-
 def headline_rows(runs: Sequence[HeadlineResults]) -> list[tuple[str, str]]:
     """(what, both runs' values) for each headline row."""
-    kept = [run.kept for run in runs]
-    if any(analysis is None for analysis in kept):
+    kept = [run.kept for run in runs if run.kept is not None]
+    if len(kept) < len(runs):
         raise ValueError("readme: a headline run kept no block")
-    first = kept[0]
-    assert first is not None
-    rows = []
-    at_l = [next(step for step in a.steps if step.multiple == 1.0) for a in kept if a is not None]
-    rows.append(
-        ("RelayGR's ranking P99 at L, over the baseline's at L", _both([ratio(s.ratio) for s in at_l]))
-    )
-    claimed = ["none" if a is None or a.claimed is None else f"x{a.claimed:g}" for a in kept]
-    rows.append(("**k claimed: RelayGR carries k times the baseline's load at no worse P99**",
-                 _both([f"**{c}**" for c in claimed])))  # fmt: skip
-    for step in first.steps:
-        if step.multiple == 1.0:
-            continue
+
+    def both(cells: Iterable[str]) -> str:
+        return " · ".join(cells)
+
+    def step(analysis: Analysis, multiple: float) -> Step:
+        return next(s for s in analysis.steps if s.multiple == multiple)
+
+    rows = [
+        ("RelayGR's ranking P99 at L, over the baseline's at L", both(ratio(step(a, 1).ratio) for a in kept)),
+        ("**k claimed: RelayGR carries k times the baseline's load at no worse P99**",
+         both(f"**{'none' if a.claimed is None else f'x{a.claimed:g}'}**" for a in kept)),
+    ]  # fmt: skip
+    for multiple in (s.multiple for s in kept[0].steps if s.multiple != 1.0):
         cells = []
         for analysis in kept:
-            assert analysis is not None
-            mine = next(s for s in analysis.steps if s.multiple == step.multiple)
+            mine = step(analysis, multiple)
             mark = "claimed" if mine.passed else ("fails" if mine.tested else "not tested")
             cells.append(f"{ratio(mine.ratio)} ({mark})")
-        rows.append((f"r_{step.multiple:g}: RelayGR's P99 at {step.multiple:g} L over the baseline's at L",
-                     _both(cells)))  # fmt: skip
-    base = [next(arm for arm in a.arms if arm.mode == BASELINE) for a in kept if a is not None]
-    rows.append(("the baseline's P99 at L (L = 0.7 / u)", _both(
-        [f"{arm.p99_ms:.0f} ms = {arm.p99_u:.2f} u at {arm.rate:g} req/s" for arm in base])))  # fmt: skip
-    rows.append(("RelayGR's P99 at 1, 2, … L, ms (u)", _both([
-        ", ".join(f"{arm.p99_ms:.0f} ({arm.p99_u:.2f})" for arm in a.arms if arm.mode == RELAY)
-        for a in kept if a is not None
-    ])))  # fmt: skip
-    for multiple in first.against_admit_all:
-        rows.append((f"RelayGR's P99 over admit-all's at {multiple} L", _both(
-            [ratio(a.against_admit_all[multiple]) for a in kept if a is not None])))  # fmt: skip
+        rows.append(
+            (f"r_{multiple:g}: RelayGR's P99 at {multiple:g} L over the baseline's at L", both(cells))
+        )
+    base = [next(arm for arm in a.arms if arm.mode == BASELINE) for a in kept]
+    rows.append(("the baseline's P99 at L (L = 0.7 / u)",
+                 both(f"{b.p99_ms:.0f} ms = {b.p99_u:.2f} u at {b.rate:g} req/s" for b in base)))  # fmt: skip
+    rows.append(("RelayGR's P99 at 1, 2, … L, ms (u)", both(
+        ", ".join(f"{arm.p99_ms:.0f} ({arm.p99_u:.2f})" for arm in a.arms if arm.mode == RELAY) for a in kept
+    )))  # fmt: skip
+    rows += [(f"RelayGR's P99 over admit-all's at {m} L", both(ratio(a.against_admit_all[m]) for a in kept))
+             for m in kept[0].against_admit_all]  # fmt: skip
     return rows
 
 
@@ -157,10 +148,6 @@ def rollout_rows(rollout: dict[str, Any]) -> list[tuple[str, str]]:
     ]  # fmt: skip
 
 
-def table(header: Sequence[str], rows: Sequence[tuple[str, str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|---|---|", *(f"| {what} | {value} |" for what, value in rows)]
-
-
 def render(runs: Sequence[tuple[str, HeadlineResults]], side: Sequence[tuple[str, Run]],
            rollout: tuple[str, dict[str, Any]] | None,
            new_users: tuple[str, dict[str, Any]] | None = None) -> str:  # fmt: skip
@@ -177,7 +164,7 @@ def render(runs: Sequence[tuple[str, HeadlineResults]], side: Sequence[tuple[str
     commits = sorted({run.commit for _, run in runs})
     lines = [
         BEGIN, "",
-        *table(["", links], [*headline_rows([first, second]), *side_rows(side)]),
+        table(["", links], [*headline_rows([first, second]), *side_rows(side)]),
         "",
         f"Two runs of `python -m bench headline` at commit{'s' if len(commits) > 1 else ''} "
         f"{', '.join(commits)} on a {host.cores}-core {host.cpu_model} "
@@ -204,7 +191,7 @@ def render(runs: Sequence[tuple[str, HeadlineResults]], side: Sequence[tuple[str
             f"(bench/results/{name}/summary.md), `python -m bench rollout`: {seeds} seeds, handoff off → on "
             "with the same arrivals; intervals are t intervals over the seeds):",
             "",
-            *table(["", "handoff off → on"], rollout_rows(data)),
+            table(["", "handoff off → on"], rollout_rows(data)),
         ]  # fmt: skip
     if new_users is not None:
         name, data = new_users
@@ -248,8 +235,8 @@ class ReadmeConfig:
     )
 
 
-def read(names: Sequence[str]) -> tuple[list[tuple[str, HeadlineResults]], list[tuple[str, Run]]]:
-    """The headline runs and the side runs by folder name."""
+def render_from(config: ReadmeConfig) -> str:
+    """The Results for the runs `config` names (folders under bench/results/)."""
 
     def path(name: str) -> Path:
         found = RESULTS_DIR / name / "results.json"
@@ -257,17 +244,11 @@ def read(names: Sequence[str]) -> tuple[list[tuple[str, HeadlineResults]], list[
             raise SystemExit(f"python -m bench readme: no results.json in {found.parent}")
         return found
 
-    runs = [(name, HeadlineResults.read(path(name))) for name in names[:2]]
-    side = [(name, Run.load(path(name))) for name in names[2:]]
-    return runs, side
-
-
-def render_from(config: ReadmeConfig) -> str:
-    runs, side = read([*listed(config, "runs"), *listed(config, "side_runs")])
-
     def rollout(name: str) -> tuple[str, dict[str, Any]] | None:
-        return (name, json.loads((RESULTS_DIR / name / "results.json").read_text())) if name else None
+        return (name, json.loads(path(name).read_text())) if name else None
 
+    runs = [(name, HeadlineResults.read(path(name))) for name in listed(config, "runs")]
+    side = [(name, Run.load(path(name))) for name in listed(config, "side_runs")]
     return render(runs, side, rollout(config.rollout), rollout(config.rollout_new_users))
 
 

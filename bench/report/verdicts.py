@@ -1,97 +1,82 @@
-"""The report's sections on a run's checks and on its edges as statistics, for runs that recorded them:
-older runs render without them, as they did.
-
-`checks_banner`: at the top of the report, whether the run's recorded checks flagged it, and why; a flagged
-run's figures are not for the README. `edges_section`: each sweep's bracket (its best and the lowest
-failing value above it), each ratio with its bracket-based interval, the pooled verdicts at each
-mode's bracket on every mix (the seeds, requests, pooled P99 and interval, decided or not).
-`over_slo_sentence`: what the Ranks over the SLO were at a failing load (`bench.lib.schema_context.OverSlo`,
-pooled over the load's seeds), for the report's account of what stopped each mode. `phases_section`:
-the host's unit in each phase.
-"""
+"""report.md's sections on where each mode's edge lies, each from the runs that recorded what it reads
+(the others render without it): what stopped each mode (`limits_section`, with what the Ranks over the SLO
+were, `over_slo_sentence`), the run's checks (`checks_banner`), the host's unit in each phase
+(`phases_section`), the first mix's capacity at other SLO multiples of u and both modes at each mode's edge
+(`capacity_section`), and the brackets, ratio intervals and pooled verdicts (`edges_section`)."""
 
 from __future__ import annotations
 
 import collections
+from typing import NamedTuple
 
-from bench.lib.schema import Point, Run, Sweep
-from bench.lib.schema_context import OverSlo
-from bench.report.tables import ms, table, times
+from bench.lib.schema import Point, Run, Sweep, ratio, ratio_interval
+from bench.lib.schema_context import mix_phase
+from bench.report.figures import cores, first_failure, ms, table, times
+
+CAPACITY_PLOT = "capacity_vs_slo.png"
 
 
-def checks_banner(run: Run) -> str:
-    """The run's checks in a paragraph (empty for a run from before them)."""
-    checks = run.checks
-    if checks is None:
-        return ""
-    drift = "no committed run on this host to compare with" if checks.floor_drift is None else (
-        f"{checks.floor_drift:+.1%} against {checks.floor_reference}"
-    )  # fmt: skip
-    if checks.floor_change is not None:
-        drift += f", {checks.floor_change:+.1%} from the run's start to its end"
-    if checks.phase_changes:
-        changes = ", ".join(f"{name} {change:+.1%}" for name, change in checks.phase_changes.items())
-        drift += f"; the host's unit within each phase: {changes}"
-    capability = run.machine.cpu_capability
-    measured = (
-        f"in-process floor {drift}{f' (CPU kernels: {capability})' if capability else ''}; other users of "
-        f"the machine took {checks.foreign_cores_mean:.2f} cores on average during the points (at most "
-        f"{checks.foreign_cores_max:.2f})"
+def _limit_line(run: Run, sweep: Sweep, mode: str, key: str, title: str) -> str:
+    failure = first_failure(sweep, key)
+    if failure is None:
+        return f"- {title}, {mode}: no point above its best failed; the grid ends there."
+    counters = failure.cost.rankers
+    value = getattr(failure, key)
+    text = (
+        f"- {title}, {mode}: at {value:g} {'events' if key == 'long_term' else 'req/s'} the ranking P99 was "
+        f"{ms(failure.rank_ms.p99)} ms (P50 {ms(failure.rank_ms.p50)} ms, {failure.errors} errors); the "
+        f"rankers used {cores(failure, rankers=True):.2f} cores, our other processes "
+        f"{cores(failure, rankers=False):.2f}, other users of the machine {failure.cost.foreign_cores:.2f}."
+        f"{over_slo_sentence(failure)}"
     )
-    if checks.flags:
-        reasons = "".join(f"\n- {flag}" for flag in checks.flags)
-        return f"**FLAGGED: this run's figures are not for the README.** ({measured}){reasons}"
-    return f"Checks: {measured}; not flagged."
+    if mode == "relay":
+        computed = counters.get("productions", {}).get("compute", 0)
+        text += (
+            f" {counters.get('joins', 0):g} Ranks (of {computed:g} prefix computations) arrived before "
+            "their prefix was ready and waited for it"
+        )
+        pre_infer_s = counters.get("device_s", {}).get("pre_infer", 0.0)
+        if computed:
+            text += (
+                f"; a prefix computation held a ranker's device thread {1000 * pre_infer_s / computed:.0f} "
+                "ms on average (Ranks it let through between chunks included)"
+            )
+        text += "."
+        floor = [p for p in run.measured.floor if p.prefix_length == value]
+        if key == "long_term" and floor:
+            text += (
+                f" In-process, pre-inferring {value} events takes {floor[0].pre_infer_ms:.0f} ms, "
+                f"against a relay window of {run.configuration.relay_window_ms:g} ms."
+            )
+    return text
 
 
-def bracket(sweep: Sweep) -> str:
-    """A sweep's bracket: [best, first failure), open where a side is missing."""
-    if sweep.best is None:
-        return "none" if sweep.first_failure is None else f"< {sweep.first_failure:g}"
-    if sweep.first_failure is None:
-        return f"≥ {sweep.best:g}"
-    return f"[{sweep.best:g}, {sweep.first_failure:g})"
-
-
-def interval_cell(interval: list[float | None] | None) -> str:
-    if interval is None:
-        return ""
-    low, high = interval
-    return f"≥ {times(low)}" if high is None else f"{times(low)} to {times(high)}"
-
-
-def _verdict_rows(mode: str, sweep: Sweep) -> list[list[str]]:
-    rows = []
-    chosen = [("best", sweep.best), ("first failure", sweep.first_failure)]
-    for role, value in chosen:
-        point: Point | None = next((p for p in sweep.points if value is not None and p.rate == value), None)
-        if point is None or point.verdict is None:
-            continue
-        v = point.verdict
-        low, high = v.rank_p99_ci_ms
-        rows.append([
-            mode, role, f"{value:g}", ", ".join(str(seed) for seed in v.seeds), v.requests,
-            f"{ms(v.rank_p99_ms)} [{ms(low)}, {ms(high)}]", "meets" if v.meets_slo else "fails",
-            "yes" if v.decided else f"**no** ({v.outcome})",
-        ])  # fmt: skip
-    return rows
-
-
-def counts(counter: dict[str, int]) -> str:
-    """`hbm 8, dram 2`: a count by label, largest first."""
-    return ", ".join(f"{label} {n}" for label, n in collections.Counter(counter).most_common()) or "-"
+def limits_section(run: Run) -> str:
+    """What stopped each mode, measured at its first failing point."""
+    lines = ["## What stopped each mode (measured at the first failing point)", ""]
+    length = run.measured.length_sweep
+    pairs = [("long_term", "Length", length.baseline, length.relay)]
+    pairs += [("rate", f"Throughput on `{name}`", mix.baseline, mix.relay)
+              for name, mix in run.measured.throughput_sweeps.items()]  # fmt: skip
+    for key, title, baseline, relay in pairs:
+        lines += [
+            _limit_line(run, baseline, "baseline", key, title),
+            _limit_line(run, relay, "relay", key, title),
+        ]
+    return "\n".join(lines)
 
 
 def over_slo_sentence(point: Point) -> str:
     """What the Ranks over the SLO were at a failing load, pooled over its seeds, in a sentence (empty
     where its points predate the account): why that edge is where it is."""
     seeds = [point, *(point.verdict.points if point.verdict else [])]
-    accounts: list[OverSlo] = [p.over_slo for p in seeds if p.over_slo is not None]
+    accounts = [p.over_slo for p in seeds if p.over_slo is not None]
     if len(accounts) < len(seeds) or not sum(a.requests for a in accounts):
         return ""
 
-    def pooled(field: str) -> str:
-        return counts(sum((collections.Counter(getattr(a, field)) for a in accounts), collections.Counter()))
+    def pooled(field: str) -> str:  # `hbm 8, dram 2`: a count by label over the seeds, largest first
+        counts = sum((collections.Counter(getattr(a, field)) for a in accounts), collections.Counter())
+        return ", ".join(f"{label} {n}" for label, n in counts.most_common()) or "-"
 
     over, failed = sum(a.requests for a in accounts), sum(a.failed for a in accounts)
     events = sum(a.long_term_events for a in accounts)
@@ -116,74 +101,40 @@ def over_slo_sentence(point: Point) -> str:
     return text + f"; in {bursts} burst{'s' * (bursts > 1)}, the largest of {largest}."
 
 
-def edges_section(run: Run) -> str:
-    """Brackets, ratio intervals and the pooled verdicts at the brackets (empty for older runs)."""
-    measured = run.measured
-    mixes = measured.throughput_sweeps
-    if run.length_ratio_interval is None or any(mix.ratio_interval is None for mix in mixes.values()):
+def checks_banner(run: Run) -> str:
+    """The run's recorded checks in a paragraph (empty for a run without them)."""
+    checks = run.checks
+    if checks is None:
         return ""
-    length = measured.length_sweep
-    rows = [[
-        f"length (events) at {length.rate:g} req/s", bracket(length.baseline), bracket(length.relay),
-        times(run.length_ratio), interval_cell(run.length_ratio_interval),
-    ]]  # fmt: skip
-    rows += [
-        [f"load (req/s) on `{label}`", bracket(mix.baseline), bracket(mix.relay), times(mix.ratio),
-         interval_cell(mix.ratio_interval)]
-        for label, mix in mixes.items()
-    ]  # fmt: skip
-    rows += [
-        [f"load (req/s), {entry.fraction:.0%} abandoned", bracket(entry.sweeps.baseline),
-         bracket(entry.sweeps.relay), times(entry.ratio), interval_cell(entry.ratio_interval)]
-        for entry in measured.abandonment.fractions.values()
-        if entry.sweeps is not None
-    ]  # fmt: skip
-    cap = run.profile.seed_cap
-    verdicts = [row for mix in mixes.values() for mode in ("baseline", "relay")
-                for row in _verdict_rows(f"{mode} on `{mix.universe}`", getattr(mix, mode))]  # fmt: skip
-    look = look_level(run)
-    parts = [
-        "## Edges: brackets and ratio intervals",
-        f"A value's verdict pools its load seeds (each its own users and arrivals): after each seed, the "
-        f"ranked requests of every seed so far give the P99 and its bootstrap interval ({look:.0%} a look, "
-        f"so that all the looks together err at most 5 % where the level was set for them); the value "
-        f"passes when the interval lies within the SLO, fails when it lies above it (or a seed stopped "
-        f"early: the pooled requests had failed for certain), and otherwise gets one more seed, up to "
-        f"{cap}; at the cap the pooled P99 decides alone (undecided). Each mode's edge lies in its "
-        f"bracket: its highest passing value and the lowest failing one above it. A ratio's interval "
-        f"follows from the two brackets (RelayGR's best over the baseline's first failure, RelayGR's first"
-        f" failure over the baseline's best): it bounds the ratio of the edges as the verdicts placed "
-        f"them, and is not a confidence interval.",
-        table(("sweep", "baseline edge", "RelayGR edge", "ratio", "ratio interval"), rows),
-    ]
-    if verdicts:
-        header = ("mode", "point", "load req/s", "load seeds", "requests", "pooled rank P99 ms (95% CI)",
-                  "verdict", "decided")  # fmt: skip
-        parts += ["The pooled verdicts at each mode's bracket:", table(header, verdicts)]
-    return "\n\n".join(parts)
-
-
-def look_level(run: Run) -> float:
-    """The confidence of each look's P99 interval in `run`'s verdicts (0.95 in runs from before it was
-    recorded)."""
-    for mix in run.measured.throughput_sweeps.values():
-        for sweep in (mix.baseline, mix.relay):
-            for point in sweep.points:
-                if point.verdict is not None:
-                    return point.verdict.confidence or 0.95
-    return 0.95
+    drift = "no committed run on this host to compare with" if checks.floor_drift is None else (
+        f"{checks.floor_drift:+.1%} against {checks.floor_reference}"
+    )  # fmt: skip
+    if checks.floor_change is not None:
+        drift += f", {checks.floor_change:+.1%} from the run's start to its end"
+    if checks.phase_changes:
+        changes = ", ".join(f"{name} {change:+.1%}" for name, change in checks.phase_changes.items())
+        drift += f"; the host's unit within each phase: {changes}"
+    capability = run.machine.cpu_capability
+    measured = (
+        f"in-process floor {drift}{f' (CPU kernels: {capability})' if capability else ''}; other users of "
+        f"the machine took {checks.foreign_cores_mean:.2f} cores on average during the points (at most "
+        f"{checks.foreign_cores_max:.2f})"
+    )
+    if checks.flags:
+        reasons = "".join(f"\n- {flag}" for flag in checks.flags)
+        return f"**FLAGGED: this run's figures are not for the README.** ({measured}){reasons}"
+    return f"Checks: {measured}; not flagged."
 
 
 def phases_section(run: Run) -> str:
     """Each phase's host unit at its start and end and the SLO it was judged against (empty for runs
     without phases: every run but the retired headline profile's)."""
-    phases = run.measured.phases
-    if not phases:
+    if not run.measured.phases:
         return ""
     rows = [
         [phase.name, f"{phase.started_s / 60:.1f}", f"{phase.duration_s / 60:.1f}", f"{phase.u_ms:g}",
          f"{phase.u_end_ms:g}", f"{phase.change:+.1%}", f"{phase.slo_ms:g}", f"{phase.host_wait_s:g}"]
-        for phase in phases
+        for phase in run.measured.phases
     ]  # fmt: skip
     header = ("phase", "started, min", "minutes", "u at start ms", "u at end ms", "change", "SLO judged ms",
               "waited for the host, s")  # fmt: skip
@@ -196,3 +147,167 @@ def phases_section(run: Run) -> str:
         "than it had been (within the run's --host-wait-s)."
     )
     return f"## Phases: the host's unit in each experiment\n\n{text}\n\n{table(header, rows)}"
+
+
+class CapacityRow(NamedTuple):
+    """Both modes' capacity on the first mix at one SLO multiple of u (`headline`: the run's own)."""
+
+    multiple: float
+    slo_ms: float
+    baseline: Sweep
+    relay: Sweep
+    headline: bool
+
+
+def capacity_rows(run: Run) -> list[CapacityRow]:
+    """Every SLO multiple of the first mix, the headline's (its sweeps are the mix's own) among them, in
+    increasing order; none for a run whose SLO was absolute."""
+    unit, (label, mix) = run.measured.host_unit, run.first_mix
+    if unit is None or unit.slo_u is None or not mix.capacity:
+        return []
+    judged = run.measured.judged_slo_ms(mix_phase(label), unit.slo_ms)  # in the u its phase timed
+    rows = [CapacityRow(unit.slo_u, judged, mix.baseline, mix.relay, True)]
+    rows += [CapacityRow(c.multiple, c.slo_ms, c.baseline, c.relay, False) for c in mix.capacity.values()]
+    return sorted(rows, key=lambda row: row.multiple)
+
+
+def capacity_bracket(sweep: Sweep) -> str:
+    """A mode's capacity as its bracket: the best load and the lowest failing one above it."""
+    if sweep.best is None:
+        return "none" + (f" (fails at {sweep.first_failure:g})" if sweep.first_failure is not None else "")
+    above = "grid's end" if sweep.first_failure is None else f"{sweep.first_failure:g}"
+    return f"{sweep.best:g} [{sweep.best:g}, {above})"
+
+
+def capacity_section(run: Run) -> str:
+    """The capacity-against-SLO table, its plot, and the paired P99s at each mode's edge."""
+    rows, (label, mix) = capacity_rows(run), run.first_mix
+    parts = []
+    if rows:
+        cells = []
+        for row in rows:
+            shown = ratio(row.relay.best, row.baseline.best)
+            low, high = ratio_interval(row.relay, row.baseline)
+            cells.append((
+                f"{row.multiple:g} u = {row.slo_ms:g} ms" + (" (headline)" if row.headline else ""),
+                capacity_bracket(row.baseline), capacity_bracket(row.relay),
+                ("none" if shown is None else f"x{shown:g}")
+                + f" [x{low:g}, {'unbounded' if high is None else f'x{high:g}'}]",
+            ))  # fmt: skip
+        parts += [
+            f"## Capacity against the SLO (mix `{label}`)",
+            "Each mode's highest load whose ranking P99 meets the SLO at several multiples of the host's "
+            "unit u, with its bracket [best, lowest failing load above it); the ratio with the interval the "
+            "two brackets give. The load sweeps ran at the largest multiple first and every smaller one "
+            "reused their points; only the headline's multiple (marked) is refined between grid values.",
+            table(("SLO", "baseline req/s", "RelayGR req/s", "RelayGR / baseline"), cells),
+            f"![capacity against the SLO]({CAPACITY_PLOT})",
+        ]
+    if mix.edge_pairs:
+
+        def failed_or(value: float | None) -> str:
+            return "failed requests" if value is None else f"{value:g}"
+
+        def signed(value: float | None) -> str:
+            return "inf" if value is None else f"{value:+g}"
+
+        pairs = [
+            [pair.edge_of, f"{pair.rate:g}", str(len(pair.seeds)), failed_or(pair.baseline_p99_ms),
+             failed_or(pair.relay_p99_ms), "{} [{}, {}]".format(*map(signed, pair.difference_ms))]
+            for pair in mix.edge_pairs
+        ]  # fmt: skip
+        parts += [
+            "### Both modes at each mode's edge",
+            "At each mode's best load, both modes with the same users and arrivals (the load seeds its "
+            "verdict pooled), every point run to its end: the P99 over the seeds pooled, and RelayGR's "
+            "less the baseline's with its paired block-bootstrap 95 % interval.",
+            table(
+                ("edge of", "load req/s", "seeds", "baseline P99 ms", "RelayGR P99 ms", "difference ms"),
+                pairs,
+            ),
+        ]
+    return "\n\n".join(parts)
+
+
+def bracket(sweep: Sweep) -> str:
+    """A sweep's bracket: [best, first failure), open where a side is missing."""
+    if sweep.best is None:
+        return "none" if sweep.first_failure is None else f"< {sweep.first_failure:g}"
+    if sweep.first_failure is None:
+        return f"≥ {sweep.best:g}"
+    return f"[{sweep.best:g}, {sweep.first_failure:g})"
+
+
+def interval_cell(interval: list[float | None] | None) -> str:
+    if interval is None:
+        return ""
+    low, high = interval
+    return f"≥ {times(low)}" if high is None else f"{times(low)} to {times(high)}"
+
+
+def _verdict_rows(mode: str, sweep: Sweep) -> list[list[str]]:
+    """The pooled verdicts at a sweep's bracket: its best and its first failure."""
+    rows = []
+    for role, value in (("best", sweep.best), ("first failure", sweep.first_failure)):
+        point = next((p for p in sweep.points if value is not None and p.rate == value), None)
+        if point is None or point.verdict is None:
+            continue
+        v = point.verdict
+        low, high = v.rank_p99_ci_ms
+        rows.append([
+            mode, role, f"{value:g}", ", ".join(str(seed) for seed in v.seeds), v.requests,
+            f"{ms(v.rank_p99_ms)} [{ms(low)}, {ms(high)}]", "meets" if v.meets_slo else "fails",
+            "yes" if v.decided else f"**no** ({v.outcome})",
+        ])  # fmt: skip
+    return rows
+
+
+def look_level(run: Run) -> float:
+    """The confidence of each look's P99 interval in `run`'s verdicts (0.95 where none is recorded)."""
+    for mix in run.measured.throughput_sweeps.values():
+        for point in (*mix.baseline.points, *mix.relay.points):
+            if point.verdict is not None:
+                return point.verdict.confidence or 0.95
+    return 0.95
+
+
+def edges_section(run: Run) -> str:
+    """Brackets, ratio intervals and the pooled verdicts at the brackets (empty for runs without them)."""
+    measured = run.measured
+    mixes = measured.throughput_sweeps
+    if run.length_ratio_interval is None or any(mix.ratio_interval is None for mix in mixes.values()):
+        return ""
+    length = measured.length_sweep
+
+    def edge(what: str, base: Sweep, relay: Sweep, value: float | None, interval: list | None) -> list[str]:
+        return [what, bracket(base), bracket(relay), times(value), interval_cell(interval)]
+
+    rows = [edge(f"length (events) at {length.rate:g} req/s", length.baseline, length.relay, run.length_ratio,
+                 run.length_ratio_interval)]  # fmt: skip
+    rows += [edge(f"load (req/s) on `{label}`", mix.baseline, mix.relay, mix.ratio, mix.ratio_interval)
+             for label, mix in mixes.items()]  # fmt: skip
+    rows += [edge(f"load (req/s), {entry.fraction:.0%} abandoned", entry.sweeps.baseline, entry.sweeps.relay,
+                  entry.ratio, entry.ratio_interval)
+             for entry in measured.abandonment.fractions.values() if entry.sweeps is not None]  # fmt: skip
+    verdicts = [row for mix in mixes.values() for mode in ("baseline", "relay")
+                for row in _verdict_rows(f"{mode} on `{mix.universe}`", getattr(mix, mode))]  # fmt: skip
+    look = look_level(run)
+    parts = [
+        "## Edges: brackets and ratio intervals",
+        f"A value's verdict pools its load seeds (each its own users and arrivals): after each seed, the "
+        f"ranked requests of every seed so far give the P99 and its bootstrap interval ({look:.0%} a look, "
+        f"so that all the looks together err at most 5 % where the level was set for them); the "
+        f"value passes when the interval lies within the SLO, fails when it lies above it (or a seed stopped "
+        f"early: the pooled requests had failed for certain), and otherwise gets one more seed, up to "
+        f"{run.profile.seed_cap}; at the cap the pooled P99 decides alone (undecided). Each mode's edge lies "
+        f"in its bracket: its highest passing value and the lowest failing one above it. A ratio's interval "
+        f"follows from the two brackets (RelayGR's best over the baseline's first failure, RelayGR's first"
+        f" failure over the baseline's best): it bounds the ratio of the edges as the verdicts placed "
+        f"them, and is not a confidence interval.",
+        table(("sweep", "baseline edge", "RelayGR edge", "ratio", "ratio interval"), rows),
+    ]
+    if verdicts:
+        header = ("mode", "point", "load req/s", "load seeds", "requests", "pooled rank P99 ms (95% CI)",
+                  "verdict", "decided")  # fmt: skip
+        parts += ["The pooled verdicts at each mode's bracket:", table(header, verdicts)]
+    return "\n\n".join(parts)

@@ -2,31 +2,22 @@
 
 Order of a run:
 
-1. the in-process floor (experiment 3, model side), before any fleet exists, each length timed in a fresh
-   process (timed again at the end, after the last fleet stopped: the run's drift, recorded); its full
-   pass at the first mix's cap is the host's unit u, of which the SLO and the relay window are multiples
-   (`measure_host_unit`);
-2. the RelayGR fleet, then the baseline fleet, both kept running (`bench.lib.driving.Driver` starts, warms
-   up and drives them): the cached Rank through RelayGR's router (experiment 3, serving side); the length
-   sweep (experiment 1); the throughput sweep (experiment 2) on the first length mix at each SLO
-   multiple (`capacity`), then on the second, longer mix; then, on the first mix, both
-   modes' load sweeps at each non-zero abandonment share (a share of requests is filtered after
-   retrieval: their Admit is sent, their Rank never comes). Every pair of sweeps runs one load seed of
-   each mode in turn;
-3. the baseline fleet stops; (full profile) RelayGR's length sweep at other relay windows; the
-   ablations that run on RelayGR's own fleet (`no-revisit`, a workload variant);
-4. the other ablations (experiment 4), one fresh fleet each, one load sweep each on the first mix,
-   starting at the grid load at or below RelayGR's best, each in turns with a RelayGR load sweep on users
-   of their own (`Ablations.relay_beside`): the machine's speed drifts over a run.
+1. the in-process floor (experiment 3, model side), timed in a fresh process before any fleet and again
+   after the last one (the run's drift, recorded); its full pass at the first mix's cap is the host's
+   unit u, of which the SLO and the relay window are multiples;
+2. RelayGR's fleet, then the baseline's, both kept running (`bench.lib.driving.Driver`): the cached Rank
+   through RelayGR's router (experiment 3, serving side); the length sweep (experiment 1); the throughput
+   sweep (experiment 2) on the first mix at each SLO multiple (`capacity`), then on the second, longer
+   mix; both modes on the first mix at each non-zero abandonment share (Admit sent, Rank never);
+3. the baseline's fleet stops; RelayGR's length sweep at other relay windows (full profile); the
+   ablations on RelayGR's own fleet (`no-revisit`, a workload variant);
+4. the other ablations (experiment 4), a fresh fleet each, swept on the first mix from the grid load at
+   or below RelayGR's best in turns with a RelayGR sweep on users of their own (`Ablations.relay_beside`).
 
-Every point is judged in the u timed at the run's start. The host's speed drifts on a shared VM, and a
-run records its floor at both ends rather than judging it: a drift-robust comparison is the headline's
-block experiment (`bench.headline`).
-
+Every point is judged in the u timed at the run's start (a drift-robust comparison is `bench.headline`'s).
 A sweep finds the largest grid value that meets the SLO, refined and bracketed, each verdict pooled over
-load seeds (`bench.lib.sweep`); its first guess comes from the floor or earlier answers (a wrong one costs
-measurements, never the answer). The modes' sweeps take turns, on the same users (`bench.lib.driving.users`).
-
+load seeds (`bench.lib.sweep`); the modes' sweeps take one load seed each in turn, on the same users. Its
+first guess comes from the floor or earlier answers (a wrong one costs measurements, never the answer).
 Wasted pre-inference is read over each pair of sweeps once the rankers' lease has run out.
 """
 
@@ -35,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from bench.lib import probes
@@ -46,6 +37,7 @@ from bench.lib.points import Before, describe_verdict
 from bench.lib.schema import (
     Abandonment,
     Ablations,
+    CachedRankPoint,
     Capacity,
     FloorPoint,
     Fraction,
@@ -63,8 +55,7 @@ from bench.lib.schema_context import HostUnit
 from bench.lib.sweep import VerdictSteps, last_within, pooled_verdict, run_sweeps
 from bench.lib.workload import Universe
 
-# The rankers' HBM lease of a pre-inferred prefix (`LEASE_TTL_MS`): before reading wasted pre-inference, a
-# leased prefix no Rank consumes is counted when its lease expires.
+# Before reading wasted pre-inference, a leased prefix no Rank consumes is counted when its lease expires.
 LEASE_SETTLE_S = LEASE_TTL_MS / 1000 + SETTLE_S
 T = TypeVar("T")
 
@@ -73,24 +64,22 @@ class Bench(Driver):
     """Runs a benchmark and collects its results (`run`); `log` receives one line per step."""
 
     host_unit: HostUnit | None = None  # the run's unit and bounds, once `measure_host_unit` has run
+    new_sweep: Callable[[], Sweep] = Sweep  # what a sweep records (the gpu profile's: `BudgetedSweep`)
+    fresh_floor = True  # time the floor in a fresh process (False: in this one)
 
-    def floor(self, when: str) -> list[FloorPoint]:
-        """The in-process floor at every length of the grid and the host unit's, logged."""
+    # ---- the floor and the host's unit ----
+
+    def floor(self, when: str, lengths: Sequence[int]) -> list[FloorPoint]:
+        """The in-process floor at `lengths`, logged a line a length."""
         c = self.config
         self.log(f"in-process floor {when} ({c.model_preset}, {c.torch_threads} thread(s))")
-        lengths = sorted({*c.length_grid(), c.unit_length})
-        floor = in_fresh_process(
-            model_floor, c.model_preset, c.torch_threads, lengths, c.short_term, NUM_CANDIDATES,
-            c.settings.floor_repeats, c.pre_infer_chunk_tokens, c.floor_device,
-        )  # fmt: skip
-        self.log_floor(floor)
-        return floor
-
-    def log_floor(self, floor: list[FloorPoint]) -> None:
-        """One line a length of a floor: its full pass, pre-inference and cached rank."""
+        args = (c.model_preset, c.torch_threads, lengths, c.short_term, NUM_CANDIDATES,
+                c.settings.floor_repeats, c.pre_infer_chunk_tokens, c.floor_device)  # fmt: skip
+        floor = in_fresh_process(model_floor, *args) if self.fresh_floor else model_floor(*args)
         for p in floor:
             self.log(f"floor L={p.prefix_length}: full {p.full_ms:.1f} ms, "
                      f"pre-infer {p.pre_infer_ms:.1f} ms, cached rank {p.rank_ms:.1f} ms")  # fmt: skip
+        return floor
 
     def measure_host_unit(self, floor: list[FloorPoint]) -> HostUnit:
         """The host's unit u from the run's first floor, and the run's settings in ms from now on
@@ -111,6 +100,30 @@ class Bench(Driver):
                  f"{self.host_unit.describe()}")  # fmt: skip
         return self.host_unit
 
+    # ---- sweeps ----
+
+    def cached_rank(self, relay: BenchFleet, lengths: Sequence[int]) -> list[CachedRankPoint]:
+        """The cached Rank through RelayGR's idle router at `lengths` (none without iterations)."""
+        c = self.config
+        if not c.settings.cached_rank_iterations:
+            return []
+        self.log("cached Rank through the router, idle fleet")
+        cached = cached_rank_through_router(
+            relay.router(), lengths, c.short_term, NUM_CANDIDATES, c.settings.cached_rank_iterations
+        )
+        for p in cached:
+            self.log(f"cached Rank L={p.prefix_length}: P50 {p.rank_ms_p50} ms P99 {p.rank_ms_p99} "
+                     f"ms ({p.request_kib} KiB, sources {p.sources})")  # fmt: skip
+        return cached
+
+    def length_guess(self, floor: list[FloorPoint], window_ms: float) -> int:
+        """A length sweep's first grid index: where a miss (pre-infer + rank, the baseline's critical path,
+        which RelayGR takes the relay window off) leaves half the SLO for queueing and the hops (the grid's
+        middle without a floor)."""
+        if not floor:
+            return len(self.config.length_grid()) // 2
+        return last_within([p.pre_infer_ms + p.rank_ms for p in floor], window_ms + self.config.slo_ms / 2)
+
     def length_sweeps(self, plans: list[Plan]) -> list[Sweep]:
         """Experiment 1 for each plan: every user at one length, at the length sweep's rate."""
 
@@ -121,13 +134,9 @@ class Bench(Driver):
         return self._sweeps(self.config.length_grid(), plans, measure, refine_steps=0)
 
     def load_sweeps(
-        self,
-        universe: Universe,
-        plans: list[Plan],
-        slo_ms: float | None = None,
-        refine: bool = True,
+        self, universe: Universe, plans: list[Plan], slo_ms: float | None = None, refine: bool = True,
         grid: list[float] | None = None,
-    ) -> list[Sweep]:
+    ) -> list[Sweep]:  # fmt: skip
         """Experiment 2 for each plan: a length mix at one offered load, refined between grid values
         (unless not `refine`), judged against `slo_ms` (None: the run's SLO), over `grid` (None: the load
         grid; each plan's `first` is an index into it)."""
@@ -142,13 +151,10 @@ class Bench(Driver):
     def capacity(self, universe: Universe, plans: list[Plan]) -> tuple[list[Sweep], dict[str, Capacity]]:
         """Both modes' load sweeps on the first mix at each SLO multiple of the host's unit
         (`--slo-multiples`), the largest first, each starting where the one before found its answers and
-        reusing every point measured: the sweeps at the headline's multiple (`--slo-u`, refined between
-        grid values) and a `Capacity` for every other multiple (grid values only). A point that failed
-        against a larger SLO fails against every smaller one; one that ran to its end or stopped as
-        passing is judged again, with more seeds where its verdict needs them. A multiple other than the
-        headline's searches no load below the lowest measured before it (failing there, a mode has no
-        capacity within the loads measured, which spares minutes of loads of a call a second). A run
-        whose SLO is absolute has one multiple: its own."""
+        reusing every point measured (`Driver.point_once`): the sweeps at the headline's multiple
+        (`--slo-u`, refined between grid values) and a `Capacity` for every other one (grid values only,
+        none below the lowest load measured before it). A run whose SLO is absolute has one multiple: its
+        own."""
         c, unit = self.config, self.host_unit
         if unit is None or unit.slo_u is None:
             return self.load_sweeps(universe, plans), {}
@@ -171,22 +177,14 @@ class Bench(Driver):
                     multiple=multiple, slo_ms=slo_ms, baseline=base, relay=rel,
                     ratio=ratio(rel.best, base.best), ratio_interval=ratio_interval(rel, base),
                 )  # fmt: skip
-            plans = [
-                dataclasses.replace(plan, first=last_within(loads, sweep.best or min(measured)))
-                for plan, sweep in zip(plans, (base, rel), strict=True)
-            ]
+            plans = [dataclasses.replace(plan, first=last_within(loads, sweep.best or min(measured)))
+                     for plan, sweep in zip(plans, (base, rel), strict=True)]  # fmt: skip
         return headline, others
 
-    new_sweep: Callable[[], Sweep] = Sweep  # what a sweep records (the gpu profile's: `BudgetedSweep`)
-
     def _sweeps(
-        self,
-        grid: list[float],
-        plans: list[Plan],
-        measure: Callable[[Plan, float, int, Before], Point],
-        refine_steps: int,
-        slo_ms: float | None = None,
-    ) -> list[Sweep]:
+        self, grid: list[float], plans: list[Plan], measure: Callable[[Plan, float, int, Before], Point],
+        refine_steps: int, slo_ms: float | None = None,
+    ) -> list[Sweep]:  # fmt: skip
         """One sweep per plan over `grid`, one load seed of each in turn (refinements included):
         `measure(plan, value, seed_index, before)` measures one seed, `pooled_verdict` decides how many a
         load takes."""
@@ -201,8 +199,9 @@ class Bench(Driver):
                 self.log(f"{plan.fleet.mode.name:<11} {value:g}: {describe_verdict(point.verdict)}")
             return point
 
-        firsts = [plan.first for plan in plans]
-        sweeps, stopped = run_sweeps(grid, firsts, verdict, refine_steps, self.new_sweep)
+        sweeps, stopped = run_sweeps(
+            grid, [plan.first for plan in plans], verdict, refine_steps, self.new_sweep
+        )
         if stopped is not None:
             self.log(f"time budget: {stopped}; the sweep is cut short")
         return sweeps
@@ -216,72 +215,79 @@ class Bench(Driver):
         after = probes.snapshot({}, fleet.ranker_metrics())
         return result, probes.difference(before, after)["rankers"]
 
+    def first_loads(self) -> tuple[int, int]:
+        """The first mix's first grid indexes, the baseline's and RelayGR's: the length sweep's rate, where
+        the baseline ranked long sequences, and two grid steps above it."""
+        first = last_within(self.config.load_grid(), self.config.length_rate)
+        return first, first + 2
+
+    def next_loads(self, mix: Mix, firsts: tuple[int, int]) -> tuple[int, int]:
+        """The next, longer mix's first grid indexes: one step below this mix's answers (or its first
+        guesses, where a mode met the SLO nowhere)."""
+        loads = self.config.load_grid()
+        base, rel = (max((first if s.best is None else last_within(loads, s.best)) - 1, 0)
+                     for first, s in zip(firsts, (mix.baseline, mix.relay), strict=True))  # fmt: skip
+        return base, rel
+
+    def mix_sweeps(
+        self, mix: Universe, baseline: BenchFleet, relay: BenchFleet, firsts: tuple[int, int]
+    ) -> Mix:
+        """Experiment 2 on one mix (the first: at each SLO multiple, `capacity`), RelayGR's wasted
+        pre-inference over it."""
+        window = self.config.relay_window_ms
+        plans = [Plan(baseline, firsts[0], window), Plan(relay, firsts[1], window)]
+        ((base, rel), capacity), counters = self.ranker_counters(
+            relay,
+            lambda: self.capacity(mix, plans) if mix is self.mix else (self.load_sweeps(mix, plans), {}),
+        )
+        return self.mix_result(mix, base, rel, counters, capacity or None)
+
+    def mix_result(
+        self, mix: Universe, base: Sweep, rel: Sweep, counters: dict[str, Any], capacity: dict | None
+    ) -> Mix:
+        return Mix(
+            universe=mix.label, max_long_term=mix.max_long_term, baseline=base, relay=rel,
+            ratio=ratio(rel.best, base.best), ratio_interval=ratio_interval(rel, base), waste=waste(counters),
+            capacity=capacity,
+        )  # fmt: skip
+
+    # ---- the run ----
+
     def run(self) -> Measurements:
         """The run (see the module's docstring)."""
-        floor = self.floor("before the fleets")
+        floor_lengths = sorted({*self.config.length_grid(), self.config.unit_length})
+        floor = self.floor("before the fleets", floor_lengths)
         unit = self.measure_host_unit(floor)
         c = self.config
-        lengths, loads, window = c.length_grid(), c.load_grid(), c.relay_window_ms
+        loads, window = c.load_grid(), c.relay_window_ms
         chosen = [mode for mode in ABLATIONS if mode.name in c.ablation_names()]
         shared = [mode for mode in chosen if mode.fleet == RELAY.fleet]
         delays = c.settings.window_delays_ms
-        # A miss computes the prefix (in chunks) and ranks against it: the baseline's critical path. RelayGR
-        # takes the relay window off it. First guesses: half the SLO left for queueing and the hops.
-        no_relay_ms = [p.pre_infer_ms + p.rank_ms for p in floor]
-
-        def length_guess(window_ms: float) -> int:
-            return last_within(no_relay_ms, window_ms + c.slo_ms / 2)
-
-        def load_guess(best: float | None, fallback: int) -> int:
-            return fallback if best is None else last_within(loads, best)
-
-        # The length sweep's rate is a first guess of the baseline's load: there it ranked long sequences.
-        first_base = first_relay = last_within(loads, c.length_rate)
-        first_relay += 2
         throughput: dict[str, Mix] = {}
-        abandonment: dict[str, Fraction] = {}
         with self.fleet(RELAY) as relay:
             with self.fleet(BASELINE) as baseline:
-                cached = []
-                if c.settings.cached_rank_iterations:
-                    self.log("cached Rank through the router, idle fleet")
-                    cached = cached_rank_through_router(
-                        relay.router(), lengths, c.short_term, NUM_CANDIDATES,
-                        c.settings.cached_rank_iterations,
-                    )  # fmt: skip
-                for p in cached:
-                    self.log(f"cached Rank L={p.prefix_length}: P50 {p.rank_ms_p50} ms P99 {p.rank_ms_p99} "
-                             f"ms ({p.request_kib} KiB, sources {p.sources})")  # fmt: skip
-                base_length, relay_length = self.length_sweeps(
-                    [Plan(baseline, length_guess(0.0), window), Plan(relay, length_guess(window), window)]
-                )
+                cached = self.cached_rank(relay, c.length_grid())
+                base_length, relay_length = self.length_sweeps([
+                    Plan(baseline, self.length_guess(floor, 0.0), window),
+                    Plan(relay, self.length_guess(floor, window), window),
+                ])  # fmt: skip
+                firsts = self.first_loads()
                 for mix in self.mixes:
-                    plans = [Plan(baseline, first_base, window), Plan(relay, first_relay, window)]
-                    if mix is self.mix:
-                        work = functools.partial(self.capacity, mix, plans)
-                        ((base_load, relay_load), capacity), counters = self.ranker_counters(relay, work)
-                        extra = {"capacity": capacity or None}
-                    else:
-                        work = functools.partial(self.load_sweeps, mix, plans)
-                        (base_load, relay_load), counters = self.ranker_counters(relay, work)
-                        extra = {}
-                    throughput[mix.label] = mix_result(mix, base_load, relay_load, counters, **extra)
-                    # The next mix is longer: one grid step below this one's answers.
-                    first_base = max(load_guess(base_load.best, first_base) - 1, 0)
-                    first_relay = max(load_guess(relay_load.best, first_relay) - 1, 0)
+                    throughput[mix.label] = self.mix_sweeps(mix, baseline, relay, firsts)
+                    firsts = self.next_loads(throughput[mix.label], firsts)
                 first_mix = throughput[self.mix.label]
-                for fraction in c.abandon_grid():
-                    abandonment[f"{fraction:g}"] = self.abandonment(fraction, baseline, relay, first_mix)
-            windows: list[Sweep] = []
-            if delays:
-                windows = self.length_sweeps([Plan(relay, length_guess(d), d) for d in delays])
+                abandonment = {f"{fraction:g}": self.abandonment(fraction, baseline, relay, first_mix)
+                               for fraction in c.abandon_grid()}  # fmt: skip
+            plans = [Plan(relay, self.length_guess(floor, delay), delay) for delay in delays]
+            windows = self.length_sweeps(plans) if delays else []
             # The ablations start from the grid load at or below RelayGR's best: RelayGR measured it too.
             first = last_within(loads, first_mix.relay.best or loads[0])
             ablations: dict[str, Sweep] = {}
             if shared:
                 plans = [Plan(relay, first, window, revisits=mode.revisits) for mode in shared]
-                found = self.load_sweeps(self.mix, plans)
-                ablations.update(zip([mode.name for mode in shared], found, strict=True))
+                ablations.update(
+                    zip([mode.name for mode in shared], self.load_sweeps(self.mix, plans), strict=True)
+                )
             beside: dict[str, Sweep] = {}
             for mode in (mode for mode in chosen if mode not in shared):
                 with self.fleet(mode) as fleet:
@@ -289,21 +295,16 @@ class Bench(Driver):
                             Plan(fleet, first, window, revisits=mode.revisits, tag=mode.name)]  # fmt: skip
                     beside[mode.name], ablations[mode.name] = self.load_sweeps(self.mix, pair)
         return Measurements(
-            floor=floor,
-            cached_rank=cached,
+            floor=floor, cached_rank=cached, throughput_sweeps=throughput,
             length_sweep=LengthSweep(rate=c.length_rate, baseline=base_length, relay=relay_length),
-            throughput_sweeps=throughput,
             abandonment=Abandonment(universe=self.mix.label, fractions=abandonment),
             window_sensitivity={f"{delay:g}": sweep for delay, sweep in zip(delays, windows, strict=True)},
-            ablations=Ablations(
-                universe=self.mix.label, rate=loads[first], sweeps=ablations, relay_beside=beside
-            ),
-            modes={m.name: m for m in (BASELINE, RELAY, *chosen)},
-            fleet=self.shape,
-            mix_universes=list(self.mixes),
-            floor_end=self.floor("after the fleets"),
+            ablations=Ablations(universe=self.mix.label, rate=loads[first], sweeps=ablations,
+                                relay_beside=beside),
+            modes={m.name: m for m in (BASELINE, RELAY, *chosen)}, fleet=self.shape,
+            mix_universes=list(self.mixes), floor_end=self.floor("after the fleets", floor_lengths),
             host_unit=unit,
-        )
+        )  # fmt: skip
 
     def abandonment(
         self, fraction: float, baseline: BenchFleet, relay: BenchFleet, first_mix: Mix
@@ -312,30 +313,19 @@ class Bench(Driver):
         and RelayGR's wasted pre-inference over them; share 0 is the first mix's throughput sweep."""
         if fraction == 0:
             return Fraction(
-                fraction=0.0,
-                sweeps=None,  # the throughput sweep of the first mix
-                baseline_best=first_mix.baseline.best,
-                relay_best=first_mix.relay.best,
-                ratio=first_mix.ratio,
-                ratio_interval=first_mix.ratio_interval,
-                waste=first_mix.waste,
-            )
-        loads = self.config.load_grid()
-        window = self.config.relay_window_ms
-        plans = [
-            Plan(fleet, last_within(loads, mode.best or loads[0]), window, fraction)
-            for fleet, mode in ((baseline, first_mix.baseline), (relay, first_mix.relay))
-        ]
+                fraction=0.0, sweeps=None, baseline_best=first_mix.baseline.best,
+                relay_best=first_mix.relay.best, ratio=first_mix.ratio,
+                ratio_interval=first_mix.ratio_interval, waste=first_mix.waste,
+            )  # fmt: skip
+        loads, window = self.config.load_grid(), self.config.relay_window_ms
+        plans = [Plan(fleet, last_within(loads, mode.best or loads[0]), window, fraction)
+                 for fleet, mode in ((baseline, first_mix.baseline), (relay, first_mix.relay))]  # fmt: skip
         (base, rel), counters = self.ranker_counters(relay, lambda: self.load_sweeps(self.mix, plans))
         return Fraction(
-            fraction=fraction,
-            sweeps=ModePair(baseline=base, relay=rel),
-            baseline_best=base.best,
-            relay_best=rel.best,
-            ratio=ratio(rel.best, base.best),
-            ratio_interval=ratio_interval(rel, base),
+            fraction=fraction, sweeps=ModePair(baseline=base, relay=rel), baseline_best=base.best,
+            relay_best=rel.best, ratio=ratio(rel.best, base.best), ratio_interval=ratio_interval(rel, base),
             waste=waste(counters),
-        )
+        )  # fmt: skip
 
 
 def waste(counters: dict[str, Any]) -> Waste:
@@ -345,27 +335,7 @@ def waste(counters: dict[str, Any]) -> Waste:
     device_s = sum(counters.get("device_s", {}).values())
     wasted_s = counters.get("pre_infer_wasted_s", 0.0)
     return Waste(
-        wasted_pre_infer_s=round(wasted_s, 3),
-        device_s=round(device_s, 3),
+        wasted_pre_infer_s=round(wasted_s, 3), device_s=round(device_s, 3),
         wasted_share=round(wasted_s / device_s, 4) if device_s else None,
         pre_infer_tokens=counters.get("pre_infer_tokens", {}),
-    )
-
-
-def mix_result(mix: Universe, baseline: Sweep, relay: Sweep, counters: dict[str, Any], **more: Any) -> Mix:
-    """One mix's throughput sweeps, their ratio, and RelayGR's wasted pre-inference over them (`more`:
-    the first mix's capacity at other SLOs and its edge pairs)."""
-    return Mix(
-        **more,
-        universe=mix.label,
-        max_long_term=mix.max_long_term,
-        baseline=baseline,
-        relay=relay,
-        ratio=ratio(relay.best, baseline.best),
-        ratio_interval=ratio_interval(relay, baseline),
-        waste=waste(counters),
-    )
-
-
-def rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
+    )  # fmt: skip

@@ -1,26 +1,20 @@
 """`python -m bench run --profile gpu`: baseline against RelayGR, one ranker on a GPU, within a time budget.
 
-The fleet on a GPU: a ranker with `gpu-dlrmv3` on the GPU, router, trigger and retrieval stub
-on the host's cores. The run measures only what that question needs, in this order:
+A ranker with `gpu-dlrmv3` on the GPU, router, trigger and retrieval stub on the host's cores. In order:
+the in-process floor on the GPU (`--floor-device`, the length sweep's first guess); RelayGR's fleet, then
+the baseline's; the cached Rank through RelayGR's router at the length grid's first, middle and last
+length; the length sweep (experiment 1) and the throughput sweep on the first mix (experiment 2), the
+second mix only when the time left is at least 1.5x what the first took. No ablations, abandonment
+shares, other relay windows or seed repeats. Every point also records how busy the GPU was over its
+measured requests (`gpu`, `bench.lib.gpu_monitor`; None without a GPU).
 
-1. the in-process floor on the GPU (`--floor-device`), for the length sweep's first guess;
-2. RelayGR's fleet, then the baseline's (one start each), the cached Rank through RelayGR's router at the
-   length grid's first, middle and last length;
-3. the length sweep at `--length-rate` (experiment 1) and the throughput sweep on the first mix
-   (experiment 2), each mode's points in turn; the second mix only when the time left is at least 1.5x
-   what the first mix took. No ablations, abandonment shares, other relay windows or seed repeats.
-
-Every point records, beside its ranking latencies and its CPU seconds by process (`cost`), how busy the
-GPU was over its measured requests (`gpu`, `bench.lib.gpu_monitor`; None on a machine without a GPU).
-
-The time budget (`--time-budget-s`, fleet starts included) keeps the whole run inside one command's
-limit: a point whose warm-up and measured requests would end past the budget (less `RESERVE_S` for
-stopping the fleets and writing the report) is not measured; a running point is stopped there (`cut`).
-Either ends its sweep: the sweep is marked `cut_short`, its `best` is None, and `passed_up_to` /
-`failed_from` say what it had measured, so a cut sweep is never reported as a full answer; later stages
-are skipped (`time_budget.skipped`). A stage that fails (a fleet that does not start) is recorded under
-`errors` and the run goes on to write what it has. After each stage results.json and report.md are
-written again (`checkpoint`), so even a run killed from outside leaves its finished stages.
+The time budget (`--time-budget-s`, fleet starts included, less `RESERVE_S` for stopping the fleets and
+writing the report) keeps the run inside one command's limit: a point that would end past it is not
+measured, a running one is stopped there (`cut`). Either ends its sweep, marked `cut_short` with its
+`best` None and what it had measured (`passed_up_to`, `failed_from`); later stages are skipped
+(`time_budget.skipped`). A stage that fails is recorded under `errors` and the run goes on. The results
+are written again after each stage (`checkpoint`), so even a run killed from outside leaves its finished
+stages.
 """
 
 from __future__ import annotations
@@ -28,20 +22,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from bench.lib import probes
 from bench.lib.config import BenchConfig
-from bench.lib.driving import NUM_CANDIDATES, SETTLE_S, Plan
+from bench.lib.driving import SETTLE_S, Plan
 from bench.lib.fleets import BASELINE, RELAY, BenchFleet, Mode
-from bench.lib.floor import cached_rank_through_router, model_floor
 from bench.lib.gpu_monitor import GpuMonitor
 from bench.lib.points import PointSpec, run_point
-from bench.lib.schema import CachedRankPoint, Cost, FloorPoint, ratio, recorded
+from bench.lib.schema import Cost, FloorPoint, Sweep, ratio, recorded
 from bench.lib.schema_gpu import (
     BudgetedSweep,
     GpuBusy,
@@ -51,7 +45,7 @@ from bench.lib.schema_gpu import (
     GpuPoint,
     TimeBudget,
 )
-from bench.lib.sweep import SweepStopped, last_within
+from bench.lib.sweep import SweepStopped
 from bench.lib.workload import RevisitSampler, Universe
 from bench.run.experiments import Bench, waste
 
@@ -86,39 +80,27 @@ class Budget:
         return seconds <= self.left(now)
 
 
-@dataclasses.dataclass(frozen=True)
-class Headline:
-    """The ratio of two sweeps when both finished, else None; `ratio_at_least` where the baseline finished
-    and RelayGR's cut sweep had passed somewhere (its answer is at least that)."""
-
-    ratio: float | None
-    complete: bool
-    ratio_at_least: float | None
-
-
-def headline(baseline: BudgetedSweep, relay: BudgetedSweep) -> Headline:
-    """Two sweeps' `Headline`."""
+def headline(baseline: BudgetedSweep, relay: BudgetedSweep) -> dict[str, Any]:
+    """Two sweeps' `ratio` when both finished (else None), whether they did (`complete`), and
+    `ratio_at_least` where the baseline finished and RelayGR's cut sweep had passed somewhere."""
     complete = not (baseline.cut_short or relay.cut_short)
     at_least = None
     if not complete and not baseline.cut_short and relay.passed_up_to is not None:
         at_least = ratio(relay.passed_up_to, baseline.best)
-    return Headline(ratio(relay.best, baseline.best) if complete else None, complete, at_least)
+    return {"ratio": ratio(relay.best, baseline.best) if complete else None, "complete": complete,
+            "ratio_at_least": at_least}  # fmt: skip
 
 
 class GpuBench(Bench):
     """The gpu profile's run (see the module's docstring); `checkpoint` receives the results so far."""
 
     new_sweep = BudgetedSweep
+    fresh_floor = False
 
     def __init__(
-        self,
-        config: BenchConfig,
-        log_dir: Path,
-        log: Callable[[str], None],
-        started: float,
-        monitor: GpuMonitor,
-        checkpoint: Callable[[GpuMeasurements], None] = lambda _: None,
-    ) -> None:
+        self, config: BenchConfig, log_dir: Path, log: Callable[[str], None], started: float,
+        monitor: GpuMonitor, checkpoint: Callable[[GpuMeasurements], None] = lambda _: None,
+    ) -> None:  # fmt: skip
         super().__init__(config, log_dir, log)
         self._started = started
         self.budget = Budget(started, config.time_budget_s)
@@ -129,13 +111,8 @@ class GpuBench(Bench):
         self.shape = dataclasses.replace(self.shape, ranker_args=args)
         self.skipped: dict[str, str] = {}
         self.errors: list[str] = []
-        self.results = GpuMeasurements(
-            modes={mode.name: mode for mode in (BASELINE, RELAY)},
-            fleet=self.shape,
-            mix_universes=list(self.mixes),
-        )
-
-    # ---- points and sweeps within the budget ----
+        modes = {mode.name: mode for mode in (BASELINE, RELAY)}
+        self.results = GpuMeasurements(modes=modes, fleet=self.shape, mix_universes=list(self.mixes))
 
     def drive(self, fleet: BenchFleet, address: str, sampler: RevisitSampler, spec: PointSpec) -> GpuPoint:
         warmup_s = spec.warmup / spec.rate
@@ -152,13 +129,11 @@ class GpuBench(Bench):
         gpu = None if busy is None else GpuBusy(**busy)
         return recorded(GpuPoint, result, seed=spec.seed, cost=Cost(**cost), gpu=gpu)
 
-    # ---- stages ----
-
-    def stage(self, name: str, work: Callable[[], T], default: T, needs_s: float = 0.0) -> T:
-        """`work()`, or `default` when the budget leaves less than `needs_s` (recorded as skipped) or when
-        it raises (recorded as an error); the results so far are checkpointed after it."""
+    def stage(self, name: str, work: Callable[[], T], default: T, needs_s: float = 0.0, why: str = "") -> T:
+        """`work()`, or `default` when the budget leaves less than `needs_s` (recorded as skipped, `why`
+        or that it needs that long) or when it raises (recorded as an error)."""
         if not self.budget.fits(needs_s):
-            self.skipped[name] = f"needs about {needs_s:.0f} s, {self.left()}"
+            self.skipped[name] = f"{why or f'needs about {needs_s:.0f} s'}, {self.left()}"
             self.log(f"skipping {name}: {self.skipped[name]}")
             return default
         try:
@@ -188,12 +163,8 @@ class GpuBench(Bench):
         self.checkpoint(self.results)
 
     def run(self) -> GpuMeasurements:
-        c = self.config
-        lengths = c.length_grid()
         r = self.results
-        self.log(f"in-process floor ({c.model_preset} on {c.floor_device}) at {lengths}")
-        floor = self.stage("floor", self.floor, [])
-        r.floor = floor
+        floor = r.floor = self.stage("floor", lambda: self.floor("on the GPU", self.config.length_grid()), [])
         self.save()
         with contextlib.ExitStack() as fleets:
             relay = self.stage("relay fleet", lambda: fleets.enter_context(self.fleet(RELAY)), None, 30.0)
@@ -208,60 +179,29 @@ class GpuBench(Bench):
         self.save()
         return r
 
-    def floor(self) -> list[FloorPoint]:
-        c = self.config
-        floor = model_floor(
-            c.model_preset, c.torch_threads, c.length_grid(), c.short_term, NUM_CANDIDATES,
-            c.settings.floor_repeats, c.pre_infer_chunk_tokens, c.floor_device,
-        )  # fmt: skip
-        self.log_floor(floor)
-        return floor
-
     def measure(self, floor: list[FloorPoint], baseline: BenchFleet, relay: BenchFleet) -> None:
         """The cached Rank, the length sweep and the throughput sweeps, on running fleets."""
         c, r = self.config, self.results
-        lengths, loads, window = c.length_grid(), c.load_grid(), c.relay_window_ms
-        self.log("cached Rank through the router, idle fleet")
+        lengths, window = c.length_grid(), c.relay_window_ms
         ends = sorted({lengths[0], lengths[len(lengths) // 2], lengths[-1]})
-        ranks = c.settings.cached_rank_iterations
-        router = relay.router()
-        work = lambda: cached_rank_through_router(router, ends, c.short_term, NUM_CANDIDATES, ranks)  # noqa: E731
-        cached: list[CachedRankPoint] = self.stage("cached rank", work, [], CACHED_RANK_S)
-        for p in cached:
-            self.log(f"cached Rank L={p.prefix_length}: P50 {p.rank_ms_p50} ms P99 {p.rank_ms_p99} ms")
-        r.cached_rank = cached
+        r.cached_rank = self.stage("cached rank", lambda: self.cached_rank(relay, ends), [], CACHED_RANK_S)
         self.save()
-
-        # First guesses as `Bench.run` makes them: from the floor (half the SLO left for queueing and the
-        # hops; the grid's middle without a floor), and the length sweep's rate for the loads.
-        no_relay_ms = [p.pre_infer_ms + p.rank_ms for p in floor]
-
-        def length_guess(window_ms: float) -> int:
-            return last_within(no_relay_ms, window_ms + c.slo_ms / 2) if floor else len(lengths) // 2
-
-        plans = [Plan(baseline, length_guess(0.0), window), Plan(relay, length_guess(window), window)]
+        plans = [Plan(baseline, self.length_guess(floor, 0.0), window),
+                 Plan(relay, self.length_guess(floor, window), window)]  # fmt: skip
         swept = self.stage("length sweep", lambda: self.length_sweeps(plans), None)
         if swept is not None:
             base, rel = swept
-            line = headline(base, rel)
             r.length_sweep = GpuLengthSweep(
-                rate=c.length_rate, baseline=base, relay=rel, ratio=line.ratio, complete=line.complete,
-                ratio_at_least=line.ratio_at_least,
-            )  # fmt: skip
+                rate=c.length_rate, baseline=base, relay=rel, **headline(base, rel)
+            )
         self.save()
-        first_base = last_within(loads, c.length_rate)
-        first_relay = first_base + 2
-        took = 0.0
+        firsts, took = self.first_loads(), 0.0
         for number, mix in enumerate(self.mixes):
-            name = f"throughput {mix.label}"
-            if number and not self.budget.fits(1.5 * took):
-                self.skipped[name] = f"the first mix took {took:.0f} s, {self.left()}"
-                self.log(f"skipping {name}: {self.skipped[name]}")
-                break
-            began = time.monotonic()
-            guesses = (first_base, first_relay)
-            work = lambda mix=mix, g=guesses: self.mix_sweeps(mix, baseline, relay, *g)  # noqa: E731
-            result = self.stage(name, work, None)
+            began, work = time.monotonic(), functools.partial(self.mix_sweeps, mix, baseline, relay, firsts)
+            needs = 1.5 * took if number else 0.0  # the second mix: 1.5 times what the first took
+            result = self.stage(
+                f"throughput {mix.label}", work, None, needs, f"the first mix took {took:.0f} s"
+            )
             took = time.monotonic() - began
             if result is None:
                 break
@@ -269,20 +209,12 @@ class GpuBench(Bench):
             self.save()
             if result.baseline.cut_short or result.relay.cut_short:
                 break
-            # The next mix is longer: one grid step below this one's answers.
-            first_base = max(last_within(loads, result.baseline.best or loads[0]) - 1, 0)
-            first_relay = max(last_within(loads, result.relay.best or loads[0]) - 1, 0)
+            firsts = self.next_loads(result, firsts)
 
-    def mix_sweeps(
-        self, mix: Universe, baseline: BenchFleet, relay: BenchFleet, first_base: int, first_relay: int
+    def mix_result(
+        self, mix: Universe, base: Sweep, rel: Sweep, counters: dict[str, Any], capacity: dict | None
     ) -> GpuMix:
         """Both modes' load sweeps on one mix, RelayGR's wasted pre-inference over them, the headline."""
-        window = self.config.relay_window_ms
-        plans = [Plan(baseline, first_base, window), Plan(relay, first_relay, window)]
-        (base, rel), counters = self.ranker_counters(relay, lambda: self.load_sweeps(mix, plans))
         assert isinstance(base, BudgetedSweep) and isinstance(rel, BudgetedSweep)
-        line = headline(base, rel)
-        return GpuMix(
-            universe=mix.label, max_long_term=mix.max_long_term, baseline=base, relay=rel, ratio=line.ratio,
-            waste=waste(counters), complete=line.complete, ratio_at_least=line.ratio_at_least,
-        )  # fmt: skip
+        return GpuMix(universe=mix.label, max_long_term=mix.max_long_term, baseline=base, relay=rel,
+                      waste=waste(counters), **headline(base, rel))  # fmt: skip

@@ -27,7 +27,9 @@ from bench.lib.driving import Plan
 from bench.lib.points import FIRST_SEED, Before, PointSpec, summarize
 from bench.lib.schema import CachedRankPoint, Cost, FloorPoint, Machine, Point, Run, Versions, recorded
 from bench.lib.workload import Universe
-from bench.run import experiments, record
+from bench.report.figures import hit_rate_points
+from bench.run import experiments
+from bench.run.__main__ import assemble, summary
 from bench.run.experiments import Bench
 from relaygr.v1 import common_pb2, recommend_pb2
 from services.loadgen.openloop import CallRecord
@@ -185,8 +187,8 @@ def fake_run(config: BenchConfig, started: list[str] | None = None) -> tuple[dic
     try:
         bench = Bench(config, log_dir=None, log=lambda line: None)
         machine = Machine(cores=2, cpu_model="x", memory_gib=8.0, platform="x", python="x")
-        results = record.assemble(
-            config, bench.run(), "2026-01-01T00:00:00+00:00", 3600.0, machine,
+        results = assemble(
+            Run, config, bench.run(), "2026-01-01T00:00:00+00:00", 3600.0, machine,
             Versions(torch="2.x", git_commit="abc1234"),
         )  # fmt: skip
     finally:
@@ -406,7 +408,7 @@ def test_the_results_render_and_the_summary_names_every_ratio(run, tmp_path):
     assert results.to_json() == run[0]
     report.write(results, tmp_path)
     modes = {"relay", "admit-all", "dram-only", "no-affinity", "no-dram", "no-revisit"}
-    assert set(report.hit_rate_points(results)) == modes  # each measured at the ablations' rate
+    assert set(hit_rate_points(results)) == modes  # each measured at the ablations' rate
     markdown = (tmp_path / "report.md").read_text()
     assert "| dram-only | 19.2 | x1.59 |" in markdown and "| 10% | 12.1 | 37.9 |" not in markdown
     assert "| 10% | 13.3 | 34.8 | x2.62 |" in markdown
@@ -433,7 +435,7 @@ def test_the_results_render_and_the_summary_names_every_ratio(run, tmp_path):
         "the critical path; in 3 bursts, the largest of 100. 0 Ranks" in markdown
     )
     assert "| meets (5 seeds, undecided) |" in markdown and "| fails (3 seeds) |" in markdown
-    line = record.summary(results)
+    line = summary(results)
     assert f"throughput ratios {MIX1} {round(37.9 / 12.1, 3)} in [2.85, 3.413] (37.9 vs 12.1 req/s)" in line
     assert "length ratio 2.0 in [1.5, 2.667] (3072 vs 1536 events at 8 req/s, relay window 100 ms)" in line
     abandoned = f"0% {round(37.9 / 12.1, 3)} in [2.85, 3.413], 10% {round(34.8 / 13.3, 3)} in [2.384, 2.85], "

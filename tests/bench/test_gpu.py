@@ -26,7 +26,7 @@ from bench.lib.stats import largest_passing
 from bench.lib.sweep import interleave_until_stopped
 from bench.lib.workload import RevisitSampler
 from bench.report import gpu as gpu_report
-from bench.run.gpu import Budget, BudgetExhausted, GpuBench, Headline, headline
+from bench.run.gpu import Budget, BudgetExhausted, GpuBench, headline
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc
 from services.common.config import load
 from services.ranker.config import RankerConfig
@@ -116,7 +116,7 @@ def test_a_sweep_cut_by_the_budget_is_marked_with_what_it_measured_and_the_finis
     assert (relay.best, relay.cut_short, relay.passed_up_to, relay.failed_from) == (None, True, 4.0, None)
     assert relay.cut_reason == "the budget's end stopped the point at 16"
     assert [p.rate for p in relay.points] == [2.0, 4.0, 16.0]  # the cut point is kept, marked
-    assert headline(base, relay) == Headline(ratio=None, complete=False, ratio_at_least=2.0)
+    assert headline(base, relay) == {"ratio": None, "complete": False, "ratio_at_least": 2.0}
 
 
 def test_interleaving_stops_at_the_first_exhausted_budget_and_says_which_searches_finished():

@@ -11,6 +11,9 @@ from bench import report
 from bench.lib import codec
 from bench.lib.probes import LOAD_GENERATOR
 from bench.lib.schema import Point, Run
+from bench.report import __main__ as report_command
+from bench.report.figures import cores_needed, cpu_ms_per_request, hit_rate_points, requests_sent
+from bench.report.plots import PLOTS
 from relaygr.v1 import common_pb2
 from tests.bench.synthetic import SLO_MS, point, sweep
 
@@ -189,7 +192,7 @@ def test_results_json_holds_the_ratios_machine_and_points_and_the_report_and_plo
     assert "pre-inferring 4096 events takes 205 ms, against a relay window of 100 ms" in markdown
     assert f"- Throughput on `{MIX2}`, relay: at 8 req/s the ranking P99 was 130.0 ms" in markdown
     assert "| 200 | 4096 | x4.00 |" in markdown  # the window sensitivity table
-    for name in report.PLOTS.values():
+    for name in PLOTS.values():
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
 
 
@@ -221,7 +224,7 @@ def test_the_ablations_compare_every_mode_measured_at_relays_best_load():
     rows = [line for line in ablations.splitlines() if line.startswith(("| relay ", "| admit-all", "| no-"))]
     assert [row.split(" | ")[0] for row in rows] == ["| relay", "| admit-all", "| no-dram", "| no-revisit"]
     assert "`no-revisit`: no request revisits a user" in ablations
-    assert set(report.hit_rate_points(run())) == {"relay", "admit-all", "no-dram", "no-revisit"}
+    assert set(hit_rate_points(run())) == {"relay", "admit-all", "no-dram", "no-revisit"}
 
 
 def test_a_result_without_a_headline_ratio_or_a_point_field_is_refused_naming_where():
@@ -308,16 +311,16 @@ def test_cpu_per_request_is_each_services_cpu_over_every_request_the_point_sent_
     busy = codec.from_json(
         Point, costly_point(180, 30)
     )  # 5 s of warm-up at 180 req/s: 900 requests, then 100 measured
-    assert report.requests_sent(measured, busy) == 1000
-    per_request = report.cpu_ms_per_request(measured, busy)
+    assert requests_sent(measured, busy) == 1000
+    per_request = cpu_ms_per_request(measured, busy)
     assert per_request == pytest.approx({
         "rankers": 0.5, "router": 0.4, "trigger": 0.3, "retrieval stub": 0.9, "load generator": 1.0,
         "total": 3.1,
     })  # fmt: skip
-    assert report.cores_needed(measured, busy) == pytest.approx(0.558)  # 3.1 ms x 180 req/s
+    assert cores_needed(measured, busy) == pytest.approx(0.558)  # 3.1 ms x 180 req/s
     # The synthetic cost: 6 s (5 of them the rankers') over 4 req/s x 5 s of warm-up + 100 measured.
     synthetic = codec.from_json(Point, point(4, 40, MISS))
-    assert report.cpu_ms_per_request(measured, synthetic)["total"] == pytest.approx(50.0)
+    assert cpu_ms_per_request(measured, synthetic)["total"] == pytest.approx(50.0)
 
 
 def test_each_mix_shows_cpu_per_request_and_the_machines_ceiling_at_every_modes_best_load():
@@ -350,3 +353,12 @@ def test_a_run_that_did_not_record_its_cores_gives_its_ceiling_as_unknown():
     # 6 s of CPU over 113 warm-up requests (22.6 req/s x 5 s) and 100 measured: 28.17 ms, 0.64 cores.
     assert "| relay | 22.6 | 213 | 23.47 | 4.69 | 0.00 | 0.00 | 0.00 | 28.17 |" in markdown
     assert "| relay | 22.6 | 28.17 | 0.64 | n/a | 0.60 | 0.25 | n/a |" in markdown
+
+
+def test_the_report_command_renders_a_runs_report_again_and_leaves_its_results_as_they_were(tmp_path):
+    written = json.dumps(results(), indent=2)  # not as `Run.write` writes it: rewriting would show
+    (tmp_path / "results.json").write_text(written)
+    report_command.main(["--results-dir", str(tmp_path), "--plots", "false"])
+    assert (tmp_path / "results.json").read_text() == written
+    assert (tmp_path / "report.md").read_text() == report.render_markdown(run())
+    assert not list(tmp_path.glob("*.png"))
