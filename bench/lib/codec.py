@@ -1,20 +1,16 @@
 """Dataclasses to and from JSON, by their fields: how results.json is written and read (`bench.lib.schema`).
 
 `to_json` writes a dataclass as an object of its fields in declaration order, nested dataclasses, lists,
-tuples and dictionaries included. Field options change that: `FLAT` writes a nested dataclass's
-fields into the enclosing object (several records share a group of fields that way), `OMIT_NONE`
-leaves a field out while it is None (a field only some records of a kind have), `TRANSIENT` leaves a
-field out always (what a run keeps in memory only, such as a point's latency samples; read back, it
-has its default), and a field with `omitted_while(value)` is read as `value` where it is absent and left
-out while it holds it (a flag or a collection most records leave at its usual value).
+tuples and dictionaries included. Field metadata changes that: `FLAT` writes a nested dataclass's fields
+into the enclosing object, `OMIT_NONE` (`optional()`) leaves a field out while it is None, `TRANSIENT`
+always (what a run keeps in memory only; read back, it has its default), and `omitted_while(value)` while
+it holds `value`, which is also what it reads as where absent.
 
 `from_json` reads one back by the field types: a key that a field without a default needs and the object
 lacks, or a key that no field takes, is a ValueError naming where it is (`throughput_sweeps.<mix>.relay.
-points.0 lacks cost`), so a results file is checked as it is read. A field with a default may be absent:
-its default applies (its `omitted_while` value, where it has one). A key named in the class's `RETIRED`
-(a setting or field whose mechanism is gone) is read and dropped, so the committed files that record it
-still read; written back, they are byte for byte the file less those keys (`tests/bench/test_results.py`).
-Numbers, strings and booleans are taken as they are.
+points.0 lacks cost`). A key named in the class's `RETIRED` (a setting or field whose mechanism is gone) is
+read and dropped, so the committed files that record it still read; written back, they are the file less
+those keys (`tests/bench/test_results.py`). Numbers, strings and booleans are taken as they are.
 """
 
 from __future__ import annotations
@@ -28,6 +24,20 @@ from typing import Any, TypeVar
 FLAT = {"flat": True}
 OMIT_NONE = {"omit_none": True}
 TRANSIENT = {"transient": True}
+schema = dataclasses.dataclass(kw_only=True)  # a results record
+
+
+def optional() -> Any:
+    """A field that defaults to None and is left out of results.json while it is None (older runs lack it)."""
+    return dataclasses.field(default=None, metadata=OMIT_NONE)
+
+
+def usually(value: Any) -> Any:
+    """A field that defaults to `value` (a fresh one, for a list or a dict), reads as it where absent, and is
+    left out of results.json while it holds it."""
+    if isinstance(value, list | dict):
+        return dataclasses.field(default_factory=type(value), metadata=omitted_while(value))
+    return dataclasses.field(default=value, metadata=omitted_while(value))
 
 
 def omitted_while(value: object) -> dict[str, object]:
@@ -70,19 +80,6 @@ def from_json(cls: type[T], data: Any, where: str = "") -> T:
     if unknown:
         raise ValueError(f"results: {where or 'the top level'} has unknown {', '.join(unknown)}")
     return cls(**values)
-
-
-def json_keys(cls: type) -> list[str]:
-    """The keys an object of `cls` has, flat fields' own keys included."""
-    keys: list[str] = []
-    for field in dataclasses.fields(cls):
-        if field.metadata.get("transient"):
-            continue
-        if field.metadata.get("flat"):
-            keys += json_keys(_hints(cls)[field.name])
-        else:
-            keys.append(field.name)
-    return keys
 
 
 def _fields_from(cls: type, data: dict[str, Any], where: str) -> tuple[dict[str, Any], set[str]]:

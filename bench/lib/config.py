@@ -35,16 +35,15 @@ class Profile:
     cached_rank_iterations: int  # Ranks per length through the router
     window_delays_ms: tuple[float, ...]  # extra relay windows of the length sweep
     refine_steps: int  # loads measured between a load sweep's best grid value and the next one
-    # Load seeds at which runs before the sequential verdict re-measured each throughput sweep's verdict
-    # points (`bench.lib.schema.Repeat`; 3 in their full profile); 1 in every profile now: a load's verdict
-    # pools its own seeds, up to `seed_cap`.
+    # Load seeds at which some committed runs re-measured their verdict points (`bench.lib.schema.Repeat`);
+    # 1 in every profile: a load's verdict pools its own seeds, up to `seed_cap`.
     seeds: int = 1
     # With `measured_s`, a point measures its rate times this many seconds of requests, within
     # [measured_min, measured]: a slow point stays short, a fast one still has `measured` requests.
     measured_s: float = 0.0  # 0: every point measures `measured` requests
     measured_min: int = 0
     # The most load seeds a load's sequential verdict pools (`bench.lib.sweep.pooled_verdict`); 1: every
-    # verdict is one seed's, as in every run before it (what a results file without it means).
+    # verdict is one seed's (what a results file without it means).
     seed_cap: int = 1
     # What the retired headline profile recorded: a bound on a point's seconds, points stopped once they
     # passed clearly, and load before each fleet's first point (`bench.headline` runs its own experiment).
@@ -79,11 +78,9 @@ PROFILE_SETTINGS = {
     ),
 }
 
-# The gpu profile's own defaults: each applies where neither its flag nor its RELAYGR_ variable is given
-# (`profile_environ`). The other profiles use the settings' documented defaults.
+# The profiles' own defaults, each applied where neither its flag nor its RELAYGR_ variable is given
+# (`profile_environ`); a profile not named here takes the settings' documented defaults.
 PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
-    "quick": {},
-    "full": {},
     "gpu": {
         "name": "gpu-fleet",
         "slo_ms": 80.0,

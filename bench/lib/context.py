@@ -1,7 +1,6 @@
-"""Where a benchmark ran, recorded beside what it measured, written once for every entry point (`python -m
-bench`, `bench.tracing`, `bench.mlperf`'s search, `bench.micro.serving`): the commit (`commit`,
-`git_commit`; a file as committed: `committed_file`; what two commits differ in: `changed_between`), the
-machine (`machine`, `load_average`) and the packages (`versions`)."""
+"""Where a benchmark ran, recorded beside what it measured, written once for every entry point: the commit
+(`commit`, `git_commit`; what two commits differ in: `changed_between`), the machine (`machine`,
+`load_average`) and the packages (`versions`)."""
 
 from __future__ import annotations
 
@@ -17,31 +16,20 @@ from services.launcher.procs import REPO_ROOT
 PACKAGES = ("torch", "numpy", "grpcio", "protobuf", "matplotlib")
 
 
-def _git(*args: str) -> str:
-    answer = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
-    return answer.stdout.strip()
-
-
-def committed_file(path: str) -> str:
-    """The text of `path` (from the repository's root) at the checkout's HEAD; empty when it has none."""
-    return _git("show", f"HEAD:{path}")
+def _git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
 
 
 def commit() -> tuple[str, bool]:
     """The checkout's short commit and whether tracked files differ from it."""
-    return _git("rev-parse", "--short", "HEAD"), bool(_git("status", "--porcelain", "--untracked-files=no"))
+    dirty = _git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return _git("rev-parse", "--short", "HEAD").stdout.strip(), bool(dirty)
 
 
 def changed_between(first: str, second: str) -> list[str] | None:
     """The paths (from the repository's root) that differ between two commits; None when this checkout
     does not know one of them."""
-    answer = subprocess.run(
-        ["git", "diff", "--name-only", first, second],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    answer = _git("diff", "--name-only", first, second)
     return answer.stdout.split() if answer.returncode == 0 else None
 
 

@@ -1,11 +1,8 @@
-"""Driving a benchmark's points: `Driver` starts each mode's fleet (`fleet`), waits until
-the other fleets are idle (`wait_idle`), sends one point's open-loop load to a retrieval stub
-(`point`) and remembers every point it measured, so that a sweep judged against another SLO reuses it
-(`point_once`). `bench.run.experiments.Bench` runs the experiments over it.
-
-A point's users are named after what it measures (`users`): the universe, the rate, the relay window,
-the abandonment share, the revisit variant and the load seed, so both modes and every ablation's fresh
-fleet see exactly the same users and no point inherits another point's cache.
+"""Driving a benchmark's points: `Driver` starts each mode's fleet (`fleet`), waits until the other fleets
+are idle (`wait_idle`), sends one point's open-loop load to a retrieval stub (`point`) and remembers every
+point it measured, so that a sweep judged against another SLO reuses it (`point_once`). A point's users are
+named after what it measures (`users`), so both modes and every ablation's fresh fleet see exactly the same
+users and no point inherits another's cache. `bench.run.experiments.Bench` runs the experiments over it.
 """
 
 from __future__ import annotations
@@ -28,9 +25,8 @@ from bench.lib.workload import RevisitSampler, Universe, fixed_length_universe, 
 SETTLE_S = 1.0  # pause between points: lets the last answers and background pre-inference finish
 LEASE_TTL_MS = 3000  # the rankers' HBM lease of a pre-inferred prefix (their --lease-ttl-ms)
 NUM_CANDIDATES = 128  # the stub's default retrieval size, also the rankers' profiled candidate count
-# Before a point, the other fleets' processes must use at most this many cores (measured over
-# IDLE_SAMPLE_S), waited for up to IDLE_TIMEOUT_S: a point must not share the cores with the background
-# work (pre-inference, lease expiries) its neighbours' last point left behind.
+# Before a point, the other fleets' processes must use at most IDLE_CORES (over IDLE_SAMPLE_S), waited for up
+# to IDLE_TIMEOUT_S: a point must not share the cores with the work its neighbours' last point left behind.
 IDLE_CORES = 0.1
 IDLE_SAMPLE_S = 0.5
 IDLE_TIMEOUT_S = 30.0
@@ -58,8 +54,7 @@ class Driver:
         self.log_dir = log_dir
         self._log = log
         self._started = time.monotonic()
-        # Every point measured, by what it measured (`measured_key`), with the SLO it was judged against:
-        # the first mix's sweeps at several SLOs reuse each other's points.
+        # Every point measured, by mode and users, with the SLO it was judged against (`point_once`).
         self._measured: dict[tuple, tuple[Point, float]] = {}
         self._live: list[BenchFleet] = []  # the fleets running now (`fleet`)
         self.shape = self.fleet_shape()
@@ -96,8 +91,6 @@ class Driver:
         c = self.config
         return fixed_length_universe(length, c.short_term, c.growth_headroom, c.universe_seed)
 
-    # ---- running points ----
-
     def point(
         self,
         plan: Plan,
@@ -107,19 +100,17 @@ class Driver:
         before: Before = FIRST_SEED,
         slo_ms: float | None = None,
     ) -> Point:
-        """One point's result, with its load seed and what it cost the fleet (`cost`, warm-up included).
-        Its users are named by `users`; `before`: what the load's earlier seeds measured (the early stop
-        counts them, and the calls the seeds after this one may add up to the seed cap); `slo_ms`: the
-        SLO its early stops judge against (None: the run's; inf: it never stops early)."""
-        slo_ms = self.config.slo_ms if slo_ms is None else slo_ms
+        """One point's result, with its load seed and what it cost the fleet (warm-up included), its users
+        named by `users`; `before` and `slo_ms` as `spec` takes them."""
         c = self.config
         fleet = plan.fleet
         address = fleet.stub(universe, plan.delay_ms, plan.abandon_fraction)
         namespace = users(universe, rate, plan, seed_index)
-        seed = c.load_seed + seed_index
+        spec = self.spec(plan, rate, seed_index, before, slo_ms)
         revisit = c.revisit_probability if plan.revisits else 0.0
-        sampler = RevisitSampler(namespace, rate, revisit, c.revisit_window_s, seed)
-        point = self.drive(fleet, address, sampler, self.spec(plan, rate, seed_index, before, slo_ms))
+        point = self.drive(
+            fleet, address, RevisitSampler(namespace, rate, revisit, c.revisit_window_s, spec.seed), spec
+        )
         time.sleep(SETTLE_S)
         self.log(f"{fleet.mode.name:<11} {namespace:<36} {rate:>6g}/s: {describe(point)}")
         self.log(f"{'':<11} cost: {describe_cost(point.cost)}")
@@ -128,10 +119,9 @@ class Driver:
     def point_once(
         self, plan: Plan, universe: Universe, rate: float, seed_index: int, before: Before, slo_ms: float
     ) -> Point:
-        """`point`, unless a point measured before with the same users and arrivals (`measured_key`) says
-        what this one would: it ran to its end, stopped as passing, or failed against an SLO at most
-        `slo_ms`."""
-        key = measured_key(plan, universe, rate, seed_index)
+        """`point`, unless a point measured before by the same mode with the same users and arrivals says
+        what this one would: it ran to its end, or failed against an SLO at most `slo_ms`."""
+        key = (plan.fleet.mode.name, users(universe, rate, plan, seed_index))
         if key in self._measured:
             point, judged_at = self._measured[key]
             if not point.aborted or judged_at <= slo_ms:
@@ -163,22 +153,17 @@ class Driver:
         )
 
     def drive(self, fleet: BenchFleet, address: str, sampler: RevisitSampler, spec: PointSpec) -> Point:
-        """Runs one point's load against the stub at `address`, once the machine is ready (`ready`): its
-        result, with its load seed and what it cost the fleet (a subclass may record more beside them)."""
-        self.ready(fleet)
+        """Runs one point's load against the stub at `address` once the other fleets are idle: its result,
+        with its load seed and what it cost the fleet (a subclass may record more beside them)."""
+        self.wait_idle(fleet)
         before = probes.snapshot(fleet.pids(), fleet.ranker_metrics())
         result = asyncio.run(run_point(address, sampler, spec))
         cost = probes.difference(before, probes.snapshot(fleet.pids(), fleet.ranker_metrics()))
         return recorded(Point, result, seed=spec.seed, cost=Cost(**cost))
 
-    def ready(self, fleet: BenchFleet) -> None:
-        """Before a point of `fleet`: waits until the other fleets are idle (`wait_idle`)."""
-        self.wait_idle(fleet)
-
     def wait_idle(self, fleet: BenchFleet | None) -> None:
         """Waits until the processes of every running fleet but `fleet` (None: every one) use at most
-        `IDLE_CORES` (up to
-        `IDLE_TIMEOUT_S`; logged when it had to wait, or gave up)."""
+        `IDLE_CORES`, up to `IDLE_TIMEOUT_S` (logged when it had to wait, or gave up)."""
         pids = [pid for other in self._live if other is not fleet for pid in other.pids().values()]
         if not pids:
             return
@@ -213,23 +198,14 @@ class Driver:
         """Load `fleet` gets once started, before its first point: none here (a command's own `Driver`
         may give it some, as the headline's does)."""
 
-    # ---- the run ----
-
-
-def measured_key(plan: Plan, universe: Universe, rate: float, seed_index: int) -> tuple:
-    """What a point measures: the fleet's mode, its users (`users`) and its load seed."""
-    return plan.fleet.mode.name, users(universe, rate, plan, seed_index)
-
 
 def users(universe: Universe, rate: float, plan: Plan, seed_index: int) -> str:
     """The users' namespace of a point: equal for every mode measuring the same thing, new otherwise."""
-    name = f"{universe.label}-r{rate:g}-d{plan.delay_ms:g}"
-    if plan.abandon_fraction:
-        name += f"-a{plan.abandon_fraction:g}"
-    if not plan.revisits:
-        name += "-p0"
-    if plan.tag:
-        name += f"-{plan.tag}"
-    if seed_index:
-        name += f"-s{seed_index}"
-    return name
+    parts = [
+        f"{universe.label}-r{rate:g}-d{plan.delay_ms:g}",
+        f"a{plan.abandon_fraction:g}" if plan.abandon_fraction else "",
+        "" if plan.revisits else "p0",
+        plan.tag,
+        f"s{seed_index}" if seed_index else "",
+    ]
+    return "-".join(part for part in parts if part)

@@ -2,32 +2,13 @@
 
 Every mode runs the same launcher (`services.launcher.Fleet`: rankers, router, trigger, retrieval stub as
 separate processes on loopback) with the same model preset, rankers and ranker flags; only what the mode
-names differs:
+names differs (`Mode`, each described where it is declared). `Mode.fleet` is what a mode's processes are
+started with; modes with equal ones share a fleet (`no-revisit`, a workload variant, runs on RelayGR's).
+The trigger and the stubs route their own PreInfer and Rank calls (the launcher's `--routing direct`), so
+the router takes no part in a measured request.
 
-- `baseline`: the stub sends no Admit and no hint, and the rankers keep no DRAM tier, so every Rank
-  computes the whole sequence (ranking without relay).
-- `relay`: RelayGR as shipped: trigger, affinity router with relay hints, HBM and DRAM tiers.
-- `admit-all`: the trigger admits every request but duplicates (`--admit-all true`: no gain test, no
-  brakes): what the trigger's selectivity is worth.
-- `dram-only`: no Admit and no hint (the stub's `--relay false`), but the rankers keep their DRAM tier,
-  so a revisit may reload or extend the prefix its last Rank computed: the expander's share of the gain,
-  without the relay.
-- `no-affinity`: every process that routes (the router, the trigger and the stubs, which route directly)
-  draws a member at random for every PreInfer and Rank, ignoring hints.
-- `no-dram`: the rankers keep no DRAM tier.
-- `no-revisit`: a workload variant, not another fleet: RelayGR's own fleet on the same mix with revisit
-  probability 0, so every request is a new user and neither the DRAM tier nor extension can help.
-
-`Mode.fleet` is what a mode's processes are started with; modes with equal ones share a fleet
-(`no-revisit` runs on RelayGR's).
-
-`BenchFleet` also serves other user universes, relay windows and abandonment shares than the fleet's own
-stub: it runs one extra retrieval stub next to the fleet (replaced whenever another universe, window or
-share is asked for), wired to the rankers and the trigger exactly like the fleet's stub.
-
-The trigger and the stubs route their own PreInfer and Rank calls (the launcher's `--routing direct`, its
-default), so the router takes no part in a measured request.
-
+`BenchFleet` also serves other user universes, relay windows and abandonment shares than its own stub's,
+from one extra retrieval stub (replaced whenever another is asked for) wired like the fleet's own.
 `FleetSettings` declares, once, the settings of the fleets a bench command starts (`bench.mlperf`,
 `bench.tracing`), with the services' flag names; a command redeclares a default where its own differs.
 """

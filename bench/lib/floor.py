@@ -1,16 +1,11 @@
 """Where the time goes: the model's own latency (the physical floor) and the cached Rank through the fleet.
 
-`model_floor` builds the ranker's model and `ModelRunner` in this process, with the rankers' thread count,
-and times the three paths with the ranker's own warm-up profiler (`services.ranker.latency_curve.measure`):
-a full forward over L + S + C tokens, a pre-inference of L tokens and a cached rank of S + C tokens
-against a ready prefix. The cached rank is the floor of RelayGR's critical path: no serving system can
-rank from a cached prefix faster than the model does.
-
-`cached_rank_through_router` measures what the serving path adds to that floor: from this process, for
-each length, it sends PreInfer through the fleet's router (which leases the prefix in HBM, or reloads it
-there), then a Rank with the relay hint, sequentially on an idle fleet, and times the Rank from the
-client's call to its answer (serialization, the router hop, the ranker's parsing, validation,
-fingerprinting, the device thread, and the answer's way back).
+`model_floor` builds the ranker's model and `ModelRunner` in this process and times, with the ranker's own
+warm-up profiler (`services.ranker.engine.latency_curve.measure`), a full forward over L + S + C tokens, a
+pre-inference of L tokens and a cached rank of S + C tokens against a ready prefix: the floor of RelayGR's
+critical path. `cached_rank_through_router` measures what the serving path adds to it: per length, a
+PreInfer through the fleet's router (leasing the prefix in HBM), then a Rank with the relay hint, on an
+idle fleet, timed from the client's call to its answer. `host_unit_ms` is the host's unit u.
 """
 
 from __future__ import annotations
@@ -30,6 +25,7 @@ import torch
 from bench.lib.schema import CachedRankPoint, FloorPoint
 from bench.lib.stats import percentile
 from relaygr.v1 import common_pb2, ranker_pb2, ranker_pb2_grpc
+from services.common.contract import cache_source_label
 from services.ranker.app import build_model
 from services.ranker.config import RankerConfig
 from services.ranker.engine.latency_curve import Profiling, Timer, measure
@@ -50,9 +46,8 @@ def model_floor(
     chunk_tokens: int,
     device: str = "cpu",
 ) -> list[FloorPoint]:
-    """Median in-process latency of full, pre-infer and cached rank at each prefix length, on `device`
-    (as the rankers' `--device`); an accelerator's cached memory is handed back afterwards, so that the
-    rankers started next find it free."""
+    """Median in-process latency of full, pre-infer and cached rank at each prefix length, on `device` (as
+    the rankers' `--device`); an accelerator's cached memory is handed back afterwards for the rankers."""
     worker = Scheduler("floor")
     try:  # the timer, and its model, are dropped once measured
         curve = measure(_timer(preset, torch_threads, lengths, short_term, candidates, repeats, chunk_tokens,
@@ -61,12 +56,8 @@ def model_floor(
         worker.close()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    return [
-        FloorPoint(
-            prefix_length=p.prefix_length, full_ms=p.full_ms, pre_infer_ms=p.pre_infer_ms, rank_ms=p.rank_ms
-        )
-        for p in curve.points
-    ]
+    fields = ("prefix_length", "full_ms", "pre_infer_ms", "rank_ms")
+    return [FloorPoint(**{name: getattr(p, name) for name in fields}) for p in curve.points]
 
 
 def _timer(preset: str, torch_threads: int, lengths: Sequence[int], short_term: int, candidates: int,
@@ -83,10 +74,8 @@ def _timer(preset: str, torch_threads: int, lengths: Sequence[int], short_term: 
 
 
 def in_fresh_process(function: Callable[..., T], *args: Any) -> T:
-    """`function(*args)` in a fresh Python process (spawned, its arguments and answer pickled). The
-    benchmark times its floor so (`model_floor`), once before its first fleet and once after its last, so
-    that the second finds the interpreter as the first did: not the load generator's heap, its gRPC
-    threads or its allocator's state."""
+    """`function(*args)` in a fresh Python process (spawned, its arguments and answer pickled): a floor
+    timed so finds the interpreter as every other did, not the load generator's heap, threads or allocator."""
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as apart:
         return apart.submit(function, *args).result()
@@ -131,9 +120,7 @@ def cached_rank_through_router(
                 started = time.perf_counter()
                 answer = stub.Rank(request, timeout=RPC_TIMEOUT_S)
                 elapsed_ms = (time.perf_counter() - started) * 1000
-                source = (
-                    common_pb2.CacheSource.Name(answer.cache_source).removeprefix("CACHE_SOURCE_").lower()
-                )
+                source = cache_source_label(answer.cache_source)
                 sources[source] += 1
                 if source == "hbm":
                     hbm_ms.append(elapsed_ms)

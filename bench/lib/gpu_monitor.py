@@ -1,16 +1,12 @@
 """How busy the GPU was during a point, and which GPU it was.
 
 `GpuMonitor.start()` polls every GPU's utilization in a background thread for the whole run, from NVML
-(`pynvml`, the nvidia-ml-py package) when it loads and finds a GPU, else from `nvidia-smi --query-gpu
-... -lms` as a subprocess when it is on PATH, else not at all (`source` None: a machine without a GPU,
-where every answer is None). `busy(start, end)` is the mean utilization of the samples taken between two
-`time.monotonic()` times, as a fraction, for each GPU, and `busy` for the busiest one (the rankers').
-
-NVML's utilization is the share of its last sample period (1/6 s to 1 s, by product) during which at
-least one kernel ran on the GPU: a busy fraction of the device's time, not of its SMs (a GPU that runs
-one small kernel at a time reads 100 %). Polled every 0.1 s, a window's edges blur by up to a period.
-
-`gpu_info()` names the GPUs, their memory and the driver, from the same sources (None without a GPU).
+(`pynvml`) when it loads and finds a GPU, else from `nvidia-smi --query-gpu ... --loop-ms` when it is on
+PATH, else not at all (`source` None, every answer None). `busy(start, end)` is each GPU's mean utilization
+over the samples taken between two `time.monotonic()` times, and `busy` the busiest one's (the rankers').
+NVML's utilization is the share of its last sample period (1/6 s to 1 s, by product) during which at least
+one kernel ran: a busy fraction of the device's time, not of its SMs. Polled every 0.1 s, a window's edges
+blur by up to a period. `gpu_info()` names the GPUs, their memory and the driver (None without a GPU).
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 POLL_S = 0.1
@@ -66,6 +61,12 @@ def parse_smi_info(text: str) -> list[dict[str, Any]]:
     return gpus
 
 
+def _smi(fields: str, *more: str) -> list[str] | None:
+    """The `nvidia-smi` command that queries `fields` as bare CSV; None when it is not on PATH."""
+    smi = shutil.which("nvidia-smi")
+    return None if smi is None else [smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits", *more]
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -95,10 +96,9 @@ def gpu_info() -> dict[str, Any] | None:
             gpus.append({"index": index, "name": _text(nvml.nvmlDeviceGetName(handle)), "driver": driver,
                          "memory_total_mib": round(memory)})  # fmt: skip
         return {"source": "nvml", "gpus": gpus}
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
+    query = _smi(SMI_INFO)
+    if query is None:
         return None
-    query = [smi, f"--query-gpu={SMI_INFO}", "--format=csv,noheader,nounits"]
     try:
         answer = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True)
     except (OSError, subprocess.SubprocessError):
@@ -126,47 +126,39 @@ class GpuMonitor:
             monitor = cls("nvml")
             handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
 
-            def read() -> None:
-                at = time.monotonic()
-                for index, handle in enumerate(handles):
-                    utilization = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
-                    used = nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
-                    monitor.add((at, index, float(utilization), round(used)))
+            def run() -> None:
+                while not monitor._stop.is_set():
+                    at = time.monotonic()
+                    with contextlib.suppress(Exception):  # a failed read is a missing sample
+                        for index, handle in enumerate(handles):
+                            utilization = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                            used = nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+                            monitor.add((at, index, float(utilization), round(used)))
+                    monitor._stop.wait(poll_s)
 
-            monitor._poll(read, poll_s)
-            return monitor
-        smi = shutil.which("nvidia-smi")
-        if smi is None:
-            return cls(None)
-        query = [smi, f"--query-gpu={SMI_UTILIZATION}", "--format=csv,noheader,nounits",
-                 f"--loop-ms={round(poll_s * 1000)}"]  # fmt: skip
-        try:
-            process = subprocess.Popen(query, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        except OSError:
-            return cls(None)
-        monitor = cls("nvidia-smi")
-        monitor._process = process
+        else:
+            query = _smi(SMI_UTILIZATION, f"--loop-ms={round(poll_s * 1000)}")
+            if query is None:
+                return cls(None)
+            try:
+                process = subprocess.Popen(
+                    query, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+                )
+            except OSError:
+                return cls(None)
+            monitor = cls("nvidia-smi")
+            monitor._process = process
 
-        def follow() -> None:
-            assert process.stdout is not None
-            for line in process.stdout:
-                sample = parse_smi_sample(line, time.monotonic())
-                if sample is not None:
-                    monitor.add(sample)
+            def run() -> None:
+                assert process.stdout is not None
+                for line in process.stdout:
+                    sample = parse_smi_sample(line, time.monotonic())
+                    if sample is not None:
+                        monitor.add(sample)
 
-        monitor._thread = threading.Thread(target=follow, name="gpu-monitor", daemon=True)
+        monitor._thread = threading.Thread(target=run, name="gpu-monitor", daemon=True)
         monitor._thread.start()
         return monitor
-
-    def _poll(self, read: Callable[[], None], poll_s: float) -> None:
-        def loop() -> None:
-            while not self._stop.is_set():
-                with contextlib.suppress(Exception):  # a failed read is a missing sample
-                    read()
-                self._stop.wait(poll_s)
-
-        self._thread = threading.Thread(target=loop, name="gpu-monitor", daemon=True)
-        self._thread.start()
 
     def add(self, sample: Sample) -> None:
         with self._lock:

@@ -1,12 +1,10 @@
 """The order in which a benchmark's arms take their turns, one module for every command that interleaves arms.
 
-An arm could inherit something from the one before it (a warm cache, a backlog, the machine's drift): a
-carry-over. `williams_rows` is a Williams design, a Latin square in which every treatment takes every
-position equally often and follows every other equally often (with an odd number of treatments, the square
-and its mirror). `block_orders` uses whole sets of such rows, each set with its own random assignment of arms
-and its rows in random order; a number of blocks that is not a whole number of sets is refused, since it
-breaks the balance by design. `turn` is the order of one block of a fixed schedule (the rows in turn, no
-randomness). `carryover_counts` and `is_balanced` check the orders of the blocks actually run.
+An arm could inherit something from the one before it (a warm cache, a backlog, the machine's drift).
+`williams_rows` is a Williams design: every treatment takes every position equally often and follows every
+other equally often. `block_orders` uses whole sets of such rows, each set with its own random assignment
+of arms and its rows in random order (a partial set is refused: it breaks the balance); `turn` is one
+block of a fixed schedule. `carryover_counts` and `is_balanced` check the orders of the blocks run.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
-"""One load point: open-loop Recommend traffic against a retrieval stub, and what it measured.
+"""One load point: open-loop Recommend traffic against a retrieval stub, and what it measured
+(docs/benchmark.md, "One point").
 
 A point sends `warmup + measured` Recommend calls at Poisson arrivals (`services.loadgen.run_open_loop`,
-latency from each call's intended send time). The first `warmup` calls fill caches and queues and are
-not counted. Of the measured ones, the ranking latency is the stub's own `rank_latency_ms` (Rank through
-the router, as the stub saw it) and the end-to-end latency is the Recommend's; a failed call counts as an
-infinitely slow one in both. The P99 comes with its bootstrap confidence interval (`rank_p99_ci_ms`).
-
-A call the stub abandoned (filtered after retrieval, `RecommendResponse.abandoned`) had no Rank: it is
-counted (`abandoned`, and `abandoned_admitted` for those whose Admit fired a pre-inference) and left out
-of the latency samples and the verdict, which are over the Ranks that happened. As soon as more measured
-calls have missed the SLO than a passing P99 allows (or have failed more often than the error bound
-allows) among as many ranked calls as the point can still have (its plan less the calls abandoned so
-far), the point has failed for certain and sending stops: an overloaded fleet is not driven further into
-overload for nothing, and the result says so (`aborted`). A load's verdict pools up to its seed cap's
-seeds (`bench.lib.sweep.pooled_verdict`), so a seed's early stop counts what the load's earlier seeds measured
-(`PointSpec.before`) and the calls its later seeds may still rank (`PointSpec.later`): it stops only when
-the pooled sample at the cap has failed for certain. (Stopped at its own budget, a first seed near the
-edge decided its load alone: the first headline run stopped RelayGR's 2048 events after 884 calls with
-a P99 interval of [75, 134] ms around a 100 ms SLO.) A point may also be given a time to stop at
-(`stop_at`, a run's time budget): stopped then, it is `cut`, and its verdict says nothing.
+latency from each call's intended send time), the warm-up not counted. The ranking latency is the stub's
+`rank_latency_ms`, the end-to-end one the Recommend's; a failed call is an infinitely slow one in both. A
+call the stub abandoned after retrieval had no Rank: it is counted and left out of the latencies and the
+verdict. Once the point has failed for certain (`failed_for_certain`, counting the load's earlier seeds,
+`PointSpec.before`, and the calls its later seeds may add, `PointSpec.later`), sending stops (`aborted`);
+stopped at a time budget's end (`stop_at`) it is `cut`, and its verdict says nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +22,7 @@ import grpc
 
 from bench.lib.schema import Cost, Percentiles, PointResult, Verdict
 from bench.lib.schema_context import OverSlo
-from bench.lib.stats import bootstrap_ci, meets_slo, percentile, violation_budget
+from bench.lib.stats import bootstrap_ci, error_budget, finite, meets_slo, percentile, violation_budget
 from bench.lib.workload import RevisitSampler
 from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
 from services.common.contract import cache_source_label
@@ -84,14 +73,22 @@ def miss_label(reason: int) -> str:
     return common_pb2.MissReason.Name(reason).removeprefix("MISS_REASON_").lower()
 
 
+def _labels(answered: list[recommend_pb2.RecommendResponse]) -> dict[str, dict[str, int]]:
+    """Where the answered Ranks' prefixes came from, why the misses missed, and what the trigger answered."""
+    miss = common_pb2.CACHE_SOURCE_MISS
+    return {
+        "cache_sources": dict(collections.Counter(cache_source_label(a.cache_source) for a in answered)),
+        "miss_reasons": dict(
+            collections.Counter(miss_label(a.miss_reason) for a in answered if a.cache_source == miss)
+        ),
+        "admit_reasons": dict(collections.Counter(admit_label(a.admit_reason) for a in answered)),
+    }
+
+
 def over_slo(ranked: list[CallRecord], slo_ms: float, burst_gap_s: float = BURST_GAP_S) -> OverSlo:
     """What the ranked calls over the SLO were (failures included): see `bench.lib.schema_context.OverSlo`."""
     over = [r for r in ranked if not r.ok or r.response.rank_latency_ms > slo_ms]
     answered = [r.response for r in over if r.ok]
-    sources = collections.Counter(cache_source_label(a.cache_source) for a in answered)
-    misses = collections.Counter(
-        miss_label(a.miss_reason) for a in answered if a.cache_source == common_pb2.CACHE_SOURCE_MISS
-    )
     bursts: list[int] = []
     last_s = -math.inf
     for record in sorted(over, key=lambda r: r.intended_s):
@@ -103,9 +100,7 @@ def over_slo(ranked: list[CallRecord], slo_ms: float, burst_gap_s: float = BURST
     return OverSlo(
         requests=len(over),
         failed=len(over) - len(answered),
-        cache_sources=dict(sources),
-        miss_reasons=dict(misses),
-        admit_reasons=dict(collections.Counter(admit_label(a.admit_reason) for a in answered)),
+        **_labels(answered),
         prefix_wait_ms=round(sum(a.prefix_wait_ms for a in answered), 3),
         long_term_events=sum(a.long_term_length for a in answered),
         computed_prefix_events=sum(a.computed_prefix_events for a in answered),
@@ -115,12 +110,8 @@ def over_slo(ranked: list[CallRecord], slo_ms: float, burst_gap_s: float = BURST
     )
 
 
-def _finite_or_none(value: float) -> float | None:
-    return None if math.isinf(value) or math.isnan(value) else round(value, 3)
-
-
 def _percentiles(samples: list[float]) -> Percentiles:
-    return Percentiles(**{f"p{q}": _finite_or_none(percentile(samples, q)) for q in PERCENTILES})
+    return Percentiles(**{f"p{q}": finite(percentile(samples, q)) for q in PERCENTILES})
 
 
 def summarize(
@@ -130,30 +121,11 @@ def summarize(
     measured = [record for record in records if record.index >= spec.warmup]
     dropped = [record for record in measured if record.ok and record.response.abandoned]
     ranked = [record for record in measured if not (record.ok and record.response.abandoned)]
-    rank_ms, e2e_ms, hbm_ms, lengths = [], [], [], []
-    sources: collections.Counter[str] = collections.Counter()
-    misses: collections.Counter[str] = collections.Counter()
-    admits: collections.Counter[str] = collections.Counter()
-    codes: collections.Counter[str] = collections.Counter()
-    for record in ranked:
-        if not record.ok:
-            codes[record.code.name] += 1
-            rank_ms.append(math.inf)
-            e2e_ms.append(math.inf)
-            continue
-        response: recommend_pb2.RecommendResponse = record.response
-        rank_ms.append(response.rank_latency_ms)
-        e2e_ms.append(record.latency_s * 1000)
-        source = cache_source_label(response.cache_source)
-        sources[source] += 1
-        if source == "hbm":
-            hbm_ms.append(response.rank_latency_ms)
-        if response.cache_source == common_pb2.CACHE_SOURCE_MISS:
-            misses[miss_label(response.miss_reason)] += 1
-        admits[admit_label(response.admit_reason)] += 1
-        lengths.append(response.long_term_length)
+    answered = [record.response for record in ranked if record.ok]
+    rank_ms = [record.response.rank_latency_ms if record.ok else math.inf for record in ranked]
+    hbm_ms = [a.rank_latency_ms for a in answered if cache_source_label(a.cache_source) == "hbm"]
+    codes = collections.Counter(record.code.name for record in ranked if not record.ok)
     errors = sum(codes.values())
-    p = _percentiles(rank_ms)
     p99 = percentile(rank_ms, 99) if rank_ms else math.inf
     return PointResult(
         rate=spec.rate,
@@ -166,29 +138,30 @@ def summarize(
         errors=errors,
         error_codes=dict(codes),
         violations=sum(1 for ms in rank_ms if ms > spec.slo_ms),
-        rank_ms=p,
-        rank_p99_ci_ms=[_finite_or_none(bound) for bound in bootstrap_ci(rank_ms, 99, seed=spec.seed)],
-        e2e_ms=_percentiles(e2e_ms),
-        hbm_hit_rank_p50_ms=_finite_or_none(percentile(hbm_ms, 50)),
-        cache_sources=dict(sources),
-        miss_reasons=dict(misses),
-        admit_reasons=dict(admits),
-        mean_long_term=round(sum(lengths) / len(lengths), 1) if lengths else 0.0,
+        rank_ms=_percentiles(rank_ms),
+        rank_p99_ci_ms=[finite(bound) for bound in bootstrap_ci(rank_ms, 99, seed=spec.seed)],
+        e2e_ms=_percentiles([record.latency_s * 1000 if record.ok else math.inf for record in ranked]),
+        hbm_hit_rank_p50_ms=finite(percentile(hbm_ms, 50)),
+        **_labels(answered),
+        mean_long_term=round(sum(a.long_term_length for a in answered) / len(answered), 1)
+        if answered
+        else 0.0,
         send_lag_p99_ms=round(percentile([r.send_lag_s * 1000 for r in records], 99), 3) if records else 0.0,
         wall_s=round(wall_s, 2),
         meets_slo=not (aborted or cut)
         and meets_slo(p99, errors, len(ranked), spec.slo_ms, spec.max_error_fraction),
         over_slo=over_slo(ranked, spec.slo_ms),
         rank_samples_ms=tuple(rank_ms),
-        latencies_ms=[_finite_or_none(ms) for ms in rank_ms],
+        latencies_ms=[finite(ms) for ms in rank_ms],
     )
 
 
 def failed_for_certain(violations: int, errors: int, most_ranked: int, max_error_fraction: float) -> bool:
     """Whether a point has failed whatever its remaining calls do, when at most `most_ranked` of its
     measured calls can end up ranked: the budgets only grow with the ranked count, so this bounds them."""
-    error_budget = max(math.ceil(max_error_fraction * most_ranked), 1)  # this many errors fail the point
-    return violations > violation_budget(most_ranked) or errors >= error_budget
+    return violations > violation_budget(most_ranked) or errors >= error_budget(
+        most_ranked, max_error_fraction
+    )
 
 
 async def run_point(
@@ -199,7 +172,6 @@ async def run_point(
     stop = asyncio.Event()
     violations = errors = abandoned = 0
     cut = failed = False  # stopped at `stop_at`; failed for certain
-    ranked_ms: list[float] = []
 
     def cut_now() -> None:
         nonlocal cut
@@ -216,7 +188,6 @@ async def run_point(
         else:
             errors += not record.ok
             violations += not record.ok or record.response.rank_latency_ms > spec.slo_ms
-            ranked_ms.append(record.response.rank_latency_ms if record.ok else math.inf)
         before = spec.before
         most_ranked = spec.measured - abandoned + before.ranked + spec.later
         if failed_for_certain(
@@ -254,8 +225,6 @@ def describe(result: PointResult) -> str:
     total = sum(result.cache_sources.values()) or 1
     sources = " ".join(f"{k} {v / total:.0%}" for k, v in sorted(result.cache_sources.items()))
     verdict = "meets SLO" if result.meets_slo else ("FAILS (stopped early)" if result.aborted else "FAILS")
-    if result.passed_early:
-        verdict += " (passed clearly: stopped early)"
     low, high = result.rank_p99_ci_ms
     dropped = f", {result.abandoned} abandoned" if result.abandoned else ""
     return (

@@ -1,18 +1,12 @@
-"""What a point cost the fleet: CPU seconds per process, and the rankers' own counters; and the one scrape
-of a ranker's Prometheus metrics (`scrape`), read flat by family (`metric_values`).
+"""What a point cost the fleet: CPU seconds per process and the rankers' own counters; and the one scrape of
+a ranker's Prometheus metrics (`scrape`), read flat by family (`metric_values`: `key`, or `key/label
+value` for a split family, summed over its samples; a family a ranker does not export is absent).
 
-`metric_values` reads the families (`FAMILIES`) of the keys it is given from one exposition as `key` (a
-family not split) or `key/label value`, summed over the family's samples of the suffix it names; a family
-a ranker does not export is absent. `snapshot` reads the machine's busy CPU time (/proc/stat), for every
-process of a fleet its CPU time (user + system, from /proc/<pid>/stat) and, from every ranker's endpoint,
-`RANKER_KEYS`: the prefix productions by kind (compute, reload, extend), the PreInfer outcomes, the joins
-of in-flight productions, the device-thread seconds by operation, and the tokens pre-inferred by fate
-(consumed by a Rank, or wasted: the lease expired or the entry was dropped first) with the wasted ones'
-device seconds. A counter a ranker does not export reads as 0. `difference` of two snapshots taken around
-a point says where that point's CPU went: how much the rankers spent on pre-inference against ranking, how
-much the router, trigger, stub and load generator took, and how much went to processes that are not ours
-(`foreign_cores`: other users of a shared machine, the noise). A pre-inference's device seconds include
-the Ranks it let run between its chunks.
+`snapshot` reads the machine's busy CPU time (/proc/stat), every fleet process's CPU time and, from every
+ranker, `RANKER_KEYS` (a counter a ranker does not export reads as 0). `difference` of two snapshots taken
+around a point says where its CPU went: the rankers' pre-inference against ranking, the router, trigger,
+stub and load generator, and the processes that are not ours (`foreign_cores`: other users of a shared
+machine). A pre-inference's device seconds include the Ranks it let run between its chunks.
 """
 
 from __future__ import annotations
@@ -47,7 +41,8 @@ FAMILIES = {
     "relaygr_handoff_duration_seconds": ("handoff_duration_s", None, ""),
     "relaygr_kv_cache_bytes": ("kv_bytes", "tier", ""),
 }
-# The keys a point's snapshot reads.
+# The keys a point's snapshot reads: prefix productions by kind, PreInfer outcomes, joins of in-flight
+# productions, device-thread seconds by operation, pre-inferred tokens by fate and the wasted ones' seconds.
 RANKER_KEYS = ("productions", "pre_infer", "joins", "device_s", "pre_infer_tokens", "pre_infer_wasted_s")
 
 

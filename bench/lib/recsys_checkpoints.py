@@ -1,15 +1,11 @@
-"""Writes random HSTU checkpoints in NVIDIA recsys-examples' layout (examples/hstu at commit
-43465aeabf61515e28d74cbb5234ff7c627dcc19), for what needs one and has no trained checkpoint: the suite's
-tests of the reader (`recsys_examples`, behind `python -m services.ranker.convert`) and the DRAM precisions'
-error table of `python -m bench accelerator --measures dram-precision`. The ranker never writes one.
+"""Writes random HSTU checkpoints in NVIDIA recsys-examples' layout (examples/hstu, at the commit that
+`services.ranker.model.recsys_examples` names), for what has no trained checkpoint: the tests of that
+reader and the DRAM precisions' error table (`python -m bench accelerator --measures dram-precision`).
 
-The writer follows what their training saves (`examples/commons/checkpoint/checkpoint.py`: a dict with
-`model_state_dict` in torch_module/model.0.pth, dynamicemb dumps under dynamicemb_module/) with the key names
-of their RankingGR and its fused layer (`examples/hstu/modules/fused_hstu_layer.py`, `hstu_block.py`,
-`hstu_processor.py`, `position_encoder.py`, `mlp.py`, `commons/modules/embedding.py`) and the dump file names
-of dynamicemb (`corelib/dynamicemb/dynamicemb/batched_dynamicemb_tables.py`, `key_value_table.py`). It spells
-those names itself, from their code, rather than reading the reader's constants, so that a mistake in the
-reader is not written back into the checkpoints that test it.
+It follows what their training saves (`examples/commons/checkpoint/checkpoint.py`: `model_state_dict` in
+torch_module/model.0.pth, dynamicemb dumps under dynamicemb_module/) with the key names of their RankingGR
+and fused HSTU layer and the dump file names of dynamicemb, spelled here from their code rather than read
+from the reader's constants, so that a mistake in the reader is not written into the checkpoints that test it.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""results.json's schema, written once: what a run measured, as dataclasses (`bench.lib.codec` writes and
-reads them).
+"""results.json's schema: what a run measured, as dataclasses (`bench.lib.codec` writes and reads them).
 
 A `Run` (`python -m bench run`) or a `GpuRun` (`--profile gpu`, `bench.lib.schema_gpu`) is the headline
-ratios, the run's context (machine, versions, configuration, profile) and what `Bench.run` (`Measurements`) or
-`GpuBench.run` (`GpuMeasurements`) measured, written into the same object. A sweep is its `Point`s and its
-answer; the gpu profile's sweeps (`BudgetedSweep`) may be cut short by its time budget and its points
-(`GpuPoint`) say how busy the GPU was. A load's verdict pooled over its seeds is its first seed's point's
-`Verdict`; a sweep's bracket is its `best` and `first_failure`; a CPU run's `checks` say whether its figures
-may be quoted (`bench.lib.schema_context.RunChecks`). Fields with a default are the ones a record may lack (a
-point not measured that way, a run that measured no such thing): reading one, the default applies. Every
-committed results file is in this schema (`tests/bench/test_results.py`).
+ratios, the run's context (`bench.lib.schema_context`: machine, versions; configuration, profile) and what
+it measured, written into the same object. A sweep is its `Point`s and its answer; a load's verdict pooled
+over its seeds is its first seed's point's `Verdict`; a sweep's bracket is its `best` and `first_failure`.
+Fields with a default are the ones a record may lack: reading one, the default applies. Every committed
+results file is in this schema (`tests/bench/test_results.py`).
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench.lib import codec, schema_context
-from bench.lib.codec import FLAT, OMIT_NONE, TRANSIENT
+from bench.lib.codec import FLAT, OMIT_NONE, TRANSIENT, optional, schema, usually
 from bench.lib.config import BenchConfig, Profile
 from bench.lib.fleets import FleetShape, Mode
 from bench.lib.schema_context import CachedRankPoint, FloorPoint, Machine, RunChecks, Versions
@@ -28,12 +24,6 @@ from bench.lib.workload import Universe
 
 R = TypeVar("R", bound="Run")
 P = TypeVar("P", bound="Point")
-schema = dataclasses.dataclass(kw_only=True)
-
-
-def _optional() -> Any:
-    """A field left out of results.json while it is None (older runs lack it; None reads as absent)."""
-    return dataclasses.field(default=None, metadata=OMIT_NONE)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,8 +40,8 @@ class PointResult:
     """What one point measured (`bench.lib.points.summarize`). The length sweep's points say at which
     long-term length and relay window (`long_term`, `delay_ms`; absent from other points)."""
 
-    long_term: int | None = _optional()
-    delay_ms: float | None = _optional()
+    long_term: int | None = optional()
+    delay_ms: float | None = optional()
     rate: float
     measured: int  # measured requests sent (fewer than planned when aborted), abandoned ones included
     planned: int
@@ -73,12 +63,9 @@ class PointResult:
     send_lag_p99_ms: float
     wall_s: float
     meets_slo: bool  # this measurement's own verdict (a load's pooled one: `Point.verdict`)
-    # Stopped before its plan because it passed clearly (the retired headline profile's early pass).
-    passed_early: bool = dataclasses.field(default=False, metadata=codec.omitted_while(False))
-    # Each ranked call's ranking latency in send order (None: it failed), for replaying verdict rules
-    # (absent from runs before it was recorded).
+    passed_early: bool = usually(False)  # stopped as passing clearly (a retired profile's early pass)
+    # Each ranked call's ranking latency in send order (None: it failed), for replaying verdict rules.
     latencies_ms: list[float | None] | None = dataclasses.field(default=None, metadata=OMIT_NONE)
-    # What its Ranks over the SLO were (absent from runs before it was recorded).
     over_slo: schema_context.OverSlo | None = dataclasses.field(default=None, metadata=OMIT_NONE)
     # The ranking latencies the percentiles are of, in memory only: a load's verdict pools its seeds'.
     rank_samples_ms: tuple[float, ...] = dataclasses.field(default=(), repr=False, compare=False,
@@ -114,13 +101,9 @@ class Point(PointResult):
 
 @schema
 class Verdict:
-    """A load's sequential verdict (`bench.lib.sweep.pooled_verdict`): the load seeds measured at it, the
-    ranked requests pooled over them, their P99 with its bootstrap interval at the per-look `confidence`
-    (`bench.lib.stats.look_confidence`), and whether the load met the SLO. How it ended (`outcome`):
-    `decided`, the interval excluded the SLO or the errors failed the sample at the seed cap; `stopped
-    early`, a seed stopped once the pooled sample at the seed cap had failed for certain (it fails the
-    load, with its sample truncated); otherwise undecided: the seed cap was reached with the interval
-    still holding the SLO and the pooled P99 decided alone, or a seed was cut by a time budget."""
+    """A load's sequential verdict (`bench.lib.sweep.pooled_verdict`): its load seeds, the ranked requests
+    pooled over them, their P99 with its bootstrap interval at the per-look `confidence`, and whether the
+    load met the SLO; `outcome` says how it ended."""
 
     seeds: list[int]
     requests: int
@@ -129,13 +112,15 @@ class Verdict:
     meets_slo: bool
     decided: bool
     points: list[Point]  # the other seeds' points, the first seed's being the one that holds this
-    stopped_early: bool = dataclasses.field(default=False, metadata=codec.omitted_while(False))
+    stopped_early: bool = usually(False)
     # The confidence of each look's interval (absent: 0.95, one look's level whatever the seed cap).
-    confidence: float | None = _optional()
+    confidence: float | None = optional()
 
     @property
     def outcome(self) -> str:
-        """How the verdict ended, in words: decided, stopped early, or undecided (at the seed cap, or cut)."""
+        """How the verdict ended: decided (the interval excluded the SLO, or the errors failed the sample at
+        the seed cap), stopped early (a seed had failed for certain: the load fails), or undecided (at the
+        seed cap, where the pooled P99 decided alone, or a seed cut by a time budget)."""
         if self.decided:
             return "decided"
         if self.stopped_early:
@@ -173,8 +158,8 @@ class Sweep:
     best: float | None = None
     at_grid_top: bool = False  # the best is the grid's last value: the true limit may be higher
     # The lowest value above the best whose load failed: the edge lies in [best, first_failure) (absent
-    # from runs before the bracket was recorded, and when nothing above the best failed).
-    first_failure: float | None = _optional()
+    # when nothing above the best failed).
+    first_failure: float | None = optional()
     refined: list[float] = dataclasses.field(default_factory=list)  # values measured between grid values
     # The verdict points (the best, the first failure above it) measured again with other load seeds.
     repeats: list[Repeat] = dataclasses.field(default_factory=list)
@@ -211,12 +196,12 @@ class Mix:
     baseline: Sweep
     relay: Sweep
     ratio: float | None
-    ratio_interval: list[float | None] | None = _optional()  # `ratio_interval` of the two brackets
+    ratio_interval: list[float | None] | None = optional()  # `ratio_interval` of the two brackets
     waste: Waste = dataclasses.field(metadata=FLAT)
     # The same load sweeps judged at the other SLO multiples of u (by `f"{multiple:g}"`), and both modes
     # at each mode's edge load (the first mix only; absent from runs before them).
-    capacity: dict[str, Capacity] | None = _optional()
-    edge_pairs: list[EdgePair] | None = _optional()
+    capacity: dict[str, Capacity] | None = optional()
+    edge_pairs: list[EdgePair] | None = optional()
 
 
 @schema
@@ -264,7 +249,7 @@ class Fraction:
     baseline_best: float | None
     relay_best: float | None
     ratio: float | None
-    ratio_interval: list[float | None] | None = _optional()  # `ratio_interval` of the two brackets
+    ratio_interval: list[float | None] | None = optional()  # `ratio_interval` of the two brackets
     waste: Waste = dataclasses.field(metadata=FLAT)
 
 
@@ -279,10 +264,9 @@ class Ablations:
     universe: str
     rate: float  # the grid load at or below RelayGR's best, where every ablation's sweep starts
     sweeps: dict[str, Sweep]  # by mode
-    # By mode, for each ablation on a fleet of its own: RelayGR's load sweep measured with it, one load seed
-    # of each in turn on the same users, so that the two are compared over the same minutes of the machine
-    # (absent from runs before it, which compare with the first mix's sweep, measured long before).
-    relay_beside: dict[str, Sweep] = dataclasses.field(default_factory=dict, metadata=codec.omitted_while({}))
+    # By mode, for each ablation on a fleet of its own: RelayGR's load sweep measured one load seed of each
+    # in turn with it, on the same users, so that both see the same minutes of the machine.
+    relay_beside: dict[str, Sweep] = usually({})
 
     def relay_for(self, mode: str, first_mix_relay: Sweep) -> Sweep:
         """RelayGR's sweep that the ablation `mode` is compared with: the one measured beside it, else (a
@@ -304,13 +288,10 @@ class Measurements:
     modes: dict[str, Mode]
     fleet: FleetShape
     mix_universes: list[Universe]
-    floor_end: list[FloorPoint] | None = _optional()  # timed again after the last fleet stopped
-    host_unit: schema_context.HostUnit | None = _optional()  # absent: the run's bounds were absolute
-    # Each experiment's unit and SLO, in the order they ran (runs of the retired headline profile, which
-    # timed u again around each experiment; empty in every other run).
-    phases: list[schema_context.Phase] = dataclasses.field(
-        default_factory=list, metadata=codec.omitted_while([])
-    )
+    floor_end: list[FloorPoint] | None = optional()  # timed again after the last fleet stopped
+    host_unit: schema_context.HostUnit | None = optional()  # absent: the run's bounds were absolute
+    # Each experiment's unit and SLO, in the order they ran (only runs of a retired profile have them).
+    phases: list[schema_context.Phase] = usually([])
 
     def judged_slo_ms(self, phase: str, slo_ms: float) -> float:
         """The SLO the phase `phase` judged its points against (`slo_ms`, the run's: a run without it)."""
@@ -325,8 +306,8 @@ class Run:
     throughput_ratio: float | None  # the first mix's
     throughput_ratios: dict[str, float | None]  # every mix's
     length_ratio: float | None
-    length_ratio_interval: list[float | None] | None = _optional()
-    checks: RunChecks | None = _optional()  # what the retired run checks recorded (absent: none)
+    length_ratio_interval: list[float | None] | None = optional()
+    checks: RunChecks | None = optional()  # what the retired run checks recorded (absent: none)
     started_at: str
     duration_s: float
     machine: Machine
@@ -360,19 +341,16 @@ class Run:
 
 
 def ratio(relay: float | None, baseline: float | None) -> float | None:
-    """RelayGR's best over the baseline's; None when the baseline met the SLO nowhere on the grid (or a
-    sweep has no answer)."""
+    """RelayGR's best over the baseline's; None when the baseline met the SLO nowhere (or has no answer)."""
     if relay is None or not baseline:
         return None
     return round(relay / baseline, 3)
 
 
 def ratio_interval(relay: Sweep, baseline: Sweep) -> list[float | None]:
-    """The bracket of RelayGR's edge over the baseline's: with RelayGR's edge in [best_R, fail_R) and the
-    baseline's in [best_B, fail_B) (a sweep's `best` and `first_failure`), their ratio lies in
-    [best_R / fail_B, fail_R / best_B]. A missing best is a bound of 0 (nothing passed), a missing
-    failure none at all (None: unbounded). It bounds the ratio of the edges as the verdicts placed them,
-    not a confidence interval: each verdict is itself a statistic (`Verdict`)."""
+    """The bracket of RelayGR's edge over the baseline's (not a confidence interval): with each edge in
+    [best, first_failure), their ratio lies in [best_R / fail_B, fail_R / best_B]. A missing best is a
+    bound of 0 (nothing passed), a missing failure none at all (None: unbounded)."""
     if relay.best is None or baseline.first_failure is None:
         low = 0.0
     else:

@@ -7,14 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bench.lib.codec import OMIT_NONE, omitted_while
-
-schema = dataclasses.dataclass(kw_only=True)
-
-
-def _optional() -> Any:
-    """A field left out of results.json while it is None (older runs lack it; None reads as absent)."""
-    return dataclasses.field(default=None, metadata=OMIT_NONE)
+from bench.lib.codec import optional, schema, usually
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,12 +40,12 @@ class Machine:
     memory_gib: float | None
     platform: str
     python: str
-    load_average_at_start: list[float] | None = _optional()
-    gpu: dict[str, Any] | None = _optional()  # `bench.lib.gpu_monitor.gpu_info`: absent without a GPU
-    load_average_at_end: list[float] | None = _optional()  # absent from a checkpoint before the end
-    # The widest vector instructions torch's CPU kernels use here (torch.backends.cpu: AVX2, AVX512, ...):
-    # the same CPU model name may be hosts with and without AVX-512, at two floors (absent: not recorded).
-    cpu_capability: str | None = _optional()
+    load_average_at_start: list[float] | None = optional()
+    gpu: dict[str, Any] | None = optional()  # `bench.lib.gpu_monitor.gpu_info`: absent without a GPU
+    load_average_at_end: list[float] | None = optional()  # absent from a checkpoint before the end
+    # The widest vector instructions torch's CPU kernels use (AVX2, AVX512, ...): one CPU model name may be
+    # hosts with and without AVX-512, at two floors.
+    cpu_capability: str | None = optional()
 
 
 @schema
@@ -60,11 +53,11 @@ class Versions:
     """Package versions (absent: not recorded by an older run) and the commit."""
 
     torch: str
-    numpy: str | None = _optional()
-    grpcio: str | None = _optional()
-    protobuf: str | None = _optional()
-    matplotlib: str | None = _optional()
-    torch_cuda: str | None = _optional()  # "none": a torch without CUDA
+    numpy: str | None = optional()
+    grpcio: str | None = optional()
+    protobuf: str | None = optional()
+    matplotlib: str | None = optional()
+    torch_cuda: str | None = optional()  # "none": a torch without CUDA
     git_commit: str  # with `-dirty` when tracked files had changes
 
 
@@ -79,15 +72,11 @@ class RunChecks:
     foreign_cores_mean: float  # over every measured point, by its wall time
     foreign_cores_max: float
     flags: list[str]
-    # The floor timed at the run's end against the one timed at its start, as `floor_drift` (absent: a
-    # run that timed it once).
-    floor_change: float | None = _optional()
-    # The run's bounds were in its host's unit u: the floor's drift from the committed run is recorded,
-    # not a flag (every host runs the same experiment in u); its start-to-end change still is.
-    in_host_unit: bool = dataclasses.field(default=False, metadata=omitted_while(False))
-    # Each phase's unit at its end against its start (`Phase.change`), by phase name (absent: a run
-    # without phases). Where a run in the host's unit has them, they, not `floor_change`, raise its flag.
-    phase_changes: dict[str, float] = dataclasses.field(default_factory=dict, metadata=omitted_while({}))
+    floor_change: float | None = optional()  # the floor at the run's end against its start, as floor_drift
+    # The run's bounds were in its host's unit u: the floor's drift from the committed run was not a flag.
+    in_host_unit: bool = usually(False)
+    # Each phase's `Phase.change`, by name; in a run in u they, not `floor_change`, raised its flag.
+    phase_changes: dict[str, float] = usually({})
 
 
 LENGTH_PHASE = "length sweep"  # the names of the phases the report reads an experiment's SLO from
@@ -109,9 +98,7 @@ class Phase:
     u_ms: float  # the host's unit at the phase's start
     u_end_ms: float  # at its end
     slo_ms: float  # the SLO its points were judged against: the run's multiple of `u_ms` (or absolute)
-    # Seconds its points waited for a slow host to be as fast as it had been (runs before the waits were
-    # dropped for the headline's measured drift; 0 since).
-    host_wait_s: float = dataclasses.field(default=0.0, metadata=omitted_while(0.0))
+    host_wait_s: float = usually(0.0)  # its points' waits for a slow host to be as fast as it had been
 
     @property
     def change(self) -> float:

@@ -1,18 +1,16 @@
 """What the benchmark's users look like: who sends each request, and the user universes the stub serves.
 
-Revisits. A real feed user comes back within seconds or minutes (refreshes, the next page, the next app
-open), which is what the DRAM tier and prefix extension exist for. `RevisitSampler` names the user of
-request i: with probability `revisit_probability` it repeats the user of a request drawn uniformly from
-those of the last `window_s` seconds (at the offered rate, the last rate·window_s requests), otherwise it
-is a user never seen before. So about that fraction of requests are revisits, whatever the rate, each
-within `window_s` of an earlier request of the same user; users with more requests are more likely to
-come back (sessions). Users are named `<namespace>-<n>`: one namespace per load point keeps points
-independent of each other's caches, and equal namespaces give both modes exactly the same users.
+`RevisitSampler` names the user of request i: with probability `revisit_probability` the user of a request
+drawn uniformly from those of the last `window_s` seconds (at the offered rate, the last rate·window_s),
+otherwise a new user, so about that share of requests revisit a user within `window_s` (the DRAM tier and
+prefix extension serve such returns); users with more requests come back more often (sessions). Users are
+named `<namespace>-<n>`: one namespace per load point keeps points off each other's caches, and equal
+namespaces give both modes the same users. `Population` is a closed population instead.
 
-Universes. `fixed_length_universe` gives every user a long-term history of exactly L events at the
-stub's start (the length sweep), with `growth_headroom` events of room above it so that a returning
-user's history grows by appending (its cached prefix is extended) instead of sliding (and going stale);
-`mix_universe` a lognormal length mix capped at a maximum, as production caps sequences.
+`fixed_length_universe` starts every user at exactly L long-term events (the length sweep), with
+`growth_headroom` events of room so that a returning user's history grows by appending (its cached prefix
+is extended) instead of sliding; `mix_universe` draws lognormal lengths capped at a maximum, as production
+caps sequences.
 """
 
 from __future__ import annotations

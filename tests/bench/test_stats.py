@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import time
 from collections.abc import Callable
 
@@ -28,7 +29,7 @@ from bench.lib.stats import (
     slo_decision,
     violation_budget,
 )
-from bench.lib.sweep import pooled_point, pooled_verdict, run_sweeps
+from bench.lib.sweep import pooled_verdict, run_sweeps
 from relaygr.v1 import common_pb2
 from tests.bench.synthetic import point_of
 
@@ -264,6 +265,11 @@ def test_the_slo_decision_passes_fails_or_asks_for_more_by_the_interval():
     # An error share at the bound fails whatever the latencies; no sample is a failure.
     assert slo_decision([*FAST[:-1], math.inf], SLO_MS, 0.01)[0] is False
     assert slo_decision([], SLO_MS, 0.001)[0] is False
+
+
+def pooled_point(measure: Callable, seed_cap: int, slo_ms: float, max_error_fraction: float) -> Point:
+    """`pooled_verdict`'s point, its seeds measured one after another (one load alone)."""
+    return interleave([(pooled_verdict(measure, seed_cap, slo_ms, max_error_fraction), operator.call)])[0]
 
 
 def seeds_of(
