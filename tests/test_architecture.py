@@ -309,7 +309,7 @@ def import_cycles(root: Path) -> list[str]:
         stack.append(node)
         for target in sorted(graph.get(node, ())):
             if state.get(target) == 1:
-                loop = stack[stack.index(target) :] + [target]
+                loop = [*stack[stack.index(target) :], target]
                 cycles.append(" -> ".join(p.relative_to(root).as_posix() for p in loop))
             elif target not in state:
                 visit(target)

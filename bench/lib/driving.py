@@ -181,7 +181,7 @@ class Driver:
 
     @contextlib.contextmanager
     def fleet(self, mode: Mode) -> Iterator[BenchFleet]:
-        """`mode`'s fleet, started, warmed up (`warm_up`) and counted as running until it stops."""
+        """`mode`'s fleet, started and counted as running until it stops."""
         self.log(f"starting the {mode.name} fleet: {mode.description}")
         c = self.config
         with BenchFleet(
@@ -189,14 +189,9 @@ class Driver:
         ) as fleet:
             self._live.append(fleet)
             try:
-                self.warm_up(fleet)
                 yield fleet
             finally:
                 self._live.remove(fleet)
-
-    def warm_up(self, fleet: BenchFleet) -> None:
-        """Load `fleet` gets once started, before its first point: none here (a command's own `Driver`
-        may give it some, as the headline's does)."""
 
 
 def users(universe: Universe, rate: float, plan: Plan, seed_index: int) -> str:

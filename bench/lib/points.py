@@ -18,17 +18,15 @@ import dataclasses
 import math
 import time
 
-import grpc
-
+from bench.lib.recommends import Load, open_loop
 from bench.lib.schema import Cost, Percentiles, PointResult, Verdict
 from bench.lib.schema_context import OverSlo
 from bench.lib.stats import bootstrap_ci, error_budget, finite, meets_slo, percentile, violation_budget
 from bench.lib.workload import RevisitSampler
-from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc, trigger_pb2
+from relaygr.v1 import common_pb2, recommend_pb2, trigger_pb2
 from services.common.contract import cache_source_label
-from services.loadgen.openloop import CallRecord, run_open_loop
+from services.loadgen.openloop import CallRecord
 
-TOP_K = 10
 PERCENTILES = (50, 90, 99)
 BURST_GAP_S = 0.25  # Ranks over the SLO sent this close one after another are one burst (`OverSlo`)
 
@@ -196,24 +194,12 @@ async def run_point(
             failed = True
             stop.set()
 
-    def request(index: int) -> recommend_pb2.RecommendRequest:
-        return recommend_pb2.RecommendRequest(user_id=sampler.user(index), top_k=TOP_K)
-
     timer = None
     if stop_at is not None:
         timer = asyncio.get_running_loop().call_later(max(stop_at - time.monotonic(), 0.0), cut_now)
     started = time.perf_counter()
-    async with grpc.aio.insecure_channel(address) as channel:
-        records = await run_open_loop(
-            recommend_pb2_grpc.RecommendServiceStub(channel).Recommend,
-            request,
-            rate=spec.rate,
-            total=spec.warmup + spec.measured,
-            timeout_s=spec.timeout_s,
-            seed=spec.seed,
-            stop=stop,
-            on_record=watch,
-        )
+    load = Load(spec.rate, spec.warmup, spec.warmup + spec.measured, spec.timeout_s, spec.seed)
+    records = await open_loop(address, sampler, load, stop=stop, on_record=watch)
     if timer is not None:
         timer.cancel()
     return summarize(records, spec, failed, time.perf_counter() - started, cut and not failed)

@@ -1,8 +1,9 @@
-"""Whole open-loop runs of Recommends at a fleet's retrieval stub, every request sent (no early stop), as
-`python -m bench ab` and `python -m bench headline` drive them: `open_loop` sends a `Load` for the users a
-`RevisitSampler` draws (`services.loadgen.run_open_loop`: Poisson arrivals, latency from each call's
-intended send time); `Sender.send` drives one run at a fleet and keeps its records with its wall time and
-the cores other processes took meanwhile (`Sent`); `bench_config` starts a command's fleets
+"""Open-loop Recommends at a fleet's retrieval stub, the one driver every command that loads a stub uses:
+`open_loop` sends a `Load` for the users a `RevisitSampler` draws (`services.loadgen.run_open_loop`:
+Poisson arrivals, latency from each call's intended send time), under `run`'s points
+(`bench.lib.points.run_point`, which may stop one early) and under whole runs; `Sender.send` drives one
+whole run at a fleet, every request sent, as `ab` and `headline` do, and keeps its records with its wall
+time and the cores other processes took meanwhile (`Sent`); `bench_config` starts a command's fleets
 (`bench.lib.driving.Driver`).
 """
 
