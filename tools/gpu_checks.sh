@@ -40,6 +40,6 @@ step() {
 step test-gpu 120 "$py" -m pytest -v -rs -p no:cacheprovider tests/gpu
 step accelerator 110 "$py" -m bench accelerator --device cuda --repeats 30
 step serving "${SERVING_LIMIT_S:-180}" "$py" -m bench serving --device cuda --model-preset gpu-dlrmv3 \
-  --torch-threads 2 --lengths 1024,4096,8192 --candidate-counts "" --pairs 80 --warmup-pairs 20 \
-  --capacity-rates 100,300,1000 --capacity-seconds 4 --idle-pairs 20 --out bench/results/gpu-serving
+  --torch-threads 2 --lengths 1024,4096,8192 --pairs 80 --warmup-pairs 20 \
+  --capacity-start 100 --capacity-seconds 4 --idle-pairs 20 --out bench/results/gpu-serving
 step fleet "${FLEET_LIMIT_S:-360}" "$py" -m bench run --profile gpu --time-budget-s "${FLEET_BUDGET_S:-320}"
