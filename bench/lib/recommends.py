@@ -1,7 +1,7 @@
 """Open-loop Recommends at a fleet's retrieval stub, the one driver every command that loads a stub uses:
-`open_loop` sends a `Load` for the users a `RevisitSampler` draws (`services.loadgen.run_open_loop`:
-Poisson arrivals, latency from each call's intended send time), under `run`'s points
-(`bench.lib.points.run_point`, which may stop one early) and under whole runs; `Sender.send` drives one
+`recommend` sends them for the users a sampler draws (`services.loadgen.run_open_loop`: Poisson arrivals,
+latency from each call's intended send time), for a duration under the rollout; `open_loop` sends a
+`Load`, under `run`'s points (`bench.lib.points.run_point`, which may stop one early) and whole runs; `Sender.send` drives one
 whole run at a fleet, every request sent, as `ab` and `headline` do, and keeps its records with its wall
 time and the cores other processes took meanwhile (`Sent`); `bench_config` starts a command's fleets
 (`bench.lib.driving.Driver`).
@@ -20,7 +20,7 @@ from bench.lib import probes
 from bench.lib.config import BenchConfig
 from bench.lib.fleets import BenchFleet, Mode, WorkloadSettings
 from bench.lib.stats import percentile
-from bench.lib.workload import RevisitSampler
+from bench.lib.workload import Population, RevisitSampler
 from relaygr.v1 import recommend_pb2, recommend_pb2_grpc
 from services.loadgen.openloop import CallRecord, run_open_loop
 
@@ -52,18 +52,28 @@ def sampler(workload: WorkloadSettings, mode: Mode, namespace: str, rate: float,
     return RevisitSampler(namespace, rate, revisit, workload.revisit_window_s, seed)
 
 
-async def open_loop(address: str, sampler: RevisitSampler, load: Load, **options: Any) -> list[CallRecord]:
-    """`load` at the stub at `address`; `options` go to `run_open_loop` (`stop`, `on_record`)."""
+async def recommend(address: str, sampler: RevisitSampler | Population, **options: Any) -> list[CallRecord]:
+    """Recommends for the users `sampler` draws at the stub at `address`; `options` go to `run_open_loop`
+    (its rate, its end: a total or a duration, `stop`, `on_record`…)."""
     async with grpc.aio.insecure_channel(address) as channel:
         return await run_open_loop(
             recommend_pb2_grpc.RecommendServiceStub(channel).Recommend,
             lambda index: recommend_pb2.RecommendRequest(user_id=sampler.user(index), top_k=TOP_K),
-            rate=load.rate,
-            total=load.total,
-            timeout_s=load.timeout_s,
-            seed=load.seed,
             **options,
         )
+
+
+async def open_loop(address: str, sampler: RevisitSampler, load: Load, **options: Any) -> list[CallRecord]:
+    """`load` at the stub at `address`; `options` go to `run_open_loop` (`stop`, `on_record`)."""
+    return await recommend(
+        address,
+        sampler,
+        rate=load.rate,
+        total=load.total,
+        timeout_s=load.timeout_s,
+        seed=load.seed,
+        **options,
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ import collections
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
-from bench.lib.stats import percentile
+from bench.lib.stats import finite, percentile
 from bench.rollout.config import Phase
 from bench.rollout.run import Call, Change, Sample
 
@@ -86,11 +86,7 @@ def within(calls: Iterable[Call], start_s: float, end_s: float) -> list[Call]:
 def latency(values: Sequence[float]) -> dict[str, float | None]:
     """P50 and P99 (nearest rank; a failed call is infinitely slow: an infinite P99 is None)."""
 
-    def clean(q: float) -> float | None:
-        value = percentile(list(values), q) if values else float("nan")
-        return round(value, 3) if value == value and value != float("inf") else None
-
-    return {"p50": clean(50), "p99": clean(99)}
+    return {f"p{q}": finite(percentile(list(values), q)) if values else None for q in (50, 99)}
 
 
 @dataclasses.dataclass(frozen=True)

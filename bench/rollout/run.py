@@ -20,21 +20,19 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import grpc
-
 from bench.lib.config import BenchConfig
 from bench.lib.driving import NUM_CANDIDATES
 from bench.lib.points import miss_label
 from bench.lib.probes import machine_busy_s, metric_values, scrape
+from bench.lib.recommends import recommend
 from bench.lib.workload import Population, RevisitSampler, fixed_length_universe
 from bench.rollout.config import RESTART, START, Plan, RolloutConfig
 from bench.rollout.config import Change as Planned
-from relaygr.v1 import common_pb2, recommend_pb2, recommend_pb2_grpc
+from relaygr.v1 import common_pb2
 from services.common.contract import cache_source_label
 from services.launcher.fleet import STUB, Fleet, FleetConfig
-from services.loadgen.openloop import CallRecord, run_open_loop
+from services.loadgen.openloop import CallRecord
 
-TOP_K = 10
 DRAINING_INTERVAL_S = 0.1
 SCRAPE_TIMEOUT_S = 2.0
 # The metrics read (`bench.lib.probes.FAMILIES`): device seconds by op, PreInfer outcomes, the handoff's
@@ -260,19 +258,16 @@ async def drive(
 ) -> tuple[list[CallRecord], list[Change]]:
     """The plan's open-loop load on this thread's event loop, its fleet changes (`Rollout.make_all`) on a
     thread of their own meanwhile; the load's records and the changes."""
-    async with grpc.aio.insecure_channel(rollout.fleet.address(STUB)) as channel:
-        load = asyncio.ensure_future(run_open_loop(
-            recommend_pb2_grpc.RecommendServiceStub(channel).Recommend,
-            lambda index: recommend_pb2.RecommendRequest(user_id=sampler.user(index), top_k=TOP_K),
-            c.rate, duration_s=plan.duration_s, seed=seed,
-            timeout_s=(c.relay_window_ms + c.rank_timeout_ms) / 1000 + 1.0,
-        ))  # fmt: skip
-        await asyncio.sleep(0)  # the load's clock starts
-        rollout.origin = time.monotonic()
-        with rollout:
-            changes = await asyncio.to_thread(rollout.make_all, plan)
-            records = await load
-            rollout.scrape(list(rollout.fleet.endpoints()))
+    load = asyncio.ensure_future(recommend(
+        rollout.fleet.address(STUB), sampler, rate=c.rate, duration_s=plan.duration_s, seed=seed,
+        timeout_s=(c.relay_window_ms + c.rank_timeout_ms) / 1000 + 1.0,
+    ))  # fmt: skip
+    await asyncio.sleep(0)  # the load's clock starts
+    rollout.origin = time.monotonic()
+    with rollout:
+        changes = await asyncio.to_thread(rollout.make_all, plan)
+        records = await load
+        rollout.scrape(list(rollout.fleet.endpoints()))
     return records, changes
 
 
