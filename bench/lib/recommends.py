@@ -1,10 +1,10 @@
 """Open-loop Recommends at a fleet's retrieval stub, the one driver every command that loads a stub uses:
 `recommend` sends them for the users a sampler draws (`services.loadgen.run_open_loop`: Poisson arrivals,
 latency from each call's intended send time), for a duration under the rollout; `open_loop` sends a
-`Load`, under `run`'s points (`bench.lib.points.run_point`, which may stop one early) and whole runs; `Sender.send` drives one
-whole run at a fleet, every request sent, as `ab` and `headline` do, and keeps its records with its wall
-time and the cores other processes took meanwhile (`Sent`); `bench_config` starts a command's fleets
-(`bench.lib.driving.Driver`).
+`Load`, under `run`'s points (`bench.lib.points.run_point`, which may stop one early) and whole runs;
+`Sender.send` drives one whole run at a fleet, every request sent, as `ab` and `headline` do, and keeps
+its records with its wall time and the cores other processes took meanwhile (`Sent`); `bench_config`
+starts a command's fleets (`bench.lib.driving.Driver`).
 """
 
 from __future__ import annotations
