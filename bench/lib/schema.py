@@ -63,7 +63,6 @@ class PointResult:
     send_lag_p99_ms: float
     wall_s: float
     meets_slo: bool  # this measurement's own verdict (a load's pooled one: `Point.verdict`)
-    passed_early: bool = usually(False)  # stopped as passing clearly (a retired profile's early pass)
     # Each ranked call's ranking latency in send order (None: it failed), for replaying verdict rules.
     latencies_ms: list[float | None] | None = dataclasses.field(default=None, metadata=OMIT_NONE)
     over_slo: schema_context.OverSlo | None = dataclasses.field(default=None, metadata=OMIT_NONE)
@@ -113,8 +112,7 @@ class Verdict:
     decided: bool
     points: list[Point]  # the other seeds' points, the first seed's being the one that holds this
     stopped_early: bool = usually(False)
-    # The confidence of each look's interval (absent: 0.95, one look's level whatever the seed cap).
-    confidence: float | None = optional()
+    confidence: float  # the confidence of each look's interval
 
     @property
     def outcome(self) -> str:
@@ -198,10 +196,9 @@ class Mix:
     ratio: float | None
     ratio_interval: list[float | None] | None = optional()  # `ratio_interval` of the two brackets
     waste: Waste = dataclasses.field(metadata=FLAT)
-    # The same load sweeps judged at the other SLO multiples of u (by `f"{multiple:g}"`), and both modes
-    # at each mode's edge load (the first mix only; absent from runs before them).
+    # The same load sweeps judged at the other SLO multiples of u, by `f"{multiple:g}"` (the first mix
+    # only; absent from runs before them).
     capacity: dict[str, Capacity] | None = optional()
-    edge_pairs: list[EdgePair] | None = optional()
 
 
 @schema
@@ -221,22 +218,6 @@ class Capacity:
     relay: Sweep
     ratio: float | None
     ratio_interval: list[float | None]
-
-
-@schema
-class EdgePair:
-    """Both modes at one mode's edge load on the first mix, with the same users and arrivals (load seeds):
-    each mode's P99 over the seeds pooled and the difference RelayGR - baseline with its interval
-    (`bench.lib.intervals.p99_difference`, resampled within each seed)."""
-
-    edge_of: str  # the mode whose best load this is
-    rate: float
-    seeds: list[int]
-    baseline_p99_ms: float | None  # None: it falls on a failed request
-    relay_p99_ms: float | None
-    difference_ms: list[float | None]  # [RelayGR - baseline, low, high]; None: an infinite bound
-    baseline_points: list[Point]
-    relay_points: list[Point]
 
 
 @schema
@@ -290,12 +271,6 @@ class Measurements:
     mix_universes: list[Universe]
     floor_end: list[FloorPoint] | None = optional()  # timed again after the last fleet stopped
     host_unit: schema_context.HostUnit | None = optional()  # absent: the run's bounds were absolute
-    # Each experiment's unit and SLO, in the order they ran (only runs of a retired profile have them).
-    phases: list[schema_context.Phase] = usually([])
-
-    def judged_slo_ms(self, phase: str, slo_ms: float) -> float:
-        """The SLO the phase `phase` judged its points against (`slo_ms`, the run's: a run without it)."""
-        return next((p.slo_ms for p in self.phases if p.name == phase), slo_ms)
 
 
 @schema

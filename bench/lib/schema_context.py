@@ -1,13 +1,13 @@
 """The part of results.json that says where a run ran: the in-process floor and the idle fleet's cached Rank
-(measured before any load), the machine, the versions, and the checks and phases some committed runs
-recorded. `bench.lib.schema` holds the rest and re-exports these."""
+(measured before any load), the machine, the versions, the checks a committed run recorded, the host's
+unit and the Ranks over the SLO. `bench.lib.schema` holds the rest and re-exports these."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from bench.lib.codec import optional, schema, usually
+from bench.lib.codec import optional, schema
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -63,47 +63,15 @@ class Versions:
 
 @schema
 class RunChecks:
-    """The checks some committed runs recorded (no run takes them now): how far the in-process floor moved
+    """The checks a committed run recorded (no run takes them now): how far the in-process floor moved
     from the previous committed run of the profile on the same host, how many cores other users took
     during the points, and the flags these raised (empty: none)."""
 
-    floor_reference: str | None  # the committed run compared with (None: none on this host)
-    floor_drift: float | None  # relative change of the floor's summed full forwards at the shared lengths
+    floor_reference: str  # the committed run compared with
+    floor_drift: float  # relative change of the floor's summed full forwards at the shared lengths
     foreign_cores_mean: float  # over every measured point, by its wall time
     foreign_cores_max: float
     flags: list[str]
-    floor_change: float | None = optional()  # the floor at the run's end against its start, as floor_drift
-    # The run's bounds were in its host's unit u: the floor's drift from the committed run was not a flag.
-    in_host_unit: bool = usually(False)
-    # Each phase's `Phase.change`, by name; in a run in u they, not `floor_change`, raised its flag.
-    phase_changes: dict[str, float] = usually({})
-
-
-LENGTH_PHASE = "length sweep"  # the names of the phases the report reads an experiment's SLO from
-
-
-def mix_phase(label: str) -> str:
-    """The name of the phase of a mix's load sweeps."""
-    return f"throughput, {label}"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Phase:
-    """One phase of a run of the retired headline profile: an experiment whose points were judged in one
-    unit, timed at its start and at its end with every running fleet idle."""
-
-    name: str
-    started_s: float  # since the run's start
-    duration_s: float
-    u_ms: float  # the host's unit at the phase's start
-    u_end_ms: float  # at its end
-    slo_ms: float  # the SLO its points were judged against: the run's multiple of `u_ms` (or absolute)
-    host_wait_s: float = usually(0.0)  # its points' waits for a slow host to be as fast as it had been
-
-    @property
-    def change(self) -> float:
-        """The unit at the phase's end relative to its start, less one (+0.1: 10 % slower)."""
-        return round(self.u_end_ms / self.u_ms - 1, 4)
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 from bench.lib.schema import Run, Sweep
-from bench.lib.schema_context import LENGTH_PHASE, mix_phase
 from bench.report.figures import (
     ceiling_table,
     core_count,
@@ -26,13 +25,7 @@ from bench.report.figures import (
     within_noise,
 )
 from bench.report.plots import PLOTS
-from bench.report.verdicts import (
-    capacity_section,
-    checks_banner,
-    edges_section,
-    limits_section,
-    phases_section,
-)
+from bench.report.verdicts import capacity_section, checks_banner, edges_section, limits_section
 
 PAPER_LENGTH_RATIO = 1.5
 PAPER_THROUGHPUT_RATIO = 3.6
@@ -45,7 +38,6 @@ def render_markdown(run: Run) -> str:
     sections = [
         _introduction(run),
         _headline(run),
-        phases_section(run),
         capacity_section(run),
         edges_section(run),
         _against_no_relay_and_admit_all(run),
@@ -81,20 +73,11 @@ def _introduction(run: Run) -> str:
 
 def _headline(run: Run) -> str:
     c, length, measured = run.configuration, run.measured.length_sweep, run.profile.measured
-    slo, judged = c.slo_ms, run.measured.judged_slo_ms  # each experiment's SLO in its phase's u
-    answers = [
-        (
-            f"longest long-term length with ranking P99 ≤ {judged(LENGTH_PHASE, slo):g} ms at "
-            f"{length.rate:g} req/s",
-            length,
-            run.length_ratio,
-            "long_term",
-            PAPER_LENGTH_RATIO,
-        )
-    ]
-    answers += [(f"highest load (req/s) with ranking P99 ≤ {judged(mix_phase(label), slo):g} ms and < "
-                 f"{c.max_error_fraction:.1%} errors on the mix `{label}`", mix, mix.ratio, "rate",
-                 PAPER_THROUGHPUT_RATIO)
+    slo = c.slo_ms
+    answers = [(f"longest long-term length with ranking P99 ≤ {slo:g} ms at {length.rate:g} req/s", length,
+                run.length_ratio, "long_term", PAPER_LENGTH_RATIO)]  # fmt: skip
+    answers += [(f"highest load (req/s) with ranking P99 ≤ {slo:g} ms and < {c.max_error_fraction:.1%} "
+                 f"errors on the mix `{label}`", mix, mix.ratio, "rate", PAPER_THROUGHPUT_RATIO)
                 for label, mix in run.measured.throughput_sweeps.items()]  # fmt: skip
     rows = [
         [what, *("none" if s.best is None else f"{s.best:g}" for s in (pair.baseline, pair.relay)),

@@ -14,7 +14,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from bench.lib.schema import Run, Sweep
-from bench.lib.schema_context import LENGTH_PHASE, mix_phase
 from bench.report.figures import SHOWN_SOURCES, hit_rate_points, load_modes, shares
 from bench.report.verdicts import CAPACITY_PLOT, capacity_rows
 
@@ -44,16 +43,11 @@ PLOTS = {
 
 
 def plot_all(run: Run, out_dir: Path) -> None:
-    length, judged, slo = run.measured.length_sweep, run.measured.judged_slo_ms, run.configuration.slo_ms
-    modes, title = (
-        {"baseline": length.baseline, "relay": length.relay},
-        f"against length at {length.rate:g} req/s",
-    )
-    plot_sweeps(
-        modes, "long_term", f"Ranking P99 {title}", out_dir / PLOTS["length"], judged(LENGTH_PHASE, slo)
-    )
-    label = run.first_mix[0]
-    title, slo = f"Ranking P99 against load, mix {label}", judged(mix_phase(label), slo)
+    length, slo = run.measured.length_sweep, run.configuration.slo_ms
+    modes = {"baseline": length.baseline, "relay": length.relay}
+    title = f"Ranking P99 against length at {length.rate:g} req/s"
+    plot_sweeps(modes, "long_term", title, out_dir / PLOTS["length"], slo)
+    title = f"Ranking P99 against load, mix {run.first_mix[0]}"
     plot_sweeps(load_modes(run), "rate", title, out_dir / PLOTS["load"], slo)
     plot_capacity(run, out_dir / CAPACITY_PLOT)
     _plot_hit_rates(run, out_dir / PLOTS["hits"])

@@ -1,8 +1,8 @@
 """report.md's sections on where each mode's edge lies, each from the runs that recorded what it reads
 (the others render without it): what stopped each mode (`limits_section`, with what the Ranks over the SLO
-were, `over_slo_sentence`), the run's checks (`checks_banner`), the host's unit in each phase
-(`phases_section`), the first mix's capacity at other SLO multiples of u and both modes at each mode's edge
-(`capacity_section`), and the brackets, ratio intervals and pooled verdicts (`edges_section`)."""
+were, `over_slo_sentence`), the run's checks (`checks_banner`), the first mix's capacity at other SLO
+multiples of u (`capacity_section`), and the brackets, ratio intervals and pooled verdicts
+(`edges_section`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import collections
 from typing import NamedTuple
 
 from bench.lib.schema import Point, Run, Sweep, ratio, ratio_interval
-from bench.lib.schema_context import mix_phase
 from bench.report.figures import cores, first_failure, ms, table, times
 
 CAPACITY_PLOT = "capacity_vs_slo.png"
@@ -106,47 +105,12 @@ def checks_banner(run: Run) -> str:
     checks = run.checks
     if checks is None:
         return ""
-    drift = "no committed run on this host to compare with" if checks.floor_drift is None else (
-        f"{checks.floor_drift:+.1%} against {checks.floor_reference}"
-    )  # fmt: skip
-    if checks.floor_change is not None:
-        drift += f", {checks.floor_change:+.1%} from the run's start to its end"
-    if checks.phase_changes:
-        changes = ", ".join(f"{name} {change:+.1%}" for name, change in checks.phase_changes.items())
-        drift += f"; the host's unit within each phase: {changes}"
-    capability = run.machine.cpu_capability
-    measured = (
-        f"in-process floor {drift}{f' (CPU kernels: {capability})' if capability else ''}; other users of "
-        f"the machine took {checks.foreign_cores_mean:.2f} cores on average during the points (at most "
-        f"{checks.foreign_cores_max:.2f})"
+    flagged = "; ".join(checks.flags) or "not flagged"
+    return (
+        f"Checks: in-process floor {checks.floor_drift:+.1%} against {checks.floor_reference}; other users "
+        f"of the machine took {checks.foreign_cores_mean:.2f} cores on average during the points (at most "
+        f"{checks.foreign_cores_max:.2f}); {flagged}."
     )
-    if checks.flags:
-        reasons = "".join(f"\n- {flag}" for flag in checks.flags)
-        return f"**FLAGGED: this run's figures are not for the README.** ({measured}){reasons}"
-    return f"Checks: {measured}; not flagged."
-
-
-def phases_section(run: Run) -> str:
-    """Each phase's host unit at its start and end and the SLO it was judged against (empty for runs
-    without phases: every run but the retired headline profile's)."""
-    if not run.measured.phases:
-        return ""
-    rows = [
-        [phase.name, f"{phase.started_s / 60:.1f}", f"{phase.duration_s / 60:.1f}", f"{phase.u_ms:g}",
-         f"{phase.u_end_ms:g}", f"{phase.change:+.1%}", f"{phase.slo_ms:g}", f"{phase.host_wait_s:g}"]
-        for phase in run.measured.phases
-    ]  # fmt: skip
-    header = ("phase", "started, min", "minutes", "u at start ms", "u at end ms", "change", "SLO judged ms",
-              "waited for the host, s")  # fmt: skip
-    text = (
-        "Each experiment ran as a phase: u (the in-process full pass at the host unit's length, in a fresh "
-        "process, every running fleet idle) was timed at its start and its end, and its points were judged "
-        "against the run's SLO multiple of its starting u; the fleets kept the trigger's SLO and the relay "
-        "window they started with. A phase whose u moved more than the floor's drift limit flags the run. "
-        "Before each point a probe read the host's speed, and the point waited while the host was slower "
-        "than it had been (within the run's --host-wait-s)."
-    )
-    return f"## Phases: the host's unit in each experiment\n\n{text}\n\n{table(header, rows)}"
 
 
 class CapacityRow(NamedTuple):
@@ -162,11 +126,10 @@ class CapacityRow(NamedTuple):
 def capacity_rows(run: Run) -> list[CapacityRow]:
     """Every SLO multiple of the first mix, the headline's (its sweeps are the mix's own) among them, in
     increasing order; none for a run whose SLO was absolute."""
-    unit, (label, mix) = run.measured.host_unit, run.first_mix
+    unit, (_, mix) = run.measured.host_unit, run.first_mix
     if unit is None or unit.slo_u is None or not mix.capacity:
         return []
-    judged = run.measured.judged_slo_ms(mix_phase(label), unit.slo_ms)  # in the u its phase timed
-    rows = [CapacityRow(unit.slo_u, judged, mix.baseline, mix.relay, True)]
+    rows = [CapacityRow(unit.slo_u, unit.slo_ms, mix.baseline, mix.relay, True)]
     rows += [CapacityRow(c.multiple, c.slo_ms, c.baseline, c.relay, False) for c in mix.capacity.values()]
     return sorted(rows, key=lambda row: row.multiple)
 
@@ -180,53 +143,29 @@ def capacity_bracket(sweep: Sweep) -> str:
 
 
 def capacity_section(run: Run) -> str:
-    """The capacity-against-SLO table, its plot, and the paired P99s at each mode's edge."""
-    rows, (label, mix) = capacity_rows(run), run.first_mix
-    parts = []
-    if rows:
-        cells = []
-        for row in rows:
-            shown = ratio(row.relay.best, row.baseline.best)
-            low, high = ratio_interval(row.relay, row.baseline)
-            cells.append((
-                f"{row.multiple:g} u = {row.slo_ms:g} ms" + (" (headline)" if row.headline else ""),
-                capacity_bracket(row.baseline), capacity_bracket(row.relay),
-                ("none" if shown is None else f"x{shown:g}")
-                + f" [x{low:g}, {'unbounded' if high is None else f'x{high:g}'}]",
-            ))  # fmt: skip
-        parts += [
-            f"## Capacity against the SLO (mix `{label}`)",
-            "Each mode's highest load whose ranking P99 meets the SLO at several multiples of the host's "
-            "unit u, with its bracket [best, lowest failing load above it); the ratio with the interval the "
-            "two brackets give. The load sweeps ran at the largest multiple first and every smaller one "
-            "reused their points; only the headline's multiple (marked) is refined between grid values.",
-            table(("SLO", "baseline req/s", "RelayGR req/s", "RelayGR / baseline"), cells),
-            f"![capacity against the SLO]({CAPACITY_PLOT})",
-        ]
-    if mix.edge_pairs:
-
-        def failed_or(value: float | None) -> str:
-            return "failed requests" if value is None else f"{value:g}"
-
-        def signed(value: float | None) -> str:
-            return "inf" if value is None else f"{value:+g}"
-
-        pairs = [
-            [pair.edge_of, f"{pair.rate:g}", str(len(pair.seeds)), failed_or(pair.baseline_p99_ms),
-             failed_or(pair.relay_p99_ms), "{} [{}, {}]".format(*map(signed, pair.difference_ms))]
-            for pair in mix.edge_pairs
-        ]  # fmt: skip
-        parts += [
-            "### Both modes at each mode's edge",
-            "At each mode's best load, both modes with the same users and arrivals (the load seeds its "
-            "verdict pooled), every point run to its end: the P99 over the seeds pooled, and RelayGR's "
-            "less the baseline's with its paired block-bootstrap 95 % interval.",
-            table(
-                ("edge of", "load req/s", "seeds", "baseline P99 ms", "RelayGR P99 ms", "difference ms"),
-                pairs,
-            ),
-        ]
-    return "\n\n".join(parts)
+    """The capacity-against-SLO table and its plot (empty for a run without capacities)."""
+    rows = capacity_rows(run)
+    if not rows:
+        return ""
+    cells = []
+    for row in rows:
+        shown = ratio(row.relay.best, row.baseline.best)
+        low, high = ratio_interval(row.relay, row.baseline)
+        cells.append((
+            f"{row.multiple:g} u = {row.slo_ms:g} ms" + (" (headline)" if row.headline else ""),
+            capacity_bracket(row.baseline), capacity_bracket(row.relay),
+            ("none" if shown is None else f"x{shown:g}")
+            + f" [x{low:g}, {'unbounded' if high is None else f'x{high:g}'}]",
+        ))  # fmt: skip
+    return "\n\n".join([
+        f"## Capacity against the SLO (mix `{run.first_mix[0]}`)",
+        "Each mode's highest load whose ranking P99 meets the SLO at several multiples of the host's unit "
+        "u, with its bracket [best, lowest failing load above it); the ratio with the interval the two "
+        "brackets give. The load sweeps ran at the largest multiple first and every smaller one reused "
+        "their points; only the headline's multiple (marked) is refined between grid values.",
+        table(("SLO", "baseline req/s", "RelayGR req/s", "RelayGR / baseline"), cells),
+        f"![capacity against the SLO]({CAPACITY_PLOT})",
+    ])  # fmt: skip
 
 
 def bracket(sweep: Sweep) -> str:
@@ -263,11 +202,11 @@ def _verdict_rows(mode: str, sweep: Sweep) -> list[list[str]]:
 
 
 def look_level(run: Run) -> float:
-    """The confidence of each look's P99 interval in `run`'s verdicts (0.95 where none is recorded)."""
+    """The confidence of each look's P99 interval in `run`'s verdicts (0.95 for a run without verdicts)."""
     for mix in run.measured.throughput_sweeps.values():
         for point in (*mix.baseline.points, *mix.relay.points):
             if point.verdict is not None:
-                return point.verdict.confidence or 0.95
+                return point.verdict.confidence
     return 0.95
 
 
