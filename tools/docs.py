@@ -133,6 +133,9 @@ BENCH_GROUPS = [
     Group("Every fleet a benchmark starts", "bench.lib.fleets:FleetSettings"),
     Group("The users every fleet's stub serves", "bench.lib.fleets:WorkloadSettings"),
     Group("The pairs of serving and shared-device", "bench.micro.pairs:PairSettings"),
+    Group("Seeds and intervals of ab and rollout", "bench.lib.groups:SeedSettings"),
+    Group("The rankers' latency curve in run and ab", "bench.lib.groups:RankerProfileSettings"),
+    Group("The trials of ab and headline", "bench.lib.groups:TrialSettings"),
 ]
 
 

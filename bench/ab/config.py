@@ -24,7 +24,8 @@ import tempfile
 from pathlib import Path
 
 from bench.lib.fleets import ABLATIONS, BASELINE, RELAY, FleetSettings, Mode, WorkloadSettings
-from services.common.config import grid, listed, numbers, setting
+from bench.lib.groups import RankerProfileSettings, SeedSettings, TrialSettings
+from services.common.config import listed, numbers, setting
 from services.launcher.procs import REPO_ROOT
 
 # The placement study's other arm (bench/results/placement-ab/README.md), placing no prefix by the queues.
@@ -46,7 +47,7 @@ RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
 
 @dataclasses.dataclass(frozen=True)
-class AbConfig(FleetSettings, WorkloadSettings):
+class AbConfig(FleetSettings, WorkloadSettings, SeedSettings, TrialSettings, RankerProfileSettings):
     """The A/B's settings; the fleets' are `FleetSettings`' and every mode's fleet has the same ones."""
 
     name: str = setting(
@@ -61,12 +62,6 @@ class AbConfig(FleetSettings, WorkloadSettings):
         choices=tuple(MODES),
     )
     rates: str = numbers("20,40", "offered loads, Recommend calls/s; every mode runs at each", distinct=True)
-    seeds: int = setting(5, "load seeds per load, the clusters of every interval", above=0)
-    load_seed: int = setting(0, "the first load seed: seeds are load_seed … load_seed + seeds - 1")
-    requests: int = setting(
-        1000, "measured Recommends of each run, after the warm-up; none stops early", above=0
-    )
-    warmup_s: float = setting(5.0, "seconds of each run's load that are not measured", minimum=0)
     fleet_warmup_s: float = setting(
         30.0,
         "seconds of load each mode's fleet gets, unmeasured, at the first load before its first run "
@@ -91,21 +86,7 @@ class AbConfig(FleetSettings, WorkloadSettings):
         "the Recommend's latency bound (0: --slo-ms plus --relay-window-ms, the window it waits)",
         minimum=0,
     )
-    confidence: float = setting(0.95, "confidence of every interval", above=0, below=1)
     resamples: int = setting(2000, "bootstrap resamples of each P99 interval", above=0)
-    block_s: float = setting(
-        1.0,
-        "the P99 bootstrap resamples blocks of this many seconds of requests (0: single requests)",
-        minimum=0,
-    )
-    ranker_profile_lengths: str = grid(
-        "128,256,512,2048,4096",
-        "prefix lengths of each ranker's warm-up curve (the short ones place the trigger's break-even)",
-        int,
-    )
-    ranker_profile_repeats: int = setting(
-        2, "timed rounds across the lengths of each ranker's warm-up curve", above=0
-    )
 
     def validate(self) -> None:
         WorkloadSettings.validate(self)
@@ -124,10 +105,6 @@ class AbConfig(FleetSettings, WorkloadSettings):
     @property
     def recommend_bound_ms(self) -> float:
         return self.recommend_slo_ms or self.slo_ms + self.relay_window_ms
-
-    def block(self, rate: float) -> int:
-        """Requests per bootstrap block at `rate`."""
-        return max(1, round(rate * self.block_s))
 
     def out_dir(self) -> Path:
         if self.name:

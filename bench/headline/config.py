@@ -32,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 from bench.lib.fleets import FleetSettings, WorkloadSettings
+from bench.lib.groups import TrialSettings, redefault
 from services.common.config import listed, numbers, setting
 from services.launcher.procs import REPO_ROOT
 
@@ -53,7 +54,7 @@ class Arm:
 
 
 @dataclasses.dataclass(frozen=True)
-class HeadlineConfig(FleetSettings, WorkloadSettings):
+class HeadlineConfig(FleetSettings, WorkloadSettings, TrialSettings):
     """The block experiment's settings; every fleet (baseline, RelayGR, admit-all) has the same shape."""
 
     name: str = setting(
@@ -70,9 +71,10 @@ class HeadlineConfig(FleetSettings, WorkloadSettings):
         "blocks, each one arrival seed with every arm once; a multiple of the Williams set's size",
         above=0,
     )
-    requests: int = setting(300, "measured Recommends of each RelayGR and admit-all trial", above=0)
-    baseline_requests: int = setting(600, "measured Recommends of each baseline trial", above=0)
-    warmup_s: float = setting(5.0, "seconds of each trial's own load before its measured requests", minimum=0)
+    requests: int = redefault(TrialSettings, "requests", 300)
+    baseline_requests: int = setting(
+        600, "measured Recommends of each baseline trial (--requests: the others')", above=0
+    )
     slo_u: float = setting(2.87, "the ranking P99 SLO in the host's unit u", above=0)
     relay_window_u: float = setting(2.87, "the relay window in u (the stub's pre-processing time)", above=0)
     drift_limit: float = setting(

@@ -117,7 +117,14 @@ def analysis_lines(results: HeadlineResults, analysis: Analysis) -> list[str]:
 
 
 def unit_line(results: HeadlineResults) -> str:
+    """How u, L and the bounds were set: u timed before every block, or (older runs) once, at the start."""
     c, cal = results.settings, results.calibration
+    if not per_block(results):
+        return (
+            f"u = {cal.u_ms:g} ms (the median of {len(cal.unit_timings_ms)} full passes at {cal.unit_length} "
+            f"events); L = {cal.load_per_u:g} / u = {cal.rate:g} Recommend/s; SLO {c.slo_u:g} u = "
+            f"{cal.slo_ms:g} ms; relay window {cal.relay_window_ms:g} ms. "
+        )
     rates = [block.rate for block in results.blocks if block.rate is not None]
     u, low, high = run_unit(results)
     return (
@@ -127,15 +134,6 @@ def unit_line(results: HeadlineResults) -> str:
         "its latencies pool in its u, shown as ms at the median u. The fleets run with the bounds of "
         f"u = {cal.u_ms:g} ms, timed before they started: SLO {cal.slo_ms:g} ms (the trigger's), relay "
         f"window {cal.relay_window_ms:g} ms. "
-    )
-
-
-def calibration_line(results: HeadlineResults) -> str:
-    c, cal = results.settings, results.calibration
-    return (
-        f"u = {cal.u_ms:g} ms (the median of {len(cal.unit_timings_ms)} full passes at {cal.unit_length} "
-        f"events); L = {cal.load_per_u:g} / u = {cal.rate:g} Recommend/s; SLO {c.slo_u:g} u = "
-        f"{cal.slo_ms:g} ms; relay window {cal.relay_window_ms:g} ms. "
     )
 
 
@@ -155,8 +153,7 @@ def render_markdown(results: HeadlineResults) -> str:
         f"`{c.model_preset}` with {c.rankers} rankers a fleet, mix 1 (median {c.mix_median}, cap {c.mix_max} "
         "events).",
         "",
-        (unit_line(results) if own_units else calibration_line(results))
-        + "Each block runs every arm once on one arrival seed, in a Williams order;"
+        unit_line(results) + "Each block runs every arm once on one arrival seed, in a Williams order;"
         f" each trial sends {c.requests} measured Recommends "
         f"({c.baseline_requests} for the baseline) after {c.warmup_s:g} s of its own load, "
         "and none stops early. Intervals resample whole "

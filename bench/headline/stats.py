@@ -8,10 +8,10 @@ seed's bursts, a slow spell of the host), so `p99_ratio` resamples whole blocks,
 arms (they are paired by seed), never single requests: the percentile interval of the resampled ratios is
 the two-sided interval, their `confidence` quantile the one-sided upper bound the decision uses. On
 lognormal latencies with a block effect of sd 0.25 in the log and request noise of sd 0.3, 16 blocks of
-150 requests, the block bootstrap's 95 % interval held the true ratio in 0.90-0.92 of the replications,
-`request_bootstrap_ratio` (single requests resampled, wrong on clustered data) in 0.42-0.49. Beside it,
-a cross-check that does not resample: the per-block log ratios' mean ± Student's t times their standard
-error, back through exp (0.94-0.98 there).
+150 requests, the block bootstrap's 95 % interval held the true ratio in 0.90-0.92 of the replications, a
+bootstrap of single requests (wrong on clustered data) in 0.42-0.49 (tests/bench/headline/test_stats.py).
+Beside it, a cross-check that does not resample: the per-block log ratios' mean ± Student's t times their
+standard error, back through exp (0.94-0.98 there).
 
 `over_slo_test` is the exact one-sided binomial test that the P99 meets the SLO (fewer than `share` of the
 Ranks over it). `fixed_sequence` tests the multiples in ascending order, each at the full level, and stops
@@ -168,37 +168,6 @@ def p99_ratio(
             t_low, t_high, t_upper = 0.0, math.inf, math.inf
     low, high = _interval(ratios, confidence)
     return RatioEstimate(value, low, high, _quantile(ratios, confidence), t_low, t_high, t_upper, count)
-
-
-def _request_resamples(pooled: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """The nearest-rank P99 of `resamples` resamples of single values of `pooled`, with replacement.
-
-    A resample's P99 is the value at the (m + 1)-th smallest of its n draws of positions in the values
-    sorted descending (m = n - 1 - rank). A draw is floor(n·U) for a uniform U, and floor keeps the order,
-    so that position is floor(n·U_(m+1)) with U_(m+1) ~ Beta(m + 1, n - m), the order statistic of n uniforms:
-    one draw per resample instead of n."""
-    descending = np.sort(pooled)[::-1]
-    count = descending.size
-    above = count - 1 - int(_rank(count))
-    positions = np.floor(count * rng.beta(above + 1, count - above, size=resamples)).astype(np.int64)
-    return descending[np.minimum(positions, count - 1)]
-
-
-def request_bootstrap_ratio(
-    numerator: Sequence[Sequence[float]],
-    denominator: Sequence[Sequence[float]],
-    confidence: float = 0.95,
-    resamples: int = 2000,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """The naive two-sided percentile interval (low, high) of the same ratio that resamples single requests
-    of each arm's pooled sample independently. Wrong on clustered data (too narrow); kept to show it."""
-    top, bottom = (np.concatenate(arm) for arm in _arms(numerator, denominator, confidence, resamples))
-    rng = np.random.default_rng(seed)
-    ratios = np.sort(
-        _ratio(_request_resamples(top, resamples, rng), _request_resamples(bottom, resamples, rng))
-    )
-    return _interval(ratios, confidence)
 
 
 def over_slo_test(over: int, total: int, share: float = 0.01, confidence: float = 0.95) -> tuple[float, bool]:

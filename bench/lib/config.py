@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from bench.lib.fleets import ABLATIONS, WorkloadSettings
+from bench.lib.groups import RankerProfileSettings
 from services.common.config import env_name, flag_name, grid, listed, load, setting
 from services.common.presets import MODEL_PRESET_NAMES
 from services.launcher.config import ROUTINGS
@@ -110,7 +111,7 @@ PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class BenchConfig(WorkloadSettings):
+class BenchConfig(WorkloadSettings, RankerProfileSettings):
     # Settings whose mechanism is gone, which committed results record: the host-speed waits and the run
     # checks (a run's drift is recorded, not judged; the headline measures it per block, `bench.headline`).
     RETIRED: ClassVar[tuple[str, ...]] = (
@@ -164,14 +165,6 @@ class BenchConfig(WorkloadSettings):
     hbm_budget_mb: float = setting(256.0, "HBM-tier budget per ranker, MiB (-1: the ranker's auto budget)")
     dram_budget_mb: float = setting(
         1024.0, "DRAM-tier budget per ranker, MiB (the baseline and no-dram: 0; -1: the ranker's auto budget)"
-    )
-    ranker_profile_lengths: str = grid(
-        "128,256,512,2048,4096",
-        "prefix lengths of each ranker's warm-up curve (the short ones place the trigger's break-even)",
-        int,
-    )
-    ranker_profile_repeats: int = setting(
-        2, "timed rounds across the lengths of each ranker's warm-up curve", above=0
     )
     lengths: str = grid(
         "512,768,1024,1536,2048,3072,4096,6144,8192",

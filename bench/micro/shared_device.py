@@ -16,8 +16,6 @@ import dataclasses
 import json
 import re
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from bench.lib import probes
@@ -97,13 +95,8 @@ def start_rankers(procs: Processes, config: SharedDeviceConfig, k: int, lock: Pa
 
 
 def device_seconds(rankers: list[ServiceProcess]) -> float:
-    total = 0.0
-    for ranker in rankers:
-        url = f"http://127.0.0.1:{ranker.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=probes.SCRAPE_TIMEOUT_S) as answer:
-            found = DEVICE_SECONDS.search(answer.read().decode())
-        total += float(found.group(1)) if found else 0.0
-    return total
+    pages = (probes.scrape(f"http://127.0.0.1:{ranker.metrics_port}/metrics") for ranker in rankers)
+    return sum(float(found.group(1)) for page in pages if (found := DEVICE_SECONDS.search(page)))
 
 
 def spread(config: SharedDeviceConfig, rankers: list[ServiceProcess], tag: str, count: int) -> list[Pair]:
@@ -126,24 +119,22 @@ async def measure(
             await driver.run(spread(config, rankers, f"{tag}-warm", config.warmup_pairs), rate, delay_s)
         count = max(round(rate * config.seconds), 1)
         measured = spread(config, rankers, tag, count)
-        cpu_before = sum(probes.process_cpu_s(ranker.popen.pid) for ranker in rankers)
-        busy_before, own_before = probes.machine_busy_s(), time.process_time()
-        device_before = device_seconds(rankers)
-        started = time.perf_counter()
+        pids = {ranker.name: ranker.popen.pid for ranker in rankers}
+        device_before, before = device_seconds(rankers), probes.snapshot(pids, {})
         answers = await driver.run(measured, rate, delay_s)
-        wall = time.perf_counter() - started
+        cost = probes.difference(before, probes.snapshot(pids, {}))
         device = device_seconds(rankers) - device_before
-        rankers_s = sum(probes.process_cpu_s(ranker.popen.pid) for ranker in rankers) - cpu_before
-        own_s, machine_s = time.process_time() - own_before, probes.machine_busy_s() - busy_before
     finally:
         await driver.close()
+    wall, cpu_s = cost["wall_s"], cost["cpu_s"]
+    rankers_s, own_s = sum(cpu_s[ranker.name] for ranker in rankers), cpu_s[probes.LOAD_GENERATOR]
     return Point(
         launches=launches, sharers=k, rate=rate, pairs=count, wall_s=round(wall, 3),
         device_s=round(device, 4), device_busy=round(device / wall, 3),
         rank_p50_ms=round(percentile(answers.latency_ms, 50), 3),
         rank_p99_ms=round(percentile(answers.latency_ms, 99), 3),
         ranker_cores=round(rankers_s / wall, 3), generator_cores=round(own_s / wall, 3),
-        other_cores=round(max(machine_s - rankers_s - own_s, 0.0) / wall, 3),
+        other_cores=cost["foreign_cores"],
         sources=answers.sources, errors=answers.errors,
     )  # fmt: skip
 

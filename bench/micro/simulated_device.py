@@ -88,16 +88,8 @@ class DeviceTimes:
 class SimulatedDevice:
     """A device several processes share: a pass holds the lock on `path` for its time, sleeping."""
 
-    def __init__(
-        self,
-        path: str,
-        times: DeviceTimes,
-        eager: bool = False,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        self.times = times
-        self.eager = eager
-        self.clock = clock
+    def __init__(self, path: str, times: DeviceTimes, eager: bool = False) -> None:
+        self.times, self.eager = times, eager
         self._file = open(path, "a")  # noqa: SIM115 - held for the process's life: it is the device
 
     def launch(self, ms: float) -> None:
@@ -111,9 +103,9 @@ class SimulatedDevice:
     def hold(self, ms: float) -> None:
         fcntl.flock(self._file, fcntl.LOCK_EX)
         try:
-            started = self.clock()
+            started = time.perf_counter()
             time.sleep(ms / 1000)
-            SIMULATED_DEVICE_SECONDS.inc(self.clock() - started)
+            SIMULATED_DEVICE_SECONDS.inc(time.perf_counter() - started)
         finally:
             fcntl.flock(self._file, fcntl.LOCK_UN)
 
@@ -180,8 +172,7 @@ class SimulatedDeviceRankerApp(RankerApp):
     def __init__(self, config: SimulatedDeviceConfig) -> None:
         super().__init__(config)
         eager = config.simulated_launches == "eager"
-        device = SimulatedDevice(config.device_lock, DeviceTimes.h200(), eager)
-        self.runner.simulated = device  # type: ignore[attr-defined]
+        self.runner.simulated = SimulatedDevice(config.device_lock, DeviceTimes.h200(), eager)  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":  # as `services.launcher` starts it

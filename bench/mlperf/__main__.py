@@ -31,6 +31,7 @@ import grpc
 
 from bench.lib import codec
 from bench.lib.context import git_commit, load_average
+from bench.lib.driving import LEASE_TTL_MS, NUM_CANDIDATES, SETTLE_S
 from bench.lib.fleets import BASELINE, RELAY, BenchFleet, FleetShape
 from bench.lib.floor import host_unit_ms
 from bench.lib.stats import interleave, largest_passing_value
@@ -42,10 +43,7 @@ from relaygr.v1 import ranker_pb2, ranker_pb2_grpc
 from services.common.config import listed
 
 MODES = {"relay": RELAY, "baseline": BASELINE}
-NUM_CANDIDATES = 128  # the stub's retrieval size, also the rankers' profiled candidate count
-LEASE_TTL_MS = 3000  # as `python -m bench run`: a pre-inferred prefix waits this long for its Rank
 PRE_INFER_CHUNK_TOKENS = 512  # the fastest on CPU (bench.lib.config)
-SETTLE_S = 1.0  # between a search's runs: the last answers and background pre-inference finish
 
 
 def log(line: str) -> None:

@@ -12,12 +12,11 @@ pre-inference a Rank joined, the whole computation, reload or extension of one i
 from __future__ import annotations
 
 import collections
-import math
 from collections.abc import Sequence
 from typing import Any
 
 from bench.lib.schema import Percentiles
-from bench.lib.stats import percentile
+from bench.lib.stats import finite, percentile
 from bench.mlperf.results import History, PrefixWait, Tiers
 from relaygr.v1 import common_pb2
 from services.common.contract import CACHE_SOURCES, cache_source_label
@@ -33,11 +32,7 @@ def _share(part: int, whole: int) -> float:
 
 
 def latencies(samples_ms: Sequence[float]) -> Percentiles:
-    def at(q: float) -> float | None:
-        value = percentile(samples_ms, q) if samples_ms else math.nan
-        return None if math.isnan(value) else round(value, 3)
-
-    return Percentiles(p50=at(50), p90=at(90), p99=at(99))
+    return Percentiles(**{f"p{q}": finite(percentile(samples_ms, q)) for q in (50, 90, 99)})
 
 
 def tally(records: Sequence[CallRecord], short_term: int) -> dict[str, Any]:
@@ -47,49 +42,39 @@ def tally(records: Sequence[CallRecord], short_term: int) -> dict[str, Any]:
         (r for r in records if r.ok and not r.response.abandoned),
         key=lambda r: (r.response.request_time_ms, r.intended_s),
     )
-    counts, later, tokens, computed = (dict.fromkeys(TIERS, 0) for _ in range(4))
+    counts, later, tokens, computed = (collections.Counter(dict.fromkeys(TIERS, 0)) for _ in range(4))
     waits: dict[str, list[float]] = {tier: [] for tier in TIERS}
     misses: collections.Counter[str] = collections.Counter()
     seen: set[int] = set()
     for record in rows:
         answer = record.response
         tier = cache_source_label(answer.cache_source)
-        counts[tier] = counts.get(tier, 0) + 1
+        counts[tier] += 1
         if record.index in seen:
-            later[tier] = later.get(tier, 0) + 1
+            later[tier] += 1
         seen.add(record.index)
         if answer.cache_source == common_pb2.CACHE_SOURCE_MISS:
             misses[common_pb2.MissReason.Name(answer.miss_reason).removeprefix("MISS_REASON_").lower()] += 1
-        tokens[tier] = tokens.get(tier, 0) + answer.long_term_length + short_term
-        computed[tier] = computed.get(tier, 0) + answer.computed_prefix_events + short_term
+        tokens[tier] += answer.long_term_length + short_term
+        computed[tier] += answer.computed_prefix_events + short_term
         waits.setdefault(tier, []).append(answer.prefix_wait_ms)
-    later_visits, all_tokens, all_computed = sum(later.values()), sum(tokens.values()), sum(computed.values())
-    ranked, extended = len(rows), counts["extended"]
+    later_visits, all_tokens, all_computed = later.total(), tokens.total(), computed.total()
+    ranked, extended, short_total = len(rows), counts["extended"], short_term * len(rows)
     return {
         "tiers": Tiers(
-            ranked=ranked,
-            counts=counts,
-            rates={tier: _share(count, ranked) for tier, count in counts.items()},
-            later_visits=later_visits,
-            later_counts=later,
-            later_rates={tier: _share(count, later_visits) for tier, count in later.items()},
-            miss_reasons=dict(misses),
-            admitted=sum(1 for r in rows if r.response.admitted),
+            ranked=ranked, counts=dict(counts), rates={tier: _share(n, ranked) for tier, n in counts.items()},
+            later_visits=later_visits, later_counts=dict(later),
+            later_rates={tier: _share(n, later_visits) for tier, n in later.items()},
+            miss_reasons=dict(misses), admitted=sum(1 for r in rows if r.response.admitted),
         ),
         "history": History(
-            short_term=short_term,
-            tokens=all_tokens,
-            tokens_by_tier=tokens,
-            computed=all_computed,
-            computed_prefix=all_computed - short_term * ranked,
-            computed_short_term=short_term * ranked,
-            computed_share=_share(all_computed, all_tokens),
-            computed_by_tier=computed,
+            short_term=short_term, tokens=all_tokens, tokens_by_tier=dict(tokens), computed=all_computed,
+            computed_prefix=all_computed - short_total, computed_short_term=short_total,
+            computed_share=_share(all_computed, all_tokens), computed_by_tier=dict(computed),
             computed_share_by_tier={tier: _share(computed[tier], tokens[tier]) for tier in tokens},
-            mean_long_term=round((all_tokens - short_term * ranked) / ranked, 1) if ranked else 0.0,
+            mean_long_term=round((all_tokens - short_total) / ranked, 1) if ranked else 0.0,
             extended_computed_mean=round((computed["extended"] - short_term * extended) / extended, 1)
-            if extended
-            else None,
+            if extended else None,
         ),
         "prefix_wait_ms": PrefixWait(
             all=latencies([r.response.prefix_wait_ms for r in rows]),
@@ -100,4 +85,4 @@ def tally(records: Sequence[CallRecord], short_term: int) -> dict[str, Any]:
         "recommend_ms": latencies([r.latency_s * 1000 for r in rows]),
         "distinct_users": len(seen),
         "visits_per_user": round(ranked / len(seen), 2) if seen else 0.0,
-    }
+    }  # fmt: skip

@@ -19,6 +19,7 @@ import re
 import shlex
 
 from bench.lib.fleets import FleetSettings
+from bench.lib.groups import SeedSettings, redefault
 from services.common.config import listed, setting
 from services.common.presets import MODEL_PRESET_NAMES
 from services.launcher.fleet import ranker_name
@@ -35,7 +36,7 @@ RESTART, START, STOP = "restart", "start", "stop"
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutConfig(FleetSettings):
+class RolloutConfig(FleetSettings, SeedSettings):
     """The rollout benchmark's settings; the fleet's are `FleetSettings`' (CPU presets only)."""
 
     output: str = setting("bench/results/rollout", "results folder (relative to the repository root)")
@@ -50,8 +51,7 @@ class RolloutConfig(FleetSettings):
         "ranker flags that turn the cache handoff off (the off mode); the on mode passes none: the rankers' "
         "defaults",
     )
-    seeds: int = setting(3, "load seeds; each runs every mode with the same arrivals and users", above=0)
-    load_seed: int = setting(0, "the first load seed: seeds are load_seed … load_seed + seeds - 1")
+    seeds: int = redefault(SeedSettings, "seeds", 3)
     rate: float = setting(16.0, "offered Recommend load, calls/s (open loop, Poisson)", above=0)
     revisit_probability: float = setting(
         0.9, "share of requests from a user seen within --revisit-window-s", minimum=0, below=1
@@ -88,11 +88,6 @@ class RolloutConfig(FleetSettings):
     tail_s: float = setting(10.0, "seconds of load after the scale-in phase", minimum=0)
     scrape_interval_s: float = setting(1.0, "seconds between scrapes of every ranker's metrics", above=0)
     bucket_s: float = setting(1.0, "width of the timeline's buckets, s", above=0)
-    confidence: float = setting(0.95, "confidence of every interval", above=0, below=1)
-    block_s: float = setting(
-        1.0, "the P99 bootstrap resamples blocks of this many seconds of requests (0: single requests)",
-        minimum=0,
-    )  # fmt: skip
     ranker_profile_lengths: str = setting(
         "128,1024", "prefix lengths of each ranker's warm-up curve (each restart measures it again)"
     )
@@ -110,13 +105,6 @@ class RolloutConfig(FleetSettings):
 
     def mode_names(self) -> list[str]:
         return listed(self, "modes")
-
-    def seed_list(self) -> list[int]:
-        return list(range(self.load_seed, self.load_seed + self.seeds))
-
-    def block(self) -> int:
-        """Requests per bootstrap block."""
-        return max(1, round(self.rate * self.block_s))
 
 
 @dataclasses.dataclass(frozen=True)

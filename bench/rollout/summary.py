@@ -185,7 +185,8 @@ def figures(runs: Sequence[RunSummary], config: RolloutConfig) -> Figures:
         mode: sorted((r for r in runs if r.mode == mode), key=lambda r: r.seed)
         for mode in config.mode_names()
     }
-    modes = [mode_figures(group, config.confidence, config.block()) for group in by_mode.values() if group]
+    level, block = config.confidence, config.block(config.rate)
+    modes = [mode_figures(group, level, block) for group in by_mode.values() if group]
     off, on = by_mode.get("off", []), by_mode.get("on", [])
     paired = bool(off) and [r.seed for r in off] == [r.seed for r in on]
-    return Figures(modes, compare(off, on, config.confidence, config.block()) if paired else None)
+    return Figures(modes, compare(off, on, level, block) if paired else None)

@@ -142,20 +142,21 @@ def measure_graphs(
                           accelerator, rank_batch_max=config.batch, graphs=graphs)  # fmt: skip
     for length in listed(config, "lengths"):
         items = rank_items(runner, config, length, seed=6)
-        capture_ms = ms(lambda i=items: graphed.rank_sync(*i[0]))
-        batch_capture_ms = ms(lambda i=items: graphed.rank_batch_sync(i))
+        calls = {  # the eager and graphed ranks of one user and of the batch, timed in this order
+            "eager": lambda i=items: runner.rank_sync(*i[0]),
+            "graph": lambda i=items: graphed.rank_sync(*i[0]),
+            "eager_batch": lambda i=items: runner.rank_batch_sync(i),
+            "graph_batch": lambda i=items: graphed.rank_batch_sync(i),
+        }
+        capture_ms, batch_capture_ms = ms(calls["graph"]), ms(calls["graph_batch"])
         eager_scores = torch.tensor(runner.rank_batch_sync(items))
         graph_scores = torch.tensor(graphed.rank_batch_sync(items))
         for _ in range(3):
-            runner.rank_sync(*items[0])
-            runner.rank_batch_sync(items)
-            graphed.rank_sync(*items[0])
-            graphed.rank_batch_sync(items)
+            for call in calls.values():
+                call()
         eager, graph, eager_batch, graph_batch = (
-            percentile([ms(fn) for _ in range(config.repeats)], 50)
-            for fn in (lambda i=items: runner.rank_sync(*i[0]), lambda i=items: graphed.rank_sync(*i[0]),
-                       lambda i=items: runner.rank_batch_sync(i), lambda i=items: graphed.rank_batch_sync(i))
-        )  # fmt: skip
+            percentile([ms(call) for _ in range(config.repeats)], 50) for call in calls.values()
+        )
         rows.append({
             "length": length, "bucket": next(b for b in buckets if b >= length), "captured": graphs.capture,
             "eager_p50_ms": eager, "graph_p50_ms": graph, "speedup": eager / graph, "batch": config.batch,

@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
+from bench.lib import probes
 from bench.lib.gpu_monitor import GpuMonitor
 from bench.lib.stats import percentile
 from bench.micro.pairs import HBM, SINGLE, Via, make_pairs
@@ -21,6 +22,7 @@ from bench.micro.serving.generator import Load, Pairs
 from services.launcher.procs import ServiceProcess
 
 MODEL_OPS = ("pre_infer", "extend", "rank", "uncached")
+MODEL_CPU_S = re.compile(r'^relaygr_model_cpu_seconds_total\{.*op="(\w+)".*\} (\S+)$', re.MULTILINE)
 THREAD_GROUPS = ("event_loop", "device", "copy", "other")
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -49,14 +51,8 @@ def thread_cpu(pid: int) -> dict[str, float]:
 
 def model_cpu_s(metrics_url: str) -> float:
     """CPU seconds the ranker's device thread has spent inside model passes so far."""
-    with urllib.request.urlopen(metrics_url, timeout=5) as page:
-        text = page.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        op = line.split('op="', 1)[-1].split('"', 1)[0]
-        if line.startswith("relaygr_model_cpu_seconds_total{") and op in MODEL_OPS:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    found = MODEL_CPU_S.findall(probes.scrape(metrics_url))
+    return sum(float(seconds) for op, seconds in found if op in MODEL_OPS)
 
 
 @dataclasses.dataclass(frozen=True)

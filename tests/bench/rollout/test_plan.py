@@ -51,7 +51,7 @@ def test_the_settings_refuse_returning_users_that_would_come_back_after_the_dram
     config = load(
         RolloutConfig, ["--modes", "on", "--seeds", "2", "--load-seed", "5", "--rate", "20"], environ={}
     )
-    assert (config.mode_names(), config.seed_list(), config.block()) == (["on"], [5, 6], 20)
+    assert (config.mode_names(), config.seed_list(), config.block(config.rate)) == (["on"], [5, 6], 20)
 
 
 def test_a_closed_population_visits_every_user_first_then_only_returns():

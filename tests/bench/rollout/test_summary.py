@@ -83,7 +83,7 @@ def test_the_figures_pair_handoff_on_with_off_by_seed(runs):
     off_ms = [run.rollout_recommend_ms for run in runs if run.mode == "off"]
     on_ms = [run.rollout_recommend_ms for run in runs if run.mode == "on"]
     assert [len(ms) for ms in off_ms] == [110, 110]  # 100 load calls and the 10 users' next ones
-    assert p99 == p99_difference(off_ms, on_ms, CONFIG.block(), CONFIG.confidence)
+    assert p99 == p99_difference(off_ms, on_ms, CONFIG.block(CONFIG.rate), CONFIG.confidence)
     assert p99.value == -100.0 and p99.low <= -100.0 <= p99.high
     assert found.comparison.rollout_p99_ratio == 0.667
     seeds = [
