@@ -144,6 +144,8 @@ def render_markdown(results: HeadlineResults) -> str:
     # Runs from before the rule on other processes' cores recorded none, and render as they did; so do runs
     # that timed u once, before their fleets started.
     foreign_rule = any(block.foreign_cores is not None for block in results.blocks)
+    # Runs before the host's speed so far compared each block with the calibration's canary reading.
+    so_far = any(block.canary_reference_ms is not None for block in results.blocks)
     own_units = per_block(results)
     lines = [
         "# The headline: RelayGR against the baseline in randomized interleaved blocks",
@@ -169,9 +171,14 @@ def render_markdown(results: HeadlineResults) -> str:
         "## Blocks",
         "",
         f"A block is left out of the headline when its host slowdown s is above {c.drift_limit:g}: the "
-        "median of the canary's CPU time on the drained host before each of its trials against the host's "
-        "speed so far (the median of the reference readings and every block's idle readings, its own "
-        "included), scaled by the steal share"
+        "median of the canary's CPU time on the drained host before each of its trials against "
+        + (
+            "the host's speed so far (the median of the reference readings and every block's idle readings, "
+            "its own included)"
+            if so_far
+            else "the calibration's"
+        )
+        + ", scaled by the steal share"
         + (
             ""
             if not foreign_rule
@@ -183,20 +190,21 @@ def render_markdown(results: HeadlineResults) -> str:
         "",
     ]
     baseline = {t.block: t for t in results.trials if t.mode == BASELINE}
-    rows = []
+    rows, reference = [], cal.canary_reference_ms
     for block in results.blocks:
         trial = baseline.get(block.index)
         rows.append([
             str(block.index), str(block.seed), ", ".join(block.order), f"{block.slowdown:.3f}",
             *([f"{block.u_ms:g}", f"{block.rate:g}"] if own_units else []),
-            f"{block.canary_ms:g} / {block.canary_reference_ms or cal.canary_reference_ms:g}",
+            f"{block.canary_ms:g}" + (f" / {block.canary_reference_ms or reference:g}" if so_far else ""),
             f"{block.steal_share:.1%}",
             *([f"{block.foreign_cores:g}"] if foreign_rule else []),
             "" if trial is None else f"{trial_p99(trial):.1f}",
             "kept" if block.kept else "left out", f"{block.duration_s:.0f}",
         ])  # fmt: skip
     header = ["block", "seed", "order", "s", *(["u ms", "L req/s"] if own_units else []),
-              "canary / reference ms", "steal", *(["other cores"] if foreign_rule else []), "baseline P99 ms",
+              "canary / reference ms" if so_far else "canary ms", "steal",
+              *(["other cores"] if foreign_rule else []), "baseline P99 ms",
               "", "seconds"]  # fmt: skip
     lines += [*table(header, rows), ""]
     if every is not None and (kept is None or every.blocks != kept.blocks):
