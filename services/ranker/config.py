@@ -159,9 +159,9 @@ class RankerConfig(HandoffSettings, AffinitySettings, RequestLimits, ServiceConf
         above=1,
     )
     profile_retry_rounds: int = setting(
-        6,
-        "rounds the warm-up may add for the lengths measured disturbed in every round so far, after which a "
-        "curve still disturbed is served provisional",
+        0,
+        "rounds the warm-up may add for the lengths measured disturbed (0: a disturbed curve is served "
+        "provisional at once, and measured again in idle device time)",
         minimum=0,
     )
     profile_recheck_s: float = setting(

@@ -14,9 +14,10 @@ path's cost cannot fall as the prefix grows) flat.
 
 Contention is also seen as it happens. On a CPU device, a length whose passes took more wall time than
 `disturbed_ratio` times the device thread's own CPU time ran while other work held its core (`Timer`). After
-the repeats, up to `retries` more rounds measure the lengths that have not yet run undisturbed once (or
-every length, while a shorter point measures dearer than a longer one by more than `INVERSION`). A curve
-with a length still never measured undisturbed is provisional: the ranker serves it (each path's least
+the repeats, up to `retries` more rounds (`--profile-retry-rounds`, none by default: rankers warming up
+together disturb each other round after round, so retrying mostly delays SERVING) measure the lengths that
+have not yet run undisturbed once (or every length, while a shorter point measures dearer than a longer one
+by more than `INVERSION`). A curve with a length still never measured undisturbed is provisional: the ranker serves it (each path's least
 time is still an upper bound on its cost), says so in GetProfile, refuses no work on its predictions, and
 measures it again once its device is idle (`recheck.py`). On an accelerator the thread waits for the device
 without spending CPU, so disturbance is not judged there.

@@ -9,6 +9,7 @@ import time
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.ranker.config import RankerConfig
 from services.ranker.engine.latency_curve import (
     ANCHOR_LENGTH,
     INVERSION,
@@ -151,6 +152,15 @@ def test_a_curve_disturbed_to_the_end_of_its_retries_is_provisional():
     assert device.asked == LENGTHS * 6  # the untimed round, 2 rounds and the 3 retries: bounded
     assert measured.provisional
     assert measured.points == [LatencyPoint(length, *(ms * 10 for ms in COST[length])) for length in LENGTHS]
+
+
+def test_by_default_a_disturbed_warm_up_is_provisional_at_once():
+    # Rankers warming up together disturb each other in every round: the default adds no round for them.
+    retries = RankerConfig().profile_retry_rounds
+    device = Device(stalled=set(range(4, 100)), seen=True)
+    measured = rounds(LENGTHS, device, repeats=2, retries=retries)
+    assert device.asked == LENGTHS * 3  # the untimed round and the 2 timed ones, nothing more
+    assert measured.provisional
 
 
 def test_a_disturbed_pass_is_wall_time_far_above_the_threads_cpu_time():
