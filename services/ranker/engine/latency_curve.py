@@ -17,9 +17,9 @@ Contention is also seen as it happens. On a CPU device, a length whose passes to
 the repeats, up to `retries` more rounds (`--profile-retry-rounds`, none by default: rankers warming up
 together disturb each other round after round, so retrying mostly delays SERVING) measure the lengths that
 have not yet run undisturbed once (or every length, while a shorter point measures dearer than a longer one
-by more than `INVERSION`). A curve with a length still never measured undisturbed is provisional: the ranker serves it (each path's least
-time is still an upper bound on its cost), says so in GetProfile, refuses no work on its predictions, and
-measures it again once its device is idle (`recheck.py`). On an accelerator the thread waits for the device
+by more than `INVERSION`). A curve with a length still never measured undisturbed is provisional: the
+ranker serves it (each path's least time is still an upper bound on its cost), says so in GetProfile,
+refuses no work on its predictions, and measures it again once its device is idle (`recheck.py`). On an accelerator the thread waits for the device
 without spending CPU, so disturbance is not judged there.
 
 Every curve starts at `ANCHOR_LENGTH` events, whatever the profile lengths: a pass over so few events is
