@@ -19,8 +19,8 @@ together disturb each other round after round, so retrying mostly delays SERVING
 have not yet run undisturbed once (or every length, while a shorter point measures dearer than a longer one
 by more than `INVERSION`). A curve with a length still never measured undisturbed is provisional: the
 ranker serves it (each path's least time is still an upper bound on its cost), says so in GetProfile,
-refuses no work on its predictions, and measures it again once its device is idle (`recheck.py`). On an accelerator the thread waits for the device
-without spending CPU, so disturbance is not judged there.
+refuses no work on its predictions, and measures it again once its device is idle (`recheck.py`). On an
+accelerator the thread waits for the device without spending CPU, so disturbance is not judged there.
 
 Every curve starts at `ANCHOR_LENGTH` events, whatever the profile lengths: a pass over so few events is
 almost all a model call's fixed cost, which the trigger's break-even (at the short end) reads, so the fits
