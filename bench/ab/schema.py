@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.ab.config import AbConfig
-from bench.lib import codec, intervals
+from bench.lib import codec, envelope, intervals
 from bench.lib.fleets import FleetShape, Mode
 from bench.lib.intervals import Interval
 from bench.lib.schema import Machine, Versions
@@ -94,10 +93,10 @@ class AbResults:
 
     @classmethod
     def load(cls, path: Path) -> AbResults:
-        return codec.from_json(cls, json.loads(path.read_text()))
+        return codec.from_json(cls, envelope.read(path, "ab"), str(path))
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        envelope.write(path, "ab", self.to_json(), commit=self.versions.git_commit)
 
 
 def latencies(values: Sequence[float | None]) -> list[float]:

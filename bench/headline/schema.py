@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ import numpy as np
 
 from bench.headline import stats
 from bench.headline.config import ADMIT_ALL, BASELINE, RELAY, HeadlineConfig
-from bench.lib import codec, orders
+from bench.lib import codec, envelope, orders
 from bench.lib.fleets import FleetShape
 from bench.lib.schema import Machine, Versions
 from bench.lib.workload import Universe
@@ -196,11 +195,11 @@ class HeadlineResults:
         return codec.to_json(self)
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        envelope.write(path, "headline", self.to_json())
 
     @classmethod
     def read(cls, path: Path) -> HeadlineResults:
-        return codec.from_json(cls, json.loads(path.read_text()), str(path))
+        return codec.from_json(cls, envelope.read(path, "headline"), str(path))
 
 
 SLO_SHARE = 0.01  # a P99 meets the SLO when fewer than 1 % of the Ranks are over it

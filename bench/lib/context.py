@@ -9,6 +9,7 @@ import os
 import platform
 import subprocess
 
+from bench.lib import codec
 from bench.lib.gpu_monitor import gpu_info
 from bench.lib.schema import Machine, Versions
 from services.launcher.procs import REPO_ROOT
@@ -87,3 +88,12 @@ def versions() -> Versions:
     found = {name: importlib.metadata.version(name) for name in PACKAGES}
     found["torch_cuda"] = torch.version.cuda or "none"
     return Versions(**found, git_commit=git_commit())
+
+
+def provenance() -> dict[str, object]:
+    """The commit, machine and packages as an envelope's header holds them (`bench.lib.envelope.write`)."""
+    return {
+        "commit": git_commit(),
+        "machine": codec.to_json(machine()),
+        "versions": codec.to_json(versions()),
+    }

@@ -11,11 +11,10 @@ results file is in this schema (`tests/bench/test_results.py`).
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench.lib import codec, schema_context
+from bench.lib import codec, envelope, schema_context
 from bench.lib.codec import FLAT, OMIT_NONE, TRANSIENT, optional, schema, usually
 from bench.lib.config import BenchConfig, Profile
 from bench.lib.fleets import FleetShape, Mode
@@ -304,10 +303,10 @@ class Run:
 
     @classmethod
     def load(cls: type[R], path: Path) -> R:
-        return cls.from_json(json.loads(path.read_text()))
+        return cls.from_json(envelope.read(path, "run"))
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        envelope.write(path, "run", self.to_json(), commit=self.versions.git_commit)
 
     @property
     def first_mix(self) -> tuple[str, Mix]:

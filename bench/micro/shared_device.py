@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import re
 import tempfile
 from pathlib import Path
 
-from bench.lib import probes
+from bench.lib import context, envelope, probes
 from bench.lib.stats import percentile
 from bench.micro.pairs import Driver, Pair, PairSettings, make_pairs
 from services.common.config import grid, listed, load, numbers, setting
@@ -207,5 +206,5 @@ def main(argv: list[str] | None = None) -> None:
             "configuration": dataclasses.asdict(config),
             "points": [dataclasses.asdict(p) for p in points],
         }
-        (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+        envelope.write(out / "results.json", "shared-device", record, **context.provenance())
         (out / "summary.md").write_text(text)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from prometheus_client import Counter
 
+from bench.lib import envelope
 from bench.micro.null_model import NullRunner, stand_in_main
 from services.common.config import setting
 from services.ranker.app import RankerApp
@@ -57,8 +57,8 @@ class DeviceTimes:
 
     @classmethod
     def h200(cls, pre_infer: Path = PRE_INFER_SOURCE, ranks: Path = RANK_SOURCE) -> DeviceTimes:
-        floor = sorted(json.loads(pre_infer.read_text())["floor"], key=lambda p: p["prefix_length"])
-        graphs = sorted(json.loads(ranks.read_text())["graphs"], key=lambda g: g["length"])
+        floor = sorted(envelope.read(pre_infer, "run")["floor"], key=lambda p: p["prefix_length"])
+        graphs = sorted(envelope.read(ranks, "accelerator")["graphs"], key=lambda g: g["length"])
         (batch,) = {g["batch"] for g in graphs}
         return cls(
             lengths=tuple(p["prefix_length"] for p in floor),

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench.lib import codec
+from bench.lib import codec, context, envelope
 from bench.lib.schema import Percentiles
 
 SUMMARY_FILE = "mlperf_log_summary.txt"
@@ -205,11 +205,16 @@ def read_summary(folder: Path) -> LoadGenSummary:
     )
 
 
-def write_json(value: Any, path: Path) -> None:
+def _command(cls: type) -> str:
+    """The envelope's command of a result: the search's, or one LoadGen run's (`bench.lib.envelope`)."""
+    return "mlperf" if cls is SearchResult else "mlperf-run"
+
+
+def write_json(value: RunResult | SearchResult, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(codec.to_json(value), indent=1) + "\n")
+    envelope.write(path, _command(type(value)), codec.to_json(value), **context.provenance())
 
 
 def read_json(cls: type[T], path: Path) -> T:
     """A result written by `write_json`, checked field by field (`bench.lib.codec.from_json`)."""
-    return codec.from_json(cls, json.loads(path.read_text()))
+    return codec.from_json(cls, envelope.read(path, _command(cls)), str(path))

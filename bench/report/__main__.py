@@ -6,10 +6,10 @@ results get the gpu report (`bench.report.gpu`), a headline run's (`python -m be
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.lib import envelope
 from bench.lib.schema import Run
 from bench.lib.schema_gpu import GpuRun
 from bench.report import write
@@ -29,18 +29,21 @@ class ReportConfig:
 def main(argv: Sequence[str] | None = None) -> None:
     config = load(ReportConfig, argv, prog="python -m bench report", description=__doc__)
     results_dir = Path(config.results_dir)
-    data = json.loads((results_dir / "results.json").read_text())
-    if "calibration" in data:  # the block experiment's
+    path = results_dir / "results.json"
+    command = envelope.command_of(path)
+    if command == "headline":  # the block experiment's
         from bench.headline.report import draw, render_markdown
         from bench.headline.schema import HeadlineResults
 
-        results = HeadlineResults.read(results_dir / "results.json")
+        results = HeadlineResults.read(path)
         if config.plots:
             draw(results, results_dir)
         (results_dir / "report.md").write_text(render_markdown(results))
+    elif command == "run":
+        kind = GpuRun if envelope.header(path)["settings"].get("profile") == "gpu" else Run
+        write(kind.load(path), results_dir, config.plots, results=False)
     else:
-        kind = GpuRun if data.get("configuration", {}).get("profile") == "gpu" else Run
-        write(kind.from_json(data), results_dir, config.plots, results=False)
+        raise SystemExit(f"python -m bench report: {path} holds no run or headline results ({command})")
     print(results_dir / "report.md")
 
 

@@ -13,7 +13,6 @@ tests/bench/test_results.py holds the README to the rendering of the runs it nam
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -24,6 +23,7 @@ from bench.headline.compare import compare
 from bench.headline.config import BASELINE, RELAY
 from bench.headline.report import PLOT, per_block, ratio, run_unit
 from bench.headline.schema import Analysis, HeadlineResults, Step
+from bench.lib import envelope
 from bench.lib.intervals import t_value
 from bench.lib.schema import Run
 from bench.report.figures import table
@@ -245,7 +245,7 @@ def render_from(config: ReadmeConfig) -> str:
         return found
 
     def rollout(name: str) -> tuple[str, dict[str, Any]] | None:
-        return (name, json.loads(path(name).read_text())) if name else None
+        return (name, envelope.read(path(name), "rollout")) if name else None
 
     runs = [(name, HeadlineResults.read(path(name))) for name in listed(config, "runs")]
     side = [(name, Run.load(path(name))) for name in listed(config, "side_runs")]

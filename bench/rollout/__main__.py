@@ -27,7 +27,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from bench.lib.context import git_commit, load_average
+from bench.lib import envelope
+from bench.lib.context import git_commit, load_average, provenance
 from bench.lib.intervals import Interval
 from bench.report.plots import SOURCE_COLOURS
 from bench.rollout.analysis import HITS, SOURCES
@@ -309,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "git_commit": git_commit(), "figures": found,
         "runs": [dataclasses.replace(s, timeline=[]) for s in summaries],
     }  # fmt: skip
-    (out_dir / "results.json").write_text(json.dumps(jsonable(results), indent=1) + "\n")
+    envelope.write(out_dir / "results.json", "rollout", jsonable(results), **provenance())
     (out_dir / "summary.md").write_text(markdown(header, found, summaries, modes))
     write_timeline(summaries, out_dir / "timeline.csv")
     plot(summaries, made, out_dir / "timeline.png")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
-import json
 import os
 import subprocess
 import time
@@ -26,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from unittest import mock
 
-from bench.lib import probes
-from bench.lib.context import git_commit, load_average
+from bench.lib import envelope, probes
+from bench.lib.context import git_commit, load_average, provenance
 from bench.lib.driving import LEASE_TTL_MS, NUM_CANDIDATES
 from bench.lib.fleets import RELAY, BenchFleet, FleetShape
 from bench.lib.points import PointSpec, run_point
@@ -319,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings=settings, overhead=[overhead(s, settings[0]) for s in settings[1:]],
         timeline=timeline,
     )  # fmt: skip
-    (out_dir / "results.json").write_text(json.dumps(dataclasses.asdict(run), indent=1) + "\n")
+    envelope.write(out_dir / "results.json", "tracing", dataclasses.asdict(run), **provenance())
     (out_dir / "report.md").write_text(markdown(run))
     for o in run.overhead:
         print(f"ratio {o.name} against off: Recommend P50 x{o.recommend_p50} P99 x{o.recommend_p99}, "

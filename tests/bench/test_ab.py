@@ -4,7 +4,6 @@ and one tiny real run on loopback."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from bench.ab.__main__ import AbBench, Job, schedule
 from bench.ab.config import AbConfig
 from bench.ab.report import render_markdown
 from bench.ab.schema import AbResults, analyse
-from bench.lib import orders
+from bench.lib import envelope, orders
 from bench.lib.fleets import Mode
 from bench.lib.recommends import Load, bench_config
 from bench.lib.workload import RevisitSampler
@@ -252,7 +251,7 @@ def test_the_results_read_back_byte_for_byte_and_render_the_written_report(fake_
     text = (folder / "results.json").read_text()
     loaded = AbResults.load(folder / "results.json")
     assert loaded == results
-    assert json.dumps(loaded.to_json(), indent=1) + "\n" == text
+    assert envelope.dumps(envelope.wrap("ab", loaded.to_json(), commit=loaded.versions.git_commit)) == text
     report = (folder / "report.md").read_text()
     assert render_markdown(loaded) == report
     assert "| 20 | relay | 800 | 1 | 9 | 1.12 [0.41, 3.06] | 1 |" in report
@@ -315,7 +314,7 @@ def test_the_committed_ab_runs_read_back_and_render_their_reports(name: str, war
     are kept, so its intervals can be computed again)."""
     folder = Path(__file__).resolve().parents[2] / "bench" / "results" / name
     results = AbResults.load(folder / "results.json")
-    assert results.to_json() == json.loads((folder / "results.json").read_text())
+    assert results.to_json() == envelope.read(folder / "results.json", "ab")
     assert render_markdown(results) == (folder / "report.md").read_text()
     assert [mode.name for mode in results.modes] == ["relay", "admit-all"] and len(results.runs) == 20
     assert len(results.warmups) == warmups

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bench import report
-from bench.lib import codec
+from bench.lib import codec, envelope
 from bench.lib.probes import LOAD_GENERATOR
 from bench.lib.schema import Point, Run
 from bench.report import __main__ as report_command
@@ -177,7 +177,7 @@ def section(markdown: str, title: str) -> str:
 
 def test_results_json_holds_the_ratios_machine_and_points_and_the_report_and_plots_are_written(tmp_path):
     report.write(run(), tmp_path)
-    written = json.loads((tmp_path / "results.json").read_text())
+    written = envelope.read(tmp_path / "results.json", "run")
     assert written["throughput_ratio"] == 5.65 and written["throughput_ratios"][MIX2] == 2.0
     assert written["machine"]["cpu_model"] == "test CPU"
     assert written["length_sweep"]["relay"]["points"][0]["rank_ms"]["p99"] == 20.0
@@ -356,7 +356,7 @@ def test_a_run_that_did_not_record_its_cores_gives_its_ceiling_as_unknown():
 
 
 def test_the_report_command_renders_a_runs_report_again_and_leaves_its_results_as_they_were(tmp_path):
-    written = json.dumps(results(), indent=2)  # not as `Run.write` writes it: rewriting would show
+    written = json.dumps(envelope.wrap("run", results()), indent=2)  # not as `Run.write` writes it
     (tmp_path / "results.json").write_text(written)
     report_command.main(["--results-dir", str(tmp_path), "--plots", "false"])
     assert (tmp_path / "results.json").read_text() == written

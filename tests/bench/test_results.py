@@ -5,13 +5,13 @@ a committed run renders to stays what it was."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from pathlib import Path
 
 import pytest
 
 from bench import report
+from bench.lib import envelope
 from bench.lib.config import BenchConfig, Profile
 from bench.lib.schema import Run
 from bench.lib.schema_gpu import GpuRun
@@ -30,16 +30,14 @@ def run_files() -> list[Path]:
     """Every committed results.json of a benchmark run (the other folders hold other records)."""
     found = []
     for path in sorted(RESULTS.glob("*/results.json")):
-        data = json.loads(path.read_text())
-        if isinstance(data, dict) and "length_sweep" in data:
+        if envelope.command_of(path) == "run":
             found.append(path)
     return found
 
 
 def load(path: Path) -> Run:
-    data = json.loads(path.read_text())
-    kind = GpuRun if data["configuration"].get("profile") == "gpu" else Run
-    return kind.from_json(data)
+    kind = GpuRun if envelope.header(path)["settings"].get("profile") == "gpu" else Run
+    return kind.load(path)
 
 
 def test_every_committed_run_is_found():
@@ -50,7 +48,7 @@ def test_every_committed_run_is_found():
 @pytest.mark.parametrize("path", run_files(), ids=lambda path: path.parent.name)
 def test_a_committed_run_is_in_todays_schema_and_reads_back_byte_for_byte(path: Path):
     run = load(path)
-    data = json.loads(path.read_text())
+    data = envelope.read(path, "run")
     for key in BenchConfig.RETIRED:
         data["configuration"].pop(key, None)
     for key in Profile.RETIRED:

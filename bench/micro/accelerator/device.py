@@ -8,7 +8,7 @@ forced) it runs the same code, which is how the suite checks it; its times there
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench.lib import context, envelope
 from bench.micro.accelerator.config import AcceleratorBenchConfig
 from services.common.config import listed
 from services.ranker.config import RankerConfig
@@ -251,6 +252,7 @@ def run(config: AcceleratorBenchConfig) -> dict[str, Any]:
         scheduler.close()
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    settings = dataclasses.asdict(config)
+    envelope.write(out / "results.json", "accelerator", results, settings=settings, **context.provenance())
     (out / "report.md").write_text(report(results))
     return results

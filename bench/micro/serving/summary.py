@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -11,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.lib.context import commit
+from bench.lib import envelope
+from bench.lib.context import commit, provenance
 from bench.micro.serving.config import ServingConfig
 from bench.micro.serving.point import Point
 
@@ -242,5 +242,5 @@ def summary(result: dict) -> str:
 
 def write(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    envelope.write(out / "results.json", "serving", result, **provenance())
     (out / "summary.md").write_text(summary(result))

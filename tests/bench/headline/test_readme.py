@@ -4,12 +4,12 @@ t intervals over its seeds; written between the markers and nowhere else."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from bench import __main__ as front_door
+from bench.lib import envelope
 from bench.lib.schema import Run
 from bench.report import readme
 from tests.bench.headline.fakes import fake_results
@@ -47,7 +47,7 @@ def test_the_side_rows_span_the_committed_runs():
 def test_the_rollout_rows_quote_t_intervals_over_the_seeds():
     """Three seeds' P99s through the rolling restart differ by -14.2, -27.5 and -11.6 ms: their mean is
     -17.8 ms and its t interval [-39.0, +3.4] holds 0, where resampling requests gave [-31.3, -5.3]."""
-    data = json.loads((RESULTS / "rollout-population" / "results.json").read_text())
+    data = envelope.read(RESULTS / "rollout-population" / "results.json", "rollout")
     rows = dict(readme.rollout_rows(data))
     assert rows["Recommend P99 through the rolling restart (mean of the seeds' P99s)"] == (
         "162.3 → 144.5 ms: -17.8 ms [-39.0, +3.4], no difference shown"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import math
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from bench.headline.compare import compare
 from bench.headline.config import LOAD_PER_U, HeadlineConfig, load_rate
 from bench.headline.schema import HeadlineResults, analyse
-from bench.lib import orders
+from bench.lib import envelope, orders
 from services.common.config import load
 from tests.bench.headline.fakes import ARGS, CANARY_MS, U_MS, fake_results, run_bench
 
@@ -123,7 +122,7 @@ def test_no_block_starts_past_the_budget(fast):
 def test_the_command_writes_its_results_analysis_and_report_and_reads_back_byte_for_byte(fast):
     results = fake_results("h", ["--blocks", "14"], slow=lambda block: 1.3 if block == 2 else 1.0)
     path = fast / "h" / "results.json"
-    assert json.dumps(HeadlineResults.read(path).to_json(), indent=1) + "\n" == path.read_text()
+    assert envelope.dumps(envelope.wrap("headline", HeadlineResults.read(path).to_json())) == path.read_text()
     kept, every = results.kept, results.every
     assert kept.blocks == [0, 1, *range(3, 15)] and every.blocks == list(range(15)) and kept.balanced
     # RelayGR at kL is 25 k ms + 0-9 ms: its pooled P99 is 25 k + 9; the baseline's is 240 ms (every 50th).

@@ -6,11 +6,10 @@ rounding and in that order, at a half and about a quarter of fp32's bytes."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
+from bench.lib import envelope
 from bench.micro.accelerator import dram_precision
 from bench.micro.accelerator.__main__ import main
 from bench.micro.accelerator.config import AcceleratorBenchConfig
@@ -24,7 +23,7 @@ def test_the_accelerator_bench_measures_every_figure_on_cpu(tmp_path, capsys):
             "--candidates", "16", "--repeats", "5", "--batch", "3", "--chunk-tokens", "32",
             "--out", str(tmp_path)]  # fmt: skip
     assert main(argv) == 0
-    results = json.loads((tmp_path / "results.json").read_text())
+    results = envelope.read(tmp_path / "results.json", "accelerator")
     assert [row["length"] for row in results["epsilon"]] == [64, 256]
     assert all(row["max_abs"] < 1e-5 for row in results["epsilon"])  # fp32: exact to rounding
     reload = results["reload"]

@@ -4,11 +4,11 @@ today: the device path's report.md, shared-device's and serving's summary.md."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import pytest
 
+from bench.lib import envelope
 from bench.micro import shared_device
 from bench.micro.accelerator import device
 from bench.micro.serving.summary import summary
@@ -18,12 +18,12 @@ RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results"
 
 @pytest.mark.parametrize("name", ["gpu-accelerator", "accelerator-cpu-small"])  # the latter before graphs
 def test_a_committed_device_path_renders_as_committed(name):
-    results = json.loads((RESULTS / name / "results.json").read_text())
+    results = envelope.read(RESULTS / name / "results.json", "accelerator")
     assert device.report(results) == (RESULTS / name / "report.md").read_text()
 
 
 def test_the_committed_shared_device_run_renders_as_committed():
-    record = json.loads((RESULTS / "shared-device" / "results.json").read_text())
+    record = envelope.read(RESULTS / "shared-device" / "results.json", "shared-device")
     config = shared_device.SharedDeviceConfig(**record["configuration"])
     points = [shared_device.Point(**point) for point in record["points"]]
     assert [dataclasses.asdict(point) for point in points] == record["points"]
@@ -31,7 +31,7 @@ def test_the_committed_shared_device_run_renders_as_committed():
 
 
 def test_the_committed_serving_sweep_renders_every_figure_as_committed():
-    rendered = summary(json.loads((RESULTS / "serving" / "results.json").read_text())).splitlines()
+    rendered = summary(envelope.read(RESULTS / "serving" / "results.json", "serving")).splitlines()
     committed = (RESULTS / "serving" / "summary.md").read_text().splitlines()
     differ = [(a, b) for a, b in zip(rendered, committed, strict=True) if a != b]
     # Only the coalescing table's heading has been reworded since (its rates are the same: the floor's are

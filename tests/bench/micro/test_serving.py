@@ -4,11 +4,11 @@ capacity and what it reads back adds up (no timing is asserted: figures are the 
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
+from bench.lib import envelope
 from bench.micro.pairs import BATCH_MAX, admit_bytes, batch_bytes, windows
 from bench.micro.serving.__main__ import main
 from bench.micro.serving.point import THREAD_GROUPS, classify, stage_shares
@@ -30,7 +30,7 @@ def result(tmp_path_factory) -> dict:
             "--idle-pairs", "3", "--windows-ms", "20", "--out", str(out),
         ]
     )  # fmt: skip
-    written = json.loads((out / "results.json").read_text())
+    written = envelope.read(out / "results.json", "serving")
     written["affinity"] = (before, os.sched_getaffinity(0))
     written["summary"] = (out / "summary.md").read_text()
     return written

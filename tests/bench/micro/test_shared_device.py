@@ -4,12 +4,12 @@ lock that every sharing ranker's passes hold in turn, and the command measures t
 from __future__ import annotations
 
 import fcntl
-import json
 import threading
 import time
 
 import pytest
 
+from bench.lib import envelope
 from bench.micro import shared_device
 from bench.micro.shared_device import Point, capacity, within
 from bench.micro.simulated_device import RESULTS, SIMULATED_DEVICE_SECONDS, DeviceTimes, SimulatedDevice
@@ -17,8 +17,8 @@ from bench.micro.simulated_device import RESULTS, SIMULATED_DEVICE_SECONDS, Devi
 
 def test_the_pass_times_are_the_h200s_measured_figures_between_its_lengths():
     times = DeviceTimes.h200()
-    fleet = json.loads((RESULTS / "gpu-fleet" / "results.json").read_text())
-    accelerator = json.loads((RESULTS / "gpu-accelerator" / "results.json").read_text())
+    fleet = envelope.read(RESULTS / "gpu-fleet" / "results.json", "run")
+    accelerator = envelope.read(RESULTS / "gpu-accelerator" / "results.json", "accelerator")
     floor = {p["prefix_length"]: p["pre_infer_ms"] for p in fleet["floor"]}
     graphs = {g["length"]: g for g in accelerator["graphs"]}
     assert times.pre_infer(2048) == pytest.approx(floor[2048])
@@ -79,7 +79,7 @@ def test_two_rankers_sharing_the_device_serve_relayed_ranks_and_hold_it_for_thei
         ["--sharers", "2", "--launches", "eager", "--rates", "20", "--seconds", "2", "--warmup-pairs", "4",
          "--length", str(length), "--out", str(tmp_path)]
     )  # fmt: skip
-    record = json.loads((tmp_path / "results.json").read_text())
+    record = envelope.read(tmp_path / "results.json", "shared-device")
     (measured,) = record["points"]
     assert (measured["launches"], measured["sharers"], measured["pairs"]) == ("eager", 2, 40)
     assert not measured["errors"]

@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 
+from bench.lib import envelope
 from bench.rollout.__main__ import main
 from services.loadgen.schedule import RateSchedule, poisson_arrivals
 from tests.support.processes import fleet_children
@@ -42,7 +43,7 @@ def test_a_short_real_rollout_makes_every_change_answers_every_call_and_leaves_n
         and "restart order ranker-1 → ranker-0" in printed
     )
 
-    results = json.loads((out / "results.json").read_text())
+    results = envelope.read(out / "results.json", "rollout")
     (run,) = results["runs"]
     assert (run["mode"], run["seed"]) == (mode, 3)
     changes = run["changes"]
