@@ -52,7 +52,7 @@ COMMANDS = (
     ),
     Command(
         "report",
-        "render a run's report.md and plots again from its results.json",
+        "render a folder's report again from its results, by the renderer of the command that wrote it",
         "bench.report.__main__:main",
     ),
     Command(

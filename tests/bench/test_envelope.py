@@ -1,10 +1,12 @@
 """One envelope around every command's results (`bench.lib.envelope`): every committed result is one, whose
 record reads back out of it and goes back in as the same bytes, and a record of any command goes in and
-comes out as it was."""
+comes out as it was; `python -m bench report` renders every committed folder's report(s) as committed, by
+the renderer of the command that wrote it."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 
 from bench.lib import envelope
 from bench.lib.envelope import FIELDS, HEADER
+from bench.report import __main__ as report_command
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 FILES = sorted(
@@ -72,3 +75,31 @@ def test_a_result_of_another_command_or_no_envelope_is_refused_by_name(tmp_path:
         envelope.read(path, "ab")
     with pytest.raises(ValueError, match="not header fields: colour"):
         envelope.wrap("ab", {}, colour="red")
+
+
+# Folders whose report no command renders from results: hand-recorded studies and console logs, rollout's
+# runs (its summary's first line is the run's wall time and load), and two serving runs older than the
+# serving renderer's record.
+NOT_RENDERED = {
+    "focus-16", "focus-mix1-batched", "gain-stability", "incomplete-10de36d", "incomplete-a592bc0",
+    "incomplete-eb298be", "placement-ab", "routing-ab", "serving-ab", "serving-ab-eb298be", "serving-in-turn",
+    "rollout", "rollout-population", "serving-07bd905", "serving-582b8ae",
+}  # fmt: skip
+RENDERED = sorted(path.name for path in RESULTS.iterdir() if path.is_dir() and path.name not in NOT_RENDERED)
+
+
+@pytest.mark.parametrize("name", RENDERED)
+def test_python_m_bench_report_renders_a_committed_folder_as_committed(name: str, tmp_path: Path):
+    folder = tmp_path / name
+    shutil.copytree(RESULTS / name, folder)
+    report_command.main(["--results-dir", str(folder), "--plots", "false"])
+    for path in sorted(folder.rglob("*.md")):
+        assert path.read_text() == (RESULTS / name / path.relative_to(folder)).read_text(), path
+
+
+@pytest.mark.parametrize("name", sorted(NOT_RENDERED))
+def test_a_folder_no_renderer_reads_is_refused_with_the_reason(name: str, tmp_path: Path):
+    folder = tmp_path / name
+    shutil.copytree(RESULTS / name, folder)
+    with pytest.raises(SystemExit, match=r"python -m bench report: .*(no results|envelope|run only|lacks)"):
+        report_command.main(["--results-dir", str(folder), "--plots", "false"])

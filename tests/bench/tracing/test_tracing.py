@@ -19,7 +19,7 @@ from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from bench.lib.probes import LOAD_GENERATOR
-from bench.tracing.__main__ import (
+from bench.tracing.report import (
     RECEIVER,
     Setting,
     SpanCounts,
