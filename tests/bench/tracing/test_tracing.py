@@ -19,6 +19,7 @@ from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from bench.lib.probes import LOAD_GENERATOR
+from bench.tracing.otlp import ReceiverProcess, SpanRecord, records
 from bench.tracing.report import (
     RECEIVER,
     Setting,
@@ -29,7 +30,6 @@ from bench.tracing.report import (
     markdown,
     overhead,
 )
-from bench.tracing.otlp import ReceiverProcess, SpanRecord, records
 from bench.tracing.timeline import draw as draw_timeline
 from bench.tracing.timeline import drawable, layout, pick_relayed, relay_facts
 from services.launcher.procs import REPO_ROOT
