@@ -46,8 +46,9 @@ FIELDS: dict[str, dict[str, str]] = {
 
 
 def wrap(command: str, record: dict[str, Any], **header: Any) -> dict[str, Any]:
-    """`record` in its envelope: the header fields it holds lifted out (`FIELDS`), the others from `header`
-    (null where neither has them; the record's own win), the rest of it the payload."""
+    """`record` in its envelope: the header fields its command's record holds lifted out (`FIELDS`; null
+    where it lacks one), the others from `header` (null where it does not give one), the rest of it the
+    payload."""
     fields = FIELDS[command]
     unknown = set(header) - set(HEADER)
     if unknown:
@@ -64,8 +65,8 @@ def wrap(command: str, record: dict[str, Any], **header: Any) -> dict[str, Any]:
 def unwrap(envelope: dict[str, Any], command: str, where: str = "results") -> dict[str, Any]:
     """The record of `command` that `envelope` holds, its header fields put back under the record's keys
     (but null ones, which it did not hold); a ValueError naming `where` and the field for anything else."""
-    if not isinstance(envelope, dict) or "payload" not in envelope:
-        raise ValueError(f"{where}: no envelope (an object with a payload)")
+    if not isinstance(envelope, dict) or not isinstance(envelope.get("payload"), dict):
+        raise ValueError(f"{where}: no envelope (an object with a payload object)")
     if envelope.get("command") != command:
         raise ValueError(f"{where}: command is {envelope.get('command')!r}, not {command!r}")
     missing = [name for name in HEADER if name not in envelope]

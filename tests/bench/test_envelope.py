@@ -70,9 +70,10 @@ def test_a_result_of_another_command_or_no_envelope_is_refused_by_name(tmp_path:
     envelope.write(path, "ab", {"settings": {"seeds": 5}, "cells": []})
     with pytest.raises(ValueError, match=r"results\.json: command is 'ab', not 'run'"):
         envelope.read(path, "run")
-    path.write_text(json.dumps({"settings": {}}))
-    with pytest.raises(ValueError, match=r"results\.json: no envelope"):
-        envelope.read(path, "ab")
+    for bare in ({"settings": {}}, {"command": "ab", "payload": [1]}):
+        path.write_text(json.dumps(bare))
+        with pytest.raises(ValueError, match=r"results\.json: no envelope"):
+            envelope.read(path, "ab")
     with pytest.raises(ValueError, match="not header fields: colour"):
         envelope.wrap("ab", {}, colour="red")
 
