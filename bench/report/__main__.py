@@ -15,6 +15,7 @@ from pathlib import Path
 from bench.lib import codec, envelope
 from bench.lib.schema import Run
 from bench.lib.schema_gpu import GpuRun
+from bench.report import write
 from services.common.config import load, setting
 
 
@@ -29,8 +30,6 @@ class ReportConfig:
 
 
 def run(folder: Path, plots: bool) -> list[Path]:
-    from bench.report import write
-
     path = folder / "results.json"
     kind = GpuRun if envelope.header(path)["settings"].get("profile") == "gpu" else Run
     write(kind.load(path), folder, plots, results=False)
@@ -72,6 +71,15 @@ def mlperf(folder: Path, plots: bool) -> list[Path]:
     return written
 
 
+def mlperf_run(folder: Path, plots: bool) -> list[Path]:
+    """One LoadGen run's summary.md (a folder `<mode>/q<qps>/` of a search)."""
+    from bench.mlperf import report
+    from bench.mlperf.results import RunResult, read_json
+
+    (folder / "summary.md").write_text(report.run_markdown(read_json(RunResult, folder / "result.json")))
+    return [folder / "summary.md"]
+
+
 def tracing(folder: Path, plots: bool) -> list[Path]:
     from bench.tracing.report import TracingRun, markdown
 
@@ -105,8 +113,8 @@ def accelerator(folder: Path, plots: bool) -> list[Path]:
 
 
 RENDERERS: dict[str, Callable[[Path, bool], list[Path]]] = {
-    "run": run, "headline": headline, "ab": ab, "mlperf": mlperf, "tracing": tracing, "serving": serving,
-    "shared-device": shared_device, "accelerator": accelerator,
+    "run": run, "headline": headline, "ab": ab, "mlperf": mlperf, "mlperf-run": mlperf_run,
+    "tracing": tracing, "serving": serving, "shared-device": shared_device, "accelerator": accelerator,
 }  # fmt: skip
 
 
@@ -125,7 +133,7 @@ def render(folder: Path, plots: bool) -> list[Path]:
     if command is None:
         raise ValueError(f"{path}: not in a command's envelope (recorded by hand or by an older tool)")
     if command not in RENDERERS:
-        raise ValueError(f"{path}: {command}'s report is written by its run only (python -m bench report)")
+        raise ValueError(f"{path}: {command}'s report is written by its run only (python -m bench {command})")
     try:
         return RENDERERS[command](folder, plots)
     except KeyError as exc:  # a record older than what today's renderer reads
