@@ -7,7 +7,8 @@ above its device thread's CPU time is measured again, and a curve still disturbe
 which the trigger reads as unknown, not slow, and which the ranker measures again once it is idle. So,
 however the warm-ups overlapped: an 8-event history is not worth relaying, the 2048- and 6000-event ones
 are admitted (neither the rankers' backlog limit nor the trigger's brake refuses a prefix that could still
-save its Rank something), and within a minute of idle time no curve is provisional.
+save its Rank something), and within a minute of idle time no curve is provisional. The same decisions hold
+when every ranker serves its first curve provisional (a disturbed warm-up is served so at once).
 """
 
 from __future__ import annotations
@@ -79,6 +80,27 @@ def test_rankers_started_together_relay_long_histories_and_not_short_ones(tmp_pa
     share = ranker_share(cpu_budget().cpus, RANKERS)
     for name, samples in threads.items():
         assert total(samples, "relaygr_torch_threads", source="flag") == share, name
+    assert answers[8].reason == trigger_pb2.ADMIT_REASON_NO_GAIN, decisions
+    assert answers[2048].reason == trigger_pb2.ADMIT_REASON_ADMITTED, decisions
+    assert answers[6000].reason == trigger_pb2.ADMIT_REASON_ADMITTED, decisions
+
+
+def test_through_curves_served_provisional_at_once_the_break_even_holds(tmp_path, monkeypatch):
+    """Every warm-up judged disturbed (a ratio no pass stays under): each ranker serves its first curve
+    provisional at once, and the trigger still relays the long histories and not the 8-event one."""
+    monkeypatch.setenv("RELAYGR_PROFILE_DISTURBED_RATIO", "1.0001")
+    config = FleetConfig(
+        rankers=RANKERS, model_preset="cpu-tiny", base_port=0, metrics_base_port=0,
+        log_dir=str(tmp_path / "logs"), trigger_args="--slo-ms 10",
+    )  # fmt: skip
+    with Fleet(config) as fleet:
+        provisional = {name: provisional_now(fleet.address(name)) for name in fleet.ranker_names}
+        with grpc.insecure_channel(fleet.address(TRIGGER)) as channel:
+            trigger = trigger_pb2_grpc.TriggerServiceStub(channel)
+            answers = {length: trigger.Admit(admit_request(f"user-{length}", length), timeout=10)
+                       for length in (8, 2048, 6000)}  # fmt: skip
+    decisions = {length: trigger_pb2.AdmitReason.Name(answer.reason) for length, answer in answers.items()}
+    assert all(provisional.values()), provisional
     assert answers[8].reason == trigger_pb2.ADMIT_REASON_NO_GAIN, decisions
     assert answers[2048].reason == trigger_pb2.ADMIT_REASON_ADMITTED, decisions
     assert answers[6000].reason == trigger_pb2.ADMIT_REASON_ADMITTED, decisions
