@@ -98,9 +98,3 @@ def command_of(path: Path) -> str | None:
 def read(path: Path, command: str) -> dict[str, Any]:
     """The record of `command` at `path`, out of its envelope (`unwrap`)."""
     return unwrap(json.loads(path.read_text()), command, str(path))
-
-
-def header(path: Path) -> dict[str, Any]:
-    """The envelope's header fields at `path`, its payload left out."""
-    data = json.loads(path.read_text())
-    return {name: data.get(name) for name in HEADER}

@@ -5,7 +5,9 @@ points (`GpuPoint`) say how busy the GPU was."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
+from bench.lib import envelope
 from bench.lib.codec import FLAT
 from bench.lib.fleets import FleetShape, Mode
 from bench.lib.schema import LengthSweep, Mix, Point, Run, Sweep, schema
@@ -83,3 +85,10 @@ class GpuMeasurements:
 @schema
 class GpuRun(Run):
     measured: GpuMeasurements = dataclasses.field(metadata=FLAT)
+
+
+def load_run(path: Path) -> Run:
+    """A committed `python -m bench run`'s results: a `GpuRun` for the gpu profile's, else a `Run`."""
+    record = envelope.read(path, "run")
+    kind = GpuRun if record["configuration"].get("profile") == "gpu" else Run
+    return kind.from_json(record)

@@ -13,8 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench.lib import codec, envelope
-from bench.lib.schema import Run
-from bench.lib.schema_gpu import GpuRun
+from bench.lib.schema_gpu import load_run
 from bench.report import write
 from services.common.config import load, setting
 
@@ -30,9 +29,7 @@ class ReportConfig:
 
 
 def run(folder: Path, plots: bool) -> list[Path]:
-    path = folder / "results.json"
-    kind = GpuRun if envelope.header(path)["settings"].get("profile") == "gpu" else Run
-    write(kind.load(path), folder, plots, results=False)
+    write(load_run(folder / "results.json"), folder, plots, results=False)
     return [folder / "report.md"]
 
 

@@ -310,7 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "git_commit": git_commit(), "figures": found,
         "runs": [dataclasses.replace(s, timeline=[]) for s in summaries],
     }  # fmt: skip
-    envelope.write(out_dir / "results.json", "rollout", jsonable(results), **provenance())
+    header_fields = {"duration_s": round(time.monotonic() - started, 1), **provenance()}
+    envelope.write(out_dir / "results.json", "rollout", jsonable(results), **header_fields)
     (out_dir / "summary.md").write_text(markdown(header, found, summaries, modes))
     write_timeline(summaries, out_dir / "timeline.csv")
     plot(summaries, made, out_dir / "timeline.png")

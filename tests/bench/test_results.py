@@ -13,8 +13,7 @@ import pytest
 from bench import report
 from bench.lib import envelope
 from bench.lib.config import BenchConfig, Profile
-from bench.lib.schema import Run
-from bench.lib.schema_gpu import GpuRun
+from bench.lib.schema_gpu import load_run
 from bench.report import gpu as gpu_report
 from bench.report import readme
 
@@ -35,11 +34,6 @@ def run_files() -> list[Path]:
     return found
 
 
-def load(path: Path) -> Run:
-    kind = GpuRun if envelope.header(path)["settings"].get("profile") == "gpu" else Run
-    return kind.load(path)
-
-
 def test_every_committed_run_is_found():
     names = {path.parent.name for path in run_files()}
     assert names == {*CPU_RUNS, *GPU_RUNS}
@@ -47,7 +41,7 @@ def test_every_committed_run_is_found():
 
 @pytest.mark.parametrize("path", run_files(), ids=lambda path: path.parent.name)
 def test_a_committed_run_is_in_todays_schema_and_reads_back_byte_for_byte(path: Path):
-    run = load(path)
+    run = load_run(path)
     data = envelope.read(path, "run")
     for key in BenchConfig.RETIRED:
         data["configuration"].pop(key, None)
@@ -61,7 +55,7 @@ def test_a_committed_run_is_in_todays_schema_and_reads_back_byte_for_byte(path: 
 
 @pytest.mark.parametrize("name", GPU_RUNS)
 def test_a_committed_gpu_run_renders_to_its_committed_report(name: str):
-    run = load(RESULTS / name / "results.json")
+    run = load_run(RESULTS / name / "results.json")
     assert gpu_report.render_markdown(run) == (RESULTS / name / "report.md").read_text()
 
 
@@ -69,7 +63,7 @@ def test_the_full_run_renders_to_the_same_report():
     """The committed report.md of `full-febe785` predates the report's CPU-per-request tables: the golden
     copy is what the report renders from its results.json today, and must stay so unless the report
     changes."""
-    run = load(RESULTS / "full-febe785" / "results.json")
+    run = load_run(RESULTS / "full-febe785" / "results.json")
     assert report.render_markdown(run) == (GOLDEN / "full-report.md").read_text()
 
 
@@ -86,7 +80,7 @@ def test_the_readmes_results_are_the_rendering_of_the_committed_runs_it_names():
 
 
 def test_a_run_that_recorded_checks_shows_them_at_the_top_of_its_report():
-    markdown = report.render_markdown(load(RESULTS / "full" / "results.json"))
+    markdown = report.render_markdown(load_run(RESULTS / "full" / "results.json"))
     assert markdown.splitlines()[2] == (
         "Checks: in-process floor +4.7% against bench/results/full-5e3657a (commit 5e3657a); other users of "
         "the machine took 0.02 cores on average during the points (at most 0.04); not flagged."
